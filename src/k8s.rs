@@ -1,0 +1,1 @@
+//! Kubernetes integration (work in progress).
