@@ -5,3 +5,5 @@
 pub mod k8s;
 /// The one leadership state and its `watch` channel.
 pub mod leadership;
+/// The Redlock engine: quorum lock, fencing tokens, restart-safe votes.
+pub mod redlock;

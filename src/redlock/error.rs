@@ -1,0 +1,158 @@
+//! Typed outcomes of a round: per-node votes and the lock-level errors built from them.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::node::NodeError;
+
+/// A configuration value that breaks a rule. Displayed as `--flag: why`, one line.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{flag}: {reason}")]
+pub struct ConfigError {
+    /// The command-line flag at fault (its environment variable is documented beside it).
+    pub flag: &'static str,
+    /// The rule it breaks, with the values involved.
+    pub reason: String,
+}
+
+impl ConfigError {
+    /// A new error for `flag`.
+    pub fn new(flag: &'static str, reason: impl Into<String>) -> ConfigError {
+        ConfigError {
+            flag,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// What one node answered in one round.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Vote {
+    /// The node granted (or kept) our key and its vote counts.
+    Granted,
+    /// Another holder has the key on this node (its identity, when readable).
+    HeldBy(String),
+    /// The node granted, but its vote does not count: it restarted too recently to
+    /// remember locks taken before its restart.
+    NotCounted(String),
+    /// Our key was gone on this node (extend only).
+    Missing,
+    /// The call failed.
+    Failed(NodeError),
+}
+
+impl fmt::Display for Vote {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Vote::Granted => f.write_str("granted"),
+            Vote::HeldBy(holder) => write!(f, "held by {holder}"),
+            Vote::NotCounted(why) => write!(f, "not counted ({why})"),
+            Vote::Missing => f.write_str("key missing"),
+            Vote::Failed(err) => write!(f, "{err}"),
+        }
+    }
+}
+
+/// The votes of one round, by node label. Nodes that had not answered when the
+/// round was decided are absent.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Votes(pub Vec<(String, Vote)>);
+
+impl Votes {
+    /// Labels of the nodes whose call failed.
+    pub fn failed(&self) -> impl Iterator<Item = &str> {
+        self.0
+            .iter()
+            .filter(|(_, v)| matches!(v, Vote::Failed(_)))
+            .map(|(label, _)| label.as_str())
+    }
+}
+
+impl fmt::Display for Votes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, (label, vote)) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{label}: {vote}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Why the lock was not taken, kept or released.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LockError {
+    /// Another holder has the lock on enough nodes that we cannot get a quorum.
+    #[error("lock {lock:?} is busy (holder: {}) [{votes}]", holder.as_deref().unwrap_or("unknown"))]
+    Busy {
+        /// The lock name.
+        lock: String,
+        /// The current holder's identity, if a node told us.
+        holder: Option<String>,
+        /// The remaining ttl of the holder's key (smallest seen), if known.
+        holder_ttl: Option<Duration>,
+        /// Per-node answers.
+        votes: Votes,
+    },
+    /// Too few nodes answered (or counted) to form a quorum, whoever holds the lock.
+    #[error("lock {lock:?}: quorum of {needed} unreachable [{votes}]")]
+    QuorumUnreachable {
+        /// The lock name.
+        lock: String,
+        /// Votes needed.
+        needed: usize,
+        /// Per-node answers.
+        votes: Votes,
+    },
+    /// A quorum granted, but so late that no validity was left.
+    #[error("lock {lock:?}: validity too short (round took {elapsed:?} of ttl {ttl:?})")]
+    ValidityTooShort {
+        /// The lock name.
+        lock: String,
+        /// How long the round took.
+        elapsed: Duration,
+        /// The ttl asked for.
+        ttl: Duration,
+    },
+    /// The lease could not be extended on a quorum: it may be held by someone else now.
+    #[error("lock {lock:?}: lost, extend failed [{votes}]")]
+    Lost {
+        /// The lock name.
+        lock: String,
+        /// Per-node answers.
+        votes: Votes,
+    },
+    /// The lease's validity ended before the call could prove it.
+    #[error("lock {lock:?}: lease expired")]
+    Expired {
+        /// The lock name.
+        lock: String,
+    },
+    /// The caller cancelled.
+    #[error("cancelled")]
+    Cancelled,
+}
+
+impl LockError {
+    /// A small fixed label for metrics and exit codes.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            LockError::Busy { .. } => "busy",
+            LockError::QuorumUnreachable { .. } => "no_quorum",
+            LockError::ValidityTooShort { .. } | LockError::Expired { .. } => "expired",
+            LockError::Lost { .. } => "lost",
+            LockError::Cancelled => "cancelled",
+        }
+    }
+
+    /// The votes behind the error, if any.
+    pub fn votes(&self) -> Option<&Votes> {
+        match self {
+            LockError::Busy { votes, .. }
+            | LockError::QuorumUnreachable { votes, .. }
+            | LockError::Lost { votes, .. } => Some(votes),
+            _ => None,
+        }
+    }
+}

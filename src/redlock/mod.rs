@@ -1,0 +1,751 @@
+//! The Redlock engine: a lock held on a quorum of independent Redis masters.
+//!
+//! It knows nothing of HTTP, metrics or Kubernetes; observers hook in through
+//! [`Observer`].
+//!
+//! ## Behaviour
+//! - **Acquire** sends `SET key value NX PX ttl` (inside [`scripts::ACQUIRE`]) to every node at
+//!   once, each call under the per-node timeout, and decides as soon as a quorum for or against
+//!   is certain. The value is `identity:` plus 128 random bits, new for every acquisition.
+//!   Success needs a quorum of *counted* votes and a positive validity
+//!   (`ttl − elapsed − drift`); otherwise our key is deleted again on every node that may
+//!   have it. Late answers need no special care: the release goes down the same
+//!   connection after the SET, so Redis runs it after the SET.
+//! - **Restart-safe votes.** A node whose `uptime_in_seconds − 1` is below `ttl + drift`,
+//!   or whose `run_id` changed since we last saw it, may have forgotten a lock it granted
+//!   before restarting; its vote is not counted (the key stays set there). Uptime and
+//!   run id are read inside the acquire script, atomically with the `SET`.
+//! - **Fencing tokens.** See [`fencing`].
+//! - **Extend** runs an owner-checked `PEXPIRE` on all nodes and succeeds only on a quorum
+//!   within the lease's remaining validity. A node that lost our key gets it back
+//!   (`SET NX`, never over another holder's key) only after the quorum has been proven.
+//! - **Release** deletes the key only where it still holds our value, and `PUBLISH`es on
+//!   the lock's channel in the same script. Waiters listen on every node and retry at
+//!   once; they still retry on their timer when no message comes.
+//! - Nothing here panics on what a node answers: garbage, wrong passwords, dead hosts
+//!   and hung nodes all end as typed [`Vote::Failed`] entries within the node timeout.
+
+mod error;
+pub mod fencing;
+mod node;
+mod scripts;
+pub mod timing;
+
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use futures_util::StreamExt;
+use rand::Rng;
+use redis::Script;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+pub use error::{ConfigError, LockError, Vote, Votes};
+pub use node::{ConnectSettings, Credentials, Node, NodeError, NodeErrorKind, NodeSpec};
+pub use timing::{drift, quorum, validity};
+
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::ACQUIRE));
+static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::RAISE_FENCE));
+static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::EXTEND));
+static RESTORE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::RESTORE));
+static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::RELEASE));
+static READ: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::READ));
+
+/// The kind of request sent to a node (a metric label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// `SET NX PX` with the restart check.
+    Acquire,
+    /// Raising the fencing counter.
+    Fence,
+    /// Owner-checked `PEXPIRE` (and restore).
+    Extend,
+    /// Owner-checked `DEL` and `PUBLISH`.
+    Release,
+    /// Reading the holder.
+    Read,
+}
+
+impl Op {
+    /// Every op, for pre-initialising metrics.
+    pub const ALL: [Op; 5] = [Op::Acquire, Op::Fence, Op::Extend, Op::Release, Op::Read];
+
+    /// The metric label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Op::Acquire => "acquire",
+            Op::Fence => "fence",
+            Op::Extend => "extend",
+            Op::Release => "release",
+            Op::Read => "read",
+        }
+    }
+}
+
+/// Hooks for metrics; every method has a no-op default.
+pub trait Observer: Send + Sync + 'static {
+    /// One call to node `index` finished after `elapsed`.
+    fn node_call(
+        &self,
+        _index: usize,
+        _op: Op,
+        _elapsed: Duration,
+        _result: Result<(), NodeErrorKind>,
+    ) {
+    }
+    /// Node `index`'s vote was or was not counted in an acquire round.
+    fn node_counted(&self, _index: usize, _counted: bool) {}
+}
+
+/// An observer that records nothing.
+pub struct NoObserver;
+impl Observer for NoObserver {}
+
+/// Everything the engine needs; validated by [`RedlockConfig::validate`].
+#[derive(Clone, Debug)]
+pub struct RedlockConfig {
+    /// The lock name; keys are `redlock:{name}` and `redlock:{name}:fence`.
+    pub lock: String,
+    /// Who we are, written into the lock value so others can see the holder.
+    pub identity: String,
+    /// The Redis masters. They must be independent (no replication between them).
+    pub nodes: Vec<NodeSpec>,
+    /// How long a key lives without renewal.
+    pub ttl: Duration,
+    /// Bound on each call to each node.
+    pub node_timeout: Duration,
+    /// Bound on making a connection.
+    pub connect_timeout: Duration,
+    /// First retry delay after a failed round; it grows up to `retry_max`.
+    pub retry_delay: Duration,
+    /// Longest wait between two attempts while waiting (also the standby poll period).
+    pub retry_max: Duration,
+}
+
+impl RedlockConfig {
+    /// A config with the defaults for everything but the lock, identity and nodes.
+    pub fn new(lock: impl Into<String>, identity: impl Into<String>, nodes: Vec<NodeSpec>) -> Self {
+        RedlockConfig {
+            lock: lock.into(),
+            identity: identity.into(),
+            nodes,
+            ttl: Duration::from_secs(10),
+            node_timeout: Duration::from_millis(50),
+            connect_timeout: Duration::from_secs(1),
+            retry_delay: Duration::from_millis(200),
+            retry_max: Duration::from_secs(1),
+        }
+    }
+
+    /// Checks the rules the algorithm depends on; the error names the flag.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.lock.is_empty() {
+            return Err(ConfigError::new("--lock", "must not be empty"));
+        }
+        if self.lock.len() > 200
+            || self
+                .lock
+                .chars()
+                .any(|c| c.is_control() || c.is_whitespace())
+        {
+            return Err(ConfigError::new(
+                "--lock",
+                "must be at most 200 characters without spaces or control characters",
+            ));
+        }
+        if self.identity.is_empty() || self.identity.chars().any(char::is_control) {
+            return Err(ConfigError::new(
+                "--identity",
+                "must be non-empty printable text",
+            ));
+        }
+        if self.nodes.is_empty() {
+            return Err(ConfigError::new("--redis", "at least one node is required"));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for node in &self.nodes {
+            if !seen.insert(node.identity()) {
+                return Err(ConfigError::new(
+                    "--redis",
+                    format!(
+                        "node {} is listed twice; the nodes must be independent masters",
+                        node.label()
+                    ),
+                ));
+            }
+        }
+        if self.node_timeout.is_zero() {
+            return Err(ConfigError::new("--node-timeout", "must be greater than 0"));
+        }
+        let drift = drift(self.ttl);
+        // A round that uses the whole node timeout must still leave most of the ttl.
+        if self.ttl < (self.node_timeout + drift) * 4 {
+            return Err(ConfigError::new(
+                "--ttl",
+                format!(
+                    "{} is too short: it must be at least 4 × (node timeout {} + drift {})",
+                    humantime::format_duration(self.ttl),
+                    humantime::format_duration(self.node_timeout),
+                    humantime::format_duration(drift)
+                ),
+            ));
+        }
+        if self.retry_delay.is_zero() || self.retry_delay > self.retry_max.max(self.retry_delay) {
+            return Err(ConfigError::new("--retry-delay", "must be greater than 0"));
+        }
+        Ok(())
+    }
+}
+
+/// A held lock: proof of one acquisition. Pass it back to extend or release.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    value: String,
+    /// The fencing token of this acquisition: greater than every earlier one.
+    pub fencing_token: u64,
+    /// When the acquiring round started (monotonic).
+    pub acquired_at: Instant,
+    /// Wall-clock time of the acquisition, for display.
+    pub since: SystemTime,
+    /// The end of validity (monotonic): no node keeps our key past it without a renewal.
+    pub valid_until: Instant,
+}
+
+impl Lease {
+    /// The validity left at `now`.
+    pub fn remaining_at(&self, now: Instant) -> Duration {
+        self.valid_until.saturating_duration_since(now)
+    }
+
+    /// The value written to the nodes (identity and random part).
+    pub fn value(&self) -> &str {
+        &self.value
+    }
+}
+
+/// The holder as one node sees it (for `status`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeView {
+    /// The holder's identity, if the key is set.
+    pub holder: Option<String>,
+    /// The key's remaining ttl, if set.
+    pub pttl: Option<Duration>,
+    /// The fencing counter.
+    pub fence: u64,
+}
+
+/// A Redlock client for one lock name. Cheap to clone; clones share connections.
+#[derive(Clone)]
+pub struct Redlock {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    cfg: RedlockConfig,
+    key: String,
+    fence_key: String,
+    channel: String,
+    nodes: Vec<Node>,
+    run_ids: Mutex<Vec<Option<String>>>,
+    released: watch::Sender<u64>,
+    listening: std::sync::Once,
+    observer: Arc<dyn Observer>,
+    stop: CancellationToken,
+    _stop_on_drop: DropGuard,
+}
+
+type AcquireReply = (i64, String, String, u64, String, i64);
+
+impl Redlock {
+    /// Validates `cfg` and prepares one connection per node. Nothing is sent yet, so a
+    /// node that is down now can still join later.
+    pub fn new(cfg: RedlockConfig, observer: Arc<dyn Observer>) -> Result<Redlock, ConfigError> {
+        cfg.validate()?;
+        let settings = ConnectSettings {
+            connect_timeout: cfg.connect_timeout,
+            response_timeout: cfg.node_timeout.max(Duration::from_millis(500)),
+        };
+        let nodes = cfg
+            .nodes
+            .iter()
+            .map(|spec| Node::new(spec.clone(), settings))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ConfigError::new("--redis", e.to_string()))?;
+        let stop = CancellationToken::new();
+        let name = &cfg.lock;
+        Ok(Redlock {
+            inner: Arc::new(Inner {
+                key: format!("redlock:{{{name}}}"),
+                fence_key: format!("redlock:{{{name}}}:fence"),
+                channel: format!("redlock:{{{name}}}:released"),
+                run_ids: Mutex::new(vec![None; nodes.len()]),
+                nodes,
+                released: watch::channel(0).0,
+                listening: std::sync::Once::new(),
+                observer,
+                _stop_on_drop: stop.clone().drop_guard(),
+                stop,
+                cfg,
+            }),
+        })
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &RedlockConfig {
+        &self.inner.cfg
+    }
+
+    /// The node connections, in configured order.
+    pub fn nodes(&self) -> &[Node] {
+        &self.inner.nodes
+    }
+
+    /// Sends `script` to every node at once; answers arrive in the order they come.
+    /// The calls run on even if the receiver is dropped, so every request is finished.
+    fn fan_out<T>(
+        &self,
+        op: Op,
+        script: &'static Script,
+        args: Vec<String>,
+    ) -> mpsc::UnboundedReceiver<(usize, Result<T, NodeError>)>
+    where
+        T: redis::FromRedisValue + Send + 'static,
+    {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let args: Arc<[String]> = args.into();
+        for index in 0..self.inner.nodes.len() {
+            let inner = self.inner.clone();
+            let tx = tx.clone();
+            let args = args.clone();
+            tokio::spawn(async move {
+                let start = Instant::now();
+                let keys = [inner.key.as_str(), inner.fence_key.as_str()];
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                let result = inner.nodes[index]
+                    .eval::<T>(script, &keys, &args, inner.cfg.node_timeout)
+                    .await;
+                let outcome = result.as_ref().map(|_| ()).map_err(|e| e.kind);
+                inner
+                    .observer
+                    .node_call(index, op, start.elapsed(), outcome);
+                let _ = tx.send((index, result));
+            });
+        }
+        rx
+    }
+
+    /// Whether node `index`'s grant counts, given what it reported about itself.
+    fn vote_counts(&self, index: usize, run_id: &str, uptime_secs: u64) -> Result<(), String> {
+        let previous = {
+            let mut run_ids = self.inner.run_ids.lock().unwrap_or_else(|e| e.into_inner());
+            run_ids[index].replace(run_id.to_owned())
+        };
+        let ttl = self.inner.cfg.ttl;
+        // uptime_in_seconds is a difference of whole wall-clock seconds: it can read 1
+        // a few milliseconds after a start, so only `uptime − 1` is a lower bound.
+        let proven_uptime = Duration::from_secs(uptime_secs.saturating_sub(1));
+        let verdict = if previous.is_some_and(|prev| prev != run_id) {
+            Err("restarted since last contact".to_owned())
+        } else if proven_uptime < ttl + drift(ttl) {
+            Err(format!("up {uptime_secs}s, less than ttl + drift"))
+        } else {
+            Ok(())
+        };
+        self.inner.observer.node_counted(index, verdict.is_ok());
+        verdict
+    }
+
+    /// One acquisition round: `Ok` with a lease, or why not. Never waits or retries.
+    pub async fn try_acquire(&self) -> Result<Lease, LockError> {
+        let cfg = &self.inner.cfg;
+        let n = self.inner.nodes.len();
+        let needed = quorum(n);
+        let value = format!("{}:{}", cfg.identity, random_hex());
+        let start = Instant::now();
+        let since = SystemTime::now();
+        let mut answers = self.fan_out::<AcquireReply>(
+            Op::Acquire,
+            &ACQUIRE,
+            vec![value.clone(), cfg.ttl.as_millis().to_string()],
+        );
+        let mut votes: Vec<Option<Vote>> = vec![None; n];
+        let (mut granted, mut against) = (0, 0);
+        let mut fence_seen = 0u64;
+        let mut holder: Option<String> = None;
+        let mut holder_ttl: Option<Duration> = None;
+        while let Some((index, answer)) = answers.recv().await {
+            let vote = match answer {
+                Ok((ok, fence, run_id, uptime, holder_value, pttl)) => {
+                    fence_seen = fence_seen.max(fence.parse().unwrap_or(0));
+                    if ok == 1 {
+                        match self.vote_counts(index, &run_id, uptime) {
+                            Ok(()) => Vote::Granted,
+                            Err(why) => Vote::NotCounted(why),
+                        }
+                    } else {
+                        let identity = identity_of(&holder_value).to_owned();
+                        holder.get_or_insert_with(|| identity.clone());
+                        if let Ok(ms) = u64::try_from(pttl) {
+                            let ttl = Duration::from_millis(ms);
+                            holder_ttl = Some(holder_ttl.map_or(ttl, |t| t.min(ttl)));
+                        }
+                        Vote::HeldBy(identity)
+                    }
+                }
+                Err(err) => Vote::Failed(err),
+            };
+            if vote == Vote::Granted {
+                granted += 1;
+            } else {
+                against += 1;
+            }
+            votes[index] = Some(vote);
+            if granted >= needed || n - against < needed {
+                break;
+            }
+        }
+        if granted < needed {
+            self.release_value(
+                &value,
+                |vote| !matches!(vote, Some(Vote::HeldBy(_))),
+                &votes,
+            );
+            let answered = votes
+                .iter()
+                .filter(|v| matches!(v, Some(v) if !matches!(v, Vote::Failed(_))))
+                .count();
+            let votes = self.label_votes(votes);
+            return Err(if holder.is_some() && answered >= needed {
+                LockError::Busy {
+                    lock: cfg.lock.clone(),
+                    holder,
+                    holder_ttl,
+                    votes,
+                }
+            } else {
+                LockError::QuorumUnreachable {
+                    lock: cfg.lock.clone(),
+                    needed,
+                    votes,
+                }
+            });
+        }
+        let too_short = || LockError::ValidityTooShort {
+            lock: cfg.lock.clone(),
+            elapsed: start.elapsed(),
+            ttl: cfg.ttl,
+        };
+        if validity(cfg.ttl, start.elapsed()).is_none() {
+            self.release_value(&value, |_| true, &votes);
+            return Err(too_short());
+        }
+        let fencing_token = match self.raise_fence(fencing::next_token(fence_seen)).await {
+            Ok(token) => token,
+            Err(votes_fence) => {
+                self.release_value(&value, |_| true, &votes);
+                return Err(LockError::QuorumUnreachable {
+                    lock: cfg.lock.clone(),
+                    needed,
+                    votes: votes_fence,
+                });
+            }
+        };
+        let Some(valid) = validity(cfg.ttl, start.elapsed()) else {
+            self.release_value(&value, |_| true, &votes);
+            return Err(too_short());
+        };
+        Ok(Lease {
+            value,
+            fencing_token,
+            acquired_at: start,
+            since,
+            valid_until: start + valid,
+        })
+    }
+
+    /// Raises the fencing counter to `token` on a quorum (write-back of the max).
+    async fn raise_fence(&self, token: u64) -> Result<u64, Votes> {
+        let n = self.inner.nodes.len();
+        let needed = quorum(n);
+        let mut answers = self.fan_out::<String>(Op::Fence, &RAISE_FENCE, vec![token.to_string()]);
+        let mut votes: Vec<Option<Vote>> = vec![None; n];
+        let (mut ok, mut failed) = (0, 0);
+        while let Some((index, answer)) = answers.recv().await {
+            votes[index] = Some(match answer {
+                Ok(_) => {
+                    ok += 1;
+                    Vote::Granted
+                }
+                Err(err) => {
+                    failed += 1;
+                    Vote::Failed(err)
+                }
+            });
+            if ok >= needed {
+                return Ok(token);
+            }
+            if n - failed < needed {
+                break;
+            }
+        }
+        Err(self.label_votes(votes))
+    }
+
+    /// Waits for the lock: retries with growing random delays, and at once when a
+    /// holder announces a release, until `deadline` (then the last error) or `cancel`.
+    ///
+    /// `on_attempt` sees every round's outcome (to publish who holds the lock).
+    pub async fn acquire(
+        &self,
+        deadline: Option<Instant>,
+        cancel: &CancellationToken,
+        mut on_attempt: impl FnMut(&Result<Lease, LockError>),
+    ) -> Result<Lease, LockError> {
+        self.listen_for_releases();
+        let cfg = &self.inner.cfg;
+        let mut released = self.inner.released.subscribe();
+        let mut attempt = 0u32;
+        loop {
+            released.borrow_and_update();
+            // A started round is never abandoned half-way: it is short (node timeout) and
+            // dropping it could leave keys behind until their ttl.
+            let result = self.try_acquire().await;
+            on_attempt(&result);
+            let err = match result {
+                Ok(lease) => return Ok(lease),
+                Err(err) => err,
+            };
+            let mut delay = match &err {
+                LockError::Busy { holder_ttl, .. } => {
+                    let until_free = holder_ttl.unwrap_or(cfg.retry_max).min(cfg.retry_max);
+                    until_free + timing::retry_delay(cfg.retry_delay / 4, cfg.retry_delay / 2, 0)
+                }
+                _ => timing::retry_delay(cfg.retry_delay, cfg.retry_max, attempt),
+            };
+            if let Some(deadline) = deadline {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(err);
+                }
+                delay = delay.min(left);
+            }
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return Err(LockError::Cancelled),
+                _ = released.changed() => {}
+                _ = tokio::time::sleep(delay) => {}
+            }
+            attempt = attempt.saturating_add(1);
+        }
+    }
+
+    /// Extends `lease` to a fresh ttl on a quorum, within its remaining validity.
+    ///
+    /// Returns the lease with its new validity. Nodes that lost our key get it back only
+    /// after the quorum is proven, and only where nobody else has the key.
+    pub async fn extend(&self, lease: &Lease) -> Result<Lease, LockError> {
+        let cfg = &self.inner.cfg;
+        let expired = || LockError::Expired {
+            lock: cfg.lock.clone(),
+        };
+        let start = Instant::now();
+        if start >= lease.valid_until {
+            return Err(expired());
+        }
+        let n = self.inner.nodes.len();
+        let needed = quorum(n);
+        let ttl_ms = cfg.ttl.as_millis().to_string();
+        let token = lease.fencing_token.to_string();
+        let args = vec![lease.value.clone(), ttl_ms.clone(), token.clone()];
+        let mut answers = self.fan_out::<i64>(Op::Extend, &EXTEND, args.clone());
+        let mut votes: Vec<Option<Vote>> = vec![None; n];
+        let (mut granted, mut against) = (0, 0);
+        let expiry = tokio::time::sleep_until(lease.valid_until.into());
+        tokio::pin!(expiry);
+        while granted < needed && n - against >= needed {
+            let (index, answer) = tokio::select! {
+                biased;
+                answer = answers.recv() => match answer { Some(a) => a, None => break },
+                _ = &mut expiry => return Err(expired()),
+            };
+            let vote = match answer {
+                Ok(1) => Vote::Granted,
+                Ok(0) => Vote::HeldBy("another holder".to_owned()),
+                Ok(_) => Vote::Missing,
+                Err(err) => Vote::Failed(err),
+            };
+            if vote == Vote::Granted {
+                granted += 1;
+            } else {
+                against += 1;
+            }
+            votes[index] = Some(vote);
+        }
+        if granted < needed {
+            return Err(LockError::Lost {
+                lock: cfg.lock.clone(),
+                votes: self.label_votes(votes),
+            });
+        }
+        if Instant::now() >= lease.valid_until {
+            return Err(expired());
+        }
+        let Some(valid) = validity(cfg.ttl, start.elapsed()) else {
+            return Err(expired());
+        };
+        for (index, vote) in votes.iter().enumerate() {
+            if vote == &Some(Vote::Missing) {
+                let inner = self.inner.clone();
+                let args = args.clone();
+                tokio::spawn(async move {
+                    let keys = [inner.key.as_str(), inner.fence_key.as_str()];
+                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                    let _ = inner.nodes[index]
+                        .eval::<i64>(&RESTORE, &keys, &args, inner.cfg.node_timeout)
+                        .await;
+                });
+            }
+        }
+        Ok(Lease {
+            valid_until: start + valid,
+            ..lease.clone()
+        })
+    }
+
+    /// Releases `lease` on every node (owner-checked) and announces it to waiters.
+    ///
+    /// Returns how many nodes deleted our key. Bounded by the node timeout.
+    pub async fn release(&self, lease: &Lease) -> usize {
+        let mut answers = self.fan_out::<i64>(
+            Op::Release,
+            &RELEASE,
+            vec![lease.value.clone(), self.inner.channel.clone()],
+        );
+        let mut deleted = 0;
+        while let Some((_, answer)) = answers.recv().await {
+            deleted += usize::from(answer == Ok(1));
+        }
+        deleted
+    }
+
+    /// Fire-and-forget release of `value` on the nodes `which` selects.
+    fn release_value(
+        &self,
+        value: &str,
+        which: impl Fn(&Option<Vote>) -> bool,
+        votes: &[Option<Vote>],
+    ) {
+        let args = vec![value.to_owned(), self.inner.channel.clone()];
+        for (index, vote) in votes.iter().enumerate() {
+            if which(vote) {
+                let inner = self.inner.clone();
+                let args = args.clone();
+                tokio::spawn(async move {
+                    let keys = [inner.key.as_str(), inner.fence_key.as_str()];
+                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                    let _ = inner.nodes[index]
+                        .eval::<i64>(&RELEASE, &keys, &args, inner.cfg.node_timeout)
+                        .await;
+                });
+            }
+        }
+    }
+
+    /// What every node says about the lock: holder, remaining ttl, fencing counter.
+    pub async fn inspect(&self) -> Vec<(String, Result<NodeView, NodeError>)> {
+        let mut answers = self.fan_out::<(String, i64, String)>(Op::Read, &READ, Vec::new());
+        let mut views: Vec<Option<Result<NodeView, NodeError>>> =
+            vec![None; self.inner.nodes.len()];
+        while let Some((index, answer)) = answers.recv().await {
+            views[index] = Some(answer.map(|(value, pttl, fence)| NodeView {
+                holder: (!value.is_empty()).then(|| identity_of(&value).to_owned()),
+                pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
+                fence: fence.parse().unwrap_or(0),
+            }));
+        }
+        self.inner
+            .nodes
+            .iter()
+            .zip(views)
+            .map(|(node, view)| {
+                (
+                    node.label().to_owned(),
+                    view.unwrap_or_else(|| Err(lost_answer())),
+                )
+            })
+            .collect()
+    }
+
+    /// Starts, once, one task per node that listens for release announcements.
+    fn listen_for_releases(&self) {
+        self.inner.listening.call_once(|| {
+            for index in 0..self.inner.nodes.len() {
+                let inner = Arc::downgrade(&self.inner);
+                let stop = self.inner.stop.clone();
+                tokio::spawn(async move {
+                    tokio::select! {
+                        _ = stop.cancelled() => {}
+                        _ = listen(inner, index) => {}
+                    }
+                });
+            }
+        });
+    }
+
+    fn label_votes(&self, votes: Vec<Option<Vote>>) -> Votes {
+        Votes(
+            self.inner
+                .nodes
+                .iter()
+                .zip(votes)
+                .filter_map(|(node, vote)| Some((node.label().to_owned(), vote?)))
+                .collect(),
+        )
+    }
+}
+
+/// Keeps a subscription to the release channel on one node, reconnecting with backoff.
+async fn listen(inner: std::sync::Weak<Inner>, index: usize) {
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        let channel = strong.channel.clone();
+        let connect_timeout = strong.cfg.connect_timeout;
+        let pubsub = strong.nodes[index].pubsub(connect_timeout).await;
+        let released = strong.released.clone();
+        drop(strong);
+        if let Ok(mut pubsub) = pubsub {
+            if pubsub.subscribe(&channel).await.is_ok() {
+                backoff = Duration::from_millis(500);
+                let mut messages = pubsub.on_message();
+                while messages.next().await.is_some() {
+                    released.send_modify(|n| *n = n.wrapping_add(1));
+                }
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(30));
+    }
+}
+
+fn lost_answer() -> NodeError {
+    NodeError {
+        kind: NodeErrorKind::Other,
+        message: "no answer".to_owned(),
+    }
+}
+
+/// The identity part of a lock value (`identity:random`).
+fn identity_of(value: &str) -> &str {
+    value
+        .rsplit_once(':')
+        .map_or(value, |(identity, _)| identity)
+}
+
+/// 128 random bits as hex.
+fn random_hex() -> String {
+    let bytes: [u8; 16] = rand::rng().random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
