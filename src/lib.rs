@@ -1,9 +1,25 @@
 //! redlock-sidecar: hold a Redlock (a lock on a quorum of independent Redis masters)
 //! for the app next to it, with fencing tokens, and publish who leads.
 
+/// Command line and environment, validated into typed configs.
+pub mod config;
+/// `guard`: run a command only while the lock is held.
+pub mod guard;
+/// The admin HTTP endpoint: health, readiness, leader, events, metrics.
+pub mod http;
 /// Kubernetes integration: pod label, Events and Lease mirror, driven by the leadership channel.
 pub mod k8s;
 /// The one leadership state and its `watch` channel.
 pub mod leadership;
+/// The leadership loop: acquire, renew, step down, contend again.
+pub mod lease;
+/// Prometheus metrics.
+pub mod metrics;
+/// Operator commands: `check` and `status`.
+pub mod ops;
 /// The Redlock engine: quorum lock, fencing tokens, restart-safe votes.
 pub mod redlock;
+/// Signals and the second-signal exit.
+pub mod shutdown;
+/// `run`: the sidecar composition and its ordered shutdown.
+pub mod sidecar;

@@ -1,1 +1,93 @@
-fn main() {}
+//! The `redlock-sidecar` binary: parse, set up logging, dispatch, exit with the right code.
+
+use redlock_sidecar::config::{self, Command, LogFormat};
+use redlock_sidecar::redlock::{NoObserver, Redlock};
+use redlock_sidecar::{guard, ops, sidecar};
+
+fn main() {
+    let cli = config::parse_or_exit();
+    // Validate everything before anything connects: bad config exits 2 with one line.
+    let code = match cli.command {
+        Command::Run(args) => {
+            let cfg = args
+                .config()
+                .unwrap_or_else(|e| config::exit_invalid(&e.to_string()));
+            init_tracing(cli.log_format);
+            runtime(false).block_on(sidecar::run(cfg))
+        }
+        Command::Guard(args) => {
+            let cfg = args
+                .config()
+                .unwrap_or_else(|e| config::exit_invalid(&e.to_string()));
+            init_tracing(cli.log_format);
+            // One thread: CMD's parent-death signal follows the thread that spawned it.
+            runtime(true).block_on(guard::guard(cfg))
+        }
+        Command::Check(args) => {
+            let nodes = args
+                .redis
+                .nodes()
+                .unwrap_or_else(|e| config::exit_invalid(&e.to_string()));
+            let mut cfg = redlock_sidecar::redlock::RedlockConfig::new("check", "check", nodes);
+            cfg.ttl = args.ttl;
+            cfg.node_timeout = args.redis.node_timeout;
+            cfg.connect_timeout = args.redis.connect_timeout;
+            report(cfg, |r| async move { ops::check(&r).await })
+        }
+        Command::Status(args) => {
+            let cfg = args
+                .lock
+                .redlock()
+                .unwrap_or_else(|e| config::exit_invalid(&e.to_string()));
+            report(cfg, |r| async move { ops::status(&r).await })
+        }
+    };
+    std::process::exit(code);
+}
+
+/// Runs an operator command that prints a table; exit 0 with a quorum, 69 without.
+fn report<F, Fut>(cfg: redlock_sidecar::redlock::RedlockConfig, command: F) -> i32
+where
+    F: FnOnce(Redlock) -> Fut,
+    Fut: std::future::Future<Output = (String, bool)>,
+{
+    init_tracing(LogFormat::Text);
+    runtime(true).block_on(async move {
+        let redlock = Redlock::new(cfg, std::sync::Arc::new(NoObserver))
+            .unwrap_or_else(|e| config::exit_invalid(&e.to_string()));
+        let (table, ok) = command(redlock).await;
+        print!("{table}");
+        if ok {
+            0
+        } else {
+            guard::EXIT_UNREACHABLE
+        }
+    })
+}
+
+fn runtime(single_thread: bool) -> tokio::runtime::Runtime {
+    let mut builder = if single_thread {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(2);
+        b
+    };
+    builder
+        .enable_all()
+        .build()
+        .expect("the tokio runtime starts")
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("REDLOCK_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}

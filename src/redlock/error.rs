@@ -92,6 +92,8 @@ pub enum LockError {
         holder: Option<String>,
         /// The remaining ttl of the holder's key (smallest seen), if known.
         holder_ttl: Option<Duration>,
+        /// The highest fencing counter seen: the holder's token once it is stored.
+        holder_fence: u64,
         /// Per-node answers.
         votes: Votes,
     },

@@ -334,7 +334,8 @@ impl Redlock {
         rx
     }
 
-    /// Whether node `index`'s grant counts, given what it reported about itself.
+    /// Whether node `index`'s grant would count, given what it reported about itself.
+    /// Judged on every answer (not only grants) so health is known on followers too.
     fn vote_counts(&self, index: usize, run_id: &str, uptime_secs: u64) -> Result<(), String> {
         let previous = {
             let mut run_ids = self.inner.run_ids.lock().unwrap_or_else(|e| e.into_inner());
@@ -377,8 +378,9 @@ impl Redlock {
             let vote = match answer {
                 Ok((ok, fence, run_id, uptime, holder_value, pttl)) => {
                     fence_seen = fence_seen.max(fence.parse().unwrap_or(0));
+                    let counts = self.vote_counts(index, &run_id, uptime);
                     if ok == 1 {
-                        match self.vote_counts(index, &run_id, uptime) {
+                        match counts {
                             Ok(()) => Vote::Granted,
                             Err(why) => Vote::NotCounted(why),
                         }
@@ -420,6 +422,7 @@ impl Redlock {
                     lock: cfg.lock.clone(),
                     holder,
                     holder_ttl,
+                    holder_fence: fence_seen,
                     votes,
                 }
             } else {
@@ -494,12 +497,12 @@ impl Redlock {
     /// Waits for the lock: retries with growing random delays, and at once when a
     /// holder announces a release, until `deadline` (then the last error) or `cancel`.
     ///
-    /// `on_attempt` sees every round's outcome (to publish who holds the lock).
+    /// `on_attempt` sees every round's outcome and duration (to publish who holds the lock).
     pub async fn acquire(
         &self,
         deadline: Option<Instant>,
         cancel: &CancellationToken,
-        mut on_attempt: impl FnMut(&Result<Lease, LockError>),
+        mut on_attempt: impl FnMut(&Result<Lease, LockError>, Duration),
     ) -> Result<Lease, LockError> {
         self.listen_for_releases();
         let cfg = &self.inner.cfg;
@@ -509,8 +512,9 @@ impl Redlock {
             released.borrow_and_update();
             // A started round is never abandoned half-way: it is short (node timeout) and
             // dropping it could leave keys behind until their ttl.
+            let round = Instant::now();
             let result = self.try_acquire().await;
-            on_attempt(&result);
+            on_attempt(&result, round.elapsed());
             let err = match result {
                 Ok(lease) => return Ok(lease),
                 Err(err) => err,

@@ -1,0 +1,218 @@
+//! The leadership loop: acquire, renew, step down before the lock can expire, contend again.
+//!
+//! ## Behaviour
+//! - Waits for the lock with jittered retries and the pub/sub wake-up; every attempt
+//!   refreshes the follower's view of the holder.
+//! - While holding, extends every renew interval. A failed extend is retried quickly;
+//!   leadership is given up at `valid_until − safety margin` at the latest, before the key
+//!   can expire on any node. Losing is never fatal: the loop steps down and contends again.
+//! - **Pause detection.** If the task wakes much later than scheduled (process paused,
+//!   CPU-starved), the lease is suspect: it is kept only if an extend proves it is still
+//!   held, within its validity. Readers never rely on this task being awake: they compare
+//!   `step_down_at` with the clock themselves ([`Leadership::leading_at`]).
+//! - On cancellation (SIGTERM), stops claiming leadership first, then releases the lock on
+//!   every node (owner-checked) and announces the release so a standby takes over at once.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::Renewal;
+use crate::leadership::{HolderView, Leadership, LeadershipTx, Role, Term};
+use crate::metrics::Metrics;
+use crate::redlock::{Lease, LockError, Redlock};
+
+/// Why [`hold`] returned.
+#[derive(Debug)]
+pub enum HoldEnd {
+    /// The caller cancelled; the lease may still be valid and should be released.
+    Cancelled(Lease),
+    /// Leadership was given up; the reason is one of `metrics::LOST_REASONS`.
+    Lost(&'static str, Lease),
+}
+
+/// A wake-up this much later than scheduled means the process was paused or starved.
+fn pause_threshold(renewal: &Renewal) -> Duration {
+    (renewal.interval / 2).max(Duration::from_millis(100))
+}
+
+/// Delay before retrying a failed extend.
+fn fast_retry(renewal: &Renewal) -> Duration {
+    (renewal.interval / 8).clamp(Duration::from_millis(20), Duration::from_millis(500))
+}
+
+/// The moment to stop claiming a lease.
+pub fn step_down_at(lease: &Lease, renewal: &Renewal) -> Instant {
+    lease
+        .valid_until
+        .checked_sub(renewal.safety_margin)
+        .unwrap_or(lease.acquired_at)
+        .max(lease.acquired_at)
+}
+
+/// Publishes `lease` as this process' tenure.
+pub fn publish_leader(tx: &LeadershipTx, lease: &Lease, renewal: &Renewal) {
+    tx.send_modify(|state| {
+        state.role = Role::Leader(Term {
+            fencing_token: lease.fencing_token,
+            since: lease.since,
+            step_down_at: step_down_at(lease, renewal),
+            valid_until: lease.valid_until,
+        });
+        state.holder = Some(HolderView {
+            identity: state.identity.clone(),
+            fencing_token: Some(lease.fencing_token),
+            observed_at: SystemTime::now(),
+        });
+        state.quorum_reachable = true;
+    });
+}
+
+/// Publishes that this process does not lead (any more).
+pub fn publish_follower(tx: &LeadershipTx) {
+    tx.send_if_modified(|state| {
+        let was_leader = matches!(state.role, Role::Leader(_));
+        state.role = Role::Follower;
+        if was_leader {
+            state.holder = None;
+        }
+        was_leader
+    });
+}
+
+/// The metric label for an acquisition outcome.
+pub fn attempt_label(result: &Result<Lease, LockError>) -> &'static str {
+    match result {
+        Ok(_) => "acquired",
+        Err(err) => match err.kind() {
+            kind @ ("busy" | "no_quorum" | "expired") => kind,
+            _ => "error",
+        },
+    }
+}
+
+/// Records an acquisition attempt: metrics and the follower's view of the holder.
+pub fn observe_attempt(
+    tx: &LeadershipTx,
+    metrics: &Metrics,
+    result: &Result<Lease, LockError>,
+    elapsed: Duration,
+) {
+    metrics.acquire_attempt(attempt_label(result), elapsed);
+    tx.send_modify(|state| match result {
+        Err(LockError::Busy {
+            holder,
+            holder_fence,
+            ..
+        }) => {
+            state.quorum_reachable = true;
+            state.holder = holder.as_ref().map(|identity| HolderView {
+                identity: identity.clone(),
+                fencing_token: Some(*holder_fence),
+                observed_at: SystemTime::now(),
+            });
+        }
+        Err(LockError::QuorumUnreachable { .. }) => state.quorum_reachable = false,
+        _ => {}
+    });
+}
+
+/// Keeps `lease` renewed and published until `cancel` fires or the lease is given up.
+pub async fn hold(
+    redlock: &Redlock,
+    mut lease: Lease,
+    renewal: Renewal,
+    tx: &LeadershipTx,
+    metrics: &Metrics,
+    cancel: &CancellationToken,
+) -> HoldEnd {
+    publish_leader(tx, &lease, &renewal);
+    let mut next = Instant::now() + renewal.interval;
+    loop {
+        let deadline = step_down_at(&lease, &renewal);
+        let wake = next.min(deadline);
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return HoldEnd::Cancelled(lease),
+            _ = tokio::time::sleep_until(wake.into()) => {}
+        }
+        let now = Instant::now();
+        let lag = now.saturating_duration_since(wake);
+        metrics.renew_lag(lag);
+        let suspect = lag > pause_threshold(&renewal);
+        if now >= deadline {
+            return HoldEnd::Lost(if suspect { "paused" } else { "expired" }, lease);
+        }
+        let started = Instant::now();
+        let result = redlock.extend(&lease).await;
+        metrics.renewal(result.is_ok(), started.elapsed());
+        match result {
+            Ok(renewed) => {
+                lease = renewed;
+                publish_leader(tx, &lease, &renewal);
+                next = started + renewal.interval;
+            }
+            Err(err) if suspect => {
+                warn!(lock = %redlock.config().lock, lag = ?lag, error = %err, "woke up late and could not prove the lock is still held");
+                return HoldEnd::Lost("paused", lease);
+            }
+            Err(LockError::Expired { .. }) => return HoldEnd::Lost("expired", lease),
+            Err(err) => {
+                warn!(lock = %redlock.config().lock, error = %err, "renewal failed; retrying");
+                next = Instant::now() + fast_retry(&renewal);
+            }
+        }
+    }
+}
+
+/// The `run` loop: contend, hold, step down and contend again, until `cancel`.
+/// On cancellation it steps down and releases the lock before returning.
+pub async fn run(
+    redlock: Redlock,
+    renewal: Renewal,
+    tx: LeadershipTx,
+    metrics: std::sync::Arc<Metrics>,
+    cancel: CancellationToken,
+) {
+    let lock = redlock.config().lock.clone();
+    loop {
+        let acquired = redlock
+            .acquire(None, &cancel, |result, elapsed| {
+                observe_attempt(&tx, &metrics, result, elapsed)
+            })
+            .await;
+        let lease = match acquired {
+            Ok(lease) => lease,
+            Err(_) => return, // only cancellation ends an unbounded wait
+        };
+        info!(
+            lock = %lock,
+            fencing_token = lease.fencing_token,
+            validity_ms = lease.remaining_at(Instant::now()).as_millis() as u64,
+            "acquired the lock"
+        );
+        match hold(&redlock, lease, renewal, &tx, &metrics, &cancel).await {
+            HoldEnd::Cancelled(lease) => {
+                publish_follower(&tx);
+                let released = redlock.release(&lease).await;
+                info!(lock = %lock, fencing_token = lease.fencing_token, nodes = released, "released the lock");
+                return;
+            }
+            HoldEnd::Lost(reason, lease) => {
+                publish_follower(&tx);
+                metrics.lock_lost(reason);
+                warn!(lock = %lock, fencing_token = lease.fencing_token, reason, "stepped down: lock lost");
+                // Owner-checked, so harmless if someone else holds it now; it frees the
+                // nodes we still hold for the next contender.
+                redlock.release(&lease).await;
+            }
+        }
+    }
+}
+
+/// A fresh leadership channel for `redlock`'s lock and identity.
+pub fn channel(redlock: &Redlock) -> (LeadershipTx, crate::leadership::LeadershipRx) {
+    let cfg = redlock.config();
+    tokio::sync::watch::channel(Leadership::new(cfg.lock.clone(), cfg.identity.clone()))
+}

@@ -1,0 +1,371 @@
+//! Prometheus metrics: one registry built at startup and passed down.
+//!
+//! Every series is created at startup so dashboards show 0 rather than nothing.
+//! Labels are bounded: `lock` (a constant label), `node` (`host:port`), and small
+//! fixed sets for `result`, `reason`, `op`, `kind`, `direction`. Never identities or
+//! error text. State gauges (leader, token, validity) are computed from the leadership
+//! state at scrape time, so they are exact even if the lease task is stalled.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use prometheus::{
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+use crate::leadership::{Leadership, LeadershipRx};
+use crate::redlock::{NodeErrorKind, Observer, Op};
+
+/// Results of an acquisition attempt (`redlock_acquire_attempts_total{result}`).
+pub const ACQUIRE_RESULTS: [&str; 5] = ["acquired", "busy", "no_quorum", "expired", "error"];
+/// Why a held lock was given up (`redlock_lock_lost_total{reason}`).
+pub const LOST_REASONS: [&str; 3] = ["renew_failed", "expired", "paused"];
+/// Outcomes of a guard run (`redlock_guard_runs_total{result}`).
+pub const GUARD_RESULTS: [&str; 4] = ["ran", "skipped", "lost", "failed"];
+
+/// Latency buckets from 100 µs to 5 s (node calls on loopback to slow WAN links).
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+
+/// All metric families of one process (one lock).
+pub struct Metrics {
+    registry: Registry,
+    is_leader: IntGauge,
+    transitions: IntCounterVec,
+    fencing_token: IntGauge,
+    validity_remaining: Gauge,
+    lease_expiry: Gauge,
+    acquire_duration: HistogramVec,
+    acquire_attempts: IntCounterVec,
+    contention: IntCounter,
+    renewals: IntCounterVec,
+    renew_duration: Histogram,
+    lock_lost: IntCounterVec,
+    renew_lag: Histogram,
+    node_up: IntGaugeVec,
+    node_request_duration: HistogramVec,
+    node_errors: IntCounterVec,
+    node_vote_counted: IntGaugeVec,
+    guard_runs: IntCounterVec,
+    nodes: Vec<String>,
+}
+
+impl Metrics {
+    /// Builds and registers every family for `lock` on `nodes` (labels `host:port`).
+    pub fn new(
+        lock: &str,
+        nodes: &[String],
+        kubernetes_errors: Option<IntCounterVec>,
+    ) -> Arc<Metrics> {
+        let registry = Registry::new();
+        let opts = |name: &str, help: &str| Opts::new(name, help).const_label("lock", lock);
+        let hist = |name: &str, help: &str| {
+            HistogramOpts::new(name, help)
+                .const_label("lock", lock)
+                .buckets(LATENCY_BUCKETS.to_vec())
+        };
+        let m = Metrics {
+            is_leader: IntGauge::with_opts(opts(
+                "redlock_is_leader",
+                "1 while this process holds the lock",
+            ))
+            .unwrap(),
+            transitions: IntCounterVec::new(
+                opts(
+                    "redlock_leader_transitions_total",
+                    "Leadership changes of this process",
+                ),
+                &["direction"],
+            )
+            .unwrap(),
+            fencing_token: IntGauge::with_opts(opts(
+                "redlock_fencing_token",
+                "Fencing token of the current tenure (0 when not leading)",
+            ))
+            .unwrap(),
+            validity_remaining: Gauge::with_opts(opts(
+                "redlock_validity_remaining_seconds",
+                "Validity left on the held lock (0 when not leading)",
+            ))
+            .unwrap(),
+            lease_expiry: Gauge::with_opts(opts(
+                "redlock_lease_expiry_timestamp_seconds",
+                "Unix time at which the held lock's validity ends (0 when not leading)",
+            ))
+            .unwrap(),
+            acquire_duration: HistogramVec::new(
+                hist(
+                    "redlock_acquire_duration_seconds",
+                    "Duration of one acquisition round",
+                ),
+                &["result"],
+            )
+            .unwrap(),
+            acquire_attempts: IntCounterVec::new(
+                opts(
+                    "redlock_acquire_attempts_total",
+                    "Acquisition rounds by result",
+                ),
+                &["result"],
+            )
+            .unwrap(),
+            contention: IntCounter::with_opts(opts(
+                "redlock_contention_total",
+                "Acquisition rounds that found another holder",
+            ))
+            .unwrap(),
+            renewals: IntCounterVec::new(
+                opts("redlock_renewals_total", "Extend rounds by result"),
+                &["result"],
+            )
+            .unwrap(),
+            renew_duration: Histogram::with_opts(hist(
+                "redlock_renew_duration_seconds",
+                "Duration of one extend round",
+            ))
+            .unwrap(),
+            lock_lost: IntCounterVec::new(
+                opts(
+                    "redlock_lock_lost_total",
+                    "Tenures that ended without a release, by reason",
+                ),
+                &["reason"],
+            )
+            .unwrap(),
+            renew_lag: Histogram::with_opts(hist(
+                "redlock_renew_lag_seconds",
+                "How much later than scheduled the renew task woke up",
+            ))
+            .unwrap(),
+            node_up: IntGaugeVec::new(
+                opts("redlock_node_up", "1 if the node's last call succeeded"),
+                &["node"],
+            )
+            .unwrap(),
+            node_request_duration: HistogramVec::new(
+                hist(
+                    "redlock_node_request_duration_seconds",
+                    "Duration of one call to one node",
+                ),
+                &["node", "op"],
+            )
+            .unwrap(),
+            node_errors: IntCounterVec::new(
+                opts(
+                    "redlock_node_errors_total",
+                    "Failed calls to a node, by kind",
+                ),
+                &["node", "kind"],
+            )
+            .unwrap(),
+            node_vote_counted: IntGaugeVec::new(
+                opts(
+                    "redlock_node_vote_counted",
+                    "0 while a node's votes are not counted (restarted within ttl + drift)",
+                ),
+                &["node"],
+            )
+            .unwrap(),
+            guard_runs: IntCounterVec::new(
+                opts("redlock_guard_runs_total", "guard runs by outcome"),
+                &["result"],
+            )
+            .unwrap(),
+            nodes: nodes.to_vec(),
+            registry,
+        };
+        m.register_all(kubernetes_errors);
+        m.initialise_series();
+        Arc::new(m)
+    }
+
+    fn register_all(&self, kubernetes_errors: Option<IntCounterVec>) {
+        let build_info = IntGaugeVec::new(
+            Opts::new("redlock_build_info", "Build information; always 1"),
+            &["version"],
+        )
+        .unwrap();
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
+            Box::new(self.is_leader.clone()),
+            Box::new(self.transitions.clone()),
+            Box::new(self.fencing_token.clone()),
+            Box::new(self.validity_remaining.clone()),
+            Box::new(self.lease_expiry.clone()),
+            Box::new(self.acquire_duration.clone()),
+            Box::new(self.acquire_attempts.clone()),
+            Box::new(self.contention.clone()),
+            Box::new(self.renewals.clone()),
+            Box::new(self.renew_duration.clone()),
+            Box::new(self.lock_lost.clone()),
+            Box::new(self.renew_lag.clone()),
+            Box::new(self.node_up.clone()),
+            Box::new(self.node_request_duration.clone()),
+            Box::new(self.node_errors.clone()),
+            Box::new(self.node_vote_counted.clone()),
+            Box::new(self.guard_runs.clone()),
+            Box::new(build_info),
+            Box::new(prometheus::process_collector::ProcessCollector::for_self()),
+        ];
+        for collector in collectors
+            .into_iter()
+            .chain(kubernetes_errors.map(|c| Box::new(c) as Box<_>))
+        {
+            self.registry
+                .register(collector)
+                .expect("metric names are unique");
+        }
+    }
+
+    fn initialise_series(&self) {
+        for direction in ["gained", "lost"] {
+            self.transitions.with_label_values(&[direction]);
+        }
+        for result in ACQUIRE_RESULTS {
+            self.acquire_attempts.with_label_values(&[result]);
+            self.acquire_duration.with_label_values(&[result]);
+        }
+        for result in ["ok", "failed"] {
+            self.renewals.with_label_values(&[result]);
+        }
+        for reason in LOST_REASONS {
+            self.lock_lost.with_label_values(&[reason]);
+        }
+        for result in GUARD_RESULTS {
+            self.guard_runs.with_label_values(&[result]);
+        }
+        for node in &self.nodes {
+            self.node_up.with_label_values(&[node]).set(0);
+            self.node_vote_counted.with_label_values(&[node]).set(0);
+            for op in Op::ALL {
+                self.node_request_duration
+                    .with_label_values(&[node, op.as_str()]);
+            }
+            for kind in NodeErrorKind::ALL {
+                self.node_errors.with_label_values(&[node, kind.as_str()]);
+            }
+        }
+    }
+
+    /// Records one acquisition round; `result` is one of [`ACQUIRE_RESULTS`].
+    pub fn acquire_attempt(&self, result: &str, elapsed: Duration) {
+        self.acquire_attempts.with_label_values(&[result]).inc();
+        self.acquire_duration
+            .with_label_values(&[result])
+            .observe(elapsed.as_secs_f64());
+        if result == "busy" {
+            self.contention.inc();
+        }
+    }
+
+    /// Records one extend round.
+    pub fn renewal(&self, ok: bool, elapsed: Duration) {
+        self.renewals
+            .with_label_values(&[if ok { "ok" } else { "failed" }])
+            .inc();
+        self.renew_duration.observe(elapsed.as_secs_f64());
+    }
+
+    /// Records how late the renew task woke up.
+    pub fn renew_lag(&self, lag: Duration) {
+        self.renew_lag.observe(lag.as_secs_f64());
+    }
+
+    /// Records a tenure that ended without a release; `reason` is one of [`LOST_REASONS`].
+    pub fn lock_lost(&self, reason: &str) {
+        self.lock_lost.with_label_values(&[reason]).inc();
+    }
+
+    /// Records a guard outcome; `result` is one of [`GUARD_RESULTS`].
+    pub fn guard_run(&self, result: &str) {
+        self.guard_runs.with_label_values(&[result]).inc();
+    }
+
+    /// Sets the state gauges from `state` as of `now`.
+    fn set_state(&self, state: &Leadership, now: Instant) {
+        match state.leading_at(now) {
+            Some(term) => {
+                let left = term.valid_until.saturating_duration_since(now);
+                let expiry = SystemTime::now() + left;
+                self.is_leader.set(1);
+                self.fencing_token
+                    .set(i64::try_from(term.fencing_token).unwrap_or(i64::MAX));
+                self.validity_remaining.set(left.as_secs_f64());
+                self.lease_expiry.set(
+                    expiry
+                        .duration_since(UNIX_EPOCH)
+                        .map_or(0.0, |d| d.as_secs_f64()),
+                );
+            }
+            None => {
+                self.is_leader.set(0);
+                self.fencing_token.set(0);
+                self.validity_remaining.set(0.0);
+                self.lease_expiry.set(0.0);
+            }
+        }
+    }
+
+    /// The text exposition of every family, with state gauges as of now.
+    pub fn render(&self, state: &Leadership) -> String {
+        self.set_state(state, Instant::now());
+        let mut out = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        String::from_utf8(out).unwrap_or_default()
+    }
+
+    /// Counts leadership transitions by following the channel until its sender is gone.
+    pub async fn follow(self: Arc<Self>, mut rx: LeadershipRx) {
+        let mut leading = false;
+        loop {
+            let now_leading = rx.borrow_and_update().leading_at(Instant::now()).is_some();
+            if now_leading != leading {
+                let direction = if now_leading { "gained" } else { "lost" };
+                self.transitions.with_label_values(&[direction]).inc();
+                leading = now_leading;
+            }
+            self.set_state(&rx.borrow(), Instant::now());
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    fn node_label(&self, index: usize) -> &str {
+        self.nodes.get(index).map_or("unknown", String::as_str)
+    }
+}
+
+impl Observer for Metrics {
+    fn node_call(
+        &self,
+        index: usize,
+        op: Op,
+        elapsed: Duration,
+        result: Result<(), NodeErrorKind>,
+    ) {
+        let node = self.node_label(index);
+        self.node_request_duration
+            .with_label_values(&[node, op.as_str()])
+            .observe(elapsed.as_secs_f64());
+        match result {
+            Ok(()) => self.node_up.with_label_values(&[node]).set(1),
+            Err(kind) => {
+                self.node_up.with_label_values(&[node]).set(0);
+                self.node_errors
+                    .with_label_values(&[node, kind.as_str()])
+                    .inc();
+            }
+        }
+    }
+
+    fn node_counted(&self, index: usize, counted: bool) {
+        self.node_vote_counted
+            .with_label_values(&[self.node_label(index)])
+            .set(i64::from(counted));
+    }
+}

@@ -1,0 +1,109 @@
+//! `run`: wire the lock loop to its observers (HTTP, metrics, Kubernetes) and shut down in order.
+//!
+//! Shutdown order: signal → stop claiming leadership (endpoints flip to 503) → release on all
+//! nodes and announce it → Kubernetes label flushed → HTTP stops → exit 0, all bounded by
+//! `--shutdown-timeout`, which must stay below the pod's `terminationGracePeriodSeconds`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::RunConfig;
+use crate::http::{self, AdminState};
+use crate::k8s::{self, Kube};
+use crate::lease;
+use crate::metrics::Metrics;
+use crate::redlock::{drift, Redlock};
+use crate::{ops, shutdown};
+
+/// Runs the sidecar until SIGTERM/SIGINT; returns the exit code.
+pub async fn run(cfg: RunConfig) -> i32 {
+    let listener = match http::bind(cfg.listen).await {
+        Ok(listener) => listener,
+        Err(err) => {
+            crate::config::exit_invalid(&format!("--listen: cannot bind {}: {err}", cfg.listen))
+        }
+    };
+    let kube_errors = k8s::errors_counter();
+    let labels: Vec<String> = cfg
+        .redlock
+        .nodes
+        .iter()
+        .map(|n| n.label().to_owned())
+        .collect();
+    let metrics = Metrics::new(&cfg.redlock.lock, &labels, Some(kube_errors.clone()));
+    let redlock = match Redlock::new(cfg.redlock.clone(), metrics.clone()) {
+        Ok(redlock) => redlock,
+        Err(err) => crate::config::exit_invalid(&err.to_string()),
+    };
+    let kube = match Kube::connect(cfg.kubernetes.clone(), kube_errors).await {
+        Ok(kube) => kube,
+        Err(err) => crate::config::exit_invalid(&format!("--kubernetes: {err}")),
+    };
+    log_timing(&cfg);
+    tokio::spawn(ops::warn_about_nodes(redlock.clone()));
+
+    let (tx, rx) = lease::channel(&redlock);
+    let cancel = CancellationToken::new();
+    let http_stop = CancellationToken::new();
+    let admin = AdminState {
+        leadership: rx.clone(),
+        metrics: metrics.clone(),
+        ready_when: cfg.ready_when,
+        shutdown: http_stop.clone(),
+    };
+    info!(listen = %cfg.listen, lock = %cfg.redlock.lock, identity = %cfg.redlock.identity, nodes = labels.len(), "redlock-sidecar running");
+    let http_task = tokio::spawn(async move {
+        if let Err(err) = http::serve(listener, admin).await {
+            warn!(error = %err, "admin endpoint stopped");
+        }
+    });
+    tokio::spawn(Arc::clone(&metrics).follow(rx.clone()));
+    let kube_task = kube
+        .map(|kube| tokio::spawn(kube.observe(rx.clone(), cancel.clone(), cfg.shutdown_timeout)));
+    let lease_task = tokio::spawn(lease::run(
+        redlock,
+        cfg.renewal,
+        tx,
+        metrics,
+        cancel.clone(),
+    ));
+
+    shutdown::first_signal().await;
+    cancel.cancel();
+    let drained = tokio::time::timeout(cfg.shutdown_timeout, async {
+        let _ = lease_task.await;
+        if let Some(kube_task) = kube_task {
+            let _ = kube_task.await;
+        }
+    })
+    .await;
+    match drained {
+        Ok(()) => info!("shutdown complete"),
+        Err(_) => {
+            warn!(timeout = ?cfg.shutdown_timeout, "shutdown timed out; the lock expires on its own")
+        }
+    }
+    http_stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(1), http_task).await;
+    0
+}
+
+/// Logs the figures the timing model implies, once.
+fn log_timing(cfg: &RunConfig) {
+    let r = &cfg.redlock;
+    let crash_takeover = r.ttl + r.retry_max;
+    info!(
+        ttl = ?r.ttl,
+        renew_interval = ?cfg.renewal.interval,
+        safety_margin = ?cfg.renewal.safety_margin,
+        node_timeout = ?r.node_timeout,
+        drift = ?drift(r.ttl),
+        worst_case_takeover_after_crash = ?crash_takeover,
+        takeover_after_release = "one round trip (pub/sub wake-up)",
+        shutdown_timeout = ?cfg.shutdown_timeout,
+        "timing model"
+    );
+}
