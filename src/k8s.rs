@@ -352,9 +352,12 @@ impl Kube {
     /// - After `cancel` (pass the token that stops the lock loop): a step-down is reported as
     ///   `LockReleased`; keeps observing until the state is not-leader and applied, or the
     ///   sender is dropped and its final state applied.
-    /// - After the sender is dropped: applies its final state and returns.
-    /// - Everything after `cancel` or the drop is bounded by `flush_timeout`; pending retries
-    ///   are tried at once when that phase starts.
+    /// - After the sender is dropped: applies its final state (a not-leader state after having
+    ///   led reads as `LockReleased`, also when it was published just before the drop) and
+    ///   returns.
+    /// - Everything after `cancel` or the drop is bounded by `flush_timeout` (a call in flight
+    ///   when `cancel` fires is finished within it); pending retries are tried at once when
+    ///   that phase starts.
     pub async fn observe(
         self,
         mut rx: LeadershipRx,
@@ -362,31 +365,42 @@ impl Kube {
         flush_timeout: Duration,
     ) {
         let mut observer = Observer::new(self);
-        let mut sender_gone = false;
-        loop {
+        let (mut sender_gone, deadline) = loop {
             // A state published just before the sender was dropped is a final state: let the
             // flush below apply it (so a release reads as `LockReleased`, not a loss).
             if rx.has_changed().is_err() {
-                sender_gone = true;
-                break;
+                break (true, TokioInstant::now() + flush_timeout);
             }
             let leadership = rx.borrow_and_update().clone();
-            tokio::select! {
-                biased;
-                _ = cancel.cancelled() => break,
-                _ = observer.reconcile(&leadership, false) => {}
+            {
+                let pass = observer.reconcile(&leadership, false);
+                tokio::pin!(pass);
+                let cancelled = tokio::select! {
+                    biased;
+                    _ = &mut pass => false,
+                    _ = cancel.cancelled() => true,
+                };
+                if cancelled {
+                    // Finish the call in flight (so its outcome is recorded), within the
+                    // shutdown deadline.
+                    let deadline = TokioInstant::now() + flush_timeout;
+                    if tokio::time::timeout_at(deadline, pass).await.is_err() {
+                        warn!(timeout = ?flush_timeout, "kubernetes state not flushed in time");
+                        return;
+                    }
+                    break (false, deadline);
+                }
             }
             let wake = observer.next_wake(&leadership);
             tokio::select! {
                 biased;
-                _ = cancel.cancelled() => break,
+                _ = cancel.cancelled() => break (false, TokioInstant::now() + flush_timeout),
                 changed = rx.changed() => if changed.is_err() {
-                    sender_gone = true;
-                    break;
+                    break (true, TokioInstant::now() + flush_timeout);
                 },
                 _ = sleep_until(wake) => {}
             }
-        }
+        };
 
         debug!(sender_gone, "kubernetes observer flushing the final state");
         observer.retry_now();
@@ -406,7 +420,7 @@ impl Kube {
                 }
             }
         };
-        match tokio::time::timeout(flush_timeout, flush).await {
+        match tokio::time::timeout_at(deadline, flush).await {
             Ok(()) => info!("kubernetes state flushed"),
             Err(_) => warn!(
                 timeout = ?flush_timeout,
@@ -422,7 +436,8 @@ impl Kube {
         self.create_event(reason, message, warning)
             .await
             .inspect_err(|err| {
-                warn!(reason, error = %err, cause = %source_of(err), "kubernetes event not recorded");
+                let cause = source_of(err);
+                warn!(reason, error = %err, %cause, "kubernetes event not recorded");
             })
     }
 

@@ -42,6 +42,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 pub use error::{ConfigError, LockError, Vote, Votes};
 pub use node::{ConnectSettings, Credentials, Node, NodeError, NodeErrorKind, NodeSpec};
+use timing::CLOCK_DRIFT_FLOOR;
 pub use timing::{drift, quorum, validity};
 
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::ACQUIRE));
@@ -519,13 +520,16 @@ impl Redlock {
                 Ok(lease) => return Ok(lease),
                 Err(err) => err,
             };
-            let mut delay = match &err {
-                LockError::Busy { holder_ttl, .. } => {
-                    let until_free = holder_ttl.unwrap_or(cfg.retry_max).min(cfg.retry_max);
-                    until_free + timing::retry_delay(cfg.retry_delay / 4, cfg.retry_delay / 2, 0)
-                }
-                _ => timing::retry_delay(cfg.retry_delay, cfg.retry_max, attempt),
-            };
+            // Random and growing, so contenders that collided spread out; but never past
+            // the moment the holder's key expires (a crashed holder is replaced promptly).
+            let mut delay = timing::retry_delay(cfg.retry_delay, cfg.retry_max, attempt);
+            if let LockError::Busy {
+                holder_ttl: Some(left),
+                ..
+            } = &err
+            {
+                delay = delay.min(*left + CLOCK_DRIFT_FLOOR);
+            }
             if let Some(deadline) = deadline {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
@@ -533,11 +537,19 @@ impl Redlock {
                 }
                 delay = delay.min(left);
             }
-            tokio::select! {
+            let woken = tokio::select! {
                 biased;
                 _ = cancel.cancelled() => return Err(LockError::Cancelled),
-                _ = released.changed() => {}
-                _ = tokio::time::sleep(delay) => {}
+                _ = released.changed() => true,
+                _ = tokio::time::sleep(delay) => false,
+            };
+            if woken {
+                // Every waiter hears the same release; a short random pause, growing with
+                // each collision, keeps them from all colliding again.
+                let spread =
+                    (Duration::from_micros(250) * (1 << attempt.min(10))).min(cfg.retry_delay);
+                let pause = rand::rng().random_range(Duration::ZERO..=spread);
+                tokio::time::sleep(pause).await;
             }
             attempt = attempt.saturating_add(1);
         }

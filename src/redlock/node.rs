@@ -247,11 +247,12 @@ impl Node {
         let password = spec.password().map(str::to_owned);
         let scrub = |e: RedisError| NodeError::from_redis(&e, password.as_deref());
         let client = spec.client().map_err(scrub)?;
+        // No retries inside a call: a failed connect surfaces as its own error (auth,
+        // protocol, refused) and the next call tries again.
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(settings.connect_timeout))
             .set_response_timeout(Some(settings.response_timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_millis(500));
+            .set_number_of_retries(0);
         let conn =
             ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(scrub)?;
         Ok(Node { spec, client, conn })

@@ -1,0 +1,457 @@
+//! The Redlock engine against real redis-server processes.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redlock_sidecar::redlock::{
+    ConfigError, Credentials, LockError, NoObserver, NodeErrorKind, NodeSpec, Redlock,
+    RedlockConfig, Vote,
+};
+use support::{RedisCluster, RedisNode};
+use tokio_util::sync::CancellationToken;
+
+const TTL: Duration = Duration::from_secs(1);
+
+fn config(urls: &[String], identity: &str) -> RedlockConfig {
+    let nodes = urls
+        .iter()
+        .enumerate()
+        .map(|(i, url)| NodeSpec::parse(i, url, &Credentials::default()).expect("valid url"))
+        .collect();
+    let mut cfg = RedlockConfig::new("test", identity, nodes);
+    cfg.ttl = TTL;
+    cfg.node_timeout = Duration::from_millis(100);
+    cfg.retry_delay = Duration::from_millis(10);
+    cfg.retry_max = Duration::from_millis(50);
+    cfg
+}
+
+fn redlock(urls: &[String], identity: &str) -> Redlock {
+    Redlock::new(config(urls, identity), Arc::new(NoObserver)).expect("valid config")
+}
+
+/// Waits until every node's uptime lets its vote count for `ttl` (the delayed-restart rule:
+/// `uptime − 1 s ≥ ttl + drift`).
+fn wait_votes_count_for(ttl: Duration, nodes: &[&RedisNode]) {
+    let needed = (ttl + redlock_sidecar::redlock::drift(ttl))
+        .as_secs_f64()
+        .ceil() as u64
+        + 1;
+    for node in nodes {
+        support::wait_until(
+            Duration::from_secs(needed + 10),
+            "node uptime reaches ttl + drift + 1s",
+            || {
+                node.try_command(&["INFO", "server"])
+                    .ok()
+                    .and_then(|info| {
+                        info.lines()
+                            .find_map(|l| l.strip_prefix("uptime_in_seconds:"))
+                            .and_then(|v| v.trim().parse::<u64>().ok())
+                    })
+                    .is_some_and(|uptime| uptime >= needed)
+            },
+        );
+    }
+}
+
+fn wait_votes_count(nodes: &[&RedisNode]) {
+    wait_votes_count_for(TTL, nodes);
+}
+
+fn ready_cluster(n: usize) -> RedisCluster {
+    let cluster = RedisCluster::start(n);
+    wait_votes_count(&cluster.iter().collect::<Vec<_>>());
+    cluster
+}
+
+fn key_on(node: &RedisNode) -> String {
+    node.command(&["GET", "redlock:{test}"])
+}
+
+async fn mutual_exclusion(n: usize) {
+    let cluster = ready_cluster(n);
+    let urls = cluster.urls();
+    let counter = Arc::new(AtomicU64::new(0));
+    let rounds = 4;
+    let mut tasks = Vec::new();
+    for id in 0..32 {
+        let lock = redlock(&urls, &format!("task-{id}"));
+        let counter = counter.clone();
+        tasks.push(tokio::spawn(async move {
+            let never = CancellationToken::new();
+            for _ in 0..rounds {
+                let deadline = Instant::now() + Duration::from_secs(60);
+                let lease = lock
+                    .acquire(Some(deadline), &never, |_, _| {})
+                    .await
+                    .expect("acquired");
+                // Read, yield, write: any overlap loses an increment.
+                let seen = counter.load(Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                counter.store(seen + 1, Ordering::SeqCst);
+                lock.release(&lease).await;
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("task finished");
+    }
+    assert_eq!(
+        counter.load(Ordering::SeqCst),
+        32 * rounds,
+        "no increment lost with {n} nodes"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thirty_two_contenders_never_overlap_on_one_node() {
+    mutual_exclusion(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thirty_two_contenders_never_overlap_on_three_nodes() {
+    mutual_exclusion(3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thirty_two_contenders_never_overlap_on_five_nodes() {
+    mutual_exclusion(5).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lock_is_busy_for_others_and_names_its_holder() {
+    let cluster = ready_cluster(3);
+    let a = redlock(&cluster.urls(), "alpha");
+    let b = redlock(&cluster.urls(), "beta");
+    let lease = a.try_acquire().await.expect("alpha acquires");
+    match b.try_acquire().await {
+        Err(LockError::Busy {
+            holder,
+            holder_fence,
+            ..
+        }) => {
+            assert_eq!(holder.as_deref(), Some("alpha"));
+            assert_eq!(
+                holder_fence, lease.fencing_token,
+                "the holder's token is readable"
+            );
+        }
+        other => panic!("expected busy, got {other:?}"),
+    }
+    for node in cluster.iter() {
+        assert!(
+            key_on(node).starts_with("alpha:"),
+            "beta left alpha's key alone"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_holders_lock_is_never_released_or_extended() {
+    let cluster = ready_cluster(3);
+    let a = redlock(&cluster.urls(), "alpha");
+    let lease = a.try_acquire().await.expect("alpha acquires");
+    // Someone else's key takes the place of ours on every node (as after an expiry).
+    for node in cluster.iter() {
+        node.command(&["SET", "redlock:{test}", "intruder:00", "PX", "60000"]);
+    }
+    match a.extend(&lease).await {
+        Err(LockError::Lost { .. }) => {}
+        other => panic!("extend of a replaced lock must fail, got {other:?}"),
+    }
+    assert_eq!(a.release(&lease).await, 0, "nothing of ours to delete");
+    for node in cluster.iter() {
+        assert_eq!(key_on(node), "intruder:00");
+        let pttl: i64 = node.command(&["PTTL", "redlock:{test}"]).parse().unwrap();
+        assert!(pttl > 50_000, "the intruder's ttl was not touched: {pttl}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_after_expiry_fails_and_extend_in_time_renews_validity() {
+    let cluster = ready_cluster(3);
+    let a = redlock(&cluster.urls(), "alpha");
+    let lease = a.try_acquire().await.expect("acquires");
+    let renewed = a.extend(&lease).await.expect("extends while valid");
+    assert!(
+        renewed.valid_until > lease.valid_until,
+        "validity moved forward"
+    );
+    assert_eq!(renewed.fencing_token, lease.fencing_token);
+    tokio::time::sleep_until(renewed.valid_until.into()).await;
+    match a.extend(&renewed).await {
+        Err(LockError::Expired { .. }) => {}
+        other => panic!("extend after expiry must fail, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minority_down_still_works_a_majority_down_fails_fast_naming_the_nodes() {
+    let mut cluster = ready_cluster(5);
+    let a = redlock(&cluster.urls(), "alpha");
+    cluster.node_mut(0).stop();
+    cluster.node_mut(1).stop();
+    let lease = a.try_acquire().await.expect("3 of 5 is a quorum");
+    a.release(&lease).await;
+    cluster.node_mut(2).stop();
+    let started = Instant::now();
+    match a.try_acquire().await {
+        Err(LockError::QuorumUnreachable { needed, votes, .. }) => {
+            assert_eq!(needed, 3);
+            let failed: Vec<&str> = votes.failed().collect();
+            assert!(failed.len() >= 2, "names the failed nodes: {votes}");
+            for label in failed {
+                let port: u16 = label.rsplit(':').next().unwrap().parse().unwrap();
+                assert!(
+                    cluster.ports()[..3].contains(&port),
+                    "{label} is one of the stopped nodes"
+                );
+            }
+        }
+        other => panic!("expected quorum unreachable, got {other:?}"),
+    }
+    // Bounded by the node timeout (100 ms), not by any reconnect loop.
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "failed fast: {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn votes_of_restarted_nodes_are_not_counted_so_a_forgotten_lock_is_not_retaken() {
+    let mut cluster = ready_cluster(3);
+    let a = redlock(&cluster.urls(), "alpha");
+    let b = redlock(&cluster.urls(), "beta");
+    let _held = a.try_acquire().await.expect("alpha acquires");
+    // Two nodes restart without persistence and forget alpha's key.
+    cluster.node_mut(0).restart();
+    cluster.node_mut(1).restart();
+    let err = b
+        .try_acquire()
+        .await
+        .expect_err("beta must not get the lock alpha still holds");
+    let votes = err.votes().expect("votes");
+    let not_counted = votes
+        .0
+        .iter()
+        .filter(|(_, v)| matches!(v, Vote::NotCounted(_)))
+        .count();
+    // The round is decided as soon as a quorum is impossible, so it may not wait for both.
+    assert!(
+        not_counted >= 1,
+        "a restarted node granted but was not counted: {votes}"
+    );
+    assert!(
+        !votes.0.iter().any(|(_, v)| *v == Vote::Granted),
+        "no counted grant: {votes}"
+    );
+    assert!(
+        key_on(cluster.node(2)).starts_with("alpha:"),
+        "alpha's key survives on the third node"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_strictly_increase_over_a_thousand_handoffs_with_restarts() {
+    let mut cluster = ready_cluster(3);
+    let urls = cluster.urls();
+    let contenders = [redlock(&urls, "alpha"), redlock(&urls, "beta")];
+    let never = CancellationToken::new();
+    let mut last = 0u64;
+    for handoff in 0..1000 {
+        if handoff % 250 == 125 {
+            // A minority node loses everything, fencing counter included.
+            cluster.node_mut(2).restart();
+        }
+        let lock = &contenders[handoff % 2];
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let lease = lock
+            .acquire(Some(deadline), &never, |_, _| {})
+            .await
+            .expect("acquires");
+        assert!(
+            lease.fencing_token > last,
+            "handoff {handoff}: {} after {last}",
+            lease.fencing_token
+        );
+        last = lease.fencing_token;
+        lock.release(&lease).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_node_does_not_slow_acquire_beyond_the_node_timeout() {
+    let mut cluster = RedisCluster::start(3);
+    let mut cfg = config(&cluster.urls(), "alpha");
+    // A long node timeout: waiting for the paused node would take 1.5 s.
+    cfg.node_timeout = Duration::from_millis(1500);
+    cfg.ttl = Duration::from_secs(7);
+    wait_votes_count_for(cfg.ttl, &cluster.iter().collect::<Vec<_>>());
+    let a = Redlock::new(cfg, Arc::new(NoObserver)).unwrap();
+    let warm = a.try_acquire().await.expect("warm-up");
+    a.release(&warm).await;
+    cluster.node_mut(0).pause();
+    let started = Instant::now();
+    let lease = a.try_acquire().await.expect("quorum of the two live nodes");
+    let took = started.elapsed();
+    cluster.node_mut(0).resume();
+    a.release(&lease).await;
+    assert!(
+        took < Duration::from_millis(750),
+        "decided at quorum, not at the paused node's timeout: {took:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_a_waiter_long_before_its_retry_delay() {
+    // The holder's key lives 6 s and the waiter retries after 10 s: only the release
+    // announcement can wake it sooner.
+    let ttl = Duration::from_secs(6);
+    let cluster = RedisCluster::start(3);
+    wait_votes_count_for(ttl, &cluster.iter().collect::<Vec<_>>());
+    let mut holder_cfg = config(&cluster.urls(), "holder");
+    holder_cfg.ttl = ttl;
+    let holder = Redlock::new(holder_cfg, Arc::new(NoObserver)).unwrap();
+    let mut cfg = config(&cluster.urls(), "waiter");
+    cfg.ttl = ttl;
+    cfg.retry_delay = Duration::from_secs(10);
+    cfg.retry_max = Duration::from_secs(10);
+    let waiter = Redlock::new(cfg, Arc::new(NoObserver)).unwrap();
+    let lease = holder.try_acquire().await.expect("holder acquires");
+    let (tried_tx, tried_rx) = tokio::sync::oneshot::channel();
+    let mut tried_tx = Some(tried_tx);
+    let wait = tokio::spawn(async move {
+        let never = CancellationToken::new();
+        let lease = waiter
+            .acquire(None, &never, |result, _| {
+                if result.is_err() {
+                    if let Some(tx) = tried_tx.take() {
+                        let _ = tx.send(());
+                    }
+                }
+            })
+            .await;
+        (lease, Instant::now())
+    });
+    tried_rx.await.expect("the waiter found the lock busy");
+    let released_at = Instant::now();
+    holder.release(&lease).await;
+    let (lease, acquired_at) = wait.await.unwrap();
+    lease.expect("waiter acquires");
+    let handoff = acquired_at - released_at;
+    assert!(
+        handoff < Duration::from_secs(3),
+        "woken by the release, not by its timer or the key's expiry: {handoff:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_answering_garbage_is_a_typed_protocol_error() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr: SocketAddr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = socket.read(&mut buf).await {
+                    if n == 0
+                        || socket
+                            .write_all(b"HTTP/1.1 400 nonsense\r\n\r\n\x00\xff")
+                            .await
+                            .is_err()
+                    {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    let lock = redlock(&[format!("redis://{addr}")], "alpha");
+    let started = Instant::now();
+    match lock.try_acquire().await {
+        Err(LockError::QuorumUnreachable { votes, .. }) => match &votes.0[0].1 {
+            Vote::Failed(err) => assert_eq!(err.kind, NodeErrorKind::Protocol, "{err}"),
+            other => panic!("expected a failed vote, got {other}"),
+        },
+        other => panic!("expected quorum unreachable, got {other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(3), "no hang");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_is_an_auth_error_that_never_shows_the_password() {
+    let node = RedisNode::start_with(&["--requirepass", "right-secret"]);
+    let url = format!("redis://:wrong-secret@127.0.0.1:{}", node.port());
+    let lock = redlock(&[url], "alpha");
+    let err = lock.try_acquire().await.expect_err("auth fails");
+    let LockError::QuorumUnreachable { votes, .. } = &err else {
+        panic!("{err:?}")
+    };
+    let Vote::Failed(node_err) = &votes.0[0].1 else {
+        panic!("{votes}")
+    };
+    assert_eq!(node_err.kind, NodeErrorKind::Auth, "{node_err}");
+    let shown = format!("{err} {err:?}");
+    assert!(
+        !shown.contains("wrong-secret") && !shown.contains("right-secret"),
+        "{shown}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_from_credentials_reaches_nodes_without_one_in_the_url() {
+    let node = RedisNode::start_with(&["--requirepass", "s3cret"]);
+    wait_votes_count(&[&node]);
+    let creds = Credentials {
+        password: Some("s3cret".into()),
+        ..Credentials::default()
+    };
+    let spec = NodeSpec::parse(0, &node.url(), &creds).unwrap();
+    assert!(!format!("{spec:?} {spec}").contains("s3cret"));
+    let mut cfg = config(&[node.url()], "alpha");
+    cfg.nodes = vec![spec];
+    let lock = Redlock::new(cfg, Arc::new(NoObserver)).unwrap();
+    let lease = lock.try_acquire().await.expect("authenticated");
+    assert_eq!(lock.release(&lease).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_host_is_a_typed_connection_error_without_hanging() {
+    let lock = redlock(&["redis://no-such-host.invalid:6379".to_owned()], "alpha");
+    let started = Instant::now();
+    let err = lock.try_acquire().await.expect_err("unreachable");
+    assert_eq!(err.kind(), "no_quorum", "{err}");
+    assert!(started.elapsed() < Duration::from_secs(3), "no hang");
+}
+
+#[test]
+fn malformed_urls_and_bad_node_lists_are_config_errors() {
+    let creds = Credentials::default();
+    let err = NodeSpec::parse(0, "redis//nocolon", &creds).unwrap_err();
+    assert_eq!(err.flag, "--redis");
+    let err = NodeSpec::parse(2, "redis://:pw@[::1", &creds).unwrap_err();
+    assert!(
+        err.reason.contains("node #3") && !err.to_string().contains("pw"),
+        "{err}"
+    );
+    let cfg = config(&[], "alpha");
+    assert_eq!(
+        cfg.validate(),
+        Err(ConfigError::new("--redis", "at least one node is required"))
+    );
+    let cfg = config(
+        &["redis://127.0.0.1:1".into(), "redis://127.0.0.1:1".into()],
+        "alpha",
+    );
+    assert_eq!(cfg.validate().unwrap_err().flag, "--redis");
+    let mut cfg = config(&["redis://127.0.0.1:1".into()], "alpha");
+    cfg.ttl = Duration::from_millis(100);
+    assert_eq!(cfg.validate().unwrap_err().flag, "--ttl");
+}

@@ -1,0 +1,206 @@
+//! Running the real `redlock-sidecar` binary (or any program) as a child with captured output.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{send_signal, wait_stopped_state, TempDir, POLL_EVERY};
+
+/// The binary cargo built for these integration tests.
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_redlock-sidecar"))
+}
+
+/// A child process whose stdout/stderr go to files in its own temp dir. Drop kills and waits.
+pub struct Proc {
+    child: Child,
+    /// Set once the child has been reaped; after that its pid is never signalled again.
+    status: Option<ExitStatus>,
+    stopped: bool,
+    dir: TempDir,
+}
+
+impl Proc {
+    /// Spawns [`bin()`] with `args` and extra environment variables (the rest is inherited).
+    pub fn spawn(args: &[&str], envs: &[(&str, &str)]) -> Proc {
+        Proc::spawn_program(&bin(), args, envs)
+    }
+
+    pub fn spawn_program(program: &Path, args: &[&str], envs: &[(&str, &str)]) -> Proc {
+        let dir = TempDir::new("proc");
+        let out = File::create(dir.path().join("stdout"))
+            .unwrap_or_else(|e| panic!("cannot create stdout file: {e}"));
+        let err = File::create(dir.path().join("stderr"))
+            .unwrap_or_else(|e| panic!("cannot create stderr file: {e}"));
+        let child = Command::new(program)
+            .args(args)
+            .envs(envs.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot spawn {}: {e}", program.display()));
+        Proc {
+            child,
+            status: None,
+            stopped: false,
+            dir,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `sig` unless the child has already been reaped; true if delivered.
+    pub fn signal(&mut self, sig: libc::c_int) -> bool {
+        self.status.is_none() && send_signal(self.pid(), sig)
+    }
+
+    pub fn sigterm(&mut self) -> bool {
+        self.signal(libc::SIGTERM)
+    }
+
+    pub fn sigint(&mut self) -> bool {
+        self.signal(libc::SIGINT)
+    }
+
+    pub fn sigkill(&mut self) -> bool {
+        self.signal(libc::SIGKILL)
+    }
+
+    /// SIGSTOP, then waits (bounded) until the process is actually stopped.
+    pub fn sigstop(&mut self) -> bool {
+        let sent = self.signal(libc::SIGSTOP);
+        if sent {
+            self.stopped = true;
+            wait_stopped_state(self.pid(), true);
+        }
+        sent
+    }
+
+    pub fn sigcont(&mut self) -> bool {
+        let sent = self.signal(libc::SIGCONT);
+        if sent {
+            self.stopped = false;
+            wait_stopped_state(self.pid(), false);
+        }
+        sent
+    }
+
+    /// The exit status if the child has exited (reaps it), without waiting.
+    pub fn try_status(&mut self) -> Option<ExitStatus> {
+        if self.status.is_none() {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                self.status = Some(s);
+            }
+        }
+        self.status
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.try_status().is_none()
+    }
+
+    /// Waits up to `deadline` for the child to exit.
+    pub fn wait_exit(&mut self, deadline: Duration) -> Option<ExitStatus> {
+        let end = Instant::now() + deadline;
+        loop {
+            if let Some(s) = self.try_status() {
+                return Some(s);
+            }
+            if Instant::now() >= end {
+                return None;
+            }
+            std::thread::sleep(POLL_EVERY);
+        }
+    }
+
+    /// Async twin of [`Proc::wait_exit`] (does not block the runtime while polling).
+    pub async fn wait_exit_async(&mut self, deadline: Duration) -> Option<ExitStatus> {
+        let end = Instant::now() + deadline;
+        loop {
+            if let Some(s) = self.try_status() {
+                return Some(s);
+            }
+            if Instant::now() >= end {
+                return None;
+            }
+            tokio::time::sleep(POLL_EVERY).await;
+        }
+    }
+
+    pub fn stdout_text(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("stdout")).unwrap_or_default()
+    }
+
+    pub fn stderr_text(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("stderr")).unwrap_or_default()
+    }
+
+    /// Both streams, labelled, for failure messages.
+    pub fn output_text(&self) -> String {
+        format!(
+            "--- stdout ---\n{}--- stderr ---\n{}",
+            self.stdout_text(),
+            self.stderr_text()
+        )
+    }
+
+    /// Waits until stdout or stderr contains `needle`; panics with the output on timeout, or
+    /// early if the process exits without printing it.
+    pub fn wait_for_output(&mut self, needle: &str, deadline: Duration) {
+        let end = Instant::now() + deadline;
+        while !self.output_seen(needle, end, deadline) {
+            std::thread::sleep(POLL_EVERY);
+        }
+    }
+
+    /// Async twin of [`Proc::wait_for_output`] (does not block the runtime, so an in-process
+    /// `FaultProxy` keeps running).
+    pub async fn wait_for_output_async(&mut self, needle: &str, deadline: Duration) {
+        let end = Instant::now() + deadline;
+        while !self.output_seen(needle, end, deadline) {
+            tokio::time::sleep(POLL_EVERY).await;
+        }
+    }
+
+    fn output_seen(&mut self, needle: &str, end: Instant, deadline: Duration) -> bool {
+        let seen = |p: &Proc| p.stdout_text().contains(needle) || p.stderr_text().contains(needle);
+        if seen(self) {
+            return true;
+        }
+        if let Some(status) = self.try_status() {
+            // One last look: it may have printed it just before exiting.
+            if seen(self) {
+                return true;
+            }
+            panic!(
+                "process exited ({status}) without printing {needle:?}\n{}",
+                self.output_text()
+            );
+        }
+        if Instant::now() >= end {
+            panic!(
+                "no {needle:?} in the output within {deadline:?}\n{}",
+                self.output_text()
+            );
+        }
+        false
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if self.status.is_none() {
+            if self.stopped {
+                send_signal(self.pid(), libc::SIGCONT);
+            }
+            let _ = self.child.kill();
+            if let Ok(s) = self.child.wait() {
+                self.status = Some(s);
+            }
+        }
+    }
+}
