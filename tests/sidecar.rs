@@ -1,0 +1,535 @@
+//! `redlock-sidecar run` as real processes on real redis-server nodes.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use support::{http, Proc, RedisCluster};
+
+const TTL: &str = "2s";
+/// uptime − 1 s must reach ttl + drift (2.022 s) before a node's vote counts.
+const NODE_UPTIME_NEEDED: u64 = 4;
+
+struct Sidecar {
+    proc: Proc,
+    addr: SocketAddr,
+    name: String,
+}
+
+impl Sidecar {
+    fn start(name: &str, cluster: &RedisCluster, extra: &[&str]) -> Sidecar {
+        let port = support::free_port();
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let listen = addr.to_string();
+        let redis = cluster.urls_joined();
+        let mut args = vec![
+            "run",
+            "--lock",
+            "jobs",
+            "--redis",
+            &redis,
+            "--ttl",
+            TTL,
+            "--safety-margin",
+            "300ms",
+            "--retry-delay",
+            "50ms",
+            "--listen",
+            &listen,
+            "--identity",
+            name,
+        ];
+        args.extend_from_slice(extra);
+        let proc = Proc::spawn(&args, &[("REDLOCK_LOG", "debug")]);
+        Sidecar {
+            proc,
+            addr,
+            name: name.to_owned(),
+        }
+    }
+
+    async fn leader(&self) -> Option<serde_json::Value> {
+        let response = http::get(self.addr, "/leader").await.ok()?;
+        let body = response.json().ok()?;
+        assert_eq!(
+            body["is_leader"].as_bool(),
+            Some(response.status == 200),
+            "status and body agree"
+        );
+        Some(body)
+    }
+
+    async fn wait_serving(&self) {
+        support::wait_until_async(Duration::from_secs(10), "admin endpoint serves", || async {
+            http::get(self.addr, "/healthz")
+                .await
+                .is_ok_and(|r| r.status == 200)
+        })
+        .await;
+    }
+
+    async fn is_leader(&self) -> bool {
+        http::get(self.addr, "/leader")
+            .await
+            .is_ok_and(|r| r.status == 200)
+    }
+}
+
+async fn ready_cluster(n: usize) -> RedisCluster {
+    let cluster = RedisCluster::start(n);
+    for node in cluster.iter() {
+        support::wait_until_async(
+            Duration::from_secs(15),
+            "node old enough to vote",
+            || async {
+                node.try_command(&["INFO", "server"])
+                    .ok()
+                    .is_some_and(|info| {
+                        info.lines()
+                            .find_map(|l| l.strip_prefix("uptime_in_seconds:"))
+                            .and_then(|v| v.trim().parse::<u64>().ok())
+                            .is_some_and(|up| up >= NODE_UPTIME_NEEDED)
+                    })
+            },
+        )
+        .await;
+    }
+    cluster
+}
+
+/// Waits until exactly one of `sidecars` leads; returns its index.
+async fn one_leader(sidecars: &[&Sidecar], within: Duration) -> usize {
+    let deadline = Instant::now() + within;
+    loop {
+        let mut leaders = Vec::new();
+        for (i, s) in sidecars.iter().enumerate() {
+            if s.is_leader().await {
+                leaders.push(i);
+            }
+        }
+        assert!(leaders.len() <= 1, "never two leaders: {leaders:?}");
+        if let [leader] = leaders[..] {
+            return leader;
+        }
+        assert!(Instant::now() < deadline, "no leader within {within:?}");
+        tokio::time::sleep(support::POLL_EVERY).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_sidecars_elect_one_leader_and_hand_over_on_sigterm_sigkill_and_sigstop() {
+    let cluster = ready_cluster(3).await;
+    let mut sidecars: Vec<Sidecar> = ["a", "b", "c"]
+        .iter()
+        .map(|n| Sidecar::start(n, &cluster, &[]))
+        .collect();
+
+    // Exactly one leads, and every sidecar names it as holder.
+    let first = one_leader(
+        &sidecars.iter().collect::<Vec<_>>(),
+        Duration::from_secs(20),
+    )
+    .await;
+    let leader_name = sidecars[first].name.clone();
+    support::wait_until_async(
+        Duration::from_secs(5),
+        "all agree on the holder",
+        || async {
+            let mut agree = true;
+            for s in &sidecars {
+                agree &= s
+                    .leader()
+                    .await
+                    .is_some_and(|b| b["holder"] == leader_name.as_str());
+            }
+            agree
+        },
+    )
+    .await;
+    let first_token = sidecars[first].leader().await.unwrap()["fencing_token"]
+        .as_u64()
+        .unwrap();
+
+    // SIGTERM: a standby takes over through the release announcement, well before the ttl.
+    let sent = Instant::now();
+    sidecars[first].proc.sigterm();
+    let standbys: Vec<&Sidecar> = sidecars
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != first)
+        .map(|(_, s)| s)
+        .collect();
+    let second = one_leader(&standbys, Duration::from_secs(5)).await;
+    let handoff = sent.elapsed();
+    let second_name = standbys[second].name.clone();
+    println!("handoff after SIGTERM: {handoff:?}");
+    assert!(
+        handoff < Duration::from_secs(2),
+        "took over before the old ttl: {handoff:?}"
+    );
+    let status = sidecars[first]
+        .proc
+        .wait_exit(Duration::from_secs(5))
+        .expect("exits after SIGTERM");
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "{}",
+        sidecars[first].proc.output_text()
+    );
+    assert!(sidecars[first]
+        .proc
+        .stderr_text()
+        .contains("released the lock"));
+    let second = sidecars.iter().position(|s| s.name == second_name).unwrap();
+    let second_token = sidecars[second].leader().await.unwrap()["fencing_token"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        second_token > first_token,
+        "tokens grow: {second_token} after {first_token}"
+    );
+
+    // SIGKILL: the last standby leads within ttl + retry delay (plus polling slack).
+    let killed = Instant::now();
+    sidecars[second].proc.sigkill();
+    let third = sidecars
+        .iter()
+        .position(|s| s.name != sidecars[first].name && s.name != sidecars[second].name)
+        .unwrap();
+    support::wait_until_async(Duration::from_secs(6), "takeover after SIGKILL", || {
+        sidecars[third].is_leader()
+    })
+    .await;
+    println!("takeover after SIGKILL: {:?}", killed.elapsed());
+    assert!(
+        killed.elapsed() < Duration::from_millis(2000 + 1000 + 1500),
+        "within ttl + retry delay"
+    );
+
+    // SIGSTOP the leader past its ttl: a fresh sidecar takes over; after SIGCONT the old
+    // one never claims leadership while the new one holds, and its token is lower.
+    let paused_token = sidecars[third].leader().await.unwrap()["fencing_token"]
+        .as_u64()
+        .unwrap();
+    let fresh = Sidecar::start("d", &cluster, &[]);
+    sidecars[third].proc.sigstop();
+    support::wait_until_async(Duration::from_secs(8), "fresh sidecar takes over", || {
+        fresh.is_leader()
+    })
+    .await;
+    sidecars[third].proc.sigcont();
+    let watch_until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < watch_until {
+        let (old, new) = tokio::join!(sidecars[third].leader(), fresh.leader());
+        let (Some(old), Some(new)) = (old, new) else {
+            continue;
+        };
+        if new["is_leader"] == true {
+            assert_eq!(
+                old["is_leader"], false,
+                "the resumed holder never claims leadership: {old}"
+            );
+            assert!(
+                new["fencing_token"].as_u64().unwrap() > paused_token,
+                "the new token is higher"
+            );
+        }
+    }
+    drop(fresh);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_the_quorum_flips_leader_to_503_before_validity_ends_then_recovers() {
+    let mut cluster = ready_cluster(3).await;
+    let a = Sidecar::start("a", &cluster, &[]);
+    support::wait_until_async(Duration::from_secs(20), "a leads", || a.is_leader()).await;
+    // Record when the lock's validity ends, as the leader reports it.
+    let seen = Instant::now();
+    let validity_ms = a.leader().await.unwrap()["validity_ms"].as_u64().unwrap();
+    let expiry = seen + Duration::from_millis(validity_ms);
+    cluster.node_mut(0).stop();
+    cluster.node_mut(1).stop();
+    support::wait_until_async(Duration::from_secs(5), "leader steps down", || async {
+        !a.is_leader().await
+    })
+    .await;
+    let stepped_down = Instant::now();
+    assert!(
+        stepped_down < expiry,
+        "stepped down {:?} before the recorded expiry",
+        expiry - stepped_down
+    );
+    support::wait_until_async(
+        Duration::from_secs(5),
+        "not ready without quorum",
+        || async {
+            http::get(a.addr, "/readyz")
+                .await
+                .is_ok_and(|r| r.status == 503)
+        },
+    )
+    .await;
+    cluster.node_mut(0).start_again();
+    cluster.node_mut(1).start_again();
+    let b = Sidecar::start("b", &cluster, &[]);
+    // Restarted nodes vote again only after ttl + drift: then exactly one leads.
+    one_leader(&[&a, &b], Duration::from_secs(20)).await;
+    support::wait_until_async(Duration::from_secs(5), "ready again", || async {
+        http::get(a.addr, "/readyz")
+            .await
+            .is_ok_and(|r| r.status == 200)
+    })
+    .await;
+}
+
+const DOCUMENTED_METRICS: &[&str] = &[
+    "redlock_is_leader",
+    "redlock_leader_transitions_total",
+    "redlock_fencing_token",
+    "redlock_validity_remaining_seconds",
+    "redlock_lease_expiry_timestamp_seconds",
+    "redlock_acquire_duration_seconds",
+    "redlock_acquire_attempts_total",
+    "redlock_contention_total",
+    "redlock_renewals_total",
+    "redlock_renew_duration_seconds",
+    "redlock_lock_lost_total",
+    "redlock_renew_lag_seconds",
+    "redlock_node_up",
+    "redlock_node_request_duration_seconds",
+    "redlock_node_errors_total",
+    "redlock_node_vote_counted",
+    "redlock_build_info",
+    "redlock_kubernetes_errors_total",
+    "redlock_guard_runs_total",
+    "process_resident_memory_bytes",
+    "process_cpu_seconds_total",
+];
+
+fn parse_metrics(text: &str) -> prometheus_parse::Scrape {
+    prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))
+        .expect("valid exposition format")
+}
+
+fn sample(scrape: &prometheus_parse::Scrape, name: &str, label: Option<(&str, &str)>) -> f64 {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name && label.is_none_or(|(k, v)| s.labels.get(k) == Some(v)))
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            _ => 0.0,
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_valid_exposition_with_every_documented_name_and_move_on_handoff() {
+    let cluster = ready_cluster(3).await;
+    let mut a = Sidecar::start("a", &cluster, &[]);
+    support::wait_until_async(Duration::from_secs(20), "a leads", || a.is_leader()).await;
+    let b = Sidecar::start("b", &cluster, &[]);
+    b.wait_serving().await;
+    let text = http::get(b.addr, "/metrics").await.unwrap();
+    assert_eq!(text.status, 200);
+    let before = parse_metrics(&text.body);
+    let names: std::collections::HashSet<&str> = before
+        .samples
+        .iter()
+        .map(|s| {
+            s.metric
+                .trim_end_matches("_bucket")
+                .trim_end_matches("_sum")
+                .trim_end_matches("_count")
+        })
+        .collect();
+    for name in DOCUMENTED_METRICS {
+        assert!(names.contains(name), "{name} is exported");
+    }
+    for (k, _) in before.samples.iter().flat_map(|s| s.labels.iter()) {
+        assert!(
+            [
+                "lock",
+                "node",
+                "op",
+                "kind",
+                "result",
+                "reason",
+                "direction",
+                "version",
+                "le"
+            ]
+            .contains(&k.as_str()),
+            "bounded label {k}"
+        );
+    }
+    a.proc.sigterm();
+    support::wait_until_async(Duration::from_secs(5), "b leads", || b.is_leader()).await;
+    let after = parse_metrics(&http::get(b.addr, "/metrics").await.unwrap().body);
+    assert_eq!(sample(&after, "redlock_is_leader", None), 1.0);
+    assert_eq!(
+        sample(
+            &after,
+            "redlock_leader_transitions_total",
+            Some(("direction", "gained"))
+        ),
+        1.0
+    );
+    assert!(
+        sample(
+            &after,
+            "redlock_acquire_attempts_total",
+            Some(("result", "acquired"))
+        ) >= 1.0
+    );
+    assert!(
+        sample(&after, "redlock_contention_total", None)
+            >= sample(&before, "redlock_contention_total", None)
+    );
+    assert!(sample(&after, "redlock_fencing_token", None) > 0.0);
+    assert!(sample(&after, "redlock_validity_remaining_seconds", None) > 0.0);
+    assert_eq!(sample(&after, "redlock_node_up", None), 3.0, "all nodes up");
+    assert_eq!(
+        sample(&after, "redlock_node_vote_counted", None),
+        3.0,
+        "all votes counted"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_event_stream_reports_leadership_changes_and_unknown_routes_are_refused() {
+    let cluster = ready_cluster(3).await;
+    let a = Sidecar::start("a", &cluster, &[]);
+    a.wait_serving().await;
+    // The current state first, then the change to leader.
+    let events = http::sse_events(a.addr, "/leader/watch", 2, Duration::from_secs(20))
+        .await
+        .expect("two events");
+    let first: serde_json::Value = serde_json::from_str(&events[0]).unwrap();
+    let second: serde_json::Value = serde_json::from_str(&events[1]).unwrap();
+    assert_eq!(first["is_leader"], false, "{first}");
+    assert_eq!(second["is_leader"], true, "{second}");
+    assert_eq!(second["holder"], "a");
+
+    assert_eq!(http::get(a.addr, "/nope").await.unwrap().status, 404);
+    assert_eq!(
+        http::request("POST", a.addr, "/leader")
+            .await
+            .unwrap()
+            .status,
+        405
+    );
+    let head = http::request("HEAD", a.addr, "/leader").await.unwrap();
+    assert_eq!(head.status, 200);
+    assert!(head.body.is_empty());
+}
+
+#[test]
+fn invalid_configurations_exit_2_with_one_line_naming_the_flag() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &[
+                "run",
+                "--lock",
+                "x",
+                "--redis",
+                "redis://127.0.0.1:1",
+                "--renew-interval",
+                "9s",
+            ],
+            "--renew-interval",
+        ),
+        (
+            &[
+                "run",
+                "--lock",
+                "x",
+                "--redis",
+                "redis://127.0.0.1:1",
+                "--safety-margin",
+                "10ms",
+            ],
+            "--safety-margin",
+        ),
+        (
+            &[
+                "run",
+                "--lock",
+                "x",
+                "--redis",
+                "redis://127.0.0.1:1",
+                "--ttl",
+                "100ms",
+            ],
+            "--ttl",
+        ),
+        (
+            &[
+                "run",
+                "--lock",
+                "x",
+                "--redis",
+                "redis://127.0.0.1:1,redis://127.0.0.1:1",
+            ],
+            "--redis",
+        ),
+        (
+            &[
+                "run",
+                "--lock",
+                "x",
+                "--redis",
+                "redis://127.0.0.1:1",
+                "--ttl",
+                "soon",
+            ],
+            "--ttl",
+        ),
+        (&["run", "--redis", "redis://127.0.0.1:1"], "--lock"),
+        (
+            &["run", "--lock", "x", "--redis", "redis://:hunter2@[::1"],
+            "--redis",
+        ),
+        (
+            &[
+                "run",
+                "--lock",
+                "x",
+                "--redis",
+                "redis://127.0.0.1:1",
+                "--shutdown-timeout",
+                "1ms",
+            ],
+            "--shutdown-timeout",
+        ),
+        (
+            &[
+                "run",
+                "--lock",
+                "x",
+                "--redis",
+                "redis://127.0.0.1:1",
+                "--ready-when",
+                "always",
+            ],
+            "--ready-when",
+        ),
+    ];
+    for (args, flag) in cases {
+        let mut proc = Proc::spawn(args, &[("REDLOCK_REDIS", ""), ("REDLOCK_LOCK", "")]);
+        let status = proc.wait_exit(Duration::from_secs(10)).expect("exits");
+        let stderr = proc.stderr_text();
+        assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(
+            stderr.trim_end().lines().count(),
+            1,
+            "{args:?}: one line: {stderr}"
+        );
+        assert!(stderr.contains(flag), "{args:?} names {flag}: {stderr}");
+        assert!(!stderr.contains("hunter2"), "no password: {stderr}");
+    }
+}
