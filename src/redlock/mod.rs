@@ -373,7 +373,6 @@ impl Redlock {
         let mut votes: Vec<Option<Vote>> = vec![None; n];
         let (mut granted, mut against) = (0, 0);
         let mut fence_seen = 0u64;
-        let mut holder: Option<String> = None;
         let mut holder_ttl: Option<Duration> = None;
         while let Some((index, answer)) = answers.recv().await {
             let vote = match answer {
@@ -387,7 +386,6 @@ impl Redlock {
                         }
                     } else {
                         let identity = identity_of(&holder_value).to_owned();
-                        holder.get_or_insert_with(|| identity.clone());
                         if let Ok(ms) = u64::try_from(pttl) {
                             let ttl = Duration::from_millis(ms);
                             holder_ttl = Some(holder_ttl.map_or(ttl, |t| t.min(ttl)));
@@ -413,6 +411,24 @@ impl Redlock {
                 |vote| !matches!(vote, Some(Vote::HeldBy(_))),
                 &votes,
             );
+            // Decided and cleaned up; the remaining answers (each bounded by the node timeout)
+            // only complete the report, so followers see the holder most nodes agree on.
+            while let Some((index, answer)) = answers.recv().await {
+                votes[index] = Some(match answer {
+                    Ok((_, fence, _, _, holder_value, pttl)) if !holder_value.is_empty() => {
+                        fence_seen = fence_seen.max(fence.parse().unwrap_or(0));
+                        if let Ok(ms) = u64::try_from(pttl) {
+                            let ttl = Duration::from_millis(ms);
+                            holder_ttl = Some(holder_ttl.map_or(ttl, |t| t.min(ttl)));
+                        }
+                        Vote::HeldBy(identity_of(&holder_value).to_owned())
+                    }
+                    // Granted late: the cleanup above already covers this node.
+                    Ok(_) => Vote::NotCounted("answered after the round was decided".to_owned()),
+                    Err(err) => Vote::Failed(err),
+                });
+            }
+            let holder = most_common_holder(&votes);
             let answered = votes
                 .iter()
                 .filter(|v| matches!(v, Some(v) if !matches!(v, Vote::Failed(_))))
@@ -509,6 +525,8 @@ impl Redlock {
         let cfg = &self.inner.cfg;
         let mut released = self.inner.released.subscribe();
         let mut attempt = 0u32;
+        let mut collisions = 0u32;
+        let mut woken = false;
         loop {
             released.borrow_and_update();
             // A started round is never abandoned half-way: it is short (node timeout) and
@@ -519,6 +537,12 @@ impl Redlock {
             let err = match result {
                 Ok(lease) => return Ok(lease),
                 Err(err) => err,
+            };
+            // Counts rounds lost right after a release announcement: other waiters heard it too.
+            collisions = if woken {
+                collisions.saturating_add(1)
+            } else {
+                0
             };
             // Random and growing, so contenders that collided spread out; but never past
             // the moment the holder's key expires (a crashed holder is replaced promptly).
@@ -537,17 +561,17 @@ impl Redlock {
                 }
                 delay = delay.min(left);
             }
-            let woken = tokio::select! {
+            woken = tokio::select! {
                 biased;
                 _ = cancel.cancelled() => return Err(LockError::Cancelled),
                 _ = released.changed() => true,
                 _ = tokio::time::sleep(delay) => false,
             };
-            if woken {
-                // Every waiter hears the same release; a short random pause, growing with
-                // each collision, keeps them from all colliding again.
+            if woken && collisions > 0 {
+                // Every waiter hears the same release. A lone waiter retries at once; after
+                // a collision, a random pause that grows with each one spreads them out.
                 let spread =
-                    (Duration::from_micros(250) * (1 << attempt.min(10))).min(cfg.retry_delay);
+                    (Duration::from_micros(250) * (1 << collisions.min(10))).min(cfg.retry_delay);
                 let pause = rand::rng().random_range(Duration::ZERO..=spread);
                 tokio::time::sleep(pause).await;
             }
@@ -751,6 +775,23 @@ fn lost_answer() -> NodeError {
         kind: NodeErrorKind::Other,
         message: "no answer".to_owned(),
     }
+}
+
+/// The identity that holds the key on the most nodes among `votes`.
+fn most_common_holder(votes: &[Option<Vote>]) -> Option<String> {
+    let mut counts: Vec<(&str, usize)> = Vec::new();
+    for vote in votes.iter().flatten() {
+        if let Vote::HeldBy(identity) = vote {
+            match counts.iter_mut().find(|(id, _)| id == identity) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((identity, 1)),
+            }
+        }
+    }
+    counts
+        .into_iter()
+        .max_by_key(|(_, n)| *n)
+        .map(|(id, _)| id.to_owned())
 }
 
 /// The identity part of a lock value (`identity:random`).

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# All tests: formatting, lints, unit and integration tests (real redis-server processes and
+# the real binary), then the Kubernetes/observability checks (helm, kubernetes-validate,
+# Grafana schema, promtool, a real Prometheus scraping real sidecars).
+#   scripts/test.sh          everything
+#   scripts/test.sh --rust   only fmt, clippy and cargo test
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/ensure-redis.sh
+ensure_redis
+
+step() { printf '\n== %s\n' "$*"; }
+step "cargo fmt --check"
+cargo fmt --check
+step "cargo clippy --all-targets -- -D warnings"
+cargo clippy --all-targets --quiet -- -D warnings
+step "cargo test"
+cargo test --all-targets --quiet
+
+if [ "${1:-}" != "--rust" ]; then
+  step "Kubernetes chart, manifests, dashboard and alert checks"
+  bash scripts/ci-k8s.sh
+  step "End to end: Prometheus scrapes real sidecars; every panel and alert query evaluates"
+  bash scripts/e2e-prometheus.sh
+fi
+step "all tests passed"
