@@ -187,6 +187,9 @@ pub struct GuardArgs {
     /// Time between SIGTERM and SIGKILL when CMD must be stopped.
     #[arg(long, env = "REDLOCK_KILL_GRACE", value_parser = parse_duration, default_value = "2s")]
     pub kill_grace: Duration,
+    /// Serve /healthz, /leader and /metrics here while guard runs (off by default).
+    #[arg(long, env = "REDLOCK_LISTEN")]
+    pub listen: Option<SocketAddr>,
     /// The command and its arguments (after --); run without a shell.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -274,6 +277,7 @@ pub struct GuardConfig {
     pub min_hold: Duration,
     pub max_hold: Option<Duration>,
     pub kill_grace: Duration,
+    pub listen: Option<SocketAddr>,
     pub command: Vec<String>,
     /// Pod name and namespace when in Kubernetes (for Events).
     pub pod: Option<(String, String)>,
@@ -458,6 +462,7 @@ impl GuardArgs {
             min_hold: self.min_hold,
             max_hold: self.max_hold,
             kill_grace: self.kill_grace,
+            listen: self.listen,
             command: self.command.clone(),
             pod: env_nonempty("POD_NAME").zip(env_nonempty("POD_NAMESPACE")),
         })

@@ -15,6 +15,8 @@
 //!   `--min-hold` has passed since CMD started, then released; guard exits with CMD's code
 //!   (128+signal if a signal killed it).
 //! - `--max-hold`: renewals stop and CMD is stopped (SIGTERM, then SIGKILL); exit 124.
+//! - `--listen`: the admin endpoint (`/healthz`, `/leader`, `/metrics`) while guard runs,
+//!   so a scrape of a running job sees `redlock_guard_runs_total` and the lock metrics.
 
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::time::{Duration, Instant};
@@ -23,7 +25,8 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::config::{GuardConfig, OnBusy};
+use crate::config::{GuardConfig, OnBusy, ReadyWhen};
+use crate::http::{self, AdminState};
 use crate::k8s::{Kube, KubeMode, KubeSettings};
 use crate::leadership::Role;
 use crate::lease::{self, HoldEnd};
@@ -66,6 +69,23 @@ pub async fn guard(cfg: GuardConfig) -> i32 {
     let kube = events_client(&cfg).await;
     let lock = cfg.redlock.lock.clone();
     let (tx, mut rx) = lease::channel(&redlock);
+    let admin_stop = CancellationToken::new();
+    let _stop_admin_on_exit = admin_stop.clone().drop_guard();
+    if let Some(addr) = cfg.listen {
+        let listener = match http::bind(addr).await {
+            Ok(listener) => listener,
+            Err(err) => {
+                crate::config::exit_invalid(&format!("--listen: cannot bind {addr}: {err}"))
+            }
+        };
+        let admin = AdminState {
+            leadership: rx.clone(),
+            metrics: metrics.clone(),
+            ready_when: ReadyWhen::Leader,
+            shutdown: admin_stop.clone(),
+        };
+        tokio::spawn(http::serve(listener, admin));
+    }
 
     let never = CancellationToken::new();
     let deadline = Instant::now() + cfg.wait;
@@ -112,6 +132,7 @@ pub async fn guard(cfg: GuardConfig) -> i32 {
         }
     };
     let started = Instant::now();
+    metrics.guard_run("ran");
     let pgid = child.id().map(|pid| pid as i32);
     let signal_group = |sig: i32| {
         if let Some(pgid) = pgid {
@@ -240,7 +261,6 @@ pub async fn guard(cfg: GuardConfig) -> i32 {
     if matches!(stopping, Some((Stop::MaxHold, _))) {
         return EXIT_MAX_HOLD;
     }
-    metrics.guard_run("ran");
     info!(lock = %lock, exit_code = code, "CMD finished");
     code
 }
