@@ -1,0 +1,443 @@
+#!/usr/bin/env bash
+# Checks of everything Kubernetes- and observability-related: the Helm chart, the checked-in
+# manifests, the Grafana dashboard and the Prometheus alerts.
+#
+# Runs on a fresh Debian machine as root; installs what it needs into target/ci-tools
+# (see scripts/ci-tools.sh) and is idempotent. Prints one PASS/FAIL line per check and
+# exits non-zero if any check failed.
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "${REPO_ROOT}"
+# shellcheck source=scripts/ci-tools.sh
+source scripts/ci-tools.sh
+
+CHART=charts/redlock-sidecar
+# Oldest and newest Kubernetes versions the rendered objects are validated against
+# (the chart needs >= 1.29 for native sidecars).
+K8S_VERSIONS=(1.29.0 1.30.0 1.37.0)
+
+install_helm
+install_helm3
+install_kubernetes_validate
+install_node_tools
+install_promtool
+
+WORK="$(mktemp -d)"
+trap 'rm -rf "${WORK}"' EXIT
+LOG="${WORK}/log"
+
+PASSED=0
+FAILED=0
+FAILED_NAMES=()
+check() { # check NAME COMMAND...: run a check, print one line, keep its output for failures
+  local name="$1"; shift
+  local start=${SECONDS} rc
+  # A plain subshell (not inside `if`, `||` or `&&`, where bash ignores `set -e`), so that the
+  # check stops at its first failing command.
+  set +e
+  ( set -e; "$@" ) >"${LOG}" 2>&1
+  rc=$?
+  set -e
+  if [ "${rc}" -eq 0 ]; then
+    PASSED=$((PASSED + 1))
+    printf 'PASS  %-62s (%ds)\n' "${name}" $((SECONDS - start))
+  else
+    FAILED=$((FAILED + 1))
+    FAILED_NAMES+=("${name}")
+    printf 'FAIL  %-62s (%ds)\n' "${name}" $((SECONDS - start))
+    sed 's/^/      | /' "${LOG}" | tail -n 40
+  fi
+}
+refute() { # refute COMMAND...: the command must fail (e.g. a grep that must not match)
+  if "$@"; then echo "unexpected success: $*"; return 1; fi
+}
+expect_failure() { # expect_failure PATTERN COMMAND...: the command must fail with PATTERN in its output
+  local pattern="$1"; shift
+  local out
+  if out="$("$@" 2>&1)"; then
+    echo "expected a failure, but it succeeded: $*"
+    return 1
+  fi
+  if ! grep -qE -- "${pattern}" <<<"${out}"; then
+    echo "failed, but not with /${pattern}/:"
+    echo "${out}" | tail -n 10
+    return 1
+  fi
+}
+
+VALUES_FILES=("${CHART}"/ci/*.yaml)
+
+# --- Helm ---------------------------------------------------------------------------------
+lint_all() {
+  helm lint --strict "${CHART}"
+  local f
+  for f in "${VALUES_FILES[@]}"; do helm lint --strict "${CHART}" -f "${f}"; done
+}
+check "helm lint --strict (defaults and ${CHART}/ci/*.yaml)" lint_all
+
+render_all() {
+  mkdir -p "${WORK}/rendered"
+  helm template redlock "${CHART}" --namespace redlock >"${WORK}/rendered/default.yaml"
+  local f
+  for f in "${VALUES_FILES[@]}"; do
+    helm template redlock "${CHART}" --namespace redlock -f "${f}" >"${WORK}/rendered/$(basename "${f}")"
+  done
+}
+check "helm template (defaults and every ci values file)" render_all
+
+package_contents() {
+  helm package "${CHART}" --destination "${WORK}/pkg" >/dev/null
+  tar -tzf "${WORK}"/pkg/redlock-sidecar-*.tgz >"${WORK}/pkg/list"
+  grep -qx 'redlock-sidecar/dashboards/redlock.json' "${WORK}/pkg/list"
+  grep -qx 'redlock-sidecar/dashboards/alerts.yaml' "${WORK}/pkg/list"
+  grep -qx 'redlock-sidecar/values.schema.json' "${WORK}/pkg/list"
+  refute grep -q '^redlock-sidecar/ci/' "${WORK}/pkg/list"
+}
+check "helm package carries the dashboard, alerts and schema (not ci/)" package_contents
+
+validate_k8s() {
+  local v
+  for v in "${K8S_VERSIONS[@]}"; do
+    kubernetes-validate --strict --quiet -k "${v}" "${WORK}"/rendered/*.yaml
+  done
+}
+check "kubernetes-validate --strict -k ${K8S_VERSIONS[*]}" validate_k8s
+
+check "monitoring.coreos.com objects (PodMonitor, ServiceMonitor, PrometheusRule)" \
+  "${TOOLS_DIR}/venv/bin/python" - "${WORK}/rendered" <<'PY'
+# kubernetes-validate only warns on CRD kinds; check the fields the operator needs here.
+import glob, re, sys, yaml, jsonschema
+DUR = {"type": "string", "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}
+STRMAP = {"type": "object", "additionalProperties": {"type": "string"}}
+META = {"type": "object", "required": ["name", "namespace"],
+        "properties": {"name": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"},
+                       "namespace": {"type": "string"}, "labels": STRMAP, "annotations": STRMAP}}
+SELECTOR = {"type": "object", "additionalProperties": False, "minProperties": 1,
+            "properties": {"matchLabels": STRMAP, "matchExpressions": {"type": "array"}}}
+ENDPOINT = {"type": "object", "additionalProperties": False, "required": ["port"],
+            "properties": {"port": {"type": "string", "minLength": 1}, "path": {"type": "string", "pattern": "^/"},
+                           "interval": DUR, "scrapeTimeout": DUR, "scheme": {"enum": ["http", "https"]},
+                           "honorLabels": {"type": "boolean"}, "relabelings": {"type": "array"},
+                           "metricRelabelings": {"type": "array"}}}
+def crd(spec):
+    return {"type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+            "properties": {"apiVersion": {"const": "monitoring.coreos.com/v1"}, "kind": {"type": "string"},
+                           "metadata": META, "spec": spec}}
+RULE = {"type": "object", "additionalProperties": False, "required": ["expr"],
+        "oneOf": [{"required": ["alert"]}, {"required": ["record"]}],
+        "properties": {"alert": {"type": "string"}, "record": {"type": "string"}, "expr": {"type": "string", "minLength": 1},
+                       "for": DUR, "keep_firing_for": DUR, "labels": STRMAP, "annotations": STRMAP}}
+SCHEMAS = {
+    "PodMonitor": crd({"type": "object", "additionalProperties": False, "required": ["selector", "podMetricsEndpoints"],
+                       "properties": {"selector": SELECTOR, "namespaceSelector": {"type": "object"}, "jobLabel": {"type": "string"},
+                                      "podMetricsEndpoints": {"type": "array", "minItems": 1, "items": ENDPOINT}}}),
+    "ServiceMonitor": crd({"type": "object", "additionalProperties": False, "required": ["selector", "endpoints"],
+                           "properties": {"selector": SELECTOR, "namespaceSelector": {"type": "object"}, "jobLabel": {"type": "string"},
+                                          "endpoints": {"type": "array", "minItems": 1, "items": ENDPOINT}}}),
+    "PrometheusRule": crd({"type": "object", "additionalProperties": False, "required": ["groups"],
+                           "properties": {"groups": {"type": "array", "minItems": 1, "items": {
+                               "type": "object", "additionalProperties": False, "required": ["name", "rules"],
+                               "properties": {"name": {"type": "string"}, "interval": DUR,
+                                              "rules": {"type": "array", "minItems": 1, "items": RULE}}}}}}),
+}
+seen = {}
+docs = [d for f in sorted(glob.glob(sys.argv[1] + "/*.yaml")) for d in yaml.safe_load_all(open(f)) if d]
+for d in docs:
+    if d.get("apiVersion", "").startswith("monitoring.coreos.com/"):
+        kind = d["kind"]
+        if kind not in SCHEMAS:
+            sys.exit(f"unexpected monitoring kind {kind}")
+        jsonschema.validate(d, SCHEMAS[kind])
+        seen[kind] = seen.get(kind, 0) + 1
+# The ports the monitors scrape must exist on the pods / Services they select.
+ports = {p["name"] for d in docs if d["kind"] in ("Deployment",) for c in
+         d["spec"]["template"]["spec"].get("initContainers", []) + d["spec"]["template"]["spec"]["containers"]
+         for p in c.get("ports", [])}
+assert "admin" in ports, ports
+for kind in SCHEMAS:
+    assert seen.get(kind), f"no {kind} rendered by the ci values files"
+print("validated:", seen)
+PY
+
+check "values.yaml: every value has a comment" python3 - "${CHART}/values.yaml" <<'PY'
+# A value is documented by the comment right above it, or by the comment of a map it belongs to.
+import re, sys
+lines = open(sys.argv[1]).read().splitlines()
+stack = []  # (indent, documented)
+errors = []
+prev_comment = False
+for n, line in enumerate(lines, 1):
+    if not line.strip():
+        prev_comment = False
+        continue
+    if line.lstrip().startswith("#"):
+        prev_comment = True
+        continue
+    m = re.match(r"^(\s*)(- )?([A-Za-z0-9_.\-/\"]+):(\s*(.*))?$", line)
+    if not m or m.group(2):
+        prev_comment = False
+        continue
+    indent = len(m.group(1))
+    while stack and stack[-1][0] >= indent:
+        stack.pop()
+    inherited = any(d for _, d in stack)
+    value = (m.group(5) or "").split(" #")[0].strip()
+    documented = prev_comment
+    is_parent = value == ""
+    if not is_parent and not documented and not inherited:
+        errors.append(f"line {n}: {m.group(3)} has no comment")
+    stack.append((indent, documented or inherited))
+    prev_comment = False
+if errors:
+    sys.exit("\n".join(errors))
+print("every value documented")
+PY
+
+unknown_keys_rejected() {
+  printf 'sidecar:\n  natve: true\n' >"${WORK}/typo.yaml"
+  expect_failure "additional properties 'natve' not allowed" helm lint --strict "${CHART}" -f "${WORK}/typo.yaml"
+  expect_failure "additional properties 'natve' not allowed" helm template x "${CHART}" -f "${WORK}/typo.yaml"
+  expect_failure "additional properties 'bogus' not allowed" helm template x "${CHART}" --set bogus=1
+  expect_failure "additional properties 'password' not allowed" helm template x "${CHART}" --set redis.password=hunter2
+  expect_failure "got number, want string" helm template x "${CHART}" --set lock.ttl=10
+  expect_failure "got string, want integer" helm template x "${CHART}" --set-string example.replicas=three
+  expect_failure "does not match pattern" helm template x "${CHART}" --set redis.deploy.enabled=false \
+    --set 'redis.urls[0]=redis://user:secret@redis-a:6379'
+  expect_failure "/image/tag" helm template x "${CHART}" --set image.tag=latest
+}
+check "values.schema.json rejects unknown keys, bad types, inline passwords" unknown_keys_rejected
+
+template_guards() {
+  expect_failure "must be shorter than terminationGracePeriodSeconds" \
+    helm template x "${CHART}" --set sidecar.shutdownTimeout=30s
+  expect_failure "must be shorter than terminationGracePeriodSeconds" \
+    helm template x "${CHART}" --set sidecar.shutdownTimeout=1m --set terminationGracePeriodSeconds=45
+  helm template x "${CHART}" --set sidecar.shutdownTimeout=29500ms >/dev/null
+  expect_failure "no Redis nodes" helm template x "${CHART}" --set redis.deploy.enabled=false
+  expect_failure "not both" helm template x "${CHART}" --set 'redis.urls[0]=redis://a:6379'
+  expect_failure "needs kubernetes.enabled" helm template x "${CHART}" --set kubernetes.enabled=false
+}
+check "template fails on shutdownTimeout >= grace period and bad combinations" template_guards
+
+rbac_follows_integration() {
+  local out
+  out="$(helm template x "${CHART}" --set kubernetes.enabled=false --set example.service.enabled=false)"
+  refute grep -qE '^kind: (Role|RoleBinding|ClusterRole)' <<<"${out}"
+  grep -q 'automountServiceAccountToken: false' <<<"${out}"
+  refute grep -q 'automountServiceAccountToken: true' <<<"${out}"
+  refute grep -q 'REDLOCK_KUBERNETES.*"on"' <<<"${out}"
+  out="$(helm template x "${CHART}")"
+  grep -q '^kind: Role$' <<<"${out}"
+  grep -q 'automountServiceAccountToken: true' <<<"${out}"
+  refute grep -q 'leases' <<<"${out}"
+  refute grep -q 'ClusterRole' <<<"${out}"
+  refute grep -q 'image: .*:latest' <<<"${out}"
+  refute grep -q 'preStop' <<<"${out}"
+  helm template x "${CHART}" --set kubernetes.mirrorLease=true | grep -q 'coordination.k8s.io'
+  # A regular (non-native) sidecar is a container, not an init container.
+  out="$(helm template x "${CHART}" --set sidecar.native=false)"
+  refute grep -q 'restartPolicy: Always' <<<"${out}"
+  refute grep -q 'initContainers' <<<"${out}"
+}
+check "RBAC and token only with the Kubernetes integration; no :latest" rbac_follows_integration
+
+helm3_compat() {
+  helm3 lint --strict "${CHART}"
+  local f
+  for f in "${VALUES_FILES[@]}"; do helm3 lint --strict "${CHART}" -f "${f}"; done
+  # Same objects from Helm 3 as from Helm 4.
+  helm3 template redlock "${CHART}" --namespace redlock -f "${CHART}/ci/all-on-values.yaml" >"${WORK}/helm3.yaml"
+  helm template redlock "${CHART}" --namespace redlock -f "${CHART}/ci/all-on-values.yaml" >"${WORK}/helm4.yaml"
+  "${TOOLS_DIR}/venv/bin/python" - "${WORK}/helm3.yaml" "${WORK}/helm4.yaml" <<'PY'
+import sys, yaml
+a, b = ([d for d in yaml.safe_load_all(open(f)) if d] for f in sys.argv[1:])
+if a != b:
+    sys.exit("helm 3 and helm 4 render different objects")
+PY
+  expect_failure "natve" helm3 template x "${CHART}" --set sidecar.natve=true
+  expect_failure "must be shorter than terminationGracePeriodSeconds" \
+    helm3 template x "${CHART}" --set sidecar.shutdownTimeout=30s
+}
+check "Helm 3 ($(helm3 version --short)): lint, same objects, schema and guards" helm3_compat
+
+notes_render() {
+  local f out
+  for f in "" "${VALUES_FILES[@]}"; do
+    out="$(helm install redlock "${CHART}" --namespace redlock --dry-run=client ${f:+-f "${f}"})"
+    grep -q '^NOTES:' <<<"${out}"
+    grep -q 'curl -i http://127.0.0.1:9707/leader' <<<"${out}"
+    grep -qi 'dashboard' <<<"${out}"
+  done
+  helm install redlock "${CHART}" --namespace redlock --dry-run=client | grep -q -- '-L redlock.io/leader'
+}
+check "NOTES.txt renders (leader label, /leader, dashboard)" notes_render
+
+# --- Checked-in copies ----------------------------------------------------------------------
+manifests_drift() {
+  bash scripts/render-manifests.sh "${WORK}/manifests" >/dev/null
+  diff -r manifests "${WORK}/manifests"
+}
+check "manifests/ is up to date (scripts/render-manifests.sh)" manifests_drift
+
+chart_copies() {
+  diff dashboards/redlock.json "${CHART}/dashboards/redlock.json"
+  diff dashboards/alerts.yaml "${CHART}/dashboards/alerts.yaml"
+  helm template x "${CHART}" --set monitoring.prometheusRule.enabled=true \
+    --show-only templates/prometheusrule.yaml >"${WORK}/rule.yaml"
+  "${TOOLS_DIR}/venv/bin/python" - "${WORK}/rule.yaml" dashboards/alerts.yaml <<'PY'
+import sys, yaml
+rendered = yaml.safe_load(open(sys.argv[1]))["spec"]["groups"]
+plain = yaml.safe_load(open(sys.argv[2]))["groups"]
+if rendered != plain:
+    sys.exit("PrometheusRule groups differ from dashboards/alerts.yaml")
+PY
+}
+check "chart copies of dashboard and alerts match; PrometheusRule == alerts.yaml" chart_copies
+
+# --- Dashboard ------------------------------------------------------------------------------
+dashboard_typecheck() {
+  mkdir -p "${WORK}/ts"
+  ln -sfn "${TOOLS_DIR}/node/node_modules" "${WORK}/ts/node_modules"
+  python3 - dashboards/redlock.json "${WORK}/ts/dashboard.ts" <<'PY'
+import json, sys
+dashboard = json.load(open(sys.argv[1]))
+open(sys.argv[2], "w").write("""import type { AnnotationQuery, Dashboard, DataQuery, Panel, RowPanel } from '@grafana/schema';
+
+// The schema leaves the data source's own query open; this dashboard only uses Prometheus,
+// whose query and annotation options (as Grafana 12 stores them) are these.
+interface PromQuery extends DataQuery {
+  expr: string;
+  legendFormat?: string;
+  format?: 'time_series' | 'table' | 'heatmap';
+  instant?: boolean;
+  range?: boolean;
+  interval?: string;
+}
+interface PromAnnotation extends AnnotationQuery<PromQuery> {
+  titleFormat?: string;
+  textFormat?: string;
+  tagKeys?: string;
+  step?: string;
+  useValueForTime?: boolean;
+}
+type PromPanel = Omit<Panel, 'targets'> & { targets?: PromQuery[] };
+type PromDashboard = Omit<Dashboard, 'annotations' | 'panels'> & {
+  annotations?: { list?: PromAnnotation[] };
+  panels?: Array<PromPanel | RowPanel>;
+};
+
+// JSON spells the schema's string enums by value ("absolute", not ThresholdsMode.Absolute):
+// map every string enum to the union of its values, everything else stays as strict as it is.
+type Json<T> =
+  T extends string ? (string extends T ? string : `${T}`) :
+  T extends number | boolean | null | undefined ? T :
+  T extends ReadonlyArray<infer U> ? Array<Json<U>> :
+  T extends object ? { [K in keyof T]: Json<T[K]> } :
+  T;
+
+const dashboard: Json<PromDashboard> = """ + json.dumps(dashboard, indent=2) + """;
+export default dashboard;
+""")
+PY
+  cat >"${WORK}/ts/tsconfig.json" <<'JSON'
+{ "compilerOptions": { "strict": true, "noEmit": true, "skipLibCheck": true, "target": "es2022",
+    "module": "esnext", "moduleResolution": "bundler", "types": [] },
+  "files": ["dashboard.ts"] }
+JSON
+  (cd "${WORK}/ts" && tsc --noEmit --strict -p .)
+}
+check "dashboard type-checks against @grafana/schema (tsc --strict)" dashboard_typecheck
+
+check "dashboard conventions (uid, datasource variable, known metrics, \$__rate_interval)" \
+  python3 - dashboards/redlock.json <<'PY'
+import json, re, sys
+d = json.load(open(sys.argv[1]))
+KNOWN = {
+    "redlock_is_leader", "redlock_leader_transitions_total", "redlock_fencing_token",
+    "redlock_validity_remaining_seconds", "redlock_lease_expiry_timestamp_seconds",
+    "redlock_acquire_duration_seconds_bucket", "redlock_acquire_attempts_total", "redlock_contention_total",
+    "redlock_renewals_total", "redlock_renew_duration_seconds_bucket", "redlock_lock_lost_total",
+    "redlock_renew_lag_seconds_bucket", "redlock_node_up", "redlock_node_request_duration_seconds_bucket",
+    "redlock_node_errors_total", "redlock_node_vote_counted", "redlock_build_info",
+    "redlock_kubernetes_errors_total", "redlock_guard_runs_total",
+    "process_cpu_seconds_total", "process_resident_memory_bytes", "process_start_time_seconds",
+}
+FUNCS = {"sum", "max", "min", "rate", "increase", "histogram_quantile", "by", "on", "and", "or", "unless",
+         "time", "timestamp", "max_over_time", "group_left", "group_right", "label_values", "le"}
+errors = []
+if d.get("uid") != "redlock-sidecar":
+    errors.append("uid must be redlock-sidecar")
+variables = {v["name"]: v for v in d["templating"]["list"]}
+if variables.get("datasource", {}).get("type") != "datasource":
+    errors.append("missing datasource variable")
+for name in ("namespace", "pod", "lock"):
+    v = variables.get(name)
+    if not v or v["type"] != "query" or v.get("allValue") != ".*":
+        errors.append(f"variable {name} must be a query variable with allValue '.*'")
+DS = {"type": "prometheus", "uid": "${datasource}"}
+exprs = []
+panels = [p for p in d["panels"] if p["type"] != "row"]
+for p in panels:
+    if p.get("datasource") != DS:
+        errors.append(f"panel {p['title']!r} does not use $datasource")
+    for t in p.get("targets", []):
+        if t.get("datasource") != DS:
+            errors.append(f"target of {p['title']!r} does not use $datasource")
+        exprs.append((p["title"], t["expr"]))
+for a in d["annotations"]["list"]:
+    if a.get("target"):
+        if a["datasource"] != DS:
+            errors.append(f"annotation {a['name']!r} does not use $datasource")
+        exprs.append((a["name"], a["target"]["expr"]))
+for title, e in exprs:
+    for r in re.findall(r"\b(?:rate|increase)\((.*?)\)", e):
+        if "[$__rate_interval]" not in r:
+            errors.append(f"{title!r}: rate()/increase() without [$__rate_interval]: {r}")
+    body = re.sub(r'"[^"]*"', '""', e)  # drop label values
+    body = re.sub(r"\{[^}]*\}", "", body)  # drop matchers
+    body = re.sub(r"\[[^\]]*\]", "", body)  # drop ranges
+    body = re.sub(r"\((namespace|pod|instance|lock|le|node|op|kind|result|reason|direction|job)(\s*,\s*\w+)*\)", "", body)
+    for ident in re.findall(r"\b[a-z_][a-z0-9_]*\b", body):
+        if ident not in KNOWN and ident not in FUNCS:
+            errors.append(f"{title!r}: unknown metric or function {ident!r}")
+ids = [p["id"] for p in d["panels"]]
+if len(ids) != len(set(ids)):
+    errors.append("duplicate panel ids")
+if errors:
+    sys.exit("\n".join(errors))
+print(f"{len(panels)} panels, {len(exprs)} queries")
+PY
+
+# --- Alerts ---------------------------------------------------------------------------------
+check "promtool check rules dashboards/alerts.yaml" promtool check rules dashboards/alerts.yaml
+check "promtool test rules dashboards/alerts.test.yaml" promtool test rules dashboards/alerts.test.yaml
+
+check "every alert has summary, description and a runbook section" \
+  "${TOOLS_DIR}/venv/bin/python" - dashboards/alerts.yaml docs/runbooks.md <<'PY'
+import re, sys, yaml
+rules = [r for g in yaml.safe_load(open(sys.argv[1]))["groups"] for r in g["rules"]]
+doc = open(sys.argv[2]).read()
+# GitHub-style anchors of the runbook's headings.
+anchors = {re.sub(r"[^a-z0-9 _-]", "", h.strip().lower()).replace(" ", "-")
+           for h in re.findall(r"^#+\s+(.*)$", doc, re.M)}
+errors = []
+for r in rules:
+    a = r.get("annotations", {})
+    for key in ("summary", "description", "runbook_url"):
+        if not a.get(key):
+            errors.append(f"{r['alert']}: no {key}")
+    url = a.get("runbook_url", "")
+    if not url.startswith("docs/runbooks.md#") or url.split("#", 1)[1] not in anchors:
+        errors.append(f"{r['alert']}: runbook_url {url!r} does not point to a heading of docs/runbooks.md")
+if errors:
+    sys.exit("\n".join(errors))
+print(f"{len(rules)} alerts documented")
+PY
+
+echo
+if [ "${FAILED}" -gt 0 ]; then
+  echo "failed: ${FAILED_NAMES[*]}"
+fi
+echo "ci-k8s: ${PASSED} passed, ${FAILED} failed"
+[ "${FAILED}" -eq 0 ]

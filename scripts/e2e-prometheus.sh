@@ -1,0 +1,285 @@
+#!/usr/bin/env bash
+# End-to-end check of the dashboard and the alerts against real processes, all on loopback:
+#   3 redis-server  <-  3 `redlock-sidecar run` (lock "demo")  <-  Prometheus (1s scrapes, alerts loaded)
+# It waits for samples, causes a handoff (SIGTERM the leader, start it again), then evaluates
+# every query of dashboards/redlock.json and every alert of dashboards/alerts.yaml through
+# Prometheus' HTTP API. A query fails the run if Prometheus rejects it, or if it returns no
+# data although this scenario must produce some (see ALLOWED_EMPTY below).
+#
+# Needs: cargo (builds target/debug/redlock-sidecar), and Debian's redis-server and prometheus
+# (installed when missing). Every process it starts is stopped on exit.
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "${REPO_ROOT}"
+# shellcheck source=scripts/ci-tools.sh
+source scripts/ci-tools.sh
+install_redis
+install_promtool
+
+# Panels (by title) and targets that may be empty here: no guard process is scraped, and the
+# Kubernetes integration is off outside a cluster.
+ALLOWED_EMPTY="Guard runs and skips|Kubernetes API errors"
+# Template variables that are empty outside Kubernetes (no namespace/pod labels).
+ALLOWED_EMPTY_VARIABLES="namespace|pod"
+SCRAPE_INTERVAL=1s
+RATE_INTERVAL=4s   # what Grafana's $__rate_interval gives for a 1s scrape interval (4 x scrape)
+DEADLINE=60        # seconds any single wait may take
+
+BIN="${REPO_ROOT}/target/debug/redlock-sidecar"
+if [ -z "${E2E_SKIP_BUILD:-}" ]; then
+  echo "== cargo build --bin redlock-sidecar"
+  cargo build --quiet --bin redlock-sidecar
+fi
+[ -x "${BIN}" ] || { echo "missing ${BIN}"; exit 1; }
+
+WORK="$(mktemp -d)"
+PIDS=()
+cleanup() {
+  local pid
+  for pid in "${PIDS[@]}"; do kill "${pid}" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "${pid}" 2>/dev/null || true; done
+  if [ -n "${E2E_KEEP:-}" ]; then echo "kept ${WORK}"; else rm -rf "${WORK}"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+ms_since() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
+T_START="$(date +%s%N)"
+log() { local ms; ms="$(ms_since "${T_START}")"; printf '[%3d.%01ds] %s\n' $((ms / 1000)) $((ms % 1000 / 100)) "$*"; }
+command -v curl >/dev/null || apt_install curl
+
+free_ports() { # free_ports N: N distinct free TCP ports on 127.0.0.1
+  python3 - "$1" <<'PY'
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+PY
+}
+wait_until() { # wait_until WHAT COMMAND...: retry the command every 0.2s until it succeeds or DEADLINE
+  local what="$1"; shift
+  local end=$((SECONDS + DEADLINE))
+  until "$@" >/dev/null 2>&1; do
+    if [ "${SECONDS}" -ge "${end}" ]; then log "timed out waiting for ${what}"; return 1; fi
+    sleep 0.2
+  done
+}
+
+read -r -a PORTS <<<"$(free_ports 7)"
+REDIS_PORTS=("${PORTS[0]}" "${PORTS[1]}" "${PORTS[2]}")
+SIDECAR_PORTS=("${PORTS[3]}" "${PORTS[4]}" "${PORTS[5]}")
+PROM_PORT="${PORTS[6]}"
+PROM="http://127.0.0.1:${PROM_PORT}"
+REDIS_URLS="redis://127.0.0.1:${REDIS_PORTS[0]},redis://127.0.0.1:${REDIS_PORTS[1]},redis://127.0.0.1:${REDIS_PORTS[2]}"
+
+# --- Redis x3 ---------------------------------------------------------------------------------
+for i in 0 1 2; do
+  mkdir -p "${WORK}/redis-${i}"
+  redis-server --port "${REDIS_PORTS[$i]}" --bind 127.0.0.1 --save '' --appendonly no \
+    --dir "${WORK}/redis-${i}" --maxmemory-policy noeviction \
+    >"${WORK}/redis-${i}.log" 2>&1 &
+  PIDS+=($!)
+done
+for i in 0 1 2; do
+  wait_until "redis ${i}" redis-cli -p "${REDIS_PORTS[$i]}" ping
+done
+log "3 redis-server up on ports ${REDIS_PORTS[*]}"
+
+# --- Sidecars x3 ------------------------------------------------------------------------------
+SIDECAR_PIDS=()
+start_sidecar() { # start_sidecar I
+  local i="$1"
+  "${BIN}" run --lock demo --redis "${REDIS_URLS}" --listen "127.0.0.1:${SIDECAR_PORTS[$i]}" \
+    --identity "sidecar-${i}" --kubernetes off --log-format text \
+    >>"${WORK}/sidecar-${i}.log" 2>&1 &
+  SIDECAR_PIDS[i]=$!
+  PIDS+=($!)
+}
+sidecar_url() { echo "http://127.0.0.1:${SIDECAR_PORTS[$1]}"; }
+for i in 0 1 2; do start_sidecar "${i}"; done
+for i in 0 1 2; do wait_until "sidecar ${i} /healthz" curl -fsS "$(sidecar_url "${i}")/healthz"; done
+log "3 sidecars up on ports ${SIDECAR_PORTS[*]}"
+
+# --- Prometheus -------------------------------------------------------------------------------
+cat >"${WORK}/prometheus.yml" <<EOF
+global:
+  scrape_interval: ${SCRAPE_INTERVAL}
+  scrape_timeout: ${SCRAPE_INTERVAL}
+  evaluation_interval: ${SCRAPE_INTERVAL}
+rule_files:
+  - ${REPO_ROOT}/dashboards/alerts.yaml
+scrape_configs:
+  - job_name: redlock-sidecar
+    static_configs:
+      - targets:
+          - 127.0.0.1:${SIDECAR_PORTS[0]}
+          - 127.0.0.1:${SIDECAR_PORTS[1]}
+          - 127.0.0.1:${SIDECAR_PORTS[2]}
+EOF
+promtool check config "${WORK}/prometheus.yml" >/dev/null
+prometheus --config.file="${WORK}/prometheus.yml" --storage.tsdb.path="${WORK}/tsdb" \
+  --web.listen-address="127.0.0.1:${PROM_PORT}" --log.level=warn \
+  >"${WORK}/prometheus.log" 2>&1 &
+PIDS+=($!)
+wait_until "prometheus ready" curl -fsS "${PROM}/-/ready"
+T_QUERY_START="$(date +%s)"
+leaders() { # prints the indexes of the sidecars whose GET /leader answers 200
+  local i code
+  for i in 0 1 2; do
+    code="$(curl -s -o /dev/null -w '%{http_code}' "$(sidecar_url "${i}")/leader" || true)"
+    [ "${code}" = 200 ] && echo "${i}"
+  done
+  return 0
+}
+one_leader() { [ "$(leaders | wc -l)" -eq 1 ]; }
+wait_until "exactly one leader" one_leader
+LEADER="$(leaders)"
+log "leader: sidecar-${LEADER} ($(curl -s "$(sidecar_url "${LEADER}")/leader"))"
+
+three_series() {
+  curl -fsS "${PROM}/api/v1/query" --data-urlencode 'query=count(redlock_is_leader{lock="demo"})' \
+    | grep -q '"value":\[[0-9.]*,"3"\]'
+}
+wait_until "Prometheus samples of all 3 sidecars" three_series
+log "Prometheus on port ${PROM_PORT} has samples of all 3 sidecars"
+sleep 5   # a few scrapes of the steady state
+
+# --- Handoff ------------------------------------------------------------------------------------
+OLD="${LEADER}"
+T_TERM="$(date +%s%N)"
+kill -TERM "${SIDECAR_PIDS[$OLD]}"
+wait "${SIDECAR_PIDS[$OLD]}" || { log "sidecar-${OLD} exited with $? after SIGTERM"; exit 1; }
+new_leader() { local l; l="$(leaders)"; [ -n "${l}" ] && [ "${l}" != "${OLD}" ] && [ "$(wc -l <<<"${l}")" -eq 1 ]; }
+wait_until "a new leader after SIGTERM of sidecar-${OLD}" new_leader
+LEADER="$(leaders)"
+log "SIGTERM sidecar-${OLD}: it exited 0; sidecar-${LEADER} leads $(ms_since "${T_TERM}") ms after the signal"
+start_sidecar "${OLD}"
+wait_until "sidecar ${OLD} back" curl -fsS "$(sidecar_url "${OLD}")/healthz"
+wait_until "exactly one leader after the restart" one_leader
+log "sidecar-${OLD} restarted as a follower; leader is still sidecar-$(leaders)"
+sleep 8   # let the restarted sidecar be scraped and the rate windows fill
+T_QUERY_END="$(date +%s)"
+
+# --- Queries ------------------------------------------------------------------------------------
+log "evaluating the dashboard's queries and the alerts over the last $((T_QUERY_END - T_QUERY_START))s"
+python3 - "${PROM}" "${T_QUERY_START}" "${T_QUERY_END}" "${RATE_INTERVAL}" \
+  "${ALLOWED_EMPTY}" "${ALLOWED_EMPTY_VARIABLES}" dashboards/redlock.json dashboards/alerts.yaml <<'PY'
+import json, math, re, sys, urllib.parse, urllib.request
+prom, start, end, rate_interval, allowed_empty, allowed_empty_vars, dash_file, alerts_file = sys.argv[1:]
+allowed_empty = set(allowed_empty.split("|"))
+allowed_empty_vars = set(allowed_empty_vars.split("|"))
+
+def api(path, **params):
+    url = f"{prom}/api/v1/{path}?" + urllib.parse.urlencode(params, doseq=True)
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return json.load(r)
+    except urllib.error.HTTPError as e:
+        return json.load(e)
+
+def substitute(expr):
+    # Grafana's template variables as the dashboard's "All" selection and a 1s scrape interval
+    # give them: the .* regex also matches the absent namespace/pod labels of a local run.
+    for var in ("namespace", "pod", "lock"):
+        expr = expr.replace(f"${var}", ".*").replace("${" + var + "}", ".*")
+    return expr.replace("$__rate_interval", rate_interval)
+
+def has_data(result):
+    # Some sample of some series that is a number (histogram_quantile over no events is NaN).
+    for series in result:
+        values = series.get("values") or [series.get("value")]
+        if any(v and not math.isnan(float(v[1])) for v in values):
+            return True
+    return False
+
+failures, lines = [], []
+def record(kind, name, expr, ok, detail):
+    lines.append(f"{'ok  ' if ok else 'FAIL'}  {kind:<10} {name:<48} {detail}")
+    if not ok:
+        failures.append(f"{kind} {name}: {detail}\n    {expr}")
+
+dashboard = json.load(open(dash_file))
+queries = []
+for p in dashboard["panels"]:
+    for t in p.get("targets", []):
+        queries.append(("panel", f"{p['title']} [{t['refId']}]", p["title"], t["expr"]))
+for a in dashboard["annotations"]["list"]:
+    if "target" in a:
+        queries.append(("annotation", a["name"], a["name"], a["target"]["expr"]))
+
+for kind, name, group, expr in queries:
+    q = substitute(expr)
+    leftover = re.findall(r"\$\w+", q)
+    if leftover:
+        record(kind, name, q, False, f"unsubstituted variables {leftover}")
+        continue
+    r = api("query_range", query=q, start=start, end=end, step="1s")
+    if r.get("status") != "success":
+        record(kind, name, q, False, f"rejected: {r.get('error')}")
+        continue
+    n = len(r["data"]["result"])
+    if has_data(r["data"]["result"]):
+        record(kind, name, q, True, f"{n} series")
+    elif group in allowed_empty:
+        record(kind, name, q, True, "empty (allowed here)")
+    else:
+        record(kind, name, q, False, "no data")
+
+# Template variables: label_values(selector, label) as Grafana asks Prometheus for them.
+for v in dashboard["templating"]["list"]:
+    if v["type"] != "query":
+        continue
+    query = v["query"]["query"] if isinstance(v["query"], dict) else v["query"]
+    m = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", query)
+    if not m:
+        record("variable", v["name"], query, False, "not a label_values() query")
+        continue
+    selector = substitute(m.group(1))
+    r = api(f"label/{m.group(2)}/values", **{"match[]": selector, "start": start, "end": end})
+    values = r.get("data") or []
+    ok = r.get("status") == "success" and (values or v["name"] in allowed_empty_vars)
+    record("variable", v["name"], query, ok, f"values {values}" if r.get("status") == "success" else f"rejected: {r.get('error')}")
+
+# Alerts: every expression must evaluate (empty is fine while healthy), and Prometheus, which
+# loaded the same file, must report every rule healthy.
+try:
+    import yaml
+    rules = [r for g in yaml.safe_load(open(alerts_file))["groups"] for r in g["rules"]]
+except ImportError:
+    rules = None
+loaded = {r["name"]: r for g in api("rules")["data"]["groups"] for r in g["rules"]}
+for name, rule in sorted(loaded.items()):
+    r = api("query", query=rule["query"], time=end)
+    if r.get("status") != "success":
+        record("alert", name, rule["query"], False, f"rejected: {r.get('error')}")
+        continue
+    firing = len(r["data"]["result"])
+    ok = rule.get("health") == "ok"
+    record("alert", name, rule["query"], ok,
+           f"health {rule.get('health')}, {firing} series now, state {rule.get('state')}")
+if rules is not None and {r["alert"] for r in rules} != set(loaded):
+    failures.append(f"Prometheus loaded {sorted(loaded)}, alerts.yaml has {sorted(r['alert'] for r in rules)}")
+
+# The handoff must be visible: two different sidecars led during the run, the new leader's
+# "gained" transition was counted, and the fencing token changed. (The old leader's "lost" is
+# counted as it exits, after its last scrape, so it cannot be seen here.)
+window = f"[{int(end) - int(start)}s]"
+for name, q, want in [
+    ("sidecars that led", f'count(max_over_time(redlock_is_leader{{lock="demo"}}{window}) == 1)', lambda v: v >= 2),
+    ("gained transitions", f'sum(increase(redlock_leader_transitions_total{{lock="demo", direction="gained"}}{window}))', lambda v: v >= 0.5),
+    ("fencing token changes", f'changes(max(redlock_fencing_token{{lock="demo"}} > 0)[{int(end) - int(start)}s:1s])', lambda v: v >= 1),
+]:
+    r = api("query", query=q, time=end)
+    result = r.get("data", {}).get("result", [])
+    value = float(result[0]["value"][1]) if result else 0.0
+    record("scenario", name, q, r.get("status") == "success" and want(value), f"{value:g}")
+
+print("\n".join(lines))
+if failures:
+    print("\nfailures:\n  " + "\n  ".join(failures))
+    sys.exit(1)
+print(f"\n{sum(1 for l in lines if l.startswith('ok'))} queries returned what they must")
+PY
+log "e2e-prometheus: all dashboard queries and alerts evaluated"
