@@ -15,7 +15,7 @@ cargo fmt --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets --quiet -- -D warnings
 step "cargo test"
-cargo test --all-targets --quiet
+cargo test --quiet
 
 if [ "${1:-}" != "--rust" ]; then
   step "Kubernetes chart, manifests, dashboard and alert checks"
