@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Makes sure redis-server is on PATH: installs Debian's package when we can (root), else
-# says exactly what to install. Sourced by the demo and the test script.
+# Makes sure redis-server (and openssl, which the TLS test uses) are on PATH: installs the
+# Debian packages when we can (root), else says exactly what to install. Sourced by the demo
+# and the test script.
 ensure_redis() {
-  command -v redis-server >/dev/null 2>&1 && return 0
+  local missing=()
+  command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+  [ "${1:-}" = "--with-openssl" ] && ! command -v openssl >/dev/null 2>&1 && missing+=(openssl)
+  [ ${#missing[@]} -eq 0 ] && return 0
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "redis-server is missing: installing the Debian package redis-server" >&2
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server) >&2 || return 1
+    echo "missing: ${missing[*]}: installing the Debian packages" >&2
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >&2 || return 1
     command -v redis-server >/dev/null 2>&1 && return 0
   fi
-  echo "redis-server is required: install it with 'sudo apt-get install -y redis-server' (Debian/Ubuntu)" >&2
+  echo "required: install them with 'sudo apt-get install -y ${missing[*]}' (Debian/Ubuntu)" >&2
   return 1
 }

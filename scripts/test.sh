@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/ensure-redis.sh
-ensure_redis
+ensure_redis --with-openssl
 
 step() { printf '\n== %s\n' "$*"; }
 step "cargo fmt --check"

@@ -66,6 +66,7 @@ pub async fn guard(cfg: GuardConfig) -> i32 {
         Ok(redlock) => redlock,
         Err(err) => crate::config::exit_invalid(&err.to_string()),
     };
+    tokio::spawn(crate::ops::warn_about_nodes(redlock.clone()));
     let kube = events_client(&cfg).await;
     let lock = cfg.redlock.lock.clone();
     let (tx, mut rx) = lease::channel(&redlock);
