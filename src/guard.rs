@@ -134,12 +134,11 @@ pub async fn guard(cfg: GuardConfig) -> i32 {
     };
     let started = Instant::now();
     metrics.guard_run("ran");
-    let pgid = child.id().map(|pid| pid as i32);
-    let signal_group = |sig: i32| {
-        if let Some(pgid) = pgid {
-            // SAFETY: kill(2) with a negative pid signals the process group; no memory involved.
-            unsafe { libc::kill(-pgid, sig) };
-        }
+    let mut cmd = CmdGroup {
+        pgid: child.id().map(|pid| pid as i32),
+        stopping: None,
+        kill_at: None,
+        kill_grace: cfg.kill_grace,
     };
 
     let stop_renewing = CancellationToken::new();
@@ -154,7 +153,6 @@ pub async fn guard(cfg: GuardConfig) -> i32 {
     let mut hold_end: Option<HoldEnd> = None;
 
     let mut forwarded = Signals::new();
-    let mut stopping: Option<(Stop, Instant)> = None; // why, and when SIGKILL is due
     let max_hold_at = cfg.max_hold.map(|d| started + d);
     let status = loop {
         let step_down_at = match &rx.borrow().role {
@@ -162,62 +160,48 @@ pub async fn guard(cfg: GuardConfig) -> i32 {
             Role::Follower => None,
         };
         // Self-fencing schedule: SIGTERM kill_grace before step-down, SIGKILL at it.
-        let term_at = step_down_at.map(|at| at.checked_sub(cfg.kill_grace).unwrap_or(at));
-        let next_timer = [
-            stopping.is_none().then_some(term_at).flatten(),
-            stopping.map(|(_, kill_at)| kill_at),
-            stopping.is_none().then_some(max_hold_at).flatten(),
-        ]
-        .into_iter()
-        .flatten()
-        .min();
+        let next_timer = match cmd.stopping {
+            Some(_) => cmd.kill_at,
+            None => {
+                let term_at = step_down_at.map(|at| at.checked_sub(cfg.kill_grace).unwrap_or(at));
+                term_at.into_iter().chain(max_hold_at).min()
+            }
+        };
         tokio::select! {
             status = child.wait() => break status,
             sig = forwarded.recv() => {
                 info!(signal = sig, "forwarding signal to CMD");
-                signal_group(sig);
+                cmd.signal(sig);
             }
             end = async { holder.as_mut().expect("polled only while running").await }, if holder.is_some() => {
                 holder = None;
                 let end = end.expect("hold task does not panic");
                 if let HoldEnd::Lost(reason, _) = &end {
                     warn!(lock = %lock, reason, "lock lost while CMD runs; stopping CMD");
-                    if stopping.is_none() {
-                        signal_group(libc::SIGTERM);
-                        let kill_at = (Instant::now() + cfg.kill_grace).min(step_down_at.unwrap_or_else(Instant::now));
-                        stopping = Some((Stop::LockLost, kill_at));
-                    }
+                    cmd.stop(Stop::LockLost, Instant::now(), step_down_at);
                 }
                 hold_end = Some(end);
             }
             _ = rx.changed() => {}
             _ = sleep_until(next_timer) => {
                 let now = Instant::now();
-                match stopping {
-                    Some((_, kill_at)) if now >= kill_at => {
-                        warn!("CMD still running; sending SIGKILL");
-                        signal_group(libc::SIGKILL);
-                        stopping = stopping.map(|(why, _)| (why, now + Duration::from_secs(3600)));
-                    }
-                    Some(_) => {}
-                    None => {
-                        let why = if max_hold_at.is_some_and(|at| now >= at) { Stop::MaxHold } else { Stop::LockLost };
-                        if why == Stop::MaxHold {
-                            info!(lock = %lock, "--max-hold reached; stopping CMD");
-                            stop_renewing.cancel();
-                        } else {
-                            warn!(lock = %lock, "renewals could not keep the lock; stopping CMD before it expires");
-                        }
-                        signal_group(libc::SIGTERM);
-                        let kill_at = (now + cfg.kill_grace).min(step_down_at.unwrap_or(now));
-                        stopping = Some((why, kill_at));
-                    }
+                if cmd.stopping.is_some() {
+                    warn!("CMD still running; sending SIGKILL");
+                    cmd.signal(libc::SIGKILL);
+                    cmd.kill_at = None;
+                } else if max_hold_at.is_some_and(|at| now >= at) {
+                    info!(lock = %lock, "--max-hold reached; stopping CMD");
+                    stop_renewing.cancel();
+                    cmd.stop(Stop::MaxHold, now, step_down_at);
+                } else {
+                    warn!(lock = %lock, "renewals could not keep the lock; stopping CMD before it expires");
+                    cmd.stop(Stop::LockLost, now, step_down_at);
                 }
             }
         }
     };
     // Nothing of CMD's may run on after the lock is released.
-    signal_group(libc::SIGKILL);
+    cmd.signal(libc::SIGKILL);
     let code = match &status {
         Ok(status) => status
             .code()
@@ -228,13 +212,13 @@ pub async fn guard(cfg: GuardConfig) -> i32 {
         }
     };
 
-    if stopping.is_none() && hold_end.is_none() {
-        // Keep the lock for --min-hold after CMD started, still renewing.
-        let min_hold_end = started + cfg.min_hold;
+    if cmd.stopping.is_none() {
+        // Keep the lock for --min-hold after CMD started, still renewing. A loss now is
+        // logged by the hold task; CMD finished under the lock, so its code stands.
         if let Some(holder) = holder.as_mut() {
             tokio::select! {
                 end = holder => hold_end = end.ok(),
-                _ = tokio::time::sleep_until(min_hold_end.into()) => {}
+                _ = tokio::time::sleep_until((started + cfg.min_hold).into()) => {}
             }
         }
     }
@@ -242,12 +226,11 @@ pub async fn guard(cfg: GuardConfig) -> i32 {
     if let Some(holder) = holder {
         hold_end = holder.await.ok();
     }
-    let lost = matches!(hold_end, Some(HoldEnd::Lost(..)))
-        || matches!(stopping, Some((Stop::LockLost, _)));
     if let Some(HoldEnd::Cancelled(lease) | HoldEnd::Lost(_, lease)) = &hold_end {
         let released = redlock.release(lease).await;
         info!(lock = %lock, fencing_token = token, nodes = released, "released the lock");
     }
+    let lost = cmd.stopping == Some(Stop::LockLost);
     if lost {
         metrics.guard_run("lost");
         event(
@@ -259,11 +242,39 @@ pub async fn guard(cfg: GuardConfig) -> i32 {
         .await;
         return EXIT_LOST;
     }
-    if matches!(stopping, Some((Stop::MaxHold, _))) {
+    if cmd.stopping == Some(Stop::MaxHold) {
         return EXIT_MAX_HOLD;
     }
     info!(lock = %lock, exit_code = code, "CMD finished");
     code
+}
+
+/// CMD's process group and the state of stopping it.
+struct CmdGroup {
+    pgid: Option<i32>,
+    /// Why CMD is being stopped, once it is.
+    stopping: Option<Stop>,
+    /// When SIGKILL is due; `None` before stopping and once it is sent.
+    kill_at: Option<Instant>,
+    kill_grace: Duration,
+}
+
+impl CmdGroup {
+    fn signal(&self, sig: i32) {
+        if let Some(pgid) = self.pgid {
+            // SAFETY: kill(2) with a negative pid signals the process group; no memory involved.
+            unsafe { libc::kill(-pgid, sig) };
+        }
+    }
+
+    /// SIGTERM now, SIGKILL after the grace period but never after `step_down_at`.
+    fn stop(&mut self, why: Stop, now: Instant, step_down_at: Option<Instant>) {
+        if self.stopping.is_none() {
+            self.signal(libc::SIGTERM);
+            self.stopping = Some(why);
+            self.kill_at = Some((now + self.kill_grace).min(step_down_at.unwrap_or(now)));
+        }
+    }
 }
 
 fn spawn(cfg: &GuardConfig, token: u64, identity: &str) -> std::io::Result<tokio::process::Child> {
