@@ -30,8 +30,7 @@ use crate::http::{self, AdminState};
 use crate::k8s::{Kube, KubeMode, KubeSettings};
 use crate::leadership::Role;
 use crate::lease::{self, HoldEnd};
-use crate::metrics::Metrics;
-use crate::redlock::{LockError, Redlock};
+use crate::redlock::LockError;
 
 /// Exit code: Redis quorum unreachable.
 pub const EXIT_UNREACHABLE: i32 = 69;
@@ -55,17 +54,8 @@ enum Stop {
 
 /// Runs `cfg.command` under the lock; returns the process exit code.
 pub async fn guard(cfg: GuardConfig) -> i32 {
-    let labels: Vec<String> = cfg
-        .redlock
-        .nodes
-        .iter()
-        .map(|n| n.label().to_owned())
-        .collect();
-    let metrics = Metrics::new(&cfg.redlock.lock, &labels, None);
-    let redlock = match Redlock::new(cfg.redlock.clone(), metrics.clone()) {
-        Ok(redlock) => redlock,
-        Err(err) => crate::config::exit_invalid(&err.to_string()),
-    };
+    let (redlock, metrics) = lease::instrumented_engine(&cfg.redlock, None)
+        .unwrap_or_else(|err| crate::config::exit_invalid(&err.to_string()));
     tokio::spawn(crate::ops::warn_about_nodes(redlock.clone()));
     let kube = events_client(&cfg).await;
     let lock = cfg.redlock.lock.clone();

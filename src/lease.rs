@@ -211,6 +211,18 @@ pub async fn run(
     }
 }
 
+/// The engine for `cfg`, reporting to a fresh metrics registry (which also carries the
+/// Kubernetes error family, when given).
+pub fn instrumented_engine(
+    cfg: &crate::redlock::RedlockConfig,
+    kube_errors: Option<prometheus::IntCounterVec>,
+) -> Result<(Redlock, std::sync::Arc<Metrics>), crate::redlock::ConfigError> {
+    let labels: Vec<String> = cfg.nodes.iter().map(|n| n.label().to_owned()).collect();
+    let metrics = Metrics::new(&cfg.lock, &labels, kube_errors);
+    let redlock = Redlock::new(cfg.clone(), metrics.clone())?;
+    Ok((redlock, metrics))
+}
+
 /// A fresh leadership channel for `redlock`'s lock and identity.
 pub fn channel(redlock: &Redlock) -> (LeadershipTx, crate::leadership::LeadershipRx) {
     let cfg = redlock.config();

@@ -14,8 +14,7 @@ use crate::config::RunConfig;
 use crate::http::{self, AdminState};
 use crate::k8s::{self, Kube};
 use crate::lease;
-use crate::metrics::Metrics;
-use crate::redlock::{drift, Redlock};
+use crate::redlock::drift;
 use crate::{ops, shutdown};
 
 /// Runs the sidecar until SIGTERM/SIGINT; returns the exit code.
@@ -27,17 +26,8 @@ pub async fn run(cfg: RunConfig) -> i32 {
         }
     };
     let kube_errors = k8s::errors_counter();
-    let labels: Vec<String> = cfg
-        .redlock
-        .nodes
-        .iter()
-        .map(|n| n.label().to_owned())
-        .collect();
-    let metrics = Metrics::new(&cfg.redlock.lock, &labels, Some(kube_errors.clone()));
-    let redlock = match Redlock::new(cfg.redlock.clone(), metrics.clone()) {
-        Ok(redlock) => redlock,
-        Err(err) => crate::config::exit_invalid(&err.to_string()),
-    };
+    let (redlock, metrics) = lease::instrumented_engine(&cfg.redlock, Some(kube_errors.clone()))
+        .unwrap_or_else(|err| crate::config::exit_invalid(&err.to_string()));
     let kube = match Kube::connect(cfg.kubernetes.clone(), kube_errors).await {
         Ok(kube) => kube,
         Err(err) => crate::config::exit_invalid(&format!("--kubernetes: {err}")),
@@ -54,7 +44,7 @@ pub async fn run(cfg: RunConfig) -> i32 {
         ready_when: cfg.ready_when,
         shutdown: http_stop.clone(),
     };
-    info!(listen = %cfg.listen, lock = %cfg.redlock.lock, identity = %cfg.redlock.identity, nodes = labels.len(), "redlock-sidecar running");
+    info!(listen = %cfg.listen, lock = %cfg.redlock.lock, identity = %cfg.redlock.identity, nodes = cfg.redlock.nodes.len(), "redlock-sidecar running");
     let http_task = tokio::spawn(async move {
         if let Err(err) = http::serve(listener, admin).await {
             warn!(error = %err, "admin endpoint stopped");

@@ -80,6 +80,48 @@ impl fmt::Display for Votes {
     }
 }
 
+/// The votes of one round as they arrive, and whether the round is decided.
+pub(crate) struct Tally {
+    needed: usize,
+    granted: usize,
+    against: usize,
+    /// Each node's vote, by index; `None` until it answers.
+    pub(crate) votes: Vec<Option<Vote>>,
+}
+
+impl Tally {
+    /// An empty tally for `nodes` nodes.
+    pub(crate) fn new(nodes: usize) -> Tally {
+        Tally {
+            needed: super::quorum(nodes),
+            granted: 0,
+            against: 0,
+            votes: vec![None; nodes],
+        }
+    }
+
+    /// Records node `index`'s vote; true once a quorum for or against is certain.
+    pub(crate) fn record(&mut self, index: usize, vote: Vote) -> bool {
+        if vote == Vote::Granted {
+            self.granted += 1;
+        } else {
+            self.against += 1;
+        }
+        self.votes[index] = Some(vote);
+        self.decided()
+    }
+
+    /// Whether a quorum for or against is certain.
+    pub(crate) fn decided(&self) -> bool {
+        self.won() || self.votes.len() - self.against < self.needed
+    }
+
+    /// Whether a quorum granted.
+    pub(crate) fn won(&self) -> bool {
+        self.granted >= self.needed
+    }
+}
+
 /// Why the lock was not taken, kept or released.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum LockError {

@@ -40,6 +40,7 @@ use redis::Script;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use error::Tally;
 pub use error::{ConfigError, LockError, Vote, Votes};
 pub use node::{ConnectSettings, Credentials, Node, NodeError, NodeErrorKind, NodeSpec};
 use timing::CLOCK_DRIFT_FLOOR;
@@ -370,8 +371,7 @@ impl Redlock {
             &ACQUIRE,
             vec![value.clone(), cfg.ttl.as_millis().to_string()],
         );
-        let mut votes: Vec<Option<Vote>> = vec![None; n];
-        let (mut granted, mut against) = (0, 0);
+        let mut tally = Tally::new(n);
         let mut fence_seen = 0u64;
         let mut holder_ttl: Option<Duration> = None;
         while let Some((index, answer)) = answers.recv().await {
@@ -395,17 +395,13 @@ impl Redlock {
                 }
                 Err(err) => Vote::Failed(err),
             };
-            if vote == Vote::Granted {
-                granted += 1;
-            } else {
-                against += 1;
-            }
-            votes[index] = Some(vote);
-            if granted >= needed || n - against < needed {
+            if tally.record(index, vote) {
                 break;
             }
         }
-        if granted < needed {
+        let won = tally.won();
+        let mut votes = tally.votes;
+        if !won {
             self.release_value(
                 &value,
                 |vote| !matches!(vote, Some(Vote::HeldBy(_))),
@@ -485,30 +481,19 @@ impl Redlock {
 
     /// Raises the fencing counter to `token` on a quorum (write-back of the max).
     async fn raise_fence(&self, token: u64) -> Result<u64, Votes> {
-        let n = self.inner.nodes.len();
-        let needed = quorum(n);
         let mut answers = self.fan_out::<String>(Op::Fence, &RAISE_FENCE, vec![token.to_string()]);
-        let mut votes: Vec<Option<Vote>> = vec![None; n];
-        let (mut ok, mut failed) = (0, 0);
+        let mut tally = Tally::new(self.inner.nodes.len());
         while let Some((index, answer)) = answers.recv().await {
-            votes[index] = Some(match answer {
-                Ok(_) => {
-                    ok += 1;
-                    Vote::Granted
-                }
-                Err(err) => {
-                    failed += 1;
-                    Vote::Failed(err)
-                }
-            });
-            if ok >= needed {
-                return Ok(token);
-            }
-            if n - failed < needed {
+            let vote = answer.map_or_else(Vote::Failed, |_| Vote::Granted);
+            if tally.record(index, vote) {
                 break;
             }
         }
-        Err(self.label_votes(votes))
+        if tally.won() {
+            Ok(token)
+        } else {
+            Err(self.label_votes(tally.votes))
+        }
     }
 
     /// Waits for the lock: retries with growing random delays, and at once when a
@@ -592,17 +577,14 @@ impl Redlock {
         if start >= lease.valid_until {
             return Err(expired());
         }
-        let n = self.inner.nodes.len();
-        let needed = quorum(n);
         let ttl_ms = cfg.ttl.as_millis().to_string();
         let token = lease.fencing_token.to_string();
         let args = vec![lease.value.clone(), ttl_ms.clone(), token.clone()];
         let mut answers = self.fan_out::<i64>(Op::Extend, &EXTEND, args.clone());
-        let mut votes: Vec<Option<Vote>> = vec![None; n];
-        let (mut granted, mut against) = (0, 0);
+        let mut tally = Tally::new(self.inner.nodes.len());
         let expiry = tokio::time::sleep_until(lease.valid_until.into());
         tokio::pin!(expiry);
-        while granted < needed && n - against >= needed {
+        while !tally.decided() {
             let (index, answer) = tokio::select! {
                 biased;
                 answer = answers.recv() => match answer { Some(a) => a, None => break },
@@ -614,17 +596,12 @@ impl Redlock {
                 Ok(_) => Vote::Missing,
                 Err(err) => Vote::Failed(err),
             };
-            if vote == Vote::Granted {
-                granted += 1;
-            } else {
-                against += 1;
-            }
-            votes[index] = Some(vote);
+            tally.record(index, vote);
         }
-        if granted < needed {
+        if !tally.won() {
             return Err(LockError::Lost {
                 lock: cfg.lock.clone(),
-                votes: self.label_votes(votes),
+                votes: self.label_votes(tally.votes),
             });
         }
         if Instant::now() >= lease.valid_until {
@@ -633,7 +610,7 @@ impl Redlock {
         let Some(valid) = validity(cfg.ttl, start.elapsed()) else {
             return Err(expired());
         };
-        for (index, vote) in votes.iter().enumerate() {
+        for (index, vote) in tally.votes.iter().enumerate() {
             if vote == &Some(Vote::Missing) {
                 let inner = self.inner.clone();
                 let args = args.clone();
