@@ -45,6 +45,9 @@ fn guard(cluster: &RedisCluster, identity: &str, options: &[&str], cmd: &[&str])
         "20ms",
         "--identity",
         identity,
+        // Generous for a loaded 2-core test machine; the node timeout bounds each call.
+        "--node-timeout",
+        "250ms",
     ];
     args.extend_from_slice(options);
     args.push("--");
@@ -317,7 +320,7 @@ fn no_quorum_exits_69_and_max_hold_stops_cmd_with_124() {
     let mut g = guard(
         &cluster,
         "holder",
-        &["--max-hold", "500ms"],
+        &["--max-hold", "500ms", "--wait", "5s"],
         &["sleep", "30"],
     );
     assert_eq!(

@@ -39,6 +39,9 @@ impl Sidecar {
             &listen,
             "--identity",
             name,
+            // Generous for a loaded 2-core test machine; the node timeout bounds each call.
+            "--node-timeout",
+            "250ms",
         ];
         args.extend_from_slice(extra);
         let proc = Proc::spawn(&args, &[("REDLOCK_LOG", "debug")]);

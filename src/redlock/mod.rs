@@ -259,8 +259,9 @@ struct Inner {
 type AcquireReply = (i64, String, String, u64, String, i64);
 
 impl Redlock {
-    /// Validates `cfg` and prepares one connection per node. Nothing is sent yet, so a
-    /// node that is down now can still join later.
+    /// Validates `cfg` and prepares one connection per node. Inside a Tokio runtime, each
+    /// node is sent a `PING` at once (bounded by the connect timeout) so that connections
+    /// are made before the first round needs them; a node that is down now can join later.
     pub fn new(cfg: RedlockConfig, observer: Arc<dyn Observer>) -> Result<Redlock, ConfigError> {
         cfg.validate()?;
         let settings = ConnectSettings {
@@ -275,7 +276,7 @@ impl Redlock {
             .map_err(|e| ConfigError::new("--redis", e.to_string()))?;
         let stop = CancellationToken::new();
         let name = &cfg.lock;
-        Ok(Redlock {
+        let redlock = Redlock {
             inner: Arc::new(Inner {
                 key: format!("redlock:{{{name}}}"),
                 fence_key: format!("redlock:{{{name}}}:fence"),
@@ -289,7 +290,28 @@ impl Redlock {
                 stop,
                 cfg,
             }),
-        })
+        };
+        redlock.warm_up();
+        Ok(redlock)
+    }
+
+    /// Connects to every node in the background (a per-node call is bounded by the node
+    /// timeout, which may be shorter than a connection takes to establish).
+    fn warm_up(&self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        for index in 0..self.inner.nodes.len() {
+            let inner = Arc::downgrade(&self.inner);
+            runtime.spawn(async move {
+                if let Some(inner) = inner.upgrade() {
+                    let timeout = inner.cfg.connect_timeout;
+                    let _ = inner.nodes[index]
+                        .command::<String>(&redis::cmd("PING"), timeout)
+                        .await;
+                }
+            });
+        }
     }
 
     /// The configuration in force.
