@@ -551,16 +551,21 @@ impl Redlock {
             } else {
                 0
             };
-            // Random and growing, so contenders that collided spread out; but never past
-            // the moment the holder's key expires (a crashed holder is replaced promptly).
-            let mut delay = timing::retry_delay(cfg.retry_delay, cfg.retry_max, attempt);
-            if let LockError::Busy {
-                holder_ttl: Some(left),
-                ..
-            } = &err
-            {
-                delay = delay.min(*left + CLOCK_DRIFT_FLOOR);
-            }
+            let mut delay = match &err {
+                // Held: poll about once per `retry_max` (a release announcement wakes us
+                // sooner), but never past the moment the holder's key expires, so a crashed
+                // holder is replaced promptly.
+                LockError::Busy {
+                    holder_ttl: Some(left),
+                    ..
+                } => {
+                    let poll = cfg.retry_max
+                        + timing::retry_delay(cfg.retry_delay, cfg.retry_delay, 0) / 2;
+                    poll.min(*left + CLOCK_DRIFT_FLOOR)
+                }
+                // Otherwise random and growing, so a struggling fleet is not hammered.
+                _ => timing::retry_delay(cfg.retry_delay, cfg.retry_max, attempt),
+            };
             if let Some(deadline) = deadline {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
