@@ -109,6 +109,8 @@ pub async fn guard(cfg: GuardConfig) -> i32 {
     let token = lease.fencing_token;
     info!(lock = %lock, fencing_token = token, validity_ms = lease.remaining_at(Instant::now()).as_millis() as u64, "acquired the lock; starting CMD");
 
+    // Handlers first, so a signal sent right after CMD starts is forwarded, not fatal.
+    let mut forwarded = Signals::new();
     let mut child = match spawn(&cfg, token, &redlock.config().identity) {
         Ok(child) => child,
         Err(err) => {
@@ -142,7 +144,6 @@ pub async fn guard(cfg: GuardConfig) -> i32 {
     let mut holder = Some(holder);
     let mut hold_end: Option<HoldEnd> = None;
 
-    let mut forwarded = Signals::new();
     let max_hold_at = cfg.max_hold.map(|d| started + d);
     let status = loop {
         let step_down_at = match &rx.borrow().role {

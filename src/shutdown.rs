@@ -3,29 +3,45 @@
 //! SIGTERM is how Kubernetes (and most supervisors) ask a container to stop; SIGINT is
 //! Ctrl-C in a terminal. The first one starts the graceful shutdown (step down, release,
 //! exit 0); a second one exits at once, for an operator who does not want to wait.
+//! The handlers are installed before anything else starts, so a SIGTERM that arrives
+//! right after the first acquisition still releases the lock instead of killing the process.
 
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 use tracing::{info, warn};
 
-/// Completes on the first SIGTERM or SIGINT, then arms the second-signal exit.
-pub async fn first_signal() {
-    let name = wait_for_signal().await;
-    info!(
-        signal = name,
-        "shutting down: stepping down and releasing the lock"
-    );
-    tokio::spawn(async {
-        let name = wait_for_signal().await;
-        warn!(signal = name, "second signal: exiting at once");
-        std::process::exit(130);
-    });
+/// SIGTERM and SIGINT handlers, installed.
+pub struct Signals {
+    term: Signal,
+    int: Signal,
 }
 
-async fn wait_for_signal() -> &'static str {
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler can be installed");
-    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler can be installed");
-    tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
+impl Signals {
+    /// Installs the handlers (must run inside the Tokio runtime).
+    pub fn install() -> std::io::Result<Signals> {
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    /// Completes on the first SIGTERM or SIGINT; a later one exits the process at once.
+    pub async fn first(mut self) {
+        let name = self.next().await;
+        info!(
+            signal = name,
+            "shutting down: stepping down and releasing the lock"
+        );
+        tokio::spawn(async move {
+            let name = self.next().await;
+            warn!(signal = name, "second signal: exiting at once");
+            std::process::exit(130);
+        });
+    }
+
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
     }
 }

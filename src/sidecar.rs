@@ -19,6 +19,7 @@ use crate::{ops, shutdown};
 
 /// Runs the sidecar until SIGTERM/SIGINT; returns the exit code.
 pub async fn run(cfg: RunConfig) -> i32 {
+    let signals = shutdown::Signals::install().expect("signal handlers can be installed");
     let listener = match http::bind(cfg.listen).await {
         Ok(listener) => listener,
         Err(err) => {
@@ -61,7 +62,7 @@ pub async fn run(cfg: RunConfig) -> i32 {
         cancel.clone(),
     ));
 
-    shutdown::first_signal().await;
+    signals.first().await;
     cancel.cancel();
     let drained = tokio::time::timeout(cfg.shutdown_timeout, async {
         let _ = lease_task.await;

@@ -462,3 +462,22 @@ fn malformed_urls_and_bad_node_lists_are_config_errors() {
     cfg.ttl = Duration::from_millis(100);
     assert_eq!(cfg.validate().unwrap_err().flag, "--ttl");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counter_ahead_of_the_clock_still_yields_a_greater_token() {
+    let cluster = ready_cluster(3);
+    let a = redlock(&cluster.urls(), "alpha");
+    // As if an earlier holder's clock ran far ahead: its token is above our candidate.
+    let ahead = 1u64 << 50;
+    for node in cluster.iter() {
+        node.command(&["SET", "redlock:{test}:fence", &ahead.to_string()]);
+    }
+    let lease = a
+        .try_acquire()
+        .await
+        .expect("acquires through the write-back round");
+    assert_eq!(lease.fencing_token, ahead + 1);
+    a.release(&lease).await;
+    let next = a.try_acquire().await.expect("acquires again");
+    assert!(next.fencing_token > lease.fencing_token);
+}

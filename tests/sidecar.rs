@@ -403,20 +403,52 @@ async fn metrics_are_valid_exposition_with_every_documented_name_and_move_on_han
     );
 }
 
+/// The next server-sent event's JSON payload.
+async fn next_event<R: tokio::io::AsyncBufRead + Unpin>(
+    lines: &mut tokio::io::Lines<R>,
+) -> serde_json::Value {
+    let data = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let line = lines.next_line().await.unwrap().expect("stream open");
+            if let Some(data) = line.strip_prefix("data:") {
+                return data.trim().to_owned();
+            }
+        }
+    })
+    .await
+    .expect("an event within 10 s");
+    serde_json::from_str(&data).unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_event_stream_reports_leadership_changes_and_unknown_routes_are_refused() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
     let cluster = ready_cluster(3).await;
-    let a = Sidecar::start("a", &cluster, &[]);
-    a.wait_serving().await;
-    // The current state first, then the change to leader.
-    let events = http::sse_events(a.addr, "/leader/watch", 2, Duration::from_secs(20))
+    let mut a = Sidecar::start("a", &cluster, &[]);
+    support::wait_until_async(Duration::from_secs(20), "a leads", || a.is_leader()).await;
+    let b = Sidecar::start("b", &cluster, &[]);
+    support::wait_until_async(Duration::from_secs(10), "b sees a as holder", || async {
+        b.leader().await.is_some_and(|body| body["holder"] == "a")
+    })
+    .await;
+
+    // b's stream: the current state first (a follower that sees a), then b's takeover.
+    let stream = tokio::net::TcpStream::connect(b.addr).await.unwrap();
+    let (read, mut write) = stream.into_split();
+    write
+        .write_all(b"GET /leader/watch HTTP/1.1\r\nHost: test\r\n\r\n")
         .await
-        .expect("two events");
-    let first: serde_json::Value = serde_json::from_str(&events[0]).unwrap();
-    let second: serde_json::Value = serde_json::from_str(&events[1]).unwrap();
+        .unwrap();
+    let mut lines = BufReader::new(read).lines();
+    let first = next_event(&mut lines).await;
     assert_eq!(first["is_leader"], false, "{first}");
+    assert_eq!(first["holder"], "a", "{first}");
+    a.proc.sigterm();
+    let second = next_event(&mut lines).await;
     assert_eq!(second["is_leader"], true, "{second}");
-    assert_eq!(second["holder"], "a");
+    assert_eq!(second["holder"], "b", "{second}");
+    let a = &b;
 
     assert_eq!(http::get(a.addr, "/nope").await.unwrap().status, 404);
     assert_eq!(

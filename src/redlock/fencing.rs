@@ -7,18 +7,23 @@
 //!
 //! ## How a token is minted
 //! Every node keeps a counter per lock (`redlock:{name}:fence`, no expiry).
-//! 1. The acquire script returns each node's counter along with its vote.
-//! 2. Once a quorum has granted, the token is `max(highest counter seen + 1, now in Unix ms)`.
-//! 3. The token is written back with set-if-greater on every node, and the acquisition
-//!    succeeds only once a quorum has stored it. Renewals write it again, which repairs
-//!    nodes that lost it in a restart.
+//! 1. The client proposes a candidate, `max(highest counter it has seen + 1, now in Unix ms)`.
+//!    The acquire script, on a grant, stores it if the node's counter is lower, and says so.
+//! 2. If a quorum of counted grants stored the candidate, it is the token: one round trip.
+//! 3. Otherwise some node already had a counter at least as high (two acquisitions in the
+//!    same millisecond, or a client whose clock is behind). The token is then
+//!    `max(highest counter seen + 1, now in Unix ms)` and is written back with set-if-greater
+//!    on every node; the acquisition succeeds only once a quorum has stored it.
+//! 4. Renewals write the token again, which repairs nodes that lost it in a restart.
 //!
+//! Either way a token is handed out only after a quorum holds a counter at least as high.
+
 //! ## What it guarantees
 //! Any two quorums share a node. The previous holder's token was stored on a quorum
-//! before that holder could use it, so the next acquisition's quorum reads at least
-//! that token from the shared node and mints a greater one: **tokens strictly increase
-//! across acquisitions** as long as at least one node of the quorum that stored the
-//! previous token still remembers it.
+//! before that holder could use it, so the next acquisition's quorum includes a node whose
+//! counter is at least that token: a candidate is stored there only if it is greater, and a
+//! write-back token is minted above it. **Tokens strictly increase across acquisitions** as
+//! long as at least one node of the quorum that stored the previous token still remembers it.
 //!
 //! ## When it could go backwards
 //! Only when every node of the quorum that stored the last token has lost its data

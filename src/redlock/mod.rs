@@ -31,6 +31,7 @@ mod node;
 mod scripts;
 pub mod timing;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -249,6 +250,8 @@ struct Inner {
     channel: String,
     nodes: Vec<Node>,
     run_ids: Mutex<Vec<Option<String>>>,
+    /// The highest fencing counter seen, so the next candidate token starts above it.
+    fence_seen: AtomicU64,
     released: watch::Sender<u64>,
     listening: std::sync::Once,
     observer: Arc<dyn Observer>,
@@ -256,7 +259,33 @@ struct Inner {
     _stop_on_drop: DropGuard,
 }
 
-type AcquireReply = (i64, String, String, u64, String, i64);
+/// `{granted, fence, run_id, uptime_s, holder_value, holder_pttl, candidate_stored}`.
+type AcquireReply = (i64, String, String, u64, String, i64, i64);
+
+/// What the acquire answers of one round say about the lock besides the votes.
+#[derive(Default)]
+struct Seen {
+    /// The highest fencing counter any node reported.
+    fence: u64,
+    /// The shortest remaining ttl of another holder's key.
+    holder_ttl: Option<Duration>,
+}
+
+impl Seen {
+    /// Takes one answer into account; returns the holder's identity if the key was taken.
+    fn add(&mut self, reply: &AcquireReply) -> Option<String> {
+        let (granted, fence, _, _, holder_value, pttl, _) = reply;
+        self.fence = self.fence.max(fence.parse().unwrap_or(0));
+        if *granted == 1 {
+            return None;
+        }
+        if let Ok(ms) = u64::try_from(*pttl) {
+            let ttl = Duration::from_millis(ms);
+            self.holder_ttl = Some(self.holder_ttl.map_or(ttl, |t| t.min(ttl)));
+        }
+        Some(identity_of(holder_value).to_owned())
+    }
+}
 
 impl Redlock {
     /// Validates `cfg` and prepares one connection per node. Inside a Tokio runtime, each
@@ -282,6 +311,7 @@ impl Redlock {
                 fence_key: format!("redlock:{{{name}}}:fence"),
                 channel: format!("redlock:{{{name}}}:released"),
                 run_ids: Mutex::new(vec![None; nodes.len()]),
+                fence_seen: AtomicU64::new(0),
                 nodes,
                 released: watch::channel(0).0,
                 listening: std::sync::Once::new(),
@@ -386,33 +416,33 @@ impl Redlock {
         let n = self.inner.nodes.len();
         let needed = quorum(n);
         let value = format!("{}:{}", cfg.identity, random_hex());
+        let candidate = fencing::next_token(self.inner.fence_seen.load(Ordering::Relaxed));
         let start = Instant::now();
         let since = SystemTime::now();
         let mut answers = self.fan_out::<AcquireReply>(
             Op::Acquire,
             &ACQUIRE,
-            vec![value.clone(), cfg.ttl.as_millis().to_string()],
+            vec![
+                value.clone(),
+                cfg.ttl.as_millis().to_string(),
+                candidate.to_string(),
+            ],
         );
         let mut tally = Tally::new(n);
-        let mut fence_seen = 0u64;
-        let mut holder_ttl: Option<Duration> = None;
+        let mut seen = Seen::default();
+        // Counted grants whose node stored our candidate token (its counter was lower).
+        let mut candidate_stored = 0;
         while let Some((index, answer)) = answers.recv().await {
             let vote = match answer {
-                Ok((ok, fence, run_id, uptime, holder_value, pttl)) => {
-                    fence_seen = fence_seen.max(fence.parse().unwrap_or(0));
-                    let counts = self.vote_counts(index, &run_id, uptime);
-                    if ok == 1 {
-                        match counts {
-                            Ok(()) => Vote::Granted,
-                            Err(why) => Vote::NotCounted(why),
+                Ok(reply) => {
+                    let counts = self.vote_counts(index, &reply.2, reply.3);
+                    match (seen.add(&reply), counts) {
+                        (None, Ok(())) => {
+                            candidate_stored += usize::from(reply.6 == 1);
+                            Vote::Granted
                         }
-                    } else {
-                        let identity = identity_of(&holder_value).to_owned();
-                        if let Ok(ms) = u64::try_from(pttl) {
-                            let ttl = Duration::from_millis(ms);
-                            holder_ttl = Some(holder_ttl.map_or(ttl, |t| t.min(ttl)));
-                        }
-                        Vote::HeldBy(identity)
+                        (None, Err(why)) => Vote::NotCounted(why),
+                        (Some(holder), _) => Vote::HeldBy(holder),
                     }
                 }
                 Err(err) => Vote::Failed(err),
@@ -421,31 +451,30 @@ impl Redlock {
                 break;
             }
         }
+        // Nodes may have stored the candidate even if this round fails: start above it next time.
+        self.inner
+            .fence_seen
+            .fetch_max(seen.fence.max(candidate), Ordering::Relaxed);
         let won = tally.won();
         let mut votes = tally.votes;
         if !won {
+            // The remaining answers (each bounded by the node timeout) complete the report,
+            // so followers see the holder most nodes agree on, and show where to clean up.
+            while let Some((index, answer)) = answers.recv().await {
+                votes[index] = Some(match answer {
+                    Ok(reply) => match seen.add(&reply) {
+                        Some(holder) => Vote::HeldBy(holder),
+                        None => Vote::NotCounted("granted after the round was decided".to_owned()),
+                    },
+                    Err(err) => Vote::Failed(err),
+                });
+            }
+            // Our key may stand wherever a node did not answer "held by someone else".
             self.release_value(
                 &value,
                 |vote| !matches!(vote, Some(Vote::HeldBy(_))),
                 &votes,
             );
-            // Decided and cleaned up; the remaining answers (each bounded by the node timeout)
-            // only complete the report, so followers see the holder most nodes agree on.
-            while let Some((index, answer)) = answers.recv().await {
-                votes[index] = Some(match answer {
-                    Ok((_, fence, _, _, holder_value, pttl)) if !holder_value.is_empty() => {
-                        fence_seen = fence_seen.max(fence.parse().unwrap_or(0));
-                        if let Ok(ms) = u64::try_from(pttl) {
-                            let ttl = Duration::from_millis(ms);
-                            holder_ttl = Some(holder_ttl.map_or(ttl, |t| t.min(ttl)));
-                        }
-                        Vote::HeldBy(identity_of(&holder_value).to_owned())
-                    }
-                    // Granted late: the cleanup above already covers this node.
-                    Ok(_) => Vote::NotCounted("answered after the round was decided".to_owned()),
-                    Err(err) => Vote::Failed(err),
-                });
-            }
             let holder = most_common_holder(&votes);
             let answered = votes
                 .iter()
@@ -456,8 +485,8 @@ impl Redlock {
                 LockError::Busy {
                     lock: cfg.lock.clone(),
                     holder,
-                    holder_ttl,
-                    holder_fence: fence_seen,
+                    holder_ttl: seen.holder_ttl,
+                    holder_fence: seen.fence,
                     votes,
                 }
             } else {
@@ -477,17 +506,29 @@ impl Redlock {
             self.release_value(&value, |_| true, &votes);
             return Err(too_short());
         }
-        let fencing_token = match self.raise_fence(fencing::next_token(fence_seen)).await {
-            Ok(token) => token,
-            Err(votes_fence) => {
-                self.release_value(&value, |_| true, &votes);
-                return Err(LockError::QuorumUnreachable {
-                    lock: cfg.lock.clone(),
-                    needed,
-                    votes: votes_fence,
-                });
+        // The candidate is safe once a quorum stored it; otherwise a node already had a
+        // counter at least as high, and a write-back round mints the next token.
+        let fencing_token = if candidate_stored >= needed {
+            candidate
+        } else {
+            match self
+                .raise_fence(fencing::next_token(seen.fence.max(candidate)))
+                .await
+            {
+                Ok(token) => token,
+                Err(votes_fence) => {
+                    self.release_value(&value, |_| true, &votes);
+                    return Err(LockError::QuorumUnreachable {
+                        lock: cfg.lock.clone(),
+                        needed,
+                        votes: votes_fence,
+                    });
+                }
             }
         };
+        self.inner
+            .fence_seen
+            .fetch_max(fencing_token, Ordering::Relaxed);
         let Some(valid) = validity(cfg.ttl, start.elapsed()) else {
             self.release_value(&value, |_| true, &votes);
             return Err(too_short());

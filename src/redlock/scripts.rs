@@ -3,23 +3,32 @@
 //! Keys: `KEYS[1]` is the lock key, `KEYS[2]` the lock's fencing counter.
 //! The counter never expires: it is the memory of the highest token handed out.
 
-/// Try to take the lock; report the node's identity so restarts can be detected.
+/// Try to take the lock; report the node's identity so restarts can be detected; on a
+/// grant, store the candidate fencing token if the counter is lower.
 ///
-/// ARGV: value, ttl in ms. Returns `{granted, fence, run_id, uptime_s, holder_value, holder_pttl}`.
-/// `INFO server` is read in the same atomic step, so a node that restarted between
-/// two of our requests can never grant a vote that is counted.
+/// ARGV: value, ttl in ms, candidate token. Returns
+/// `{granted, fence, run_id, uptime_s, holder_value, holder_pttl, candidate_stored}`, where
+/// `fence` is the counter before this call. `INFO server` is read in the same atomic step,
+/// so a node that restarted between two of our requests can never grant a vote that is
+/// counted.
 pub const ACQUIRE: &str = r#"
 local info = redis.call('INFO', 'server')
 local run_id = string.match(info, 'run_id:(%w+)') or ''
 local uptime = tonumber(string.match(info, 'uptime_in_seconds:(%d+)')) or 0
 local fence = redis.call('GET', KEYS[2]) or '0'
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {1, fence, run_id, uptime, '', 0}
+  local stored = 0
+  if (tonumber(fence) or 0) < tonumber(ARGV[3]) then
+    redis.call('SET', KEYS[2], ARGV[3])
+    stored = 1
+  end
+  return {1, fence, run_id, uptime, '', 0, stored}
 end
-return {0, fence, run_id, uptime, redis.call('GET', KEYS[1]) or '', redis.call('PTTL', KEYS[1])}
+return {0, fence, run_id, uptime, redis.call('GET', KEYS[1]) or '', redis.call('PTTL', KEYS[1]), 0}
 "#;
 
 /// Raise the fencing counter to ARGV[1] if it is lower (a max-register; never lowers it).
+/// The slow path of minting a token, when the candidate was not stored on a quorum.
 ///
 /// Returns the counter after the call.
 pub const RAISE_FENCE: &str = r#"
