@@ -52,6 +52,7 @@ static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::RAI
 static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::EXTEND));
 static RESTORE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::RESTORE));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::RELEASE));
+static CLEANUP: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::CLEANUP));
 static READ: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::READ));
 
 /// The kind of request sent to a node (a metric label).
@@ -470,7 +471,7 @@ impl Redlock {
                 });
             }
             // Our key may stand wherever a node did not answer "held by someone else".
-            self.release_value(
+            self.clean_up(
                 &value,
                 |vote| !matches!(vote, Some(Vote::HeldBy(_))),
                 &votes,
@@ -503,7 +504,7 @@ impl Redlock {
             ttl: cfg.ttl,
         };
         if validity(cfg.ttl, start.elapsed()).is_none() {
-            self.release_value(&value, |_| true, &votes);
+            self.clean_up(&value, |_| true, &votes);
             return Err(too_short());
         }
         // The candidate is safe once a quorum stored it; otherwise a node already had a
@@ -517,7 +518,7 @@ impl Redlock {
             {
                 Ok(token) => token,
                 Err(votes_fence) => {
-                    self.release_value(&value, |_| true, &votes);
+                    self.clean_up(&value, |_| true, &votes);
                     return Err(LockError::QuorumUnreachable {
                         lock: cfg.lock.clone(),
                         needed,
@@ -530,7 +531,7 @@ impl Redlock {
             .fence_seen
             .fetch_max(fencing_token, Ordering::Relaxed);
         let Some(valid) = validity(cfg.ttl, start.elapsed()) else {
-            self.release_value(&value, |_| true, &votes);
+            self.clean_up(&value, |_| true, &votes);
             return Err(too_short());
         };
         Ok(Lease {
@@ -678,19 +679,22 @@ impl Redlock {
         let Some(valid) = validity(cfg.ttl, start.elapsed()) else {
             return Err(expired());
         };
+        // A node that lost our key (a restart) gets it back, now the quorum is proven. The
+        // slowest nodes answer after the quorum, so their answers are awaited in the background.
+        let args: Arc<[String]> = args.into();
         for (index, vote) in tally.votes.iter().enumerate() {
             if vote == &Some(Vote::Missing) {
-                let inner = self.inner.clone();
-                let args = args.clone();
-                tokio::spawn(async move {
-                    let keys = [inner.key.as_str(), inner.fence_key.as_str()];
-                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                    let _ = inner.nodes[index]
-                        .eval::<i64>(&RESTORE, &keys, &args, inner.cfg.node_timeout)
-                        .await;
-                });
+                self.spawn_on(index, &RESTORE, args.clone());
             }
         }
+        let this = self.clone();
+        tokio::spawn(async move {
+            while let Some((index, answer)) = answers.recv().await {
+                if matches!(answer, Ok(n) if n < 0) {
+                    this.spawn_on(index, &RESTORE, args.clone());
+                }
+            }
+        });
         Ok(Lease {
             valid_until: start + valid,
             ..lease.clone()
@@ -713,27 +717,27 @@ impl Redlock {
         deleted
     }
 
-    /// Fire-and-forget release of `value` on the nodes `which` selects.
-    fn release_value(
-        &self,
-        value: &str,
-        which: impl Fn(&Option<Vote>) -> bool,
-        votes: &[Option<Vote>],
-    ) {
-        let args = vec![value.to_owned(), self.inner.channel.clone()];
+    /// Fire-and-forget clean-up of `value` on the nodes `which` selects. Owner-checked, and
+    /// silent: a lost round must not wake the waiters.
+    fn clean_up(&self, value: &str, which: impl Fn(&Option<Vote>) -> bool, votes: &[Option<Vote>]) {
+        let args: Arc<[String]> = vec![value.to_owned()].into();
         for (index, vote) in votes.iter().enumerate() {
             if which(vote) {
-                let inner = self.inner.clone();
-                let args = args.clone();
-                tokio::spawn(async move {
-                    let keys = [inner.key.as_str(), inner.fence_key.as_str()];
-                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                    let _ = inner.nodes[index]
-                        .eval::<i64>(&RELEASE, &keys, &args, inner.cfg.node_timeout)
-                        .await;
-                });
+                self.spawn_on(index, &CLEANUP, args.clone());
             }
         }
+    }
+
+    /// Runs `script` on node `index` in the background, bounded by the node timeout.
+    fn spawn_on(&self, index: usize, script: &'static Script, args: Arc<[String]>) {
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            let keys = [inner.key.as_str(), inner.fence_key.as_str()];
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let _ = inner.nodes[index]
+                .eval::<i64>(script, &keys, &args, inner.cfg.node_timeout)
+                .await;
+        });
     }
 
     /// What every node says about the lock: holder, remaining ttl, fencing counter.

@@ -81,6 +81,18 @@ end
 return 0
 "#;
 
+/// Delete our own key without announcing it: the clean-up after a lost round, which must
+/// not wake the waiters (the lock is still held by someone else).
+///
+/// ARGV: value. Returns 1 if deleted, 0 if it was not ours.
+pub const CLEANUP: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+"#;
+
 /// Read who holds the lock. Returns `{holder_value, pttl, fence}`.
 pub const READ: &str = r#"
 return {redis.call('GET', KEYS[1]) or '', redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or '0'}

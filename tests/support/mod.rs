@@ -5,6 +5,8 @@
 //! Every test binary uses only part of this, hence the blanket `dead_code` allowance.
 #![allow(dead_code)]
 
+pub mod checker;
+pub mod fenced;
 pub mod http;
 pub mod process;
 pub mod proxy;
