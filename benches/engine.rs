@@ -13,8 +13,8 @@
 //! Clients, on the same nodes, in interleaved batches (engine, floor, floor+fence, rslock,
 //! then the next node count, round after round, with the order rotated each round) so that
 //! whatever else loads the machine hits every row alike:
-//! - **engine**: `Redlock::try_acquire` then `Redlock::release` (acquire is the vote round
-//!   plus the fencing-token write-back round; release is one round).
+//! - **engine**: `Redlock::try_acquire` then `Redlock::release` (acquire is one round: the
+//!   vote stores the candidate fencing token; release is one round).
 //! - **floor**: `SET key val NX PX ttl` on all N nodes at once, then a compare-and-delete Lua
 //!   script (EVALSHA) on all N at once, with the plain `redis` crate on one
 //!   `MultiplexedConnection` per node. The least any Redlock can do.
