@@ -34,38 +34,9 @@ fn redlock(urls: &[String], identity: &str) -> Redlock {
     Redlock::new(config(urls, identity), Arc::new(NoObserver)).expect("valid config")
 }
 
-/// Waits until every node's uptime lets its vote count for `ttl` (the delayed-restart rule:
-/// `uptime − 1 s ≥ ttl + drift`).
-fn wait_votes_count_for(ttl: Duration, nodes: &[&RedisNode]) {
-    let needed = (ttl + redlock_sidecar::redlock::drift(ttl))
-        .as_secs_f64()
-        .ceil() as u64
-        + 1;
-    for node in nodes {
-        support::wait_until(
-            Duration::from_secs(needed + 10),
-            "node uptime reaches ttl + drift + 1s",
-            || {
-                node.try_command(&["INFO", "server"])
-                    .ok()
-                    .and_then(|info| {
-                        info.lines()
-                            .find_map(|l| l.strip_prefix("uptime_in_seconds:"))
-                            .and_then(|v| v.trim().parse::<u64>().ok())
-                    })
-                    .is_some_and(|uptime| uptime >= needed)
-            },
-        );
-    }
-}
-
-fn wait_votes_count(nodes: &[&RedisNode]) {
-    wait_votes_count_for(TTL, nodes);
-}
-
 fn ready_cluster(n: usize) -> RedisCluster {
     let cluster = RedisCluster::start(n);
-    wait_votes_count(&cluster.iter().collect::<Vec<_>>());
+    cluster.wait_votes_count(TTL);
     cluster
 }
 
@@ -299,7 +270,7 @@ async fn a_paused_node_does_not_slow_acquire_beyond_the_node_timeout() {
     // A long node timeout: waiting for the paused node would take 1.5 s.
     cfg.node_timeout = Duration::from_millis(1500);
     cfg.ttl = Duration::from_secs(7);
-    wait_votes_count_for(cfg.ttl, &cluster.iter().collect::<Vec<_>>());
+    cluster.wait_votes_count(cfg.ttl);
     let a = Redlock::new(cfg, Arc::new(NoObserver)).unwrap();
     let warm = a.try_acquire().await.expect("warm-up");
     a.release(&warm).await;
@@ -321,7 +292,7 @@ async fn a_release_wakes_a_waiter_long_before_its_retry_delay() {
     // announcement can wake it sooner.
     let ttl = Duration::from_secs(6);
     let cluster = RedisCluster::start(3);
-    wait_votes_count_for(ttl, &cluster.iter().collect::<Vec<_>>());
+    cluster.wait_votes_count(ttl);
     let mut holder_cfg = config(&cluster.urls(), "holder");
     holder_cfg.ttl = ttl;
     let holder = Redlock::new(holder_cfg, Arc::new(NoObserver)).unwrap();
@@ -415,7 +386,7 @@ async fn a_wrong_password_is_an_auth_error_that_never_shows_the_password() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_password_from_credentials_reaches_nodes_without_one_in_the_url() {
     let node = RedisNode::start_with(&["--requirepass", "s3cret"]);
-    wait_votes_count(&[&node]);
+    node.wait_votes_count(TTL);
     let creds = Credentials {
         password: Some("s3cret".into()),
         ..Credentials::default()

@@ -23,9 +23,7 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use redlock_sidecar::redlock::{
-    drift, quorum, Credentials, Lease, NodeSpec, Redlock, RedlockConfig,
-};
+use redlock_sidecar::redlock::{quorum, Credentials, Lease, NodeSpec, Redlock, RedlockConfig};
 use support::checker::{self, analyse, Analysis, Mode, Row};
 use support::fenced::{FencedStore, Kind, Record, StoreServer};
 use support::{FaultProxy, Proc, RedisCluster, RedisNode};
@@ -58,30 +56,10 @@ const TAKEOVER_SLACK: Duration = Duration::from_secs(3);
 // Cluster and configuration helpers
 // ------------------------------------------------------------------------------------------------
 
-/// Waits until every node's uptime lets its vote count for `ttl` (`uptime − 1 s ≥ ttl + drift`).
-fn wait_votes_count_for(ttl: Duration, nodes: &[&RedisNode]) {
-    let needed = (ttl + drift(ttl)).as_secs_f64().ceil() as u64 + 1;
-    for node in nodes {
-        support::wait_until(
-            Duration::from_secs(needed + 10),
-            "node uptime reaches ttl + drift + 1s",
-            || uptime(node).is_some_and(|up| up >= needed),
-        );
-    }
-}
-
-fn uptime(node: &RedisNode) -> Option<u64> {
-    node.try_command(&["INFO", "server"]).ok().and_then(|info| {
-        info.lines()
-            .find_map(|l| l.strip_prefix("uptime_in_seconds:"))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-    })
-}
-
 fn ready_cluster(n: usize, ttl: Duration) -> RedisCluster {
     block_in_place(|| {
         let cluster = RedisCluster::start(n);
-        wait_votes_count_for(ttl, &cluster.iter().collect::<Vec<_>>());
+        cluster.wait_votes_count(ttl);
         cluster
     })
 }

@@ -7,23 +7,12 @@ use std::time::{Duration, Instant};
 
 use support::{Proc, RedisCluster, TempDir};
 
-/// uptime − 1 s must reach ttl (2 s) + drift before a node's vote counts.
-const NODE_UPTIME_NEEDED: u64 = 4;
+/// The ttl the binary is run with in these tests.
+const TTL_SECS: Duration = Duration::from_secs(2);
 
 fn ready_cluster(n: usize) -> RedisCluster {
     let cluster = RedisCluster::start(n);
-    for node in cluster.iter() {
-        support::wait_until(Duration::from_secs(15), "node old enough to vote", || {
-            node.try_command(&["INFO", "server"])
-                .ok()
-                .is_some_and(|info| {
-                    info.lines()
-                        .find_map(|l| l.strip_prefix("uptime_in_seconds:"))
-                        .and_then(|v| v.trim().parse::<u64>().ok())
-                        .is_some_and(|up| up >= NODE_UPTIME_NEEDED)
-                })
-        });
-    }
+    cluster.wait_votes_count(TTL_SECS);
     cluster
 }
 

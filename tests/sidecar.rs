@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use support::{http, Proc, RedisCluster};
 
+/// The ttl the binary is run with in these tests, as a flag value and as a duration.
 const TTL: &str = "2s";
-/// uptime − 1 s must reach ttl + drift (2.022 s) before a node's vote counts.
-const NODE_UPTIME_NEEDED: u64 = 4;
+const TTL_SECS: Duration = Duration::from_secs(2);
 
 struct Sidecar {
     proc: Proc,
@@ -80,24 +80,9 @@ impl Sidecar {
 }
 
 async fn ready_cluster(n: usize) -> RedisCluster {
+    // Blocking is fine here: nothing else runs on the test's runtime yet.
     let cluster = RedisCluster::start(n);
-    for node in cluster.iter() {
-        support::wait_until_async(
-            Duration::from_secs(15),
-            "node old enough to vote",
-            || async {
-                node.try_command(&["INFO", "server"])
-                    .ok()
-                    .is_some_and(|info| {
-                        info.lines()
-                            .find_map(|l| l.strip_prefix("uptime_in_seconds:"))
-                            .and_then(|v| v.trim().parse::<u64>().ok())
-                            .is_some_and(|up| up >= NODE_UPTIME_NEEDED)
-                    })
-            },
-        )
-        .await;
-    }
+    cluster.wait_votes_count(TTL_SECS);
     cluster
 }
 

@@ -475,7 +475,8 @@ impl Redlock {
                 &value,
                 |vote| !matches!(vote, Some(Vote::HeldBy(_))),
                 &votes,
-            );
+            )
+            .await;
             let holder = most_common_holder(&votes);
             let answered = votes
                 .iter()
@@ -504,7 +505,7 @@ impl Redlock {
             ttl: cfg.ttl,
         };
         if validity(cfg.ttl, start.elapsed()).is_none() {
-            self.clean_up(&value, |_| true, &votes);
+            self.clean_up(&value, |_| true, &votes).await;
             return Err(too_short());
         }
         // The candidate is safe once a quorum stored it; otherwise a node already had a
@@ -518,7 +519,7 @@ impl Redlock {
             {
                 Ok(token) => token,
                 Err(votes_fence) => {
-                    self.clean_up(&value, |_| true, &votes);
+                    self.clean_up(&value, |_| true, &votes).await;
                     return Err(LockError::QuorumUnreachable {
                         lock: cfg.lock.clone(),
                         needed,
@@ -531,7 +532,7 @@ impl Redlock {
             .fence_seen
             .fetch_max(fencing_token, Ordering::Relaxed);
         let Some(valid) = validity(cfg.ttl, start.elapsed()) else {
-            self.clean_up(&value, |_| true, &votes);
+            self.clean_up(&value, |_| true, &votes).await;
             return Err(too_short());
         };
         Ok(Lease {
@@ -717,15 +718,25 @@ impl Redlock {
         deleted
     }
 
-    /// Fire-and-forget clean-up of `value` on the nodes `which` selects. Owner-checked, and
-    /// silent: a lost round must not wake the waiters.
-    fn clean_up(&self, value: &str, which: impl Fn(&Option<Vote>) -> bool, votes: &[Option<Vote>]) {
-        let args: Arc<[String]> = vec![value.to_owned()].into();
-        for (index, vote) in votes.iter().enumerate() {
-            if which(vote) {
-                self.spawn_on(index, &CLEANUP, args.clone());
-            }
-        }
+    /// Deletes `value` on the nodes `which` selects, and waits for the answers (each bounded
+    /// by the node timeout). Owner-checked, and silent: a lost round must not wake the waiters.
+    async fn clean_up(
+        &self,
+        value: &str,
+        which: impl Fn(&Option<Vote>) -> bool,
+        votes: &[Option<Vote>],
+    ) {
+        let inner = &self.inner;
+        let keys = [inner.key.as_str(), inner.fence_key.as_str()];
+        let args = [value];
+        let calls = votes
+            .iter()
+            .enumerate()
+            .filter(|(_, vote)| which(vote))
+            .map(|(index, _)| {
+                inner.nodes[index].eval::<i64>(&CLEANUP, &keys, &args, inner.cfg.node_timeout)
+            });
+        futures_util::future::join_all(calls).await;
     }
 
     /// Runs `script` on node `index` in the background, bounded by the node timeout.

@@ -607,7 +607,39 @@ pub struct RedisCluster {
     pub nodes: Vec<RedisNode>,
 }
 
+impl RedisNode {
+    /// `uptime_in_seconds` from `INFO server`, if the node answers.
+    pub fn uptime_secs(&self) -> Option<u64> {
+        self.try_command(&["INFO", "server"]).ok().and_then(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("uptime_in_seconds:"))
+                .and_then(|v| v.trim().parse().ok())
+        })
+    }
+
+    /// Waits until this node's vote counts for a lock of `ttl` under the restart-safe rule
+    /// (`uptime − 1 s ≥ ttl + drift`): fresh and restarted nodes do not vote before that.
+    pub fn wait_votes_count(&self, ttl: Duration) {
+        let needed = (ttl + redlock_sidecar::redlock::drift(ttl))
+            .as_secs_f64()
+            .ceil() as u64
+            + 1;
+        super::wait_until(
+            Duration::from_secs(needed + 10),
+            "node uptime reaches ttl + drift + 1s",
+            || self.uptime_secs().is_some_and(|up| up >= needed),
+        );
+    }
+}
+
 impl RedisCluster {
+    /// [`RedisNode::wait_votes_count`] for every node.
+    pub fn wait_votes_count(&self, ttl: Duration) {
+        for node in self.iter() {
+            node.wait_votes_count(ttl);
+        }
+    }
+
     pub fn start(n: usize) -> RedisCluster {
         RedisCluster::start_with(n, &[])
     }
