@@ -8,9 +8,10 @@
 //!   once, each call under the per-node timeout, and decides as soon as a quorum for or against
 //!   is certain. The value is `identity:` plus 128 random bits, new for every acquisition.
 //!   Success needs a quorum of *counted* votes and a positive validity
-//!   (`ttl − elapsed − drift`); otherwise our key is deleted again on every node that may
-//!   have it. Late answers need no special care: the release goes down the same
-//!   connection after the SET, so Redis runs it after the SET.
+//!   (`ttl − elapsed − drift`); otherwise, once every node has answered or timed out, our
+//!   key is deleted again (silently, without waking waiters) on every node that may have it.
+//!   Late answers need no special care: the clean-up goes down the same connection after
+//!   the SET, so Redis runs it after the SET.
 //! - **Restart-safe votes.** A node whose `uptime_in_seconds − 1` is below `ttl + drift`,
 //!   or whose `run_id` changed since we last saw it, may have forgotten a lock it granted
 //!   before restarting; its vote is not counted (the key stays set there). Uptime and
