@@ -397,15 +397,6 @@ fn invalid_guard_options_exit_2_with_one_line_naming_the_option() {
         ),
     ];
     for (args, option) in cases {
-        let mut proc = Proc::spawn(args, &[]);
-        let status = proc.wait_exit(Duration::from_secs(10)).expect("exits");
-        let stderr = proc.stderr_text();
-        assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
-        assert_eq!(
-            stderr.trim_end().lines().count(),
-            1,
-            "{args:?}: one line: {stderr}"
-        );
-        assert!(stderr.contains(option), "{args:?} names {option}: {stderr}");
+        support::process::assert_invalid_config(args, option);
     }
 }

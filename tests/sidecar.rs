@@ -540,16 +540,7 @@ fn invalid_configurations_exit_2_with_one_line_naming_the_flag() {
         ),
     ];
     for (args, flag) in cases {
-        let mut proc = Proc::spawn(args, &[("REDLOCK_REDIS", ""), ("REDLOCK_LOCK", "")]);
-        let status = proc.wait_exit(Duration::from_secs(10)).expect("exits");
-        let stderr = proc.stderr_text();
-        assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
-        assert_eq!(
-            stderr.trim_end().lines().count(),
-            1,
-            "{args:?}: one line: {stderr}"
-        );
-        assert!(stderr.contains(flag), "{args:?} names {flag}: {stderr}");
+        let stderr = support::process::assert_invalid_config(args, flag);
         assert!(!stderr.contains("hunter2"), "no password: {stderr}");
     }
 }

@@ -204,3 +204,20 @@ impl Drop for Proc {
         }
     }
 }
+
+/// Runs the binary with invalid `args` and asserts the contract for bad configuration: exit
+/// code 2 and exactly one line on stderr, naming `flag`. Returns that line. The lock and node
+/// variables are blanked so the environment cannot fill in what the case leaves out.
+pub fn assert_invalid_config(args: &[&str], flag: &str) -> String {
+    let mut proc = Proc::spawn(args, &[("REDLOCK_REDIS", ""), ("REDLOCK_LOCK", "")]);
+    let status = proc.wait_exit(Duration::from_secs(10)).expect("exits");
+    let stderr = proc.stderr_text();
+    assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
+    assert_eq!(
+        stderr.trim_end().lines().count(),
+        1,
+        "{args:?}: one line: {stderr}"
+    );
+    assert!(stderr.contains(flag), "{args:?} names {flag}: {stderr}");
+    stderr
+}
