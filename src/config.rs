@@ -381,11 +381,12 @@ impl RunArgs {
     pub fn config(&self) -> Result<RunConfig, ConfigError> {
         let redlock = self.lock.redlock()?;
         let renewal = self.renew.renewal(&redlock)?;
-        if self.shutdown_timeout <= redlock.node_timeout {
+        if self.shutdown_timeout <= 2 * redlock.node_timeout {
             return Err(ConfigError::new(
                 "--shutdown-timeout",
                 format!(
-                    "must exceed the node timeout ({}) so the release can be sent",
+                    "must exceed twice the node timeout ({}): a release waits for a call still \
+                     in flight on a node, then for its own answer",
                     fmt(redlock.node_timeout)
                 ),
             ));

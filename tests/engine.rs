@@ -452,3 +452,24 @@ async fn a_counter_ahead_of_the_clock_still_yields_a_greater_token() {
     let next = a.try_acquire().await.expect("acquires again");
     assert!(next.fencing_token > lease.fencing_token);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_right_after_acquire_leaves_no_key_behind() {
+    // A round is decided at quorum, so the slowest node's SET may still be queued when
+    // the holder releases: the release must not overtake it and leave a key for a ttl.
+    let cluster = ready_cluster(3);
+    let urls = cluster.urls();
+    for round in 0..200 {
+        // Fresh connections each time: the SET and the release race for the same connect.
+        let lock = redlock(&urls, "alpha");
+        let lease = lock.try_acquire().await.expect("acquires");
+        lock.release(&lease).await;
+        for (index, node) in cluster.iter().enumerate() {
+            assert_eq!(
+                key_on(node),
+                "(nil)",
+                "round {round}: key left on node {index}"
+            );
+        }
+    }
+}

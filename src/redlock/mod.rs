@@ -255,6 +255,9 @@ struct Inner {
     /// The highest fencing counter seen, so the next candidate token starts above it.
     fence_seen: AtomicU64,
     released: watch::Sender<u64>,
+    /// Per node: calls in flight that may still write our key there (acquire, restore,
+    /// an extend whose answer may call for a restore). Deletes wait for them to settle.
+    key_writes: Vec<watch::Sender<usize>>,
     listening: std::sync::Once,
     observer: Arc<dyn Observer>,
     stop: CancellationToken,
@@ -289,6 +292,54 @@ impl Seen {
     }
 }
 
+/// How a call is ordered against the others that touch our key on the same node.
+///
+/// A round is decided at quorum, so a slow node's `SET` may not even be sent when the
+/// holder releases. Were the delete sent first, the late `SET` would leave a key that
+/// blocks that node's vote for a whole ttl. Deletes therefore wait (bounded by the node
+/// timeout) until no call that may write the key there is in flight; from then on, the
+/// connection's own order keeps them behind it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Order {
+    /// Touches nothing a delete could race with.
+    Free,
+    /// May write our key: tracked until its answer arrives.
+    MayWrite,
+    /// Deletes our key: sent only after the node's writes have settled.
+    AfterWrites,
+}
+
+/// One call that may still write our key on a node; counted until dropped.
+struct KeyWrite {
+    inner: Arc<Inner>,
+    index: usize,
+}
+
+impl KeyWrite {
+    fn start(inner: &Arc<Inner>, index: usize) -> KeyWrite {
+        inner.key_writes[index].send_modify(|n| *n += 1);
+        KeyWrite {
+            inner: inner.clone(),
+            index,
+        }
+    }
+}
+
+impl Drop for KeyWrite {
+    fn drop(&mut self) {
+        self.inner.key_writes[self.index].send_modify(|n| *n -= 1);
+    }
+}
+
+impl Inner {
+    /// Waits until no call that may write our key on node `index` is in flight. Each such
+    /// call is bounded by the node timeout, and so is this wait.
+    async fn key_writes_settled(&self, index: usize) {
+        let mut writes = self.key_writes[index].subscribe();
+        let _ = tokio::time::timeout(self.cfg.node_timeout, writes.wait_for(|n| *n == 0)).await;
+    }
+}
+
 impl Redlock {
     /// Validates `cfg` and prepares one connection per node. Inside a Tokio runtime, each
     /// node is sent a `PING` at once (bounded by the connect timeout) so that connections
@@ -314,6 +365,7 @@ impl Redlock {
                 channel: format!("redlock:{{{name}}}:released"),
                 run_ids: Mutex::new(vec![None; nodes.len()]),
                 fence_seen: AtomicU64::new(0),
+                key_writes: (0..nodes.len()).map(|_| watch::channel(0).0).collect(),
                 nodes,
                 released: watch::channel(0).0,
                 listening: std::sync::Once::new(),
@@ -361,6 +413,7 @@ impl Redlock {
     fn fan_out<T>(
         &self,
         op: Op,
+        order: Order,
         script: &'static Script,
         args: Vec<String>,
     ) -> mpsc::UnboundedReceiver<(usize, Result<T, NodeError>)>
@@ -373,13 +426,18 @@ impl Redlock {
             let inner = self.inner.clone();
             let tx = tx.clone();
             let args = args.clone();
+            let write = (order == Order::MayWrite).then(|| KeyWrite::start(&inner, index));
             tokio::spawn(async move {
+                if order == Order::AfterWrites {
+                    inner.key_writes_settled(index).await;
+                }
                 let start = Instant::now();
                 let keys = [inner.key.as_str(), inner.fence_key.as_str()];
                 let args: Vec<&str> = args.iter().map(String::as_str).collect();
                 let result = inner.nodes[index]
                     .eval::<T>(script, &keys, &args, inner.cfg.node_timeout)
                     .await;
+                drop(write);
                 let outcome = result.as_ref().map(|_| ()).map_err(|e| e.kind);
                 inner
                     .observer
@@ -423,6 +481,7 @@ impl Redlock {
         let since = SystemTime::now();
         let mut answers = self.fan_out::<AcquireReply>(
             Op::Acquire,
+            Order::MayWrite,
             &ACQUIRE,
             vec![
                 value.clone(),
@@ -547,7 +606,12 @@ impl Redlock {
 
     /// Raises the fencing counter to `token` on a quorum (write-back of the max).
     async fn raise_fence(&self, token: u64) -> Result<u64, Votes> {
-        let mut answers = self.fan_out::<String>(Op::Fence, &RAISE_FENCE, vec![token.to_string()]);
+        let mut answers = self.fan_out::<String>(
+            Op::Fence,
+            Order::Free,
+            &RAISE_FENCE,
+            vec![token.to_string()],
+        );
         let mut tally = Tally::new(self.inner.nodes.len());
         while let Some((index, answer)) = answers.recv().await {
             let vote = answer.map_or_else(Vote::Failed, |_| Vote::Granted);
@@ -651,7 +715,12 @@ impl Redlock {
         let ttl_ms = cfg.ttl.as_millis().to_string();
         let token = lease.fencing_token.to_string();
         let args = vec![lease.value.clone(), ttl_ms.clone(), token.clone()];
-        let mut answers = self.fan_out::<i64>(Op::Extend, &EXTEND, args.clone());
+        // An answer "key missing" calls for a restore: each node counts as writing our key
+        // until its answer has been handled.
+        let mut writes: Vec<Option<KeyWrite>> = (0..self.inner.nodes.len())
+            .map(|index| Some(KeyWrite::start(&self.inner, index)))
+            .collect();
+        let mut answers = self.fan_out::<i64>(Op::Extend, Order::Free, &EXTEND, args.clone());
         let mut tally = Tally::new(self.inner.nodes.len());
         let expiry = tokio::time::sleep_until(lease.valid_until.into());
         tokio::pin!(expiry);
@@ -688,6 +757,9 @@ impl Redlock {
             if vote == &Some(Vote::Missing) {
                 self.spawn_on(index, &RESTORE, args.clone());
             }
+            if vote.is_some() {
+                writes[index] = None;
+            }
         }
         let this = self.clone();
         tokio::spawn(async move {
@@ -695,6 +767,7 @@ impl Redlock {
                 if matches!(answer, Ok(n) if n < 0) {
                     this.spawn_on(index, &RESTORE, args.clone());
                 }
+                writes[index] = None;
             }
         });
         Ok(Lease {
@@ -705,10 +778,12 @@ impl Redlock {
 
     /// Releases `lease` on every node (owner-checked) and announces it to waiters.
     ///
-    /// Returns how many nodes deleted our key. Bounded by the node timeout.
+    /// Returns how many nodes deleted our key. Bounded by twice the node timeout: on each
+    /// node, a call that may still write our key there is let finish first (see [`Order`]).
     pub async fn release(&self, lease: &Lease) -> usize {
         let mut answers = self.fan_out::<i64>(
             Op::Release,
+            Order::AfterWrites,
             &RELEASE,
             vec![lease.value.clone(), self.inner.channel.clone()],
         );
@@ -734,16 +809,22 @@ impl Redlock {
             .iter()
             .enumerate()
             .filter(|(_, vote)| which(vote))
-            .map(|(index, _)| {
-                inner.nodes[index].eval::<i64>(&CLEANUP, &keys, &args, inner.cfg.node_timeout)
+            .map(|(index, _)| async move {
+                inner.key_writes_settled(index).await;
+                inner.nodes[index]
+                    .eval::<i64>(&CLEANUP, &keys, &args, inner.cfg.node_timeout)
+                    .await
             });
         futures_util::future::join_all(calls).await;
     }
 
-    /// Runs `script` on node `index` in the background, bounded by the node timeout.
+    /// Runs `script`, which may write our key, on node `index` in the background, bounded
+    /// by the node timeout.
     fn spawn_on(&self, index: usize, script: &'static Script, args: Arc<[String]>) {
         let inner = self.inner.clone();
+        let write = KeyWrite::start(&inner, index);
         tokio::spawn(async move {
+            let _write = write;
             let keys = [inner.key.as_str(), inner.fence_key.as_str()];
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             let _ = inner.nodes[index]
@@ -754,7 +835,8 @@ impl Redlock {
 
     /// What every node says about the lock: holder, remaining ttl, fencing counter.
     pub async fn inspect(&self) -> Vec<(String, Result<NodeView, NodeError>)> {
-        let mut answers = self.fan_out::<(String, i64, String)>(Op::Read, &READ, Vec::new());
+        let mut answers =
+            self.fan_out::<(String, i64, String)>(Op::Read, Order::Free, &READ, Vec::new());
         let mut views: Vec<Option<Result<NodeView, NodeError>>> =
             vec![None; self.inner.nodes.len()];
         while let Some((index, answer)) = answers.recv().await {
