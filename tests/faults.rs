@@ -2053,6 +2053,18 @@ fn forget_like_a_restart(node: &RedisNode, key: &str) {
     node.command(&["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]);
 }
 
+/// Makes `holder`'s key on nodes 0 and 1 (a quorum of three) outlive the test. The round was
+/// decided at quorum, so the key may still be landing on one of them: waits for it first.
+fn keep_for_the_test(cluster: &RedisCluster, key: &str, holder: &str) {
+    for node in [cluster.node(0), cluster.node(1)] {
+        support::wait_until(Duration::from_secs(2), "the holder's key lands", || {
+            node.command(&["GET", key])
+                .starts_with(&format!("{holder}:"))
+        });
+        assert_eq!(node.command(&["PEXPIRE", key, "120000"]), "1");
+    }
+}
+
 /// A regression test for a defect these scenarios found: a lost round's cleanup overtook the
 /// round's own SET on a node that had just restarted and left a key behind for a whole ttl.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -2070,11 +2082,7 @@ async fn a_lost_round_leaves_no_key_behind_on_a_node_that_just_restarted() {
     let (holder, standby) = (client("holder"), client("standby"));
     holder.try_acquire().await.expect("holder acquires");
     // The holder keeps nodes 0 and 1 for the whole test.
-    block_in_place(|| {
-        for node in [0, 1] {
-            assert_eq!(cluster.node(node).command(&["PEXPIRE", key, "120000"]), "1");
-        }
-    });
+    block_in_place(|| keep_for_the_test(&cluster, key, "holder"));
     let addr = cluster.node(2).addr();
     let mut leaked = Vec::new();
     for trial in 0..200 {
@@ -2156,9 +2164,7 @@ async fn waiters_for_a_held_lock_do_not_wake_each_other() {
     // The holder has nodes 0 and 1 (a quorum) for the whole test; node 2 lost its key. Every
     // waiter's round is granted on node 2 and lost; its cleanup deletes that grant.
     block_in_place(|| {
-        for node in [0, 1] {
-            assert_eq!(cluster.node(node).command(&["PEXPIRE", key, "120000"]), "1");
-        }
+        keep_for_the_test(&cluster, key, "holder");
         cluster.node(2).command(&["DEL", key]);
     });
     let rounds = Arc::new(AtomicUsize::new(0));

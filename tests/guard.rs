@@ -182,12 +182,15 @@ fn losing_the_quorum_kills_cmd_before_the_lock_can_expire_and_exits_76() {
     );
     let cmd_pid = read_pid(&pid_file);
     // How long the key lives on the node that stays up: an upper bound on the lock's validity.
-    let read_at = Instant::now();
-    let pttl: u64 = cluster
-        .node(2)
-        .command(&["PTTL", "redlock:{nightly}"])
-        .parse()
-        .unwrap();
+    // (The round was decided at quorum: the key may still be landing on node 2.)
+    let mut pttl = 0;
+    let mut read_at = Instant::now();
+    support::wait_until(Duration::from_secs(2), "the key is set on node 2", || {
+        read_at = Instant::now();
+        let answer = cluster.node(2).command(&["PTTL", "redlock:{nightly}"]);
+        pttl = answer.parse().unwrap_or(0);
+        pttl > 0
+    });
     let key_expiry = read_at + Duration::from_millis(pttl);
     cluster.node_mut(0).stop();
     cluster.node_mut(1).stop();
