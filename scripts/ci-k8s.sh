@@ -356,6 +356,7 @@ d = json.load(open(sys.argv[1]))
 KNOWN = {
     "redlock_is_leader", "redlock_leader_transitions_total", "redlock_fencing_token",
     "redlock_validity_remaining_seconds", "redlock_lease_expiry_timestamp_seconds",
+    "redlock_leader_since_timestamp_seconds",
     "redlock_acquire_duration_seconds_bucket", "redlock_acquire_attempts_total", "redlock_contention_total",
     "redlock_renewals_total", "redlock_renew_duration_seconds_bucket", "redlock_lock_lost_total",
     "redlock_renew_lag_seconds_bucket", "redlock_node_up", "redlock_node_request_duration_seconds_bucket",

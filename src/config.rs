@@ -18,6 +18,7 @@ Exit codes:
   0    success (guard: CMD exited 0, or the lock was busy with --on-busy skip)
   2    invalid options or configuration
   69   Redis quorum unreachable
+  74   install: the copy failed
   75   lock busy (guard with --on-busy fail)
   76   lock lost while CMD ran (guard stopped CMD before the lock could expire)
   124  --max-hold reached (guard stopped CMD)
@@ -48,6 +49,16 @@ pub enum Command {
     Check(CheckArgs),
     /// Show each node's view of a lock: holder, remaining ttl, fencing counter.
     Status(StatusArgs),
+    /// Copy this binary into DIR (e.g. a volume shared with a CronJob's container).
+    Install(InstallArgs),
+}
+
+/// `install` options.
+#[derive(Args, Debug)]
+pub struct InstallArgs {
+    /// An existing directory; the binary is written to DIR/redlock-sidecar.
+    #[arg(value_name = "DIR")]
+    pub dir: std::path::PathBuf,
 }
 
 /// Log output format.

@@ -7,6 +7,8 @@ pub mod config;
 pub mod guard;
 /// The admin HTTP endpoint: health, readiness, leader, events, metrics.
 pub mod http;
+/// `install`: copy the binary into a shared volume.
+pub mod install;
 /// Kubernetes integration: pod label, Events and Lease mirror, driven by the leadership channel.
 pub mod k8s;
 /// The one leadership state and its `watch` channel.

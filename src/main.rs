@@ -2,7 +2,10 @@
 
 use redlock_sidecar::config::{self, Command, LogFormat};
 use redlock_sidecar::redlock::{NoObserver, Redlock};
-use redlock_sidecar::{guard, ops, sidecar};
+use redlock_sidecar::{guard, install, ops, sidecar};
+
+/// `install` could not write the copy (sysexits' EX_IOERR).
+const EXIT_IO_ERROR: i32 = 74;
 
 fn main() {
     let cli = config::parse_or_exit();
@@ -40,6 +43,24 @@ fn main() {
                 .redlock()
                 .unwrap_or_else(|e| config::exit_invalid(&e.to_string()));
             report(cfg, |r| async move { ops::status(&r).await })
+        }
+        Command::Install(args) => {
+            if !args.dir.is_dir() {
+                config::exit_invalid(&format!("DIR {}: not a directory", args.dir.display()));
+            }
+            match install::install(&args.dir) {
+                Ok(path) => {
+                    println!("installed {}", path.display());
+                    0
+                }
+                Err(err) => {
+                    eprintln!(
+                        "redlock-sidecar: install into {}: {err}",
+                        args.dir.display()
+                    );
+                    EXIT_IO_ERROR
+                }
+            }
         }
     };
     std::process::exit(code);

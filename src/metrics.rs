@@ -37,6 +37,7 @@ pub struct Metrics {
     fencing_token: IntGauge,
     validity_remaining: Gauge,
     lease_expiry: Gauge,
+    leader_since: Gauge,
     acquire_duration: HistogramVec,
     acquire_attempts: IntCounterVec,
     contention: IntCounter,
@@ -93,6 +94,11 @@ impl Metrics {
             lease_expiry: Gauge::with_opts(opts(
                 "redlock_lease_expiry_timestamp_seconds",
                 "Unix time at which the held lock's validity ends (0 when not leading)",
+            ))
+            .unwrap(),
+            leader_since: Gauge::with_opts(opts(
+                "redlock_leader_since_timestamp_seconds",
+                "Unix time at which the current tenure began (0 when not leading)",
             ))
             .unwrap(),
             acquire_duration: HistogramVec::new(
@@ -196,6 +202,7 @@ impl Metrics {
             Box::new(self.fencing_token.clone()),
             Box::new(self.validity_remaining.clone()),
             Box::new(self.lease_expiry.clone()),
+            Box::new(self.leader_since.clone()),
             Box::new(self.acquire_duration.clone()),
             Box::new(self.acquire_attempts.clone()),
             Box::new(self.contention.clone()),
@@ -295,17 +302,15 @@ impl Metrics {
                 self.fencing_token
                     .set(i64::try_from(term.fencing_token).unwrap_or(i64::MAX));
                 self.validity_remaining.set(left.as_secs_f64());
-                self.lease_expiry.set(
-                    expiry
-                        .duration_since(UNIX_EPOCH)
-                        .map_or(0.0, |d| d.as_secs_f64()),
-                );
+                self.lease_expiry.set(unix_seconds(expiry));
+                self.leader_since.set(unix_seconds(term.since));
             }
             None => {
                 self.is_leader.set(0);
                 self.fencing_token.set(0);
                 self.validity_remaining.set(0.0);
                 self.lease_expiry.set(0.0);
+                self.leader_since.set(0.0);
             }
         }
     }
@@ -368,4 +373,10 @@ impl Observer for Metrics {
             .with_label_values(&[self.node_label(index)])
             .set(i64::from(counted));
     }
+}
+
+/// Seconds since the Unix epoch, as Prometheus timestamps are written (0 before the epoch).
+fn unix_seconds(at: SystemTime) -> f64 {
+    at.duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }

@@ -1,4 +1,4 @@
-//! The operator commands (`check`, `status`) and TLS, through the real binary.
+//! The operator commands (`check`, `status`, `install`) and TLS, through the real binary.
 
 mod support;
 
@@ -110,4 +110,29 @@ fn tls_nodes_are_reached_with_a_private_ca_and_refused_without_it() {
     let (code, out, _) = run(&["check", "--redis", &url]);
     assert_eq!(code, 69, "an unknown issuer is refused:\n{out}");
     drop(node);
+}
+
+#[test]
+fn install_copies_a_runnable_binary_and_refuses_a_missing_directory() {
+    let dir = TempDir::new("install");
+    let (code, out, err) = run(&["install", dir.path().to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    let copy = dir.path().join("redlock-sidecar");
+    assert!(out.contains(copy.to_str().unwrap()), "{out}");
+    let version = Command::new(&copy)
+        .arg("--version")
+        .output()
+        .expect("the copy runs");
+    assert!(version.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&version.stdout).trim(),
+        format!("redlock-sidecar {}", env!("CARGO_PKG_VERSION"))
+    );
+    // Installing again replaces the copy in place.
+    assert_eq!(run(&["install", dir.path().to_str().unwrap()]).0, 0);
+    let entries = std::fs::read_dir(dir.path()).unwrap().count();
+    assert_eq!(entries, 1, "no partial file left behind");
+
+    let missing = dir.path().join("missing");
+    support::process::assert_invalid_config(&["install", missing.to_str().unwrap()], "DIR");
 }

@@ -278,6 +278,7 @@ const DOCUMENTED_METRICS: &[&str] = &[
     "redlock_fencing_token",
     "redlock_validity_remaining_seconds",
     "redlock_lease_expiry_timestamp_seconds",
+    "redlock_leader_since_timestamp_seconds",
     "redlock_acquire_duration_seconds",
     "redlock_acquire_attempts_total",
     "redlock_contention_total",
@@ -295,6 +296,13 @@ const DOCUMENTED_METRICS: &[&str] = &[
     "process_resident_memory_bytes",
     "process_cpu_seconds_total",
 ];
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
 
 fn parse_metrics(text: &str) -> prometheus_parse::Scrape {
     prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))
@@ -355,9 +363,20 @@ async fn metrics_are_valid_exposition_with_every_documented_name_and_move_on_han
             "bounded label {k}"
         );
     }
+    assert_eq!(
+        sample(&before, "redlock_leader_since_timestamp_seconds", None),
+        0.0,
+        "a follower has no tenure"
+    );
+    let handover = unix_now();
     a.proc.sigterm();
     support::wait_until_async(Duration::from_secs(5), "b leads", || b.is_leader()).await;
     let after = parse_metrics(&http::get(b.addr, "/metrics").await.unwrap().body);
+    let since = sample(&after, "redlock_leader_since_timestamp_seconds", None);
+    assert!(
+        (handover..=unix_now()).contains(&since),
+        "b's tenure began after the handover at {handover}: {since}"
+    );
     assert_eq!(sample(&after, "redlock_is_leader", None), 1.0);
     assert_eq!(
         sample(

@@ -523,10 +523,15 @@ impl Redlock {
             // so followers see the holder most nodes agree on, and show where to clean up.
             while let Some((index, answer)) = answers.recv().await {
                 votes[index] = Some(match answer {
-                    Ok(reply) => match seen.add(&reply) {
-                        Some(holder) => Vote::HeldBy(holder),
-                        None => Vote::NotCounted("granted after the round was decided".to_owned()),
-                    },
+                    Ok(reply) => {
+                        let _ = self.vote_counts(index, &reply.2, reply.3);
+                        match seen.add(&reply) {
+                            Some(holder) => Vote::HeldBy(holder),
+                            None => {
+                                Vote::NotCounted("granted after the round was decided".to_owned())
+                            }
+                        }
+                    }
                     Err(err) => Vote::Failed(err),
                 });
             }
@@ -559,6 +564,16 @@ impl Redlock {
                 }
             });
         }
+        // Answers after the quorum still tell whether their node's vote counts (health,
+        // restarts), so the report of every node stays current.
+        let this = self.clone();
+        tokio::spawn(async move {
+            while let Some((index, answer)) = answers.recv().await {
+                if let Ok(reply) = answer {
+                    let _ = this.vote_counts(index, &reply.2, reply.3);
+                }
+            }
+        });
         let too_short = || LockError::ValidityTooShort {
             lock: cfg.lock.clone(),
             elapsed: start.elapsed(),
