@@ -13,8 +13,11 @@
 /// counted.
 pub const ACQUIRE: &str = r#"
 local info = redis.call('INFO', 'server')
-local run_id = string.match(info, 'run_id:(%w+)') or ''
-local uptime = tonumber(string.match(info, 'uptime_in_seconds:(%d+)')) or 0
+-- Plain searches, then anchored matches: a pattern scan of the whole text costs more than INFO.
+local at = string.find(info, 'run_id:', 1, true)
+local run_id = at and string.match(info, '^%w+', at + 7) or ''
+at = string.find(info, 'uptime_in_seconds:', 1, true)
+local uptime = at and tonumber(string.match(info, '^%d+', at + 18)) or 0
 local fence = redis.call('GET', KEYS[2]) or '0'
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local stored = 0
