@@ -10,8 +10,8 @@
 //!   Success needs a quorum of *counted* votes and a positive validity
 //!   (`ttl − elapsed − drift`); otherwise, once every node has answered or timed out, our
 //!   key is deleted again (silently, without waking waiters) on every node that may have it.
-//!   Late answers need no special care: the clean-up goes down the same connection after
-//!   the SET, so Redis runs it after the SET.
+//!   Deletes (clean-up, release) wait on each node until no call that may write our key
+//!   there is in flight, so a late `SET` cannot land after them (see `Order`).
 //! - **Restart-safe votes.** A node whose `uptime_in_seconds − 1` is below `ttl + drift`,
 //!   or whose `run_id` changed since we last saw it, may have forgotten a lock it granted
 //!   before restarting; its vote is not counted (the key stays set there). Uptime and
