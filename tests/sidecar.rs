@@ -272,6 +272,37 @@ async fn losing_the_quorum_flips_leader_to_503_before_validity_ends_then_recover
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_reports_a_restarted_node_as_not_counted_until_it_is_old_enough() {
+    let mut cluster = ready_cluster(3).await;
+    let a = Sidecar::start("a", &cluster, &[]);
+    support::wait_until_async(Duration::from_secs(20), "a leads", || a.is_leader()).await;
+    let node = cluster.node(2).addr().to_string();
+    let counted = || async {
+        let text = http::get(a.addr, "/metrics").await.unwrap().body;
+        sample(
+            &parse_metrics(&text),
+            "redlock_node_vote_counted",
+            Some(("node", &node)),
+        )
+    };
+    assert_eq!(counted().await, 1.0);
+    // A leader only renews; its renewals must notice the restart.
+    cluster.node_mut(2).restart();
+    support::wait_until_async(Duration::from_secs(10), "restart noticed", || async {
+        counted().await == 0.0
+    })
+    .await;
+    support::wait_until_async(Duration::from_secs(15), "counted again", || async {
+        counted().await == 1.0
+    })
+    .await;
+    assert!(
+        a.is_leader().await,
+        "one node's restart does not cost the lead"
+    );
+}
+
 const DOCUMENTED_METRICS: &[&str] = &[
     "redlock_is_leader",
     "redlock_leader_transitions_total",

@@ -267,6 +267,9 @@ struct Inner {
 /// `{granted, fence, run_id, uptime_s, holder_value, holder_pttl, candidate_stored}`.
 type AcquireReply = (i64, String, String, u64, String, i64, i64);
 
+/// `{status, run_id, uptime_s}`.
+type ExtendReply = (i64, String, u64);
+
 /// What the acquire answers of one round say about the lock besides the votes.
 #[derive(Default)]
 struct Seen {
@@ -735,7 +738,8 @@ impl Redlock {
         let mut writes: Vec<Option<KeyWrite>> = (0..self.inner.nodes.len())
             .map(|index| Some(KeyWrite::start(&self.inner, index)))
             .collect();
-        let mut answers = self.fan_out::<i64>(Op::Extend, Order::Free, &EXTEND, args.clone());
+        let mut answers =
+            self.fan_out::<ExtendReply>(Op::Extend, Order::Free, &EXTEND, args.clone());
         let mut tally = Tally::new(self.inner.nodes.len());
         let expiry = tokio::time::sleep_until(lease.valid_until.into());
         tokio::pin!(expiry);
@@ -746,9 +750,16 @@ impl Redlock {
                 _ = &mut expiry => return Err(expired()),
             };
             let vote = match answer {
-                Ok(1) => Vote::Granted,
-                Ok(0) => Vote::HeldBy("another holder".to_owned()),
-                Ok(_) => Vote::Missing,
+                Ok((status, run_id, uptime)) => {
+                    // Extend votes need no restart rule (a node that forgot our key says
+                    // so), but the verdict keeps the node's reported health current.
+                    let _ = self.vote_counts(index, &run_id, uptime);
+                    match status {
+                        1 => Vote::Granted,
+                        0 => Vote::HeldBy("another holder".to_owned()),
+                        _ => Vote::Missing,
+                    }
+                }
                 Err(err) => Vote::Failed(err),
             };
             tally.record(index, vote);
@@ -779,8 +790,11 @@ impl Redlock {
         let this = self.clone();
         tokio::spawn(async move {
             while let Some((index, answer)) = answers.recv().await {
-                if matches!(answer, Ok(n) if n < 0) {
-                    this.spawn_on(index, &RESTORE, args.clone());
+                if let Ok((status, run_id, uptime)) = answer {
+                    let _ = this.vote_counts(index, &run_id, uptime);
+                    if status < 0 {
+                        this.spawn_on(index, &RESTORE, args.clone());
+                    }
                 }
                 writes[index] = None;
             }

@@ -3,6 +3,20 @@
 //! Keys: `KEYS[1]` is the lock key, `KEYS[2]` the lock's fencing counter.
 //! The counter never expires: it is the memory of the highest token handed out.
 
+/// Lua that reads the node's `run_id` and `uptime` (seconds) from `INFO server`. Plain
+/// searches, then anchored matches: a pattern scan of the whole text costs more than INFO.
+macro_rules! read_node_identity {
+    () => {
+        r#"
+local info = redis.call('INFO', 'server')
+local at = string.find(info, 'run_id:', 1, true)
+local run_id = at and string.match(info, '^%w+', at + 7) or ''
+at = string.find(info, 'uptime_in_seconds:', 1, true)
+local uptime = at and tonumber(string.match(info, '^%d+', at + 18)) or 0
+"#
+    };
+}
+
 /// Try to take the lock; report the node's identity so restarts can be detected; on a
 /// grant, store the candidate fencing token if the counter is lower.
 ///
@@ -11,13 +25,9 @@
 /// `fence` is the counter before this call. `INFO server` is read in the same atomic step,
 /// so a node that restarted between two of our requests can never grant a vote that is
 /// counted.
-pub const ACQUIRE: &str = r#"
-local info = redis.call('INFO', 'server')
--- Plain searches, then anchored matches: a pattern scan of the whole text costs more than INFO.
-local at = string.find(info, 'run_id:', 1, true)
-local run_id = at and string.match(info, '^%w+', at + 7) or ''
-at = string.find(info, 'uptime_in_seconds:', 1, true)
-local uptime = at and tonumber(string.match(info, '^%d+', at + 18)) or 0
+pub const ACQUIRE: &str = concat!(
+    read_node_identity!(),
+    r#"
 local fence = redis.call('GET', KEYS[2]) or '0'
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local stored = 0
@@ -28,7 +38,8 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {1, fence, run_id, uptime, '', 0, stored}
 end
 return {0, fence, run_id, uptime, redis.call('GET', KEYS[1]) or '', redis.call('PTTL', KEYS[1]), 0}
-"#;
+"#
+);
 
 /// Raise the fencing counter to ARGV[1] if it is lower (a max-register; never lowers it).
 /// The slow path of minting a token, when the candidate was not stored on a quorum.
@@ -46,19 +57,23 @@ return tostring(cur)
 
 /// Extend our own lock, and keep the fencing counter at least at our token.
 ///
-/// ARGV: value, ttl in ms, token. Returns 1 if extended, 0 if another holder has the
-/// key, -1 if the key is gone (expired, or the node lost it in a restart).
-pub const EXTEND: &str = r#"
+/// ARGV: value, ttl in ms, token. Returns `{status, run_id, uptime_s}`: status 1 if
+/// extended, 0 if another holder has the key, -1 if the key is gone (expired, or the node
+/// lost it in a restart). The node's identity keeps a leader's view of restarts current.
+pub const EXTEND: &str = concat!(
+    read_node_identity!(),
+    r#"
 local cur = redis.call('GET', KEYS[1])
 if cur == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   local fence = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
   if fence < tonumber(ARGV[3]) then redis.call('SET', KEYS[2], ARGV[3]) end
-  return 1
+  return {1, run_id, uptime}
 end
-if cur then return 0 end
-return -1
-"#;
+if cur then return {0, run_id, uptime} end
+return {-1, run_id, uptime}
+"#
+);
 
 /// Put our key back on a node that lost it, only if nobody else has it there.
 ///
