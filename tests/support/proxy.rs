@@ -29,7 +29,8 @@ struct Faults {
 }
 
 struct Shared {
-    upstream: SocketAddr,
+    /// Where new connections go; [`FaultProxy::set_upstream`] moves it (a failover).
+    upstream: Mutex<SocketAddr>,
     accepted: AtomicU64,
     refused: AtomicU64,
     active: AtomicU64,
@@ -89,7 +90,7 @@ impl FaultProxy {
             .unwrap_or(0);
         let seed = (nanos ^ (u64::from(addr.port()) << 32)) | 1;
         let shared = Arc::new(Shared {
-            upstream,
+            upstream: Mutex::new(upstream),
             accepted: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             active: AtomicU64::new(0),
@@ -116,7 +117,15 @@ impl FaultProxy {
     }
 
     pub fn upstream(&self) -> SocketAddr {
-        self.shared.upstream
+        *self.shared.upstream.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Points the proxy at another upstream, as a failover moves a node's address to its
+    /// replica: connections opened from now on reach `upstream`; open ones are closed, so no
+    /// client keeps talking to the old server.
+    pub fn set_upstream(&self, upstream: SocketAddr) {
+        *self.shared.upstream.lock().unwrap_or_else(|p| p.into_inner()) = upstream;
+        self.drop_connections();
     }
 
     /// Every chunk read from now on, in either direction, is forwarded `fixed + U(0..jitter)`
@@ -219,7 +228,8 @@ async fn serve(
         if gate.wait_for(|f| !f.blackhole).await.is_err() {
             return;
         }
-        let Ok(upstream) = TcpStream::connect(shared.upstream).await else {
+        let target = *shared.upstream.lock().unwrap_or_else(|p| p.into_inner());
+        let Ok(upstream) = TcpStream::connect(target).await else {
             return; // upstream down: the client sees its connection closed
         };
         let _ = client.set_nodelay(true);

@@ -523,6 +523,44 @@ impl RedisNode {
         );
     }
 
+    /// `SAVE`: a snapshot of the node's data in its directory, for
+    /// [`RedisNode::restart_from_snapshot`].
+    pub fn save_snapshot(&self) {
+        assert_eq!(self.command(&["SAVE"]), "OK", "SAVE on {}", self.addr());
+    }
+
+    /// SIGKILL, then start again on the same port from the last [`RedisNode::save_snapshot`]
+    /// (a restore from a backup: whatever was written since is gone). The snapshot file is
+    /// removed once loaded, so a later [`RedisNode::restart`] starts empty again.
+    pub fn restart_from_snapshot(&mut self) {
+        let dump = self.dir.path().join("dump.rdb");
+        assert!(dump.exists(), "no snapshot of {} to restart from", self.addr());
+        self.restart();
+        std::fs::remove_file(&dump)
+            .unwrap_or_else(|e| panic!("cannot remove {}: {e}", dump.display()));
+    }
+
+    /// A node meant to become a replica (see [`RedisNode::replicate`]): it loads a master's
+    /// data from the socket, so no snapshot file is left behind to be loaded by a restart.
+    pub fn start_replica() -> RedisNode {
+        RedisNode::start_with(&["--repl-diskless-load", "swapdb"])
+    }
+
+    /// `REPLICAOF` the server at `master` (e.g. a [`super::FaultProxy`] in front of it, to cut
+    /// the link later), then waits (bounded) until the initial sync is done. As a runtime
+    /// command it is forgotten by a restart, which comes back as an empty master.
+    pub fn replicate(&self, master: SocketAddr) {
+        let port = master.port().to_string();
+        let host = master.ip().to_string();
+        assert_eq!(self.command(&["REPLICAOF", &host, &port]), "OK");
+        super::wait_until(START_DEADLINE, "the replica's first sync", || {
+            self.try_command(&["INFO", "replication"]).is_ok_and(|info| {
+                info.lines()
+                    .any(|l| l.trim_end() == "master_link_status:up")
+            })
+        });
+    }
+
     /// SIGSTOP: the process freezes; connects still succeed (kernel backlog) but nothing answers.
     pub fn pause(&mut self) {
         if let Some(pid) = self.pid() {

@@ -1,0 +1,860 @@
+//! Redis nodes that lose data while the lock is held, through the real binary: two `run`
+//! sidecars contend on three real `redis-server` nodes, and one node (or a majority) forgets the
+//! lock without the holder noticing anything at the TCP level: `FLUSHALL`, `FLUSHDB`, a restart
+//! without persistence, a restore from a snapshot taken before the lock was taken, a failover to
+//! a replica that missed the write, eviction.
+//!
+//! Every test polls each sidecar's `/leader` all along. Each answer describes a tenure: its
+//! fencing token, when it began (`leader_since`, the sidecar's own clock) and how much validity
+//! is left, so a tenure's extent is known from the answers themselves, not from catching two
+//! 200s in one poll: it began at `leader_since`, lasted at least until the last 200 was asked
+//! for, and ended at the latest at the next "not leader" answer or when the validity it last
+//! reported ran out. The checks, per test:
+//! - no tenure begins before the one before it has ended (at the latest bound), and fencing
+//!   tokens strictly increase from tenure to tenure;
+//! - where a majority lost the key, the leader steps down within one renew interval, and nobody
+//!   leads again until a ttl after the loss;
+//! - where one node of the leader's bare majority lost it, nobody else leads before the leader
+//!   has stepped down;
+//! - exactly one leader emerges again.
+//!
+//! The sidecars reach each node through their own [`FaultProxy`]: the proxy cuts one contender
+//! off a node (so its key stands on exactly two of three), and moves a node's address to a
+//! replica for a failover.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use support::{http, FaultProxy, Proc, RedisCluster, RedisNode};
+use tokio::task::{block_in_place, JoinHandle};
+use tokio_util::sync::CancellationToken;
+
+/// The lock every test contends for, and its key on the nodes.
+const LOCK: &str = "dataloss";
+const KEY: &str = "redlock:{dataloss}";
+/// The sidecars' ttl and renew interval, as durations and as flags below.
+const TTL: Duration = Duration::from_secs(3);
+const RENEW: Duration = Duration::from_millis(500);
+/// Timing flags of every sidecar: a renew interval well below ttl/3, so that a prompt step-down
+/// (within one renew interval) and one at the end of the validity (ttl − safety margin after the
+/// last renewal) are seconds apart.
+const TIMING: [&str; 12] = [
+    "--ttl",
+    "3s",
+    "--renew-interval",
+    "500ms",
+    "--safety-margin",
+    "500ms",
+    "--node-timeout",
+    "250ms",
+    "--connect-timeout",
+    "500ms",
+    "--retry-delay",
+    "50ms",
+];
+/// After the renewal that sees the loss: the extend's own round trip, publishing, and the next
+/// poll on a busy machine.
+const STEP_DOWN_SLACK: Duration = Duration::from_millis(700);
+/// Bound on every wait for a leader: votes count after ttl + drift, plus a loaded machine.
+const ELECTION: Duration = Duration::from_secs(25);
+/// How often each sidecar's `/leader` is asked.
+const POLL: Duration = Duration::from_millis(10);
+
+// ------------------------------------------------------------------------------------------------
+// Sidecars
+// ------------------------------------------------------------------------------------------------
+
+/// One `run` sidecar and its proxies, one per node in node order (its only way to the nodes).
+struct Contender {
+    name: String,
+    addr: SocketAddr,
+    proc: Proc,
+    proxies: Vec<FaultProxy>,
+}
+
+impl Contender {
+    /// Starts a sidecar named `name` on `nodes`; its proxies to the nodes in `cut` refuse every
+    /// connection from the start.
+    async fn start(
+        name: &str,
+        nodes: &[SocketAddr],
+        cut: &[usize],
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Contender {
+        let mut proxies = Vec::new();
+        for (i, &node) in nodes.iter().enumerate() {
+            let proxy = FaultProxy::start(node).await;
+            proxy.refuse(cut.contains(&i));
+            proxies.push(proxy);
+        }
+        let redis = proxies
+            .iter()
+            .map(FaultProxy::url)
+            .collect::<Vec<_>>()
+            .join(",");
+        let addr: SocketAddr = format!("127.0.0.1:{}", support::free_port())
+            .parse()
+            .expect("loopback address");
+        let listen = addr.to_string();
+        let mut args = vec!["run", "--lock", LOCK, "--redis", &redis];
+        args.extend(TIMING);
+        args.extend(["--listen", &listen, "--identity", name]);
+        args.extend(["--kubernetes", "off"]);
+        args.extend(extra);
+        let mut envs = vec![("REDLOCK_LOG", "info")];
+        envs.extend(env);
+        let proc = Proc::spawn(&args, &envs);
+        Contender {
+            name: name.to_owned(),
+            addr,
+            proc,
+            proxies,
+        }
+    }
+
+    /// The node label this sidecar uses for node `i` in its metrics (its proxy's address).
+    fn node_label(&self, i: usize) -> String {
+        self.proxies[i].addr().to_string()
+    }
+
+    /// `redlock_node_vote_counted` for node `i`, if the sidecar answers.
+    async fn vote_counted(&self, i: usize) -> Option<i64> {
+        vote_counted(self.addr, &self.node_label(i)).await
+    }
+
+    /// The holder this sidecar sees, from its `/leader` body.
+    async fn holder(&self) -> Option<String> {
+        let body = http::get(self.addr, "/leader").await.ok()?.json().ok()?;
+        body["holder"].as_str().map(str::to_owned)
+    }
+
+    /// SIGTERM and wait: the sidecar releases the lock and exits 0.
+    async fn stop(mut self) {
+        self.proc.sigterm();
+        let status = self
+            .proc
+            .wait_exit_async(Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|| panic!("{} did not exit\n{}", self.name, self.proc.output_text()));
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "{} exits 0 on SIGTERM\n{}",
+            self.name,
+            self.proc.output_text()
+        );
+    }
+}
+
+/// `redlock_node_vote_counted{node="<node>"}` of the sidecar at `addr`, if it answers.
+async fn vote_counted(addr: SocketAddr, node: &str) -> Option<i64> {
+    let series = format!("redlock_node_vote_counted{{node=\"{node}\"}}");
+    let text = http::get(addr, "/metrics").await.ok()?.body;
+    text.lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as i64)
+}
+
+// ------------------------------------------------------------------------------------------------
+// Watching /leader, and the tenures it shows
+// ------------------------------------------------------------------------------------------------
+
+#[derive(Clone, Debug)]
+enum Answer {
+    Leader {
+        token: u64,
+        since: SystemTime,
+        validity: Duration,
+    },
+    Follower,
+    /// No usable answer (not serving yet, a timeout): says nothing about leadership.
+    Unknown,
+}
+
+#[derive(Clone, Debug)]
+struct Seen {
+    who: usize,
+    sent: SystemTime,
+    received: SystemTime,
+    answer: Answer,
+}
+
+/// One tenure of one sidecar, bounded by what its answers said.
+#[derive(Clone, Debug)]
+struct Tenure {
+    who: String,
+    token: u64,
+    /// When it began, as the sidecar reported it.
+    since: SystemTime,
+    /// When the last answer saying "leader" with this token was asked for: it lasted at least
+    /// until then.
+    leading_at: SystemTime,
+    /// It ended at the latest here: the first later "not leader" (or another token), or when
+    /// the validity its last answer reported ran out.
+    ended_by: SystemTime,
+}
+
+/// Polls every added sidecar's `/leader` until stopped.
+struct Watch {
+    names: Vec<String>,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    stop: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Watch {
+    fn new() -> Watch {
+        Watch {
+            names: Vec::new(),
+            seen: Arc::default(),
+            stop: CancellationToken::new(),
+            tasks: Vec::new(),
+        }
+    }
+
+    /// Starts polling `c`.
+    fn add(&mut self, c: &Contender) {
+        let who = self.names.len();
+        self.names.push(c.name.clone());
+        self.tasks.push(tokio::spawn(poll_leader(
+            who,
+            c.addr,
+            self.seen.clone(),
+            self.stop.clone(),
+        )));
+    }
+
+    fn tenures(&self) -> Vec<Tenure> {
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        tenures(&seen, &self.names)
+    }
+
+    /// Waits for a tenure that began after `after` (by anyone but `not`) and returns it.
+    async fn next_tenure(&self, after: SystemTime, not: Option<&str>, what: &str) -> Tenure {
+        let found = || {
+            self.tenures()
+                .into_iter()
+                .find(|t| t.since > after && not.is_none_or(|n| n != t.who))
+        };
+        support::wait_until_async(ELECTION, what, || async { found().is_some() }).await;
+        found().expect("just seen")
+    }
+
+    /// Waits until the tenure `t` has lasted `long` by its answers.
+    async fn lasted(&self, t: &Tenure, long: Duration) {
+        let lasted = || {
+            self.tenures().iter().any(|u| {
+                u.who == t.who && u.token == t.token && u.leading_at >= t.since + long
+            })
+        };
+        let what = format!("{} leads for {long:?}", t.who);
+        support::wait_until_async(ELECTION, &what, || async { lasted() }).await;
+    }
+
+    /// Stops polling and returns every tenure seen, checked: never two at once, tokens growing.
+    async fn finish(mut self) -> Vec<Tenure> {
+        self.stop.cancel();
+        for task in self.tasks.drain(..) {
+            task.await.expect("poller did not panic");
+        }
+        let tenures = self.tenures();
+        assert_one_leader_at_a_time(&tenures);
+        tenures
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn poll_leader(
+    who: usize,
+    addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    stop: CancellationToken,
+) {
+    while !stop.is_cancelled() {
+        let sent = SystemTime::now();
+        let answer = match http::get(addr, "/leader").await {
+            Ok(r) => parse_answer(r.status, &r.body),
+            Err(_) => Answer::Unknown,
+        };
+        let received = SystemTime::now();
+        seen.lock().unwrap_or_else(|e| e.into_inner()).push(Seen {
+            who,
+            sent,
+            received,
+            answer,
+        });
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+fn parse_answer(status: u16, body: &str) -> Answer {
+    let Ok(body) = serde_json::from_str::<serde_json::Value>(body) else {
+        return Answer::Unknown;
+    };
+    assert_eq!(
+        body["is_leader"].as_bool(),
+        Some(status == 200),
+        "status {status} and body agree: {body}"
+    );
+    if status != 200 {
+        return Answer::Follower;
+    }
+    let token = body["fencing_token"].as_u64().expect("a leader's token");
+    let since = body["leader_since"]
+        .as_str()
+        .and_then(|s| humantime::parse_rfc3339(s).ok())
+        .expect("a leader's leader_since");
+    let validity = Duration::from_millis(body["validity_ms"].as_u64().expect("validity_ms"));
+    Answer::Leader {
+        token,
+        since,
+        validity,
+    }
+}
+
+/// The tenures the answers describe, in the order they began.
+fn tenures(seen: &[Seen], names: &[String]) -> Vec<Tenure> {
+    let mut out = Vec::new();
+    for (who, name) in names.iter().enumerate() {
+        // The open tenure, and the latest end its validity allows.
+        let mut open: Option<Tenure> = None;
+        for s in seen.iter().filter(|s| s.who == who) {
+            match s.answer {
+                Answer::Leader {
+                    token,
+                    since,
+                    validity,
+                } => {
+                    let valid_end = s.received + validity;
+                    match open.as_mut() {
+                        Some(t) if t.token == token => {
+                            t.leading_at = s.sent;
+                            t.ended_by = valid_end;
+                        }
+                        _ => {
+                            if let Some(mut t) = open.take() {
+                                t.ended_by = t.ended_by.min(s.received);
+                                out.push(t);
+                            }
+                            open = Some(Tenure {
+                                who: name.clone(),
+                                token,
+                                since,
+                                leading_at: s.sent,
+                                ended_by: valid_end,
+                            });
+                        }
+                    }
+                }
+                Answer::Follower => {
+                    if let Some(mut t) = open.take() {
+                        t.ended_by = t.ended_by.min(s.received);
+                        out.push(t);
+                    }
+                }
+                Answer::Unknown => {}
+            }
+        }
+        out.extend(open);
+    }
+    out.sort_by_key(|t| t.since);
+    out
+}
+
+fn ms_between(from: SystemTime, to: SystemTime) -> f64 {
+    match to.duration_since(from) {
+        Ok(d) => d.as_secs_f64() * 1e3,
+        Err(e) => -e.duration().as_secs_f64() * 1e3,
+    }
+}
+
+/// Panics if a tenure began before an earlier one had ended, or if a token did not grow.
+fn assert_one_leader_at_a_time(tenures: &[Tenure]) {
+    let Some(origin) = tenures.first().map(|t| t.since) else {
+        return;
+    };
+    let at = |t: SystemTime| ms_between(origin, t);
+    let describe = |t: &Tenure| {
+        format!(
+            "{} (token {}, began {:.1} ms, led at least until {:.1} ms, at most until {:.1} ms)",
+            t.who,
+            t.token,
+            at(t.since),
+            at(t.leading_at),
+            at(t.ended_by)
+        )
+    };
+    let mut violations = Vec::new();
+    for (i, a) in tenures.iter().enumerate() {
+        for b in &tenures[i + 1..] {
+            if b.since >= a.ended_by {
+                continue;
+            }
+            let how = if b.since < a.leading_at {
+                "two leaders"
+            } else {
+                "possibly two leaders (within the poll interval)"
+            };
+            violations.push(format!("{how}: {} and {}", describe(a), describe(b)));
+        }
+    }
+    for pair in tenures.windows(2) {
+        if pair[1].token <= pair[0].token {
+            violations.push(format!(
+                "the token did not grow: {} after {}",
+                describe(&pair[1]),
+                describe(&pair[0])
+            ));
+        }
+    }
+    assert!(
+        violations.is_empty(),
+        "{}\nall tenures:\n{}",
+        violations.join("\n"),
+        tenures.iter().map(describe).collect::<Vec<_>>().join("\n")
+    );
+}
+
+/// The tenure that was leading at `at` by its answers.
+fn leading_at(tenures: &[Tenure], at: SystemTime) -> Option<&Tenure> {
+    tenures
+        .iter()
+        .find(|t| t.since <= at && at <= t.leading_at)
+}
+
+// ------------------------------------------------------------------------------------------------
+// Scenario helpers
+// ------------------------------------------------------------------------------------------------
+
+fn cluster() -> RedisCluster {
+    block_in_place(|| RedisCluster::start(3))
+}
+
+/// Runs `f` on a blocking section (raw Redis commands next to the proxies' runtime).
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    block_in_place(f)
+}
+
+fn info_field(node: &RedisNode, section: &str, field: &str) -> String {
+    let info = node.command(&["INFO", section]);
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .map(|v| v.trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// Waits until `node` holds `value` under the lock key (`(nil)` for none).
+async fn key_is(node: &RedisNode, value: &str, what: &str) {
+    support::wait_until_async(ELECTION, what, || async {
+        blocking(|| node.try_command(&["GET", KEY])).is_ok_and(|v| v == value)
+    })
+    .await;
+}
+
+/// A takes the lock holding exactly nodes 0 and 1 (its proxy to node 2 refuses), then B, which
+/// reaches all three, joins and sees A hold it. Returns (A, B, A's tenure).
+async fn a_holds_a_bare_majority(
+    nodes: &[SocketAddr],
+    watch: &mut Watch,
+    extra: &[&str],
+) -> (Contender, Contender, Tenure) {
+    let a = Contender::start("a", nodes, &[2], extra, &[]).await;
+    watch.add(&a);
+    let first = watch
+        .next_tenure(SystemTime::UNIX_EPOCH, None, "a leads on nodes 0 and 1")
+        .await;
+    let b = Contender::start("b", nodes, &[], extra, &[]).await;
+    watch.add(&b);
+    support::wait_until_async(ELECTION, "b sees a hold the lock", || async {
+        b.holder().await.as_deref() == Some("a")
+    })
+    .await;
+    (a, b, first)
+}
+
+/// After one node of A's bare majority lost the key between `from` and `by`: someone leads
+/// again, never while A still did (checked by [`Watch::finish`]).
+async fn after_one_node_of_a_bare_majority_lost_it(
+    watch: Watch,
+    held: &Tenure,
+    from: SystemTime,
+    by: SystemTime,
+) -> Vec<Tenure> {
+    let next = watch
+        .next_tenure(from, None, "someone leads again after the data loss")
+        .await;
+    // Some renewals of the new tenure, to see it alone.
+    watch.lasted(&next, RENEW * 3).await;
+    let tenures = watch.finish().await;
+    let old = tenures
+        .iter()
+        .find(|t| t.who == held.who && t.token == held.token)
+        .expect("a's tenure");
+    assert!(
+        old.ended_by <= by + TTL,
+        "a stops claiming the lock within its validity ({:.1} ms after the loss)",
+        ms_between(by, old.ended_by)
+    );
+    tenures
+}
+
+// ------------------------------------------------------------------------------------------------
+// A majority loses the key: FLUSHALL, FLUSHDB
+// ------------------------------------------------------------------------------------------------
+
+/// Both sidecars reach all three nodes; once one leads, `command` wipes nodes 0 and 1.
+async fn a_majority_loses_the_key(command: &str) {
+    let cluster = cluster();
+    let nodes = cluster.addrs();
+    let mut watch = Watch::new();
+    let a = Contender::start("a", &nodes, &[], &[], &[]).await;
+    let b = Contender::start("b", &nodes, &[], &[], &[]).await;
+    watch.add(&a);
+    watch.add(&b);
+    let held = watch
+        .next_tenure(SystemTime::UNIX_EPOCH, None, "someone leads")
+        .await;
+    // Renewed a few times: the loss hits a lock in steady state.
+    watch.lasted(&held, RENEW * 3).await;
+    let from = SystemTime::now();
+    blocking(|| {
+        for i in [0, 1] {
+            assert_eq!(cluster.node(i).command(&[command]), "OK");
+        }
+    });
+    let by = SystemTime::now();
+    // The wiped nodes' votes are not counted until their data is old enough again: looked for
+    // while the test goes on, asserted after the tenures.
+    let series: Vec<(SocketAddr, String)> = [&a, &b]
+        .iter()
+        .flat_map(|c| [0, 1].map(|i| (c.addr, c.node_label(i))))
+        .collect();
+    let not_counted = tokio::spawn(async move {
+        let end = tokio::time::Instant::now() + TTL;
+        while tokio::time::Instant::now() < end {
+            for (addr, node) in &series {
+                if vote_counted(*addr, node).await == Some(0) {
+                    return true;
+                }
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        false
+    });
+    let next = watch
+        .next_tenure(held.since, None, "someone leads again after the loss")
+        .await;
+    watch.lasted(&next, RENEW * 3).await;
+    let tenures = watch.finish().await;
+
+    let old = leading_at(&tenures, from)
+        .filter(|t| t.token == held.token)
+        .expect("the first leader led when the data was lost");
+    assert!(
+        old.ended_by <= by + RENEW + STEP_DOWN_SLACK,
+        "{command} on a majority: {} steps down at its next renewal (within {RENEW:?}), \
+         not {:.1} ms after the loss",
+        old.who,
+        ms_between(by, old.ended_by)
+    );
+    let next = tenures
+        .iter()
+        .find(|t| t.since > from)
+        .expect("a tenure after the loss");
+    assert!(
+        next.since >= from + TTL,
+        "{command} on a majority: nobody leads until ttl + drift after the loss, but {} led \
+         {:.1} ms after it",
+        next.who,
+        ms_between(from, next.since)
+    );
+    assert!(
+        not_counted.await.expect("metrics reader did not panic"),
+        "{command} on a majority: within a ttl a sidecar reports a wiped node's vote as not \
+         counted (redlock_node_vote_counted 0)"
+    );
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushall_on_a_majority_ends_the_tenure_at_the_next_renewal_and_nobody_leads_for_a_ttl() {
+    a_majority_loses_the_key("FLUSHALL").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushdb_on_a_majority_ends_the_tenure_at_the_next_renewal_and_nobody_leads_for_a_ttl() {
+    a_majority_loses_the_key("FLUSHDB").await;
+}
+
+// ------------------------------------------------------------------------------------------------
+// One node of a bare majority loses the key: restarts, a snapshot, a failover
+// ------------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_without_persistence_does_not_vote_for_another_leader() {
+    let mut cluster = cluster();
+    let nodes = cluster.addrs();
+    let mut watch = Watch::new();
+    let (a, b, held) = a_holds_a_bare_majority(&nodes, &mut watch, &[]).await;
+    let from = SystemTime::now();
+    blocking(|| cluster.node_mut(1).restart());
+    let by = SystemTime::now();
+    assert_eq!(blocking(|| cluster.node(1).command(&["DBSIZE"])), "0");
+    after_one_node_of_a_bare_majority_lost_it(watch, &held, from, by).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+/// A first sidecar takes the lock on every node and releases it (SIGTERM): the nodes now carry
+/// whatever the engine keeps between tenures, aged.
+async fn warm_up(nodes: &[SocketAddr], watch: &mut Watch) {
+    let w = Contender::start("w", nodes, &[], &[], &[]).await;
+    watch.add(&w);
+    let t = watch
+        .next_tenure(SystemTime::UNIX_EPOCH, None, "w leads")
+        .await;
+    watch.lasted(&t, RENEW * 2).await;
+    w.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restored_from_a_snapshot_older_than_the_lock_does_not_vote_for_another_leader() {
+    let mut cluster = cluster();
+    let nodes = cluster.addrs();
+    let mut watch = Watch::new();
+    warm_up(&nodes, &mut watch).await;
+    key_is(cluster.node(1), "(nil)", "w's release reached node 1").await;
+    blocking(|| cluster.node(1).save_snapshot());
+    let (a, b, held) = a_holds_a_bare_majority(&nodes, &mut watch, &[]).await;
+    let from = SystemTime::now();
+    blocking(|| cluster.node_mut(1).restart_from_snapshot());
+    let by = SystemTime::now();
+    blocking(|| {
+        assert_ne!(
+            cluster.node(1).command(&["DBSIZE"]),
+            "0",
+            "node 1 came back with the snapshot's data"
+        );
+        assert_eq!(
+            cluster.node(1).command(&["GET", KEY]),
+            "(nil)",
+            "the snapshot is older than a's lock"
+        );
+    });
+    after_one_node_of_a_bare_majority_lost_it(watch, &held, from, by).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_to_a_replica_that_missed_the_write_does_not_vote_for_another_leader() {
+    let mut cluster = cluster();
+    let nodes = cluster.addrs();
+    // Node 1's replica, replicating through a proxy whose link is cut below.
+    let replica = blocking(RedisNode::start_replica);
+    let link = FaultProxy::start(cluster.node(1).addr()).await;
+    blocking(|| replica.replicate(link.addr()));
+    let mut watch = Watch::new();
+    warm_up(&nodes, &mut watch).await;
+    key_is(&replica, "(nil)", "w's release reached the replica").await;
+    // The link breaks before the lock is taken: the replica misses everything from here on.
+    link.refuse(true);
+    link.drop_connections();
+    support::wait_until_async(ELECTION, "the replica sees its link down", || async {
+        blocking(|| info_field(&replica, "replication", "master_link_status")) == "down"
+    })
+    .await;
+    let (a, b, held) = a_holds_a_bare_majority(&nodes, &mut watch, &[]).await;
+    blocking(|| {
+        assert!(cluster.node(1).command(&["GET", KEY]).starts_with("a:"));
+        assert_eq!(replica.command(&["GET", KEY]), "(nil)", "the replica missed it");
+    });
+    // Failover: the master dies, the replica is promoted and takes over node 1's address.
+    let from = SystemTime::now();
+    blocking(|| {
+        cluster.node_mut(1).stop();
+        assert_eq!(replica.command(&["REPLICAOF", "NO", "ONE"]), "OK");
+    });
+    for c in [&a, &b] {
+        c.proxies[1].set_upstream(replica.addr());
+    }
+    let by = SystemTime::now();
+    after_one_node_of_a_bare_majority_lost_it(watch, &held, from, by).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Eviction
+// ------------------------------------------------------------------------------------------------
+
+/// Three nodes; node 1 may evict any key (`allkeys-lru` under a memory limit).
+fn cluster_with_an_evicting_node() -> RedisCluster {
+    blocking(|| {
+        let mut cluster = RedisCluster::start(3);
+        cluster.nodes[1] =
+            RedisNode::start_with(&["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"]);
+        cluster
+    })
+}
+
+/// `check` on `nodes`: its output, after it exited 0.
+fn check(nodes: &[SocketAddr], extra: &[&str]) -> String {
+    let urls = nodes
+        .iter()
+        .map(|a| format!("redis://{a}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut args = vec!["check", "--redis", &urls, "--ttl", "3s"];
+    args.extend(extra);
+    let mut proc = Proc::spawn(&args, &[]);
+    let status = proc
+        .wait_exit(Duration::from_secs(20))
+        .expect("check exits");
+    assert_eq!(status.code(), Some(0), "{}", proc.output_text());
+    proc.stdout_text()
+}
+
+/// What `check` says in its VOTE COUNTS column for `node`.
+fn check_vote(out: &str, node: SocketAddr) -> String {
+    let header = out.lines().next().unwrap_or_default();
+    let column = header.find("VOTE COUNTS").expect("a VOTE COUNTS column");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(&node.to_string()))
+        .unwrap_or_else(|| panic!("a line for {node}:\n{out}"));
+    line.get(column..).unwrap_or_default().trim().to_owned()
+}
+
+fn check_line(out: &str, node: SocketAddr) -> String {
+    out.lines()
+        .find(|l| l.starts_with(&node.to_string()))
+        .unwrap_or_else(|| panic!("a line for {node}:\n{out}"))
+        .to_owned()
+}
+
+/// Evicts every key on `node` for real: a memory limit below its use, then the old limit back.
+fn evict_everything(node: &RedisNode) {
+    let before: u64 = info_field(node, "stats", "evicted_keys").parse().unwrap_or(0);
+    assert_eq!(node.command(&["CONFIG", "SET", "maxmemory", "1"]), "OK");
+    // A write makes Redis evict until it fits (it never does): every key goes.
+    let _ = node.command(&["SET", "evict-now", "x"]);
+    assert_eq!(node.command(&["CONFIG", "SET", "maxmemory", "64mb"]), "OK");
+    let after: u64 = info_field(node, "stats", "evicted_keys").parse().unwrap_or(0);
+    assert!(after > before, "node evicted keys ({before} → {after})");
+    assert_eq!(node.command(&["GET", KEY]), "(nil)");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_may_evict_keys_never_counts_by_default() {
+    let cluster = cluster_with_an_evicting_node();
+    let nodes = cluster.addrs();
+    let mut watch = Watch::new();
+    // A reaches nodes 0 and 1 only: with node 1 not counted it can never lead.
+    let a = Contender::start("a", &nodes, &[2], &[], &[]).await;
+    watch.add(&a);
+    support::wait_until_async(ELECTION, "a counts node 0's vote", || async {
+        a.vote_counted(0).await == Some(1)
+    })
+    .await;
+    let counted_at = SystemTime::now();
+    let out = blocking(|| {
+        // A ttl + drift later, every vote that could ever count has counted: observe that long.
+        std::thread::sleep(TTL);
+        check(&nodes, &[])
+    });
+    assert_eq!(
+        a.vote_counted(1).await,
+        Some(0),
+        "the evicting node's vote is not counted"
+    );
+    assert!(
+        watch.tenures().is_empty(),
+        "a never led on nodes 0 and 1: {:?}",
+        watch.tenures()
+    );
+    assert!(
+        check_line(&out, nodes[1]).contains("allkeys-lru"),
+        "check shows the policy:\n{out}"
+    );
+    assert!(
+        check_vote(&out, nodes[1]).starts_with("no"),
+        "check says node 1 does not count:\n{out}"
+    );
+    assert!(
+        check_vote(&out, nodes[0]).starts_with("yes"),
+        "check says node 0 counts:\n{out}"
+    );
+
+    // B reaches all three: it leads on nodes 0 and 2. Evicting node 1 changes nothing.
+    let b = Contender::start("b", &nodes, &[], &[], &[]).await;
+    watch.add(&b);
+    let held = watch
+        .next_tenure(counted_at, None, "b leads on nodes 0 and 2")
+        .await;
+    assert_eq!(held.who, "b");
+    watch.lasted(&held, RENEW * 2).await;
+    blocking(|| evict_everything(cluster.node(1)));
+    let evicted = SystemTime::now();
+    // Observe a ttl after the eviction: a must still never lead.
+    watch.lasted(&held, elapsed(held.since, evicted) + TTL).await;
+    let tenures = watch.finish().await;
+    assert!(
+        tenures.iter().all(|t| t.who == "b"),
+        "only b led: {tenures:?}"
+    );
+    a.stop().await;
+    b.stop().await;
+}
+
+/// From `from` to `to` (zero if `to` is earlier).
+fn elapsed(from: SystemTime, to: SystemTime) -> Duration {
+    to.duration_since(from).unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_allow_evicting_nodes_an_evicting_node_counts_and_the_risk_is_logged() {
+    let cluster = cluster_with_an_evicting_node();
+    let nodes = cluster.addrs();
+    let mut watch = Watch::new();
+    // The variable, as a Helm value would set it: A leads on nodes 0 and 1.
+    let mut a = Contender::start(
+        "a",
+        &nodes,
+        &[2],
+        &[],
+        &[("REDLOCK_ALLOW_EVICTING_NODES", "true")],
+    )
+    .await;
+    watch.add(&a);
+    let held = watch
+        .next_tenure(SystemTime::UNIX_EPOCH, None, "a leads on nodes 0 and 1")
+        .await;
+    assert_eq!(a.vote_counted(1).await, Some(1), "node 1's vote counts");
+    a.proc
+        .wait_for_output_async("allow-evicting-nodes", Duration::from_secs(5))
+        .await;
+    watch.lasted(&held, RENEW * 2).await;
+    watch.finish().await;
+    let out = blocking(|| check(&nodes, &["--allow-evicting-nodes"]));
+    assert!(
+        check_line(&out, nodes[1]).contains("allkeys-lru"),
+        "check shows the policy:\n{out}"
+    );
+    assert!(
+        check_vote(&out, nodes[1]).starts_with("yes"),
+        "with the flag, check says node 1 counts:\n{out}"
+    );
+    a.stop().await;
+}
