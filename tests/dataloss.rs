@@ -150,13 +150,14 @@ impl Contender {
     }
 }
 
-/// `redlock_node_vote_counted{node="<node>"}` of the sidecar at `addr`, if it answers.
+/// `redlock_node_vote_counted` of `node` at the sidecar at `addr`, if it answers.
 async fn vote_counted(addr: SocketAddr, node: &str) -> Option<i64> {
-    let series = format!("redlock_node_vote_counted{{node=\"{node}\"}}");
+    let label = format!("node=\"{node}\"");
     let text = http::get(addr, "/metrics").await.ok()?.body;
     text.lines()
-        .find_map(|l| l.strip_prefix(series.as_str()))
-        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|l| l.starts_with("redlock_node_vote_counted{"))
+        .find(|l| l.contains(&label))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .map(|v| v as i64)
 }
 
@@ -234,12 +235,12 @@ impl Watch {
         tenures(&seen, &self.names)
     }
 
-    /// Waits for a tenure that began after `after` (by anyone but `not`) and returns it.
-    async fn next_tenure(&self, after: SystemTime, not: Option<&str>, what: &str) -> Tenure {
+    /// Waits for a tenure that began after `after` (by `by`, if given) and returns it.
+    async fn next_tenure(&self, after: SystemTime, by: Option<&str>, what: &str) -> Tenure {
         let found = || {
             self.tenures()
                 .into_iter()
-                .find(|t| t.since > after && not.is_none_or(|n| n != t.who))
+                .find(|t| t.since > after && by.is_none_or(|n| n == t.who))
         };
         support::wait_until_async(ELECTION, what, || async { found().is_some() }).await;
         found().expect("just seen")
@@ -248,9 +249,9 @@ impl Watch {
     /// Waits until the tenure `t` has lasted `long` by its answers.
     async fn lasted(&self, t: &Tenure, long: Duration) {
         let lasted = || {
-            self.tenures().iter().any(|u| {
-                u.who == t.who && u.token == t.token && u.leading_at >= t.since + long
-            })
+            self.tenures()
+                .iter()
+                .any(|u| u.who == t.who && u.token == t.token && u.leading_at >= t.since + long)
         };
         let what = format!("{} leads for {long:?}", t.who);
         support::wait_until_async(ELECTION, &what, || async { lasted() }).await;
@@ -427,9 +428,7 @@ fn assert_one_leader_at_a_time(tenures: &[Tenure]) {
 
 /// The tenure that was leading at `at` by its answers.
 fn leading_at(tenures: &[Tenure], at: SystemTime) -> Option<&Tenure> {
-    tenures
-        .iter()
-        .find(|t| t.since <= at && at <= t.leading_at)
+    tenures.iter().find(|t| t.since <= at && at <= t.leading_at)
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -471,7 +470,11 @@ async fn a_holds_a_bare_majority(
     let a = Contender::start("a", nodes, &[2], extra, &[]).await;
     watch.add(&a);
     let first = watch
-        .next_tenure(SystemTime::UNIX_EPOCH, None, "a leads on nodes 0 and 1")
+        .next_tenure(
+            SystemTime::UNIX_EPOCH,
+            Some("a"),
+            "a leads on nodes 0 and 1",
+        )
         .await;
     let b = Contender::start("b", nodes, &[], extra, &[]).await;
     watch.add(&b);
@@ -678,7 +681,11 @@ async fn a_failover_to_a_replica_that_missed_the_write_does_not_vote_for_another
     let (a, b, held) = a_holds_a_bare_majority(&nodes, &mut watch, &[]).await;
     blocking(|| {
         assert!(cluster.node(1).command(&["GET", KEY]).starts_with("a:"));
-        assert_eq!(replica.command(&["GET", KEY]), "(nil)", "the replica missed it");
+        assert_eq!(
+            replica.command(&["GET", KEY]),
+            "(nil)",
+            "the replica missed it"
+        );
     });
     // Failover: the master dies, the replica is promoted and takes over node 1's address.
     let from = SystemTime::now();
@@ -746,12 +753,16 @@ fn check_line(out: &str, node: SocketAddr) -> String {
 
 /// Evicts every key on `node` for real: a memory limit below its use, then the old limit back.
 fn evict_everything(node: &RedisNode) {
-    let before: u64 = info_field(node, "stats", "evicted_keys").parse().unwrap_or(0);
+    let before: u64 = info_field(node, "stats", "evicted_keys")
+        .parse()
+        .unwrap_or(0);
     assert_eq!(node.command(&["CONFIG", "SET", "maxmemory", "1"]), "OK");
     // A write makes Redis evict until it fits (it never does): every key goes.
     let _ = node.command(&["SET", "evict-now", "x"]);
     assert_eq!(node.command(&["CONFIG", "SET", "maxmemory", "64mb"]), "OK");
-    let after: u64 = info_field(node, "stats", "evicted_keys").parse().unwrap_or(0);
+    let after: u64 = info_field(node, "stats", "evicted_keys")
+        .parse()
+        .unwrap_or(0);
     assert!(after > before, "node evicted keys ({before} → {after})");
     assert_eq!(node.command(&["GET", KEY]), "(nil)");
 }
@@ -801,14 +812,15 @@ async fn a_node_that_may_evict_keys_never_counts_by_default() {
     let b = Contender::start("b", &nodes, &[], &[], &[]).await;
     watch.add(&b);
     let held = watch
-        .next_tenure(counted_at, None, "b leads on nodes 0 and 2")
+        .next_tenure(counted_at, Some("b"), "b leads on nodes 0 and 2")
         .await;
-    assert_eq!(held.who, "b");
     watch.lasted(&held, RENEW * 2).await;
     blocking(|| evict_everything(cluster.node(1)));
     let evicted = SystemTime::now();
     // Observe a ttl after the eviction: a must still never lead.
-    watch.lasted(&held, elapsed(held.since, evicted) + TTL).await;
+    watch
+        .lasted(&held, elapsed(held.since, evicted) + TTL)
+        .await;
     let tenures = watch.finish().await;
     assert!(
         tenures.iter().all(|t| t.who == "b"),
@@ -839,7 +851,11 @@ async fn with_allow_evicting_nodes_an_evicting_node_counts_and_the_risk_is_logge
     .await;
     watch.add(&a);
     let held = watch
-        .next_tenure(SystemTime::UNIX_EPOCH, None, "a leads on nodes 0 and 1")
+        .next_tenure(
+            SystemTime::UNIX_EPOCH,
+            Some("a"),
+            "a leads on nodes 0 and 1",
+        )
         .await;
     assert_eq!(a.vote_counted(1).await, Some(1), "node 1's vote counts");
     a.proc

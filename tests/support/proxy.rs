@@ -117,14 +117,22 @@ impl FaultProxy {
     }
 
     pub fn upstream(&self) -> SocketAddr {
-        *self.shared.upstream.lock().unwrap_or_else(|p| p.into_inner())
+        *self
+            .shared
+            .upstream
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// Points the proxy at another upstream, as a failover moves a node's address to its
     /// replica: connections opened from now on reach `upstream`; open ones are closed, so no
     /// client keeps talking to the old server.
     pub fn set_upstream(&self, upstream: SocketAddr) {
-        *self.shared.upstream.lock().unwrap_or_else(|p| p.into_inner()) = upstream;
+        *self
+            .shared
+            .upstream
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = upstream;
         self.drop_connections();
     }
 

@@ -534,7 +534,11 @@ impl RedisNode {
     /// removed once loaded, so a later [`RedisNode::restart`] starts empty again.
     pub fn restart_from_snapshot(&mut self) {
         let dump = self.dir.path().join("dump.rdb");
-        assert!(dump.exists(), "no snapshot of {} to restart from", self.addr());
+        assert!(
+            dump.exists(),
+            "no snapshot of {} to restart from",
+            self.addr()
+        );
         self.restart();
         std::fs::remove_file(&dump)
             .unwrap_or_else(|e| panic!("cannot remove {}: {e}", dump.display()));
@@ -554,10 +558,11 @@ impl RedisNode {
         let host = master.ip().to_string();
         assert_eq!(self.command(&["REPLICAOF", &host, &port]), "OK");
         super::wait_until(START_DEADLINE, "the replica's first sync", || {
-            self.try_command(&["INFO", "replication"]).is_ok_and(|info| {
-                info.lines()
-                    .any(|l| l.trim_end() == "master_link_status:up")
-            })
+            self.try_command(&["INFO", "replication"])
+                .is_ok_and(|info| {
+                    info.lines()
+                        .any(|l| l.trim_end() == "master_link_status:up")
+                })
         });
     }
 
