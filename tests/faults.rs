@@ -1831,9 +1831,19 @@ enum Fault {
     CrashHolder,
     /// The holder pauses past its validity, then writes.
     PauseHolder,
+    /// `FLUSHALL` on one, two or three nodes: data lost without a restart.
+    FlushAll,
+    /// `FLUSHDB` on one, two or three nodes.
+    FlushDb,
+    /// One, two or three nodes restored from a snapshot taken a moment before (the lock has
+    /// moved on since): old data, a new run id.
+    RestoreSnapshot,
+    /// One node's address moved to a replica whose link broke a moment before: it missed the
+    /// latest writes.
+    Failover,
 }
 
-const FAULTS: [Fault; 11] = [
+const FAULTS: [Fault; 15] = [
     Fault::RestartOne,
     Fault::RestartTwo,
     Fault::RestartAll,
@@ -1845,6 +1855,10 @@ const FAULTS: [Fault; 11] = [
     Fault::DropConnections,
     Fault::CrashHolder,
     Fault::PauseHolder,
+    Fault::FlushAll,
+    Fault::FlushDb,
+    Fault::RestoreSnapshot,
+    Fault::Failover,
 ];
 
 /// Picks `k` distinct nodes of three.
@@ -1863,6 +1877,7 @@ async fn inject(
     cluster: &Mutex<RedisCluster>,
     proxies: &[Vec<FaultProxy>],
     fleet: &LibFleet,
+    standbys: &Standbys,
 ) {
     let ms = |rng: &mut StdRng, lo: u64, hi: u64| Duration::from_millis(rng.random_range(lo..hi));
     match fault {
@@ -1922,6 +1937,50 @@ async fn inject(
             })
             .await;
         }
+        Fault::FlushAll | Fault::FlushDb => {
+            let command = if fault == Fault::FlushAll {
+                "FLUSHALL"
+            } else {
+                "FLUSHDB"
+            };
+            let k = rng.random_range(1..=3);
+            let nodes = some_nodes(rng, k);
+            let cut = cut_holder_beside(rng, fleet, proxies, &nodes);
+            block_in_place(|| {
+                let cluster = cluster.lock().unwrap_or_else(|e| e.into_inner());
+                for &i in &nodes {
+                    assert_eq!(cluster.node(i).command(&[command]), "OK");
+                }
+            });
+            heal_later(cut, ms(rng, 300, 1500)).await;
+        }
+        Fault::RestoreSnapshot => {
+            let k = rng.random_range(1..=3);
+            let nodes = some_nodes(rng, k);
+            block_in_place(|| {
+                let cluster = cluster.lock().unwrap_or_else(|e| e.into_inner());
+                for &i in &nodes {
+                    cluster.node(i).save_snapshot();
+                }
+            });
+            // The lock moves on after the snapshot.
+            tokio::time::sleep(ms(rng, 200, 1500)).await;
+            let cut = cut_holder_beside(rng, fleet, proxies, &nodes);
+            block_in_place(|| {
+                let mut cluster = cluster.lock().unwrap_or_else(|e| e.into_inner());
+                for &i in &nodes {
+                    cluster.node_mut(i).restart_from_snapshot();
+                }
+            });
+            heal_later(cut, ms(rng, 300, 1500)).await;
+        }
+        Fault::Failover => {
+            let node = rng.random_range(0..3);
+            let missed = ms(rng, 0, 500);
+            let cut = cut_holder_beside(rng, fleet, proxies, &[node]);
+            standbys.failover(cluster, proxies, node, missed).await;
+            heal_later(cut, ms(rng, 300, 1500)).await;
+        }
         Fault::PauseHolder => {
             let before = fleet.ctx.pauses().len();
             *fleet
@@ -1937,6 +1996,231 @@ async fn inject(
             .await;
         }
     }
+}
+
+/// Half the time, cuts the current holder off from one node outside `struck` (its connections
+/// refused), so that its key stands on a bare majority that includes the struck nodes: losing
+/// one node's data then decides who may hold the lock. Returns the proxies to heal.
+fn cut_holder_beside<'a>(
+    rng: &mut StdRng,
+    fleet: &LibFleet,
+    proxies: &'a [Vec<FaultProxy>],
+    struck: &[usize],
+) -> Option<&'a [FaultProxy]> {
+    let spared: Vec<usize> = (0..3).filter(|i| !struck.contains(i)).collect();
+    let (holder, _, _) = fleet.holder()?;
+    if spared.is_empty() || !rng.random_bool(0.5) {
+        return None;
+    }
+    let node = spared[rng.random_range(0..spared.len())];
+    cut_off(&proxies[holder], &[node], false);
+    Some(&proxies[holder])
+}
+
+/// Heals `cut` (from [`cut_holder_beside`]) after `after`.
+async fn heal_later(cut: Option<&[FaultProxy]>, after: Duration) {
+    if let Some(proxies) = cut {
+        tokio::time::sleep(after).await;
+        heal(proxies);
+    }
+}
+
+/// One replica per node, kept in sync through a proxy (so that its link can be cut), ready to
+/// take over the node's address. They start with the cluster, so that the first failover of a
+/// node promotes a server that has been up for a long time (an uptime rule cannot catch it).
+struct Standbys {
+    /// Per node: the replica and the proxy it replicates through (`None` while failing over).
+    replicas: Mutex<Vec<Option<(RedisNode, FaultProxy)>>>,
+}
+
+impl Standbys {
+    async fn start(cluster: &Mutex<RedisCluster>) -> Standbys {
+        let addrs = cluster.lock().unwrap_or_else(|e| e.into_inner()).addrs();
+        let mut replicas = Vec::new();
+        for addr in addrs {
+            replicas.push(Some(Standbys::replica_of(addr).await));
+        }
+        Standbys {
+            replicas: Mutex::new(replicas),
+        }
+    }
+
+    async fn replica_of(master: SocketAddr) -> (RedisNode, FaultProxy) {
+        let link = FaultProxy::start(master).await;
+        let replica = block_in_place(|| {
+            let replica = RedisNode::start_replica();
+            replica.replicate(link.addr());
+            replica
+        });
+        (replica, link)
+    }
+
+    /// Waits until every replica's vote would count under the uptime rule.
+    fn wait_votes_count(&self, ttl: Duration) {
+        block_in_place(|| {
+            let replicas = self.replicas.lock().unwrap_or_else(|e| e.into_inner());
+            for (replica, _) in replicas.iter().flatten() {
+                replica.wait_votes_count(ttl);
+            }
+        });
+    }
+
+    /// Fails node `node` over to its replica: the replica's link breaks, `missed` later
+    /// (writes go on meanwhile) the old server dies, the replica is promoted and every
+    /// contender's proxy for the node moves to it. The replica then is node `node`, and a new
+    /// replica of it stands by.
+    async fn failover(
+        &self,
+        cluster: &Mutex<RedisCluster>,
+        proxies: &[Vec<FaultProxy>],
+        node: usize,
+        missed: Duration,
+    ) {
+        let (replica, link) = self.replicas.lock().unwrap_or_else(|e| e.into_inner())[node]
+            .take()
+            .expect("a standby for every node");
+        link.refuse(true);
+        link.drop_connections();
+        tokio::time::sleep(missed).await;
+        let promoted = replica.addr();
+        block_in_place(|| {
+            let mut cluster = cluster.lock().unwrap_or_else(|e| e.into_inner());
+            cluster.node_mut(node).stop();
+            assert_eq!(replica.command(&["REPLICAOF", "NO", "ONE"]), "OK");
+            cluster.nodes[node] = replica;
+        });
+        for contender in proxies {
+            contender[node].set_upstream(promoted);
+        }
+        let fresh = Standbys::replica_of(promoted).await;
+        self.replicas.lock().unwrap_or_else(|e| e.into_inner())[node] = Some(fresh);
+    }
+}
+
+/// A cluster of three whose votes count, and a standby replica for each node.
+async fn ready_cluster_with_standbys(ttl: Duration) -> (Mutex<RedisCluster>, Standbys) {
+    let cluster = Mutex::new(block_in_place(|| RedisCluster::start(3)));
+    let standbys = Standbys::start(&cluster).await;
+    block_in_place(|| cluster.lock().unwrap().wait_votes_count(ttl));
+    standbys.wait_votes_count(ttl);
+    (cluster, standbys)
+}
+
+/// Strikes held locks with faults drawn from `faults` for `lasting` (library contenders on their
+/// own proxies, one fresh cluster), checks that the lock moves again after the last one, that
+/// some votes were not counted, and the records. Returns the scenario's row.
+async fn strike_held_locks(
+    scenario: &str,
+    lock: &str,
+    faults: &[Fault],
+    lasting: Duration,
+    seed: u64,
+) -> Row {
+    let (cluster, standbys) = ready_cluster_with_standbys(LIB_TTL).await;
+    let addrs = cluster.lock().unwrap().addrs();
+    let mut proxies = Vec::new();
+    for _ in 0..4 {
+        let mut own = Vec::new();
+        for &addr in &addrs {
+            own.push(FaultProxy::start(addr).await);
+        }
+        proxies.push(own);
+    }
+    let urls: Vec<Vec<String>> = proxies.iter().map(|p| urls_of(p)).collect();
+    let fleet = LibFleet::start(
+        lock,
+        "lib",
+        &urls,
+        &[LibPlan::holding(), LibPlan::quick()],
+        seed,
+    );
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut injected: std::collections::BTreeMap<Fault, usize> = Default::default();
+    let mut held_when_hit = 0;
+    let end = Instant::now() + lasting;
+    let mut last_fault = Instant::now();
+    while Instant::now() < end {
+        open_session(
+            fleet.store(),
+            LIB_TTL * 4 + TAKEOVER_SLACK,
+            &format!("{scenario}: the lock is taken again (seed {seed})"),
+        )
+        .await;
+        // In turn, so that each kind is drawn; where and how long is random.
+        let fault = faults[injected.values().sum::<usize>() % faults.len()];
+        inject(fault, &mut rng, &cluster, &proxies, &fleet, &standbys).await;
+        // The data is lost as `inject` ends (a restore restarts the nodes last).
+        held_when_hit += usize::from(fleet.holder().is_some());
+        *injected.entry(fault).or_default() += 1;
+        last_fault = Instant::now();
+        tokio::time::sleep(Duration::from_millis(rng.random_range(200..1500))).await;
+    }
+    next_session(
+        fleet.store(),
+        last_fault,
+        None,
+        LIB_TTL * 4 + TAKEOVER_SLACK,
+        &format!("{scenario}: the lock is taken again after the last fault (seed {seed})"),
+    )
+    .await;
+    let ctx = fleet.stop().await;
+    let faults: usize = injected.values().sum();
+    let (_, row) = check(
+        &format!("{scenario} {injected:?}"),
+        "4 library, own proxies",
+        faults,
+        &ctx.store.records(),
+        Mode::Strict,
+        &[],
+    );
+    assert!(
+        ctx.votes.not_counted.load(Ordering::Relaxed) > 0,
+        "{scenario}: nodes that lost data granted votes that were not counted ({injected:?})"
+    );
+    assert!(held_when_hit > 0, "{scenario}: faults hit held locks");
+    row
+}
+
+/// How long each data-loss scenario strikes.
+const STRIKING: Duration = Duration::from_secs(12);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushes_under_held_locks_never_allow_two_holders() {
+    let row = strike_held_locks(
+        "FLUSHALL / FLUSHDB, 1–3 of 3 nodes",
+        "flush-lib",
+        &[Fault::FlushAll, Fault::FlushDb],
+        STRIKING,
+        17,
+    )
+    .await;
+    checker::report(vec![row]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restores_from_older_snapshots_under_held_locks_never_allow_two_holders() {
+    let row = strike_held_locks(
+        "restore from an older snapshot, 1–3 of 3 nodes",
+        "snapshot-lib",
+        &[Fault::RestoreSnapshot],
+        STRIKING,
+        19,
+    )
+    .await;
+    checker::report(vec![row]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failovers_to_replicas_that_missed_writes_never_allow_two_holders() {
+    let row = strike_held_locks(
+        "failover to a replica that missed writes",
+        "failover-lib",
+        &[Fault::Failover],
+        STRIKING,
+        23,
+    )
+    .await;
+    checker::report(vec![row]);
 }
 
 /// `REDLOCK_SOAK=N`: N handoffs under random faults (default: a short run of 200, so the test
@@ -1960,7 +2244,7 @@ async fn soak() {
     let fault_every = if long.is_some() { 50 } else { 20 };
     println!("soak: {target} handoffs, a fault every {fault_every}, seed {seed} (replay with REDLOCK_SOAK_SEED={seed})");
 
-    let cluster = Mutex::new(ready_cluster(3, LIB_TTL));
+    let (cluster, standbys) = ready_cluster_with_standbys(LIB_TTL).await;
     let addrs = cluster.lock().unwrap().addrs();
     let mut proxies = Vec::new();
     for _ in 0..4 {
@@ -2001,7 +2285,7 @@ async fn soak() {
             continue;
         }
         let fault = FAULTS[rng.random_range(0..FAULTS.len())];
-        inject(fault, &mut rng, &cluster, &proxies, &fleet).await;
+        inject(fault, &mut rng, &cluster, &proxies, &fleet, &standbys).await;
         *injected.entry(fault).or_default() += 1;
         // Liveness: once the fault is healed (and restarted nodes have been up for ttl + drift),
         // the lock moves again.

@@ -551,9 +551,12 @@ impl RedisNode {
     }
 
     /// `REPLICAOF` the server at `master` (e.g. a [`super::FaultProxy`] in front of it, to cut
-    /// the link later), then waits (bounded) until the initial sync is done. As a runtime
-    /// command it is forgotten by a restart, which comes back as an empty master.
+    /// the link later), then waits (bounded) until the initial sync is done. The master's
+    /// `repl-diskless-sync-delay` is set to 0 first (by default it waits 5 s for more replicas).
+    /// As a runtime command it is forgotten by a restart, which comes back as an empty master.
     pub fn replicate(&self, master: SocketAddr) {
+        let delay = command_at(master, &["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
+        assert_eq!(delay.as_deref(), Ok("OK"), "master {master}");
         let port = master.port().to_string();
         let host = master.ip().to_string();
         assert_eq!(self.command(&["REPLICAOF", &host, &port]), "OK");
