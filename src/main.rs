@@ -33,6 +33,7 @@ fn main() {
                 .unwrap_or_else(|e| config::exit_invalid(&e.to_string()));
             let mut cfg = redlock_sidecar::redlock::RedlockConfig::new("check", "check", nodes);
             cfg.ttl = args.ttl;
+            cfg.allow_evicting_nodes = args.redis.allow_evicting_nodes;
             cfg.node_timeout = args.redis.node_timeout;
             cfg.connect_timeout = args.redis.connect_timeout;
             report(cfg, |r| async move { ops::check(&r).await })
