@@ -2303,7 +2303,7 @@ async fn soak() {
     // re-checked by the checker (rule 2) together with the token order (rule 1).
     let pauses = ctx.pauses();
     println!(
-        "soak: {} handoffs in {:.1?}; faults {injected:?}; votes not counted by the restart rule: {}; \
+        "soak: {} handoffs in {:.1?}; faults {injected:?}; votes not counted (data age, eviction policy): {}; \
          holder pauses: {} (stale writes refused: {}); holder crashes: {}",
         a.handoffs(),
         started.elapsed(),

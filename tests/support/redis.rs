@@ -525,8 +525,11 @@ impl RedisNode {
 
     /// `SAVE`: a snapshot of the node's data in its directory, for
     /// [`RedisNode::restart_from_snapshot`].
+    /// Retried while a replica's sync keeps a fork busy (`SAVE` refuses to run beside one).
     pub fn save_snapshot(&self) {
-        assert_eq!(self.command(&["SAVE"]), "OK", "SAVE on {}", self.addr());
+        super::wait_until(START_DEADLINE, "SAVE succeeds", || {
+            self.try_command(&["SAVE"]).is_ok_and(|reply| reply == "OK")
+        });
     }
 
     /// SIGKILL, then start again on the same port from the last [`RedisNode::save_snapshot`]
