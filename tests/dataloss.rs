@@ -439,11 +439,6 @@ fn cluster() -> RedisCluster {
     block_in_place(|| RedisCluster::start(3))
 }
 
-/// Runs `f` on a blocking section (raw Redis commands next to the proxies' runtime).
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    block_in_place(f)
-}
-
 fn info_field(node: &RedisNode, section: &str, field: &str) -> String {
     let info = node.command(&["INFO", section]);
     info.lines()
@@ -455,7 +450,7 @@ fn info_field(node: &RedisNode, section: &str, field: &str) -> String {
 /// Waits until `node` holds `value` under the lock key (`(nil)` for none).
 async fn key_is(node: &RedisNode, value: &str, what: &str) {
     support::wait_until_async(ELECTION, what, || async {
-        blocking(|| node.try_command(&["GET", KEY])).is_ok_and(|v| v == value)
+        block_in_place(|| node.try_command(&["GET", KEY])).is_ok_and(|v| v == value)
     })
     .await;
 }
@@ -530,7 +525,7 @@ async fn a_majority_loses_the_key(command: &str) {
     // Renewed a few times: the loss hits a lock in steady state.
     watch.lasted(&held, RENEW * 3).await;
     let from = SystemTime::now();
-    blocking(|| {
+    block_in_place(|| {
         for i in [0, 1] {
             assert_eq!(cluster.node(i).command(&[command]), "OK");
         }
@@ -574,6 +569,14 @@ async fn a_majority_loses_the_key(command: &str) {
         .iter()
         .find(|t| t.since > from)
         .expect("a tenure after the loss");
+    println!(
+        "{command} on a majority: {} stepped down at most {:.0} ms after the loss; {} led {:.0} ms \
+         after it (ttl {TTL:?}, renew interval {RENEW:?})",
+        old.who,
+        ms_between(by, old.ended_by),
+        next.who,
+        ms_between(from, next.since)
+    );
     assert!(
         next.since >= from + TTL,
         "{command} on a majority: nobody leads until ttl + drift after the loss, but {} led \
@@ -611,9 +614,9 @@ async fn a_node_restarted_without_persistence_does_not_vote_for_another_leader()
     let mut watch = Watch::new();
     let (a, b, held) = a_holds_a_bare_majority(&nodes, &mut watch, &[]).await;
     let from = SystemTime::now();
-    blocking(|| cluster.node_mut(1).restart());
+    block_in_place(|| cluster.node_mut(1).restart());
     let by = SystemTime::now();
-    assert_eq!(blocking(|| cluster.node(1).command(&["DBSIZE"])), "0");
+    assert_eq!(block_in_place(|| cluster.node(1).command(&["DBSIZE"])), "0");
     after_one_node_of_a_bare_majority_lost_it(watch, &held, from, by).await;
     a.stop().await;
     b.stop().await;
@@ -638,12 +641,12 @@ async fn a_node_restored_from_a_snapshot_older_than_the_lock_does_not_vote_for_a
     let mut watch = Watch::new();
     warm_up(&nodes, &mut watch).await;
     key_is(cluster.node(1), "(nil)", "w's release reached node 1").await;
-    blocking(|| cluster.node(1).save_snapshot());
+    block_in_place(|| cluster.node(1).save_snapshot());
     let (a, b, held) = a_holds_a_bare_majority(&nodes, &mut watch, &[]).await;
     let from = SystemTime::now();
-    blocking(|| cluster.node_mut(1).restart_from_snapshot());
+    block_in_place(|| cluster.node_mut(1).restart_from_snapshot());
     let by = SystemTime::now();
-    blocking(|| {
+    block_in_place(|| {
         assert_ne!(
             cluster.node(1).command(&["DBSIZE"]),
             "0",
@@ -665,9 +668,9 @@ async fn a_failover_to_a_replica_that_missed_the_write_does_not_vote_for_another
     let mut cluster = cluster();
     let nodes = cluster.addrs();
     // Node 1's replica, replicating through a proxy whose link is cut below.
-    let replica = blocking(RedisNode::start_replica);
+    let replica = block_in_place(RedisNode::start_replica);
     let link = FaultProxy::start(cluster.node(1).addr()).await;
-    blocking(|| replica.replicate(link.addr()));
+    block_in_place(|| replica.replicate(link.addr()));
     let mut watch = Watch::new();
     warm_up(&nodes, &mut watch).await;
     key_is(&replica, "(nil)", "w's release reached the replica").await;
@@ -675,11 +678,11 @@ async fn a_failover_to_a_replica_that_missed_the_write_does_not_vote_for_another
     link.refuse(true);
     link.drop_connections();
     support::wait_until_async(ELECTION, "the replica sees its link down", || async {
-        blocking(|| info_field(&replica, "replication", "master_link_status")) == "down"
+        block_in_place(|| info_field(&replica, "replication", "master_link_status")) == "down"
     })
     .await;
     let (a, b, held) = a_holds_a_bare_majority(&nodes, &mut watch, &[]).await;
-    blocking(|| {
+    block_in_place(|| {
         assert!(cluster.node(1).command(&["GET", KEY]).starts_with("a:"));
         assert_eq!(
             replica.command(&["GET", KEY]),
@@ -689,7 +692,7 @@ async fn a_failover_to_a_replica_that_missed_the_write_does_not_vote_for_another
     });
     // Failover: the master dies, the replica is promoted and takes over node 1's address.
     let from = SystemTime::now();
-    blocking(|| {
+    block_in_place(|| {
         cluster.node_mut(1).stop();
         assert_eq!(replica.command(&["REPLICAOF", "NO", "ONE"]), "OK");
     });
@@ -708,7 +711,7 @@ async fn a_failover_to_a_replica_that_missed_the_write_does_not_vote_for_another
 
 /// Three nodes; node 1 may evict any key (`allkeys-lru` under a memory limit).
 fn cluster_with_an_evicting_node() -> RedisCluster {
-    blocking(|| {
+    block_in_place(|| {
         let mut cluster = RedisCluster::start(3);
         cluster.nodes[1] =
             RedisNode::start_with(&["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"]);
@@ -733,22 +736,21 @@ fn check(nodes: &[SocketAddr], extra: &[&str]) -> String {
     proc.stdout_text()
 }
 
-/// What `check` says in its VOTE COUNTS column for `node`.
-fn check_vote(out: &str, node: SocketAddr) -> String {
-    let header = out.lines().next().unwrap_or_default();
-    let column = header.find("VOTE COUNTS").expect("a VOTE COUNTS column");
-    let line = out
-        .lines()
-        .find(|l| l.starts_with(&node.to_string()))
-        .unwrap_or_else(|| panic!("a line for {node}:\n{out}"));
-    line.get(column..).unwrap_or_default().trim().to_owned()
-}
-
-fn check_line(out: &str, node: SocketAddr) -> String {
+/// `check`'s line for `node`.
+fn check_line(out: &str, node: SocketAddr) -> &str {
     out.lines()
         .find(|l| l.starts_with(&node.to_string()))
         .unwrap_or_else(|| panic!("a line for {node}:\n{out}"))
-        .to_owned()
+}
+
+/// What `check` says in its VOTE COUNTS column for `node`.
+fn check_vote(out: &str, node: SocketAddr) -> &str {
+    let header = out.lines().next().unwrap_or_default();
+    let column = header.find("VOTE COUNTS").expect("a VOTE COUNTS column");
+    check_line(out, node)
+        .get(column..)
+        .unwrap_or_default()
+        .trim()
 }
 
 /// Evicts every key on `node` for real: a memory limit below its use, then the old limit back.
@@ -780,7 +782,7 @@ async fn a_node_that_may_evict_keys_never_counts_by_default() {
     })
     .await;
     let counted_at = SystemTime::now();
-    let out = blocking(|| {
+    let out = block_in_place(|| {
         // A ttl + drift later, every vote that could ever count has counted: observe that long.
         std::thread::sleep(TTL);
         check(&nodes, &[])
@@ -815,7 +817,7 @@ async fn a_node_that_may_evict_keys_never_counts_by_default() {
         .next_tenure(counted_at, Some("b"), "b leads on nodes 0 and 2")
         .await;
     watch.lasted(&held, RENEW * 2).await;
-    blocking(|| evict_everything(cluster.node(1)));
+    block_in_place(|| evict_everything(cluster.node(1)));
     let evicted = SystemTime::now();
     // Observe a ttl after the eviction: a must still never lead.
     watch
@@ -863,7 +865,7 @@ async fn with_allow_evicting_nodes_an_evicting_node_counts_and_the_risk_is_logge
         .await;
     watch.lasted(&held, RENEW * 2).await;
     watch.finish().await;
-    let out = blocking(|| check(&nodes, &["--allow-evicting-nodes"]));
+    let out = block_in_place(|| check(&nodes, &["--allow-evicting-nodes"]));
     assert!(
         check_line(&out, nodes[1]).contains("allkeys-lru"),
         "check shows the policy:\n{out}"

@@ -64,6 +64,33 @@ fn restart_comes_back_on_same_port_and_empty() {
 }
 
 #[test]
+fn restart_from_snapshot_brings_back_what_was_saved_and_only_once() {
+    let mut node = RedisNode::start();
+    node.command(&["SET", "before", "1"]);
+    node.save_snapshot();
+    node.command(&["SET", "after", "2"]);
+    node.restart_from_snapshot();
+    assert_eq!(node.command(&["GET", "before"]), "1");
+    assert_eq!(node.command(&["GET", "after"]), "(nil)");
+    // The snapshot was consumed: a plain restart is empty again.
+    node.restart();
+    assert_eq!(node.command(&["DBSIZE"]), "0");
+}
+
+#[test]
+fn a_replica_copies_its_master_and_stops_when_promoted() {
+    let master = RedisNode::start();
+    master.command(&["SET", "k", "v"]);
+    let replica = RedisNode::start_replica();
+    replica.replicate(master.addr());
+    assert_eq!(replica.command(&["GET", "k"]), "v", "the initial sync");
+    assert_eq!(replica.command(&["REPLICAOF", "NO", "ONE"]), "OK");
+    master.command(&["SET", "k", "later"]);
+    assert_eq!(replica.command(&["GET", "k"]), "v");
+    assert_eq!(replica.command(&["SET", "k", "mine"]), "OK", "a master now");
+}
+
+#[test]
 fn pause_and_resume() {
     let mut node = RedisNode::start();
     node.command(&["SET", "k", "v"]);
@@ -296,6 +323,36 @@ async fn proxy_blackhole_times_out_and_heal_restores() {
         "held SET delivered after heal",
         || node.command(&["GET", "held"]) == "1",
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_set_upstream_moves_new_connections_and_closes_old_ones() {
+    let (first, second) = (RedisNode::start(), RedisNode::start());
+    first.command(&["SET", "who", "first"]);
+    second.command(&["SET", "who", "second"]);
+    let proxy = FaultProxy::start(first.addr()).await;
+    let timeout = Duration::from_secs(2);
+    let ask = || command_at_async(proxy.addr(), &["GET", "who"], timeout);
+    assert_eq!(ask().await.as_deref(), Ok("first"));
+    wait_until_async(timeout, "the first connection is closed", || async {
+        proxy.active_connections() == 0
+    })
+    .await;
+    // An open connection to the old upstream is closed by the move.
+    let mut open = tokio::net::TcpStream::connect(proxy.addr()).await.unwrap();
+    wait_until_async(timeout, "the open connection is served", || async {
+        proxy.active_connections() == 1
+    })
+    .await;
+    proxy.set_upstream(second.addr());
+    assert_eq!(proxy.upstream(), second.addr());
+    let mut buf = [0u8; 16];
+    let read = tokio::time::timeout(timeout, open.read(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "the old connection was closed: {read:?}"
+    );
+    assert_eq!(ask().await.as_deref(), Ok("second"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
