@@ -24,6 +24,7 @@
 
 mod support;
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -132,8 +133,8 @@ impl Contender {
         body["holder"].as_str().map(str::to_owned)
     }
 
-    /// SIGTERM and wait: the sidecar releases the lock and exits 0.
-    async fn stop(mut self) {
+    /// SIGTERM and wait: the sidecar releases the lock and exits 0. Returns its log.
+    async fn stop(mut self) -> String {
         self.proc.sigterm();
         let status = self
             .proc
@@ -147,6 +148,7 @@ impl Contender {
             self.name,
             self.proc.output_text()
         );
+        self.proc.stderr_text()
     }
 }
 
@@ -190,19 +192,62 @@ struct Seen {
 struct Tenure {
     who: String,
     token: u64,
-    /// When it began, as the sidecar reported it.
+    /// When the round that took the lock began, as the sidecar reported it.
     since: SystemTime,
+    /// The claim began after this: when the sidecar logged the acquisition (it publishes
+    /// leadership right after), or `since` if the log does not say.
+    claimed_after: SystemTime,
+    /// When the first answer saying "leader" with this token came back: the claim began
+    /// before.
+    first_seen: SystemTime,
     /// When the last answer saying "leader" with this token was asked for: it lasted at least
     /// until then.
     leading_at: SystemTime,
-    /// It ended at the latest here: the first later "not leader" (or another token), or when
-    /// the validity its last answer reported ran out.
+    /// It ended at the latest here: when the sidecar logged its step-down or release (it
+    /// stops claiming just before), the first later "not leader" answer, or when the validity
+    /// its last answer reported ran out, whichever is first.
     ended_by: SystemTime,
+}
+
+/// When a sidecar's log says each of its tenures (by fencing token) was acquired, and ended.
+#[derive(Default)]
+struct LogTimes {
+    acquired: HashMap<u64, SystemTime>,
+    ended: HashMap<u64, SystemTime>,
+}
+
+/// Reads the sidecar's text log: a timestamp first, the message, `fencing_token=N`.
+fn log_times(log: &str) -> LogTimes {
+    let mut times = LogTimes::default();
+    for line in log.lines() {
+        let Some(at) = line
+            .split_whitespace()
+            .next()
+            .and_then(|t| humantime::parse_rfc3339(t).ok())
+        else {
+            continue;
+        };
+        let Some(token) = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("fencing_token="))
+            .and_then(|t| t.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        if line.contains("acquired the lock") {
+            times.acquired.insert(token, at);
+        } else if line.contains("stepped down") || line.contains("released the lock") {
+            times.ended.entry(token).or_insert(at);
+        }
+    }
+    times
 }
 
 /// Polls every added sidecar's `/leader` until stopped.
 struct Watch {
     names: Vec<String>,
+    /// The logs of sidecars that have exited, by name.
+    logs: HashMap<String, String>,
     seen: Arc<Mutex<Vec<Seen>>>,
     stop: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
@@ -212,6 +257,7 @@ impl Watch {
     fn new() -> Watch {
         Watch {
             names: Vec::new(),
+            logs: HashMap::new(),
             seen: Arc::default(),
             stop: CancellationToken::new(),
             tasks: Vec::new(),
@@ -230,20 +276,53 @@ impl Watch {
         )));
     }
 
+    /// Stops `c` (see [`Contender::stop`]) and keeps its log for the analysis.
+    async fn stop(&mut self, c: Contender) {
+        let name = c.name.clone();
+        let log = c.stop().await;
+        self.logs.insert(name, log);
+    }
+
     fn tenures(&self) -> Vec<Tenure> {
         let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        tenures(&seen, &self.names)
+        let logs: Vec<LogTimes> = self
+            .names
+            .iter()
+            .map(|n| log_times(self.logs.get(n).map_or("", String::as_str)))
+            .collect();
+        tenures(&seen, &self.names, &logs)
     }
 
     /// Waits for a tenure that began after `after` (by `by`, if given) and returns it.
-    async fn next_tenure(&self, after: SystemTime, by: Option<&str>, what: &str) -> Tenure {
-        let found = || {
-            self.tenures()
+    /// Panics naming `what`, with the logs of `running`, if none comes within [`ELECTION`].
+    async fn next_tenure(
+        &self,
+        after: SystemTime,
+        by: Option<&str>,
+        what: &str,
+        running: &[&Contender],
+    ) -> Tenure {
+        let end = tokio::time::Instant::now() + ELECTION;
+        loop {
+            let found = self
+                .tenures()
                 .into_iter()
-                .find(|t| t.since > after && by.is_none_or(|n| n == t.who))
-        };
-        support::wait_until_async(ELECTION, what, || async { found().is_some() }).await;
-        found().expect("just seen")
+                .find(|t| t.since > after && by.is_none_or(|n| n == t.who));
+            if let Some(t) = found {
+                return t;
+            }
+            if tokio::time::Instant::now() >= end {
+                let logs: Vec<String> = running
+                    .iter()
+                    .map(|c| format!("--- {} ---\n{}", c.name, c.proc.output_text()))
+                    .collect();
+                panic!(
+                    "timed out after {ELECTION:?} waiting for: {what}\n{}",
+                    logs.join("\n")
+                );
+            }
+            tokio::time::sleep(POLL).await;
+        }
     }
 
     /// Waits until the tenure `t` has lasted `long` by its answers.
@@ -258,10 +337,20 @@ impl Watch {
     }
 
     /// Stops polling and returns every tenure seen, checked: never two at once, tokens growing.
-    async fn finish(mut self) -> Vec<Tenure> {
+    /// `running` are the sidecars still running (their logs so far are read).
+    async fn finish(mut self, running: &[&Contender]) -> Vec<Tenure> {
         self.stop.cancel();
         for task in self.tasks.drain(..) {
             task.await.expect("poller did not panic");
+        }
+        for c in running {
+            self.logs.insert(c.name.clone(), c.proc.stderr_text());
+        }
+        for (name, log) in &self.logs {
+            assert!(
+                !log_times(log).acquired.is_empty() || !self.tenures().iter().any(|t| &t.who == name),
+                "{name}'s log shows when it acquired the lock (`acquired the lock … fencing_token=N`):\n{log}"
+            );
         }
         let tenures = self.tenures();
         assert_one_leader_at_a_time(&tenures);
@@ -323,11 +412,20 @@ fn parse_answer(status: u16, body: &str) -> Answer {
     }
 }
 
-/// The tenures the answers describe, in the order they began.
-fn tenures(seen: &[Seen], names: &[String]) -> Vec<Tenure> {
+/// The tenures the answers describe, narrowed by each sidecar's log, in the order they began.
+fn tenures(seen: &[Seen], names: &[String], logs: &[LogTimes]) -> Vec<Tenure> {
     let mut out = Vec::new();
     for (who, name) in names.iter().enumerate() {
-        // The open tenure, and the latest end its validity allows.
+        let log = &logs[who];
+        let mut close = |mut t: Tenure, bound: Option<SystemTime>| {
+            if let Some(bound) = bound {
+                t.ended_by = t.ended_by.min(bound);
+            }
+            if let Some(&ended) = log.ended.get(&t.token) {
+                t.ended_by = t.ended_by.min(ended);
+            }
+            out.push(t);
+        };
         let mut open: Option<Tenure> = None;
         for s in seen.iter().filter(|s| s.who == who) {
             match s.answer {
@@ -343,14 +441,15 @@ fn tenures(seen: &[Seen], names: &[String]) -> Vec<Tenure> {
                             t.ended_by = valid_end;
                         }
                         _ => {
-                            if let Some(mut t) = open.take() {
-                                t.ended_by = t.ended_by.min(s.received);
-                                out.push(t);
+                            if let Some(t) = open.take() {
+                                close(t, Some(s.received));
                             }
                             open = Some(Tenure {
                                 who: name.clone(),
                                 token,
                                 since,
+                                claimed_after: log.acquired.get(&token).copied().unwrap_or(since),
+                                first_seen: s.received,
                                 leading_at: s.sent,
                                 ended_by: valid_end,
                             });
@@ -358,15 +457,16 @@ fn tenures(seen: &[Seen], names: &[String]) -> Vec<Tenure> {
                     }
                 }
                 Answer::Follower => {
-                    if let Some(mut t) = open.take() {
-                        t.ended_by = t.ended_by.min(s.received);
-                        out.push(t);
+                    if let Some(t) = open.take() {
+                        close(t, Some(s.received));
                     }
                 }
                 Answer::Unknown => {}
             }
         }
-        out.extend(open);
+        if let Some(t) = open {
+            close(t, None);
+        }
     }
     out.sort_by_key(|t| t.since);
     out
@@ -387,10 +487,12 @@ fn assert_one_leader_at_a_time(tenures: &[Tenure]) {
     let at = |t: SystemTime| ms_between(origin, t);
     let describe = |t: &Tenure| {
         format!(
-            "{} (token {}, began {:.1} ms, led at least until {:.1} ms, at most until {:.1} ms)",
+            "{} (token {}, round began {:.1} ms, claimed after {:.1} ms, led at least until \
+             {:.1} ms, at most until {:.1} ms)",
             t.who,
             t.token,
             at(t.since),
+            at(t.claimed_after),
             at(t.leading_at),
             at(t.ended_by)
         )
@@ -398,13 +500,14 @@ fn assert_one_leader_at_a_time(tenures: &[Tenure]) {
     let mut violations = Vec::new();
     for (i, a) in tenures.iter().enumerate() {
         for b in &tenures[i + 1..] {
-            if b.since >= a.ended_by {
+            // A round that began before `a` ended but took the lock after it is a handoff.
+            if b.claimed_after >= a.ended_by {
                 continue;
             }
-            let how = if b.since < a.leading_at {
+            let how = if b.first_seen < a.leading_at {
                 "two leaders"
             } else {
-                "possibly two leaders (within the poll interval)"
+                "two leaders within one poll interval"
             };
             violations.push(format!("{how}: {} and {}", describe(a), describe(b)));
         }
@@ -469,6 +572,7 @@ async fn a_holds_a_bare_majority(
             SystemTime::UNIX_EPOCH,
             Some("a"),
             "a leads on nodes 0 and 1",
+            &[&a],
         )
         .await;
     let b = Contender::start("b", nodes, &[], extra, &[]).await;
@@ -484,16 +588,22 @@ async fn a_holds_a_bare_majority(
 /// again, never while A still did (checked by [`Watch::finish`]).
 async fn after_one_node_of_a_bare_majority_lost_it(
     watch: Watch,
+    running: &[&Contender],
     held: &Tenure,
     from: SystemTime,
     by: SystemTime,
 ) -> Vec<Tenure> {
     let next = watch
-        .next_tenure(from, None, "someone leads again after the data loss")
+        .next_tenure(
+            from,
+            None,
+            "someone leads again after the data loss",
+            running,
+        )
         .await;
     // Some renewals of the new tenure, to see it alone.
     watch.lasted(&next, RENEW * 3).await;
-    let tenures = watch.finish().await;
+    let tenures = watch.finish(running).await;
     let old = tenures
         .iter()
         .find(|t| t.who == held.who && t.token == held.token)
@@ -520,7 +630,7 @@ async fn a_majority_loses_the_key(command: &str) {
     watch.add(&a);
     watch.add(&b);
     let held = watch
-        .next_tenure(SystemTime::UNIX_EPOCH, None, "someone leads")
+        .next_tenure(SystemTime::UNIX_EPOCH, None, "someone leads", &[&a, &b])
         .await;
     // Renewed a few times: the loss hits a lock in steady state.
     watch.lasted(&held, RENEW * 3).await;
@@ -550,10 +660,15 @@ async fn a_majority_loses_the_key(command: &str) {
         false
     });
     let next = watch
-        .next_tenure(held.since, None, "someone leads again after the loss")
+        .next_tenure(
+            held.since,
+            None,
+            "someone leads again after the loss",
+            &[&a, &b],
+        )
         .await;
     watch.lasted(&next, RENEW * 3).await;
-    let tenures = watch.finish().await;
+    let tenures = watch.finish(&[&a, &b]).await;
 
     let old = leading_at(&tenures, from)
         .filter(|t| t.token == held.token)
@@ -578,7 +693,7 @@ async fn a_majority_loses_the_key(command: &str) {
         ms_between(from, next.since)
     );
     assert!(
-        next.since >= from + TTL,
+        next.claimed_after >= from + TTL,
         "{command} on a majority: nobody leads until ttl + drift after the loss, but {} led \
          {:.1} ms after it",
         next.who,
@@ -617,7 +732,7 @@ async fn a_node_restarted_without_persistence_does_not_vote_for_another_leader()
     block_in_place(|| cluster.node_mut(1).restart());
     let by = SystemTime::now();
     assert_eq!(block_in_place(|| cluster.node(1).command(&["DBSIZE"])), "0");
-    after_one_node_of_a_bare_majority_lost_it(watch, &held, from, by).await;
+    after_one_node_of_a_bare_majority_lost_it(watch, &[&a, &b], &held, from, by).await;
     a.stop().await;
     b.stop().await;
 }
@@ -628,10 +743,10 @@ async fn warm_up(nodes: &[SocketAddr], watch: &mut Watch) {
     let w = Contender::start("w", nodes, &[], &[], &[]).await;
     watch.add(&w);
     let t = watch
-        .next_tenure(SystemTime::UNIX_EPOCH, None, "w leads")
+        .next_tenure(SystemTime::UNIX_EPOCH, None, "w leads", &[&w])
         .await;
     watch.lasted(&t, RENEW * 2).await;
-    w.stop().await;
+    watch.stop(w).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -658,7 +773,7 @@ async fn a_node_restored_from_a_snapshot_older_than_the_lock_does_not_vote_for_a
             "the snapshot is older than a's lock"
         );
     });
-    after_one_node_of_a_bare_majority_lost_it(watch, &held, from, by).await;
+    after_one_node_of_a_bare_majority_lost_it(watch, &[&a, &b], &held, from, by).await;
     a.stop().await;
     b.stop().await;
 }
@@ -700,7 +815,7 @@ async fn a_failover_to_a_replica_that_missed_the_write_does_not_vote_for_another
         c.proxies[1].set_upstream(replica.addr());
     }
     let by = SystemTime::now();
-    after_one_node_of_a_bare_majority_lost_it(watch, &held, from, by).await;
+    after_one_node_of_a_bare_majority_lost_it(watch, &[&a, &b], &held, from, by).await;
     a.stop().await;
     b.stop().await;
 }
@@ -814,7 +929,7 @@ async fn a_node_that_may_evict_keys_never_counts_by_default() {
     let b = Contender::start("b", &nodes, &[], &[], &[]).await;
     watch.add(&b);
     let held = watch
-        .next_tenure(counted_at, Some("b"), "b leads on nodes 0 and 2")
+        .next_tenure(counted_at, Some("b"), "b leads on nodes 0 and 2", &[&a, &b])
         .await;
     watch.lasted(&held, RENEW * 2).await;
     block_in_place(|| evict_everything(cluster.node(1)));
@@ -823,7 +938,7 @@ async fn a_node_that_may_evict_keys_never_counts_by_default() {
     watch
         .lasted(&held, elapsed(held.since, evicted) + TTL)
         .await;
-    let tenures = watch.finish().await;
+    let tenures = watch.finish(&[&a, &b]).await;
     assert!(
         tenures.iter().all(|t| t.who == "b"),
         "only b led: {tenures:?}"
@@ -857,6 +972,7 @@ async fn with_allow_evicting_nodes_an_evicting_node_counts_and_the_risk_is_logge
             SystemTime::UNIX_EPOCH,
             Some("a"),
             "a leads on nodes 0 and 1",
+            &[&a],
         )
         .await;
     assert_eq!(a.vote_counted(1).await, Some(1), "node 1's vote counts");
@@ -864,7 +980,7 @@ async fn with_allow_evicting_nodes_an_evicting_node_counts_and_the_risk_is_logge
         .wait_for_output_async("allow-evicting-nodes", Duration::from_secs(5))
         .await;
     watch.lasted(&held, RENEW * 2).await;
-    watch.finish().await;
+    watch.finish(&[&a]).await;
     let out = block_in_place(|| check(&nodes, &["--allow-evicting-nodes"]));
     assert!(
         check_line(&out, nodes[1]).contains("allkeys-lru"),
