@@ -529,11 +529,6 @@ fn assert_one_leader_at_a_time(tenures: &[Tenure]) {
     );
 }
 
-/// The tenure that was leading at `at` by its answers.
-fn leading_at(tenures: &[Tenure], at: SystemTime) -> Option<&Tenure> {
-    tenures.iter().find(|t| t.since <= at && at <= t.leading_at)
-}
-
 // ------------------------------------------------------------------------------------------------
 // Scenario helpers
 // ------------------------------------------------------------------------------------------------
@@ -670,9 +665,14 @@ async fn a_majority_loses_the_key(command: &str) {
     watch.lasted(&next, RENEW * 3).await;
     let tenures = watch.finish(&[&a, &b]).await;
 
-    let old = leading_at(&tenures, from)
-        .filter(|t| t.token == held.token)
-        .expect("the first leader led when the data was lost");
+    let old = tenures
+        .iter()
+        .find(|t| t.who == held.who && t.token == held.token)
+        .expect("the first tenure");
+    assert!(
+        old.ended_by > from,
+        "the first leader still led when the data was lost"
+    );
     assert!(
         old.ended_by <= by + RENEW + STEP_DOWN_SLACK,
         "{command} on a majority: {} steps down at its next renewal (within {RENEW:?}), \
