@@ -46,7 +46,10 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use crate::clock;
 use error::Tally;
 pub use error::{ConfigError, LockError, Vote, Votes};
-pub use node::{ConnectSettings, Credentials, Node, NodeError, NodeErrorKind, NodeFacts, NodeSpec};
+pub use node::{
+    ConnectSettings, Credentials, Node, NodeError, NodeErrorKind, NodeFacts, NodeSpec,
+    FACTS_MAX_AGE,
+};
 use timing::CLOCK_DRIFT_FLOOR;
 pub use timing::{drift, quorum, validity};
 use votes::Proof;
