@@ -508,6 +508,19 @@ PY
 # --- Alerts ---------------------------------------------------------------------------------
 check "promtool check rules dashboards/alerts.yaml" promtool check rules dashboards/alerts.yaml
 check "promtool test rules dashboards/alerts.test.yaml" promtool test rules dashboards/alerts.test.yaml
+check "every alert has a firing and a must-not case in alerts.test.yaml" \
+  "${TOOLS_DIR}/venv/bin/python" - dashboards/alerts.yaml dashboards/alerts.test.yaml <<'PY'
+import sys, yaml
+alerts = {r["alert"] for g in yaml.safe_load(open(sys.argv[1]))["groups"] for r in g["rules"] if "alert" in r}
+cases = [c for t in yaml.safe_load(open(sys.argv[2]))["tests"] for c in t.get("alert_rule_test", [])]
+fires = {c["alertname"] for c in cases if c.get("exp_alerts")}
+quiet = {c["alertname"] for c in cases if not c.get("exp_alerts")}
+errors = [f"{a}: no case where it fires" for a in sorted(alerts - fires)]
+errors += [f"{a}: no case where it must not fire" for a in sorted(alerts - quiet)]
+if errors:
+    sys.exit("\n".join(errors))
+print(f"{len(alerts)} alerts, each with both kinds of case")
+PY
 
 check "every alert has summary, description and a runbook section" \
   "${TOOLS_DIR}/venv/bin/python" - dashboards/alerts.yaml docs/runbooks.md <<'PY'
