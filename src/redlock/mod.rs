@@ -46,7 +46,10 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use crate::clock;
 use error::Tally;
 pub use error::{ConfigError, LockError, Vote, Votes};
-pub use node::{ConnectSettings, Credentials, Node, NodeError, NodeErrorKind, NodeFacts, NodeSpec};
+pub use node::{
+    ConnectSettings, Credentials, Node, NodeError, NodeErrorKind, NodeFacts, NodeSpec,
+    FACTS_MAX_AGE,
+};
 use timing::CLOCK_DRIFT_FLOOR;
 pub use timing::{drift, quorum, validity};
 use votes::Proof;
@@ -130,6 +133,10 @@ pub struct RedlockConfig {
     pub fence_retention: Duration,
     /// Count votes of nodes whose `maxmemory-policy` may evict lock keys (unsafe).
     pub allow_evicting_nodes: bool,
+    /// Tests only: pretend this client's wall clock is off by this many milliseconds, to
+    /// check the fencing guarantee under clock skew.
+    #[doc(hidden)]
+    pub wall_clock_skew_ms: i64,
     /// Bound on each call to each node.
     pub node_timeout: Duration,
     /// Bound on making a connection.
@@ -151,6 +158,7 @@ impl RedlockConfig {
             max_ttl: None,
             fence_retention: DEFAULT_FENCE_RETENTION,
             allow_evicting_nodes: false,
+            wall_clock_skew_ms: 0,
             node_timeout: Duration::from_millis(50),
             connect_timeout: Duration::from_secs(1),
             retry_delay: Duration::from_millis(200),
@@ -578,7 +586,7 @@ impl Redlock {
         let n = self.inner.nodes.len();
         let needed = quorum(n);
         let value = format!("{}:{}", cfg.identity, random_hex());
-        let candidate = fencing::next_token(self.inner.fence_seen.load(Ordering::Relaxed));
+        let candidate = self.next_token(self.inner.fence_seen.load(Ordering::Relaxed));
         let start = clock::now();
         let since = SystemTime::now();
         let mut answers = self.fan_out::<AcquireReply>(
@@ -675,7 +683,7 @@ impl Redlock {
             candidate
         } else {
             match self
-                .raise_fence(fencing::next_token(seen.fence.max(candidate)))
+                .raise_fence(self.next_token(seen.fence.max(candidate)))
                 .await
             {
                 Ok(token) => token,
@@ -703,6 +711,11 @@ impl Redlock {
             since,
             valid_until: start + valid,
         })
+    }
+
+    /// The next token to propose above `highest` (see [`fencing::next_token`]).
+    fn next_token(&self, highest: u64) -> u64 {
+        fencing::next_token(highest, self.inner.cfg.wall_clock_skew_ms)
     }
 
     /// Mints a token of at least `token` on a quorum: each node raises its counter to it and
@@ -755,7 +768,7 @@ impl Redlock {
                 return Ok(token);
             }
             last = self.label_votes(tally.votes);
-            token = fencing::next_token(highest);
+            token = self.next_token(highest);
         }
         Err(last)
     }
