@@ -5,6 +5,7 @@
 
 #![allow(dead_code)]
 
+use redlock_sidecar::redlock::{votes, EPOCH_KEY};
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -40,8 +41,22 @@ pub struct RedisServer {
 impl RedisServer {
     /// Starts a server without persistence and waits until it answers PING.
     pub fn start() -> RedisServer {
+        RedisServer::start_on(None)
+    }
+
+    /// [`RedisServer::start`], bound to `cpu` when given (see [`pinned_cpu`]).
+    pub fn start_on(cpu: Option<usize>) -> RedisServer {
         let port = free_port();
-        let child = Command::new("redis-server")
+        let mut command = Command::new("redis-server");
+        if let Some(cpu) = cpu {
+            // SAFETY: sched_setaffinity on the child itself is async-signal-safe.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
+                    pin_to(cpu).map_err(std::io::Error::other)
+                });
+            }
+        }
+        let child = command
             .args([
                 "--port",
                 &port.to_string(),
@@ -97,11 +112,23 @@ impl RedisServer {
             .unwrap_or_else(|e| panic!("{args:?} on port {}: {e}", self.port))
     }
 
-    /// `uptime_in_seconds` from `INFO server`.
-    pub fn uptime_secs(&self) -> u64 {
-        info_field(&self.cmd(&["INFO", "server"]), "uptime_in_seconds")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
+    /// How long this server has provably kept its data for the engine (its epoch marker's
+    /// age), stamping the marker first as the first contender to meet it would.
+    pub fn data_age(&self) -> Duration {
+        let run_id = info_field(&self.cmd(&["INFO", "server"]), "run_id")
+            .unwrap_or_default()
+            .to_owned();
+        let now_ms = || {
+            let time = self.cmd(&["TIME"]);
+            let mut parts = time.lines().filter_map(|l| l.trim().parse::<u64>().ok());
+            parts.next().unwrap_or(0) * 1000 + parts.next().unwrap_or(0) / 1000
+        };
+        let marker = self.cmd(&["GET", EPOCH_KEY]);
+        if let Some(age) = votes::data_age(&marker, &run_id, now_ms()) {
+            return age;
+        }
+        self.cmd(&["SET", EPOCH_KEY, &votes::epoch_marker(now_ms(), &run_id)]);
+        Duration::ZERO
     }
 
     /// Total calls over every command in `INFO commandstats`.
@@ -130,19 +157,60 @@ pub fn start_servers(n: usize) -> Vec<RedisServer> {
     (0..n).map(|_| RedisServer::start()).collect()
 }
 
-/// Blocks until every server's uptime lets its vote count for `ttl`: the engine counts a
-/// node only when `uptime_in_seconds − 1 ≥ ttl + drift`.
+/// The CPU a benchmark pins every server and itself to: `BENCH_CPU` (default `0`; `none`
+/// leaves scheduling alone). On one CPU the servers' work adds up in full, as it would on
+/// N busy hosts, instead of hiding on an idle second core.
+pub fn pinned_cpu() -> Option<usize> {
+    match std::env::var("BENCH_CPU").as_deref() {
+        Ok("none") => None,
+        Ok(cpu) => Some(
+            cpu.parse()
+                .unwrap_or_else(|_| panic!("BENCH_CPU={cpu}: not a CPU number")),
+        ),
+        Err(_) => Some(0),
+    }
+}
+
+/// Binds the calling thread (and the threads and processes it starts later) to `cpu`.
+pub fn pin_to(cpu: usize) -> Result<(), String> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET and sched_setaffinity only
+    // touch the set we own.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(format!("cannot pin to CPU {cpu}"));
+        }
+    }
+    Ok(())
+}
+
+/// `(calls, usec)` of one command in `INFO commandstats` (`evalsha`, `set`, ...).
+pub fn command_stats(server: &RedisServer, command: &str) -> (u64, u64) {
+    let stats = server.cmd(&["INFO", "commandstats"]);
+    let prefix = format!("cmdstat_{command}:");
+    let line = stats
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .unwrap_or("");
+    let field = |name: &str| {
+        line.split(',')
+            .find_map(|f| f.strip_prefix(name))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("calls="), field("usec="))
+}
+
+/// Blocks until every server's votes count for `ttl`: its epoch marker is ttl + drift old.
 pub fn wait_votes_count(servers: &[RedisServer], ttl: Duration) {
-    let needed = (ttl + redlock_sidecar::redlock::drift(ttl))
-        .as_secs_f64()
-        .ceil() as u64
-        + 1;
+    let needed = votes::required_data_age(ttl);
     let started = Instant::now();
     for server in servers {
-        while server.uptime_secs() < needed {
+        while server.data_age() < needed {
             assert!(
-                started.elapsed() < Duration::from_secs(needed + 30),
-                "redis-server on port {} never reached an uptime of {needed} s",
+                started.elapsed() < needed + Duration::from_secs(30),
+                "redis-server on port {} never proved {needed:?} of data age",
                 server.port
             );
             std::thread::sleep(Duration::from_millis(100));

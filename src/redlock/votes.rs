@@ -24,10 +24,12 @@
 //! 4. **Trusted again** once the marker is old enough: no memory of earlier verdicts is kept,
 //!    each answer is judged on what the node proves in that same atomic script.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::node::NodeFacts;
 use super::timing::drift;
+use super::Redlock;
 
 /// The data-age proof one node gave in one answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,6 +44,20 @@ pub struct Proof {
 /// in use is `max_ttl`.
 pub fn required_data_age(max_ttl: Duration) -> Duration {
     max_ttl + drift(max_ttl)
+}
+
+/// The epoch marker a node with `run_id` gets when stamped at `now_ms` (its own `TIME`),
+/// as the acquire script writes it.
+pub fn epoch_marker(now_ms: u64, run_id: &str) -> String {
+    format!("{now_ms}:{run_id}")
+}
+
+/// The data age `marker` proves at `now_ms` on a node with `run_id`; `None` when the marker
+/// was stamped by another server process (the node restarted or failed over since).
+pub fn data_age(marker: &str, run_id: &str, now_ms: u64) -> Option<Duration> {
+    let (stamped, stamped_by) = marker.split_once(':')?;
+    let stamped: u64 = stamped.parse().ok()?;
+    (stamped_by == run_id).then(|| Duration::from_millis(now_ms.saturating_sub(stamped)))
 }
 
 /// Whether a grant from a node with `facts` and `proof` counts, when the longest ttl in use
@@ -69,6 +85,39 @@ pub fn judge(
     Ok(())
 }
 
+impl Redlock {
+    /// Whether node `index`'s grant counts, given what it proved in its answer (see
+    /// the module docs). Judged on every answer, not only grants, so that the health every node
+    /// reports stays current on leaders and followers alike.
+    pub(super) fn judge(
+        &self,
+        index: usize,
+        facts: &NodeFacts,
+        proof: Proof,
+    ) -> Result<(), String> {
+        let reported = u64::try_from(proof.max_ttl.as_millis()).unwrap_or(u64::MAX);
+        let seen = self
+            .inner
+            .max_ttl_seen
+            .fetch_max(reported, Ordering::Relaxed)
+            .max(reported);
+        let longest = self
+            .inner
+            .cfg
+            .longest_ttl()
+            .max(Duration::from_millis(seen));
+        let verdict = judge(facts, proof, longest, self.inner.cfg.allow_evicting_nodes);
+        self.inner.observer.node_counted(index, verdict.is_ok());
+        verdict
+    }
+
+    /// The data age a node must prove now for its grants to count.
+    pub fn required_data_age(&self) -> Duration {
+        let seen = Duration::from_millis(self.inner.max_ttl_seen.load(Ordering::Relaxed));
+        required_data_age(self.inner.cfg.longest_ttl().max(seen))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,6 +142,17 @@ mod tests {
         let safe = facts("noeviction");
         assert!(judge(&safe, proof(10_101), ttl, false).is_err());
         assert!(judge(&safe, proof(10_102), ttl, false).is_ok());
+    }
+
+    #[test]
+    fn a_marker_proves_age_only_for_the_process_that_stamped_it() {
+        let marker = epoch_marker(1_000, "abc");
+        assert_eq!(
+            data_age(&marker, "abc", 3_500),
+            Some(Duration::from_millis(2_500))
+        );
+        assert_eq!(data_age(&marker, "other", 3_500), None);
+        assert_eq!(data_age("garbage", "abc", 3_500), None);
     }
 
     #[test]
