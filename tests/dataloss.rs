@@ -4,13 +4,16 @@
 //! without persistence, a restore from a snapshot taken before the lock was taken, a failover to
 //! a replica that missed the write, eviction.
 //!
-//! Every test polls each sidecar's `/leader` all along. Each answer describes a tenure: its
-//! fencing token, when it began (`leader_since`, the sidecar's own clock) and how much validity
-//! is left, so a tenure's extent is known from the answers themselves, not from catching two
-//! 200s in one poll: it began at `leader_since`, lasted at least until the last 200 was asked
-//! for, and ended at the latest at the next "not leader" answer or when the validity it last
-//! reported ran out. The checks, per test:
-//! - no tenure begins before the one before it has ended (at the latest bound), and fencing
+//! Every test polls each sidecar's `/leader` all along, and reads each sidecar's log at the end.
+//! A tenure's extent is known from what the sidecar itself reported, not from catching two 200s
+//! in one poll: its claim began after the sidecar logged the acquisition of its fencing token
+//! (leadership is published right after; `leader_since` is the start of that round), lasted at
+//! least until the last 200 with that token was asked for, and ended at the latest when the
+//! sidecar logged its step-down or release (it stops claiming just before), at the next "not
+//! leader" answer, or when the validity its last answer reported ran out. A round that began
+//! before the previous holder stepped down but took the lock after it is a handoff, not an
+//! overlap. The checks, per test:
+//! - no claim begins before the previous one has ended (at its latest bound), and fencing
 //!   tokens strictly increase from tenure to tenure;
 //! - where a majority lost the key, the leader steps down within one renew interval, and nobody
 //!   leads again until a ttl after the loss;
