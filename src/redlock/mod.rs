@@ -44,7 +44,9 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use error::Tally;
 pub use error::{ConfigError, LockError, Vote, Votes};
-pub use node::{ConnectSettings, Credentials, Node, NodeError, NodeErrorKind, NodeSpec};
+pub use node::{
+    ClientCert, ConnectSettings, Credentials, Node, NodeError, NodeErrorKind, NodeSpec,
+};
 use timing::CLOCK_DRIFT_FLOOR;
 pub use timing::{drift, quorum, validity};
 
