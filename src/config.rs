@@ -107,6 +107,14 @@ pub struct RedisArgs {
     /// Password for nodes whose URL has none (prefer the environment variable).
     #[arg(long, env = "REDLOCK_REDIS_PASSWORD", hide_env_values = true)]
     pub redis_password: Option<String>,
+    /// File holding that password, e.g. a mounted Secret (a trailing newline is ignored).
+    /// Unlike the environment variable, it is not inherited by guard's CMD.
+    #[arg(
+        long,
+        env = "REDLOCK_REDIS_PASSWORD_FILE",
+        conflicts_with = "redis_password"
+    )]
+    pub redis_password_file: Option<PathBuf>,
     /// PEM file of CA certificates for rediss:// nodes with a private CA.
     #[arg(long, env = "REDLOCK_REDIS_CA_FILE")]
     pub redis_ca_file: Option<PathBuf>,
@@ -333,9 +341,13 @@ impl RedisArgs {
             }),
             _ => None,
         };
+        let password = match &self.redis_password_file {
+            Some(path) => Some(read_password(path)?),
+            None => self.redis_password.clone(),
+        };
         let creds = Credentials {
             username: self.redis_username.clone(),
-            password: self.redis_password.clone(),
+            password,
             ca_pem,
             client_cert,
         };
@@ -493,6 +505,20 @@ impl GuardArgs {
 fn read_pem(flag: &'static str, path: Option<&PathBuf>) -> Result<Option<Vec<u8>>, ConfigError> {
     path.map(|path| std::fs::read(path).map_err(|e| unreadable(flag, path, e)))
         .transpose()
+}
+
+/// The password in `path`, without its trailing line break; never echoed in an error.
+fn read_password(path: &std::path::Path) -> Result<String, ConfigError> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| unreadable("--redis-password-file", path, e))?;
+    let password = text.trim_end_matches(['\n', '\r']);
+    if password.is_empty() {
+        return Err(ConfigError::new(
+            "--redis-password-file",
+            format!("{} is empty", path.display()),
+        ));
+    }
+    Ok(password.to_owned())
 }
 
 fn unreadable(flag: &'static str, path: &std::path::Path, err: std::io::Error) -> ConfigError {

@@ -65,6 +65,38 @@ fn status_shows_holder_ttl_and_fencing_counter_without_the_password() {
     );
 }
 
+#[test]
+fn the_password_can_come_from_a_file_and_is_never_shown() {
+    let node = RedisNode::start_with(&["--requirepass", "pa55word"]);
+    let dir = TempDir::new("password-file");
+    let file = dir.path().join("password");
+    std::fs::write(&file, "pa55word\n").unwrap();
+    let url = format!("redis://127.0.0.1:{}", node.port());
+    let file = file.to_str().unwrap();
+    let (code, out, err) = run(&["check", "--redis", &url, "--redis-password-file", file]);
+    assert_eq!(
+        code, 0,
+        "authenticated with the file's password:\n{out}{err}"
+    );
+    assert!(out.contains("1 of 1 nodes reachable"), "{out}");
+    assert!(!out.contains("pa55word") && !err.contains("pa55word"));
+
+    std::fs::write(file, "wrong\n").unwrap();
+    let (code, out, _) = run(&["check", "--redis", &url, "--redis-password-file", file]);
+    assert_eq!(code, 69, "a wrong password is refused:\n{out}");
+    let missing = dir.path().join("missing");
+    support::process::assert_invalid_config(
+        &[
+            "check",
+            "--redis",
+            &url,
+            "--redis-password-file",
+            missing.to_str().unwrap(),
+        ],
+        "--redis-password-file",
+    );
+}
+
 /// A CA, a server certificate for 127.0.0.1 and a client certificate, made with openssl.
 fn make_certs(dir: &TempDir) {
     let sh = |script: &str| {
