@@ -80,6 +80,7 @@ for e in sidecar["env"]:
     if e["name"] == "REDLOCK_REDIS_PASSWORD":
         e["valueFrom"]["secretKeyRef"]["optional"] = True
 sidecar["envFrom"] = [{"configMapRef": {"name": "redlock-sidecar"}}]
+mounted = {m["name"] for m in sidecar.get("volumeMounts", [])}  # token, password file
 labels = {k: v for k, v in pod["metadata"]["labels"].items() if k.startswith("redlock.io/")}
 keep = ("serviceAccountName", "automountServiceAccountToken", "terminationGracePeriodSeconds")
 patch = {
@@ -88,10 +89,10 @@ patch = {
     "spec": {"template": {"metadata": {"labels": labels}, "spec": {
         **{k: pod["spec"][k] for k in keep},
         "initContainers": [sidecar],
-        "volumes": [v for v in pod["spec"]["volumes"] if v["name"] == "kube-api-access"],
+        "volumes": [v for v in pod["spec"]["volumes"] if v["name"] in mounted],
     }}},
 }
-dump("sidecar.yaml", "The native sidecar, its token volume and pod settings, merged into each target Deployment.", [patch])
+dump("sidecar.yaml", "The native sidecar, its volumes (token, password file) and pod settings, merged into each target Deployment.", [patch])
 dump("rbac.yaml", "ServiceAccount, Role and RoleBinding of the sidecar (exactly the API calls it makes).", rbac)
 component = {
     "apiVersion": "kustomize.config.k8s.io/v1alpha1", "kind": "Component",
