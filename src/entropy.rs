@@ -4,7 +4,13 @@
 //! ("could not initialize ThreadRng") when its first seed cannot be read, e.g. a `getrandom`
 //! system call denied by seccomp in a binary that has no `/dev/urandom` to fall back on. Reading
 //! it here first turns that into one clear line and exit code [`EXIT_NO_RANDOM_SOURCE`] before
-//! anything connects; after one successful read the generator seeds itself from the same source.
+//! anything connects.
+//!
+//! ## Limits
+//! The generator reseeds itself from the same source later (every 64 KiB of output) and rand
+//! panics if that fails. That needs the source to break while the process runs: with the
+//! `getrandom` system call (always used by the static build, see `scripts/build-static.sh`, and
+//! by glibc builds on any kernel since 3.17) it does not.
 
 use rand::rngs::OsRng;
 use rand::TryRngCore;
