@@ -109,11 +109,9 @@ pub async fn node_report(node: &Node, timeout: Duration) -> Result<NodeReport, N
         .await?;
     let (secs, micros): (u64, u64) = node.command(&redis::cmd("TIME"), timeout).await?;
     let now_ms = secs * 1000 + micros / 1000;
-    let data_age = marker.as_deref().and_then(|marker| {
-        let (stamped, run_id) = marker.split_once(':')?;
-        let stamped: u64 = stamped.parse().ok()?;
-        (run_id == facts.run_id).then(|| Duration::from_millis(now_ms.saturating_sub(stamped)))
-    });
+    let data_age = marker
+        .as_deref()
+        .and_then(|marker| votes::data_age(marker, &facts.run_id, now_ms));
     Ok(NodeReport {
         rtt,
         version: field("redis_version"),

@@ -179,3 +179,31 @@ async fn a_short_ttl_contender_waits_out_the_longest_ttl_in_use() {
         beta.required_data_age()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_switched_to_eviction_at_runtime_stops_the_node_counting() {
+    let cluster = ready_cluster(1);
+    let lock = redlock(&cluster.urls(), "alpha");
+    let lease = lock.try_acquire().await.expect("a noeviction node counts");
+    lock.release(&lease).await;
+    cluster
+        .node(0)
+        .command(&["CONFIG", "SET", "maxmemory-policy", "volatile-lru"]);
+    // The connection stays up; its facts are read again within FACTS_MAX_AGE.
+    let deadline = Instant::now() + redlock_sidecar::redlock::FACTS_MAX_AGE * 3;
+    loop {
+        match lock.try_acquire().await {
+            Ok(lease) => lock.release(&lease).await,
+            Err(err) => {
+                let votes = err.votes().expect("votes").to_string();
+                assert!(votes.contains("volatile-lru"), "{votes}");
+                break;
+            }
+        };
+        assert!(
+            Instant::now() < deadline,
+            "the new policy was never noticed"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -48,6 +48,7 @@ use error::Tally;
 pub use error::{ConfigError, LockError, Vote, Votes};
 pub use node::{
     ClientCert, ConnectSettings, Credentials, Node, NodeError, NodeErrorKind, NodeFacts, NodeSpec,
+    FACTS_MAX_AGE,
 };
 use timing::CLOCK_DRIFT_FLOOR;
 pub use timing::{drift, quorum, validity};

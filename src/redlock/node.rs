@@ -4,7 +4,9 @@
 //! - One multiplexed connection per node, made lazily (in the background, bounded by the
 //!   connect timeout) and remade after I/O errors, with connect and response timeouts set.
 //! - On every new connection the node's [`NodeFacts`] (run id, eviction policy) are read
-//!   once; a restart always drops the connection, so they are never stale.
+//!   once; a restart always drops the connection, so the run id is never stale. The
+//!   eviction policy can change under a live connection: facts older than
+//!   [`FACTS_MAX_AGE`] are read again in the background.
 //! - Every call is bounded by the caller's timeout: a hung node costs at most that.
 //! - Scripts go by `EVALSHA`, falling back to `EVAL` when the node does not know them
 //!   (after a restart, say).
@@ -12,9 +14,9 @@
 //!   error texts are scrubbed of the password before they are kept.
 
 use std::fmt;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use redis::aio::MultiplexedConnection;
@@ -319,8 +321,8 @@ enum Link {
     /// A connection is being made (by a background task, so a short node timeout cannot
     /// cancel a slow TLS handshake half-way).
     Connecting,
-    /// Connected, with the facts read on this connection.
-    Up(MultiplexedConnection, Arc<NodeFacts>, u64),
+    /// Connected (connection number `u64`), with the facts read on it and when they were read.
+    Up(MultiplexedConnection, Arc<NodeFacts>, u64, Instant),
     /// The last attempt failed; the next call tries again.
     Down(NodeError),
 }
@@ -332,7 +334,12 @@ pub struct Node {
     settings: ConnectSettings,
     link: Arc<watch::Sender<Link>>,
     connections: Arc<AtomicU64>,
+    refreshing: Arc<AtomicBool>,
 }
+
+/// How old a connection's facts may get before they are read again in the background: the
+/// run id cannot change under a live connection, but the eviction policy can (`CONFIG SET`).
+pub const FACTS_MAX_AGE: Duration = Duration::from_secs(10);
 
 impl fmt::Debug for Node {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -352,6 +359,7 @@ impl Node {
             settings,
             link: Arc::new(watch::channel(Link::Idle).0),
             connections: Arc::new(AtomicU64::new(0)),
+            refreshing: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -383,7 +391,12 @@ impl Node {
         .await;
         match settled {
             Ok(Ok(link)) => match &*link {
-                Link::Up(conn, facts, id) => Ok((conn.clone(), facts.clone(), *id)),
+                Link::Up(conn, facts, id, read_at) => {
+                    if read_at.elapsed() > FACTS_MAX_AGE {
+                        self.refresh_facts(conn.clone(), *id);
+                    }
+                    Ok((conn.clone(), facts.clone(), *id))
+                }
                 Link::Down(err) => Err(err.clone()),
                 Link::Idle | Link::Connecting => Err(NodeError::timeout(timeout)),
             },
@@ -406,23 +419,39 @@ impl Node {
             let mut conn = client
                 .get_multiplexed_async_connection_with_config(&config)
                 .await?;
-            let (server, memory): (String, String) = redis::pipe()
-                .cmd("INFO")
-                .arg("server")
-                .cmd("INFO")
-                .arg("memory")
-                .query_async(&mut conn)
-                .await?;
-            Ok::<_, RedisError>((conn, NodeFacts::parse(&server, &memory)))
+            let facts = read_facts(&mut conn).await?;
+            Ok::<_, RedisError>((conn, facts))
         };
         let connect_timeout = settings.connect_timeout;
         tokio::spawn(async move {
             let next = match tokio::time::timeout(connect_timeout, connect).await {
-                Ok(Ok((conn, facts))) => Link::Up(conn, Arc::new(facts), id),
+                Ok(Ok((conn, facts))) => Link::Up(conn, Arc::new(facts), id, Instant::now()),
                 Ok(Err(err)) => Link::Down(NodeError::from_redis(&err, password.as_deref())),
                 Err(_) => Link::Down(NodeError::timeout(connect_timeout)),
             };
             link.send_replace(next);
+        });
+    }
+
+    /// Reads the facts of connection `id` again in the background (one refresh at a time).
+    fn refresh_facts(&self, mut conn: MultiplexedConnection, id: u64) {
+        if self.refreshing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (link, refreshing) = (self.link.clone(), self.refreshing.clone());
+        let timeout = self.settings.connect_timeout;
+        tokio::spawn(async move {
+            if let Ok(Ok(fresh)) = tokio::time::timeout(timeout, read_facts(&mut conn)).await {
+                link.send_if_modified(|link| match link {
+                    Link::Up(_, facts, current, read_at) if *current == id => {
+                        *facts = Arc::new(fresh);
+                        *read_at = Instant::now();
+                        true
+                    }
+                    _ => false,
+                });
+            }
+            refreshing.store(false, Ordering::Release);
         });
     }
 
@@ -431,7 +460,7 @@ impl Node {
     fn drop_if_broken(&self, id: u64, err: &RedisError) {
         if err.is_io_error() || err.is_connection_dropped() || err.is_connection_refusal() {
             self.link.send_if_modified(|link| match link {
-                Link::Up(_, _, current) if *current == id => {
+                Link::Up(_, _, current, _) if *current == id => {
                     *link = Link::Idle;
                     true
                 }
@@ -443,7 +472,7 @@ impl Node {
     /// The facts of the current connection, if one is up.
     pub fn facts(&self) -> Option<Arc<NodeFacts>> {
         match &*self.link.borrow() {
-            Link::Up(_, facts, _) => Some(facts.clone()),
+            Link::Up(_, facts, _, _) => Some(facts.clone()),
             _ => None,
         }
     }
@@ -503,6 +532,18 @@ impl Node {
             Err(_) => Err(NodeError::timeout(timeout)),
         }
     }
+}
+
+/// Reads a node's [`NodeFacts`] on `conn`.
+async fn read_facts(conn: &mut MultiplexedConnection) -> Result<NodeFacts, RedisError> {
+    let (server, memory): (String, String) = redis::pipe()
+        .cmd("INFO")
+        .arg("server")
+        .cmd("INFO")
+        .arg("memory")
+        .query_async(conn)
+        .await?;
+    Ok(NodeFacts::parse(&server, &memory))
 }
 
 #[cfg(test)]

@@ -44,6 +44,20 @@ pub fn required_data_age(max_ttl: Duration) -> Duration {
     max_ttl + drift(max_ttl)
 }
 
+/// The epoch marker a node with `run_id` gets when stamped at `now_ms` (its own `TIME`),
+/// as the acquire script writes it.
+pub fn epoch_marker(now_ms: u64, run_id: &str) -> String {
+    format!("{now_ms}:{run_id}")
+}
+
+/// The data age `marker` proves at `now_ms` on a node with `run_id`; `None` when the marker
+/// was stamped by another server process (the node restarted or failed over since).
+pub fn data_age(marker: &str, run_id: &str, now_ms: u64) -> Option<Duration> {
+    let (stamped, stamped_by) = marker.split_once(':')?;
+    let stamped: u64 = stamped.parse().ok()?;
+    (stamped_by == run_id).then(|| Duration::from_millis(now_ms.saturating_sub(stamped)))
+}
+
 /// Whether a grant from a node with `facts` and `proof` counts, when the longest ttl in use
 /// is `max_ttl`; the error says why not, for `Vote::NotCounted` and the logs.
 pub fn judge(
@@ -93,6 +107,17 @@ mod tests {
         let safe = facts("noeviction");
         assert!(judge(&safe, proof(10_101), ttl, false).is_err());
         assert!(judge(&safe, proof(10_102), ttl, false).is_ok());
+    }
+
+    #[test]
+    fn a_marker_proves_age_only_for_the_process_that_stamped_it() {
+        let marker = epoch_marker(1_000, "abc");
+        assert_eq!(
+            data_age(&marker, "abc", 3_500),
+            Some(Duration::from_millis(2_500))
+        );
+        assert_eq!(data_age(&marker, "other", 3_500), None);
+        assert_eq!(data_age("garbage", "abc", 3_500), None);
     }
 
     #[test]

@@ -13,6 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::{free_port, send_signal, wait_stopped_state, TempDir};
+use redlock_sidecar::redlock::votes;
 
 /// How long a starting server may take to answer PING.
 pub const START_DEADLINE: Duration = Duration::from_secs(5);
@@ -632,22 +633,19 @@ impl RedisNode {
             Some(parts.next()?? * 1000 + parts.next()?? / 1000)
         };
         let key = redlock_sidecar::redlock::EPOCH_KEY;
-        let stamped = match self.try_command(&["GET", key]).ok() {
-            Some(marker) if marker.ends_with(&format!(":{run_id}")) => marker,
-            _ => {
-                let fresh = format!("{}:{run_id}", now_ms()?);
-                self.try_command(&["SET", key, &fresh]).ok()?;
-                fresh
-            }
-        };
-        let at: u64 = stamped.split(':').next()?.parse().ok()?;
-        Some(Duration::from_millis(now_ms()?.saturating_sub(at)))
+        let marker = self.try_command(&["GET", key]).ok()?;
+        if let Some(age) = votes::data_age(&marker, &run_id, now_ms()?) {
+            return Some(age);
+        }
+        let fresh = votes::epoch_marker(now_ms()?, &run_id);
+        self.try_command(&["SET", key, &fresh]).ok()?;
+        Some(Duration::ZERO)
     }
 
     /// Waits until this node's grants count for a lock of `ttl`: its epoch marker is at least
     /// ttl + drift old. Fresh, restarted and flushed nodes do not vote before that.
     pub fn wait_votes_count(&self, ttl: Duration) {
-        let needed = redlock_sidecar::redlock::votes::required_data_age(ttl);
+        let needed = votes::required_data_age(ttl);
         super::wait_until(
             needed + Duration::from_secs(10),
             "node has kept its data for ttl + drift",
