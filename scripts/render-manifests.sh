@@ -42,8 +42,10 @@ render example-cronjob.yaml \
   --set cronjob.timeZone=Etc/UTC --set cronjob.lockPerScheduleSlot=true --set cronjob.guard.minHold=90s \
   --show-only templates/cronjob.yaml
 render example-monitoring.yaml \
-  "Example: PodMonitor, PrometheusRule and Grafana dashboard ConfigMap (needs the Prometheus Operator CRDs)." \
+  "Example for kube-prometheus-stack (release \"kube-prometheus-stack\"): PodMonitor, PrometheusRule and Grafana dashboard ConfigMap (needs the Prometheus Operator CRDs). Replace the runbook URLs' base with where your people read docs/runbooks.md." \
+  --set monitoring.selectorLabels.release=kube-prometheus-stack \
   --set monitoring.podMonitor.enabled=true --set monitoring.prometheusRule.enabled=true \
+  --set monitoring.prometheusRule.runbookBaseUrl=https://git.example.com/platform/redlock-sidecar/blob/main/docs/runbooks.md \
   --set monitoring.grafanaDashboard.enabled=true \
   --show-only templates/podmonitor.yaml --show-only templates/prometheusrule.yaml \
   --show-only templates/dashboard.yaml

@@ -373,6 +373,9 @@ impl Node {
         &self,
         timeout: Duration,
     ) -> Result<(MultiplexedConnection, Arc<NodeFacts>, u64), NodeError> {
+        if let Some(up) = self.up(&self.link.borrow()) {
+            return Ok(up);
+        }
         let start_connecting = |link: &mut Link| {
             let idle = matches!(link, Link::Idle | Link::Down(_));
             if idle {
@@ -390,18 +393,24 @@ impl Node {
         )
         .await;
         match settled {
-            Ok(Ok(link)) => match &*link {
-                Link::Up(conn, facts, id, read_at) => {
-                    if read_at.elapsed() > FACTS_MAX_AGE {
-                        self.refresh_facts(conn.clone(), *id);
-                    }
-                    Ok((conn.clone(), facts.clone(), *id))
-                }
-                Link::Down(err) => Err(err.clone()),
-                Link::Idle | Link::Connecting => Err(NodeError::timeout(timeout)),
+            Ok(Ok(link)) => match (self.up(&link), &*link) {
+                (Some(up), _) => Ok(up),
+                (None, Link::Down(err)) => Err(err.clone()),
+                (None, _) => Err(NodeError::timeout(timeout)),
             },
             _ => Err(NodeError::timeout(timeout)),
         }
+    }
+
+    /// The connection `link` holds, if it is up; starts a refresh of stale facts.
+    fn up(&self, link: &Link) -> Option<(MultiplexedConnection, Arc<NodeFacts>, u64)> {
+        let Link::Up(conn, facts, id, read_at) = link else {
+            return None;
+        };
+        if read_at.elapsed() > FACTS_MAX_AGE {
+            self.refresh_facts(conn.clone(), *id);
+        }
+        Some((conn.clone(), facts.clone(), *id))
     }
 
     /// Connects and reads the node's facts, bounded by the connect timeout; publishes the
