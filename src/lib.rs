@@ -23,7 +23,7 @@ pub mod lease;
 pub mod metrics;
 /// Operator commands: `check` and `status`.
 pub mod ops;
-/// The Redlock engine: quorum lock, fencing tokens, restart-safe votes.
+/// The Redlock engine: quorum lock, fencing tokens, votes only from nodes that kept their data.
 pub mod redlock;
 /// Signals and the second-signal exit.
 pub mod shutdown;

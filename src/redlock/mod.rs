@@ -71,7 +71,7 @@ static READ: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::READ));
 /// The kind of request sent to a node (a metric label).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
-    /// `SET NX PX` with the restart check.
+    /// `SET NX PX` with the data-age proof.
     Acquire,
     /// Raising the fencing counter.
     Fence,
@@ -818,7 +818,7 @@ impl Redlock {
         let Some(valid) = validity(cfg.ttl, clock::now().saturating_duration_since(start)) else {
             return Err(expired());
         };
-        // A node that lost our key (a restart) gets it back, now the quorum is proven. The
+        // A node that lost our key (data loss) gets it back, now the quorum is proven. The
         // slowest nodes answer after the quorum, so their answers are awaited in the background.
         let args: Arc<[String]> = args.into();
         for (index, vote) in tally.votes.iter().enumerate() {
