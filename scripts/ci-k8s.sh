@@ -22,6 +22,8 @@ install_helm3
 install_kubernetes_validate
 install_node_tools
 install_promtool
+install_kubectl
+install_checkov
 
 WORK="$(mktemp -d)"
 trap 'rm -rf "${WORK}"' EXIT
@@ -277,10 +279,12 @@ rbac_follows_integration() {
   refute grep -qE '^kind: (Role|RoleBinding|ClusterRole)' <<<"${out}"
   grep -q 'automountServiceAccountToken: false' <<<"${out}"
   refute grep -q 'automountServiceAccountToken: true' <<<"${out}"
+  refute grep -q 'name: kube-api-access' <<<"${out}"
   refute grep -q 'REDLOCK_KUBERNETES.*"on"' <<<"${out}"
   out="$(helm template x "${CHART}")"
   grep -q '^kind: Role$' <<<"${out}"
-  grep -q 'automountServiceAccountToken: true' <<<"${out}"
+  refute grep -q 'automountServiceAccountToken: true' <<<"${out}"
+  grep -q 'name: kube-api-access' <<<"${out}"
   refute grep -q 'leases' <<<"${out}"
   refute grep -q 'ClusterRole' <<<"${out}"
   refute grep -q 'image: .*:latest' <<<"${out}"
@@ -323,6 +327,10 @@ notes_render() {
   helm install redlock "${CHART}" --namespace redlock --dry-run=client | grep -q -- '-L redlock.io/leader'
 }
 check "NOTES.txt renders (leader label, /leader, dashboard)" notes_render
+
+# Long release names, RBAC, tokens, CronJob policy, bundled Redis, attach component, checkov.
+# shellcheck source=scripts/ci-k8s-deploy.sh
+source scripts/ci-k8s-deploy.sh
 
 # --- Checked-in copies ----------------------------------------------------------------------
 manifests_drift() {

@@ -14,12 +14,16 @@
 # The rules are dashboards/alerts.yaml with every `for:` and range shortened 15-fold (5m -> 20s),
 # so a story takes seconds; the expressions are otherwise the installed ones.
 #
+# Needs: cargo (builds the debug binary wherever Cargo's target directory is), and Debian's
+# redis-server and prometheus (installed when missing). Every process it starts is stopped on exit.
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${REPO_ROOT}"
 # shellcheck source=scripts/ci-tools.sh
 source scripts/ci-tools.sh
+# shellcheck source=scripts/cargo-target.sh
+source scripts/cargo-target.sh
 install_redis
 install_promtool
 
@@ -33,7 +37,7 @@ SCRAPE_INTERVAL=1s
 RATE_INTERVAL=4s   # what Grafana's $__rate_interval gives for a 1s scrape interval (4 x scrape)
 DEADLINE=60        # seconds any single wait may take
 
-BIN="${REPO_ROOT}/target/debug/redlock-sidecar"
+BIN="$(cargo_target_dir)/debug/redlock-sidecar"
 if [ -z "${E2E_SKIP_BUILD:-}" ]; then
   echo "== cargo build --bin redlock-sidecar"
   cargo build --quiet --bin redlock-sidecar

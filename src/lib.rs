@@ -5,6 +5,8 @@
 pub mod clock;
 /// Command line and environment, validated into typed configs.
 pub mod config;
+/// The OS random source, checked at start-up.
+pub mod entropy;
 /// `guard`: run a command only while the lock is held.
 pub mod guard;
 /// The admin HTTP endpoint: health, readiness, leader, events, metrics.
