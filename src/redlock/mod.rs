@@ -457,7 +457,6 @@ impl Redlock {
         cfg.validate()?;
         let settings = ConnectSettings {
             connect_timeout: cfg.connect_timeout,
-            response_timeout: cfg.node_timeout.max(Duration::from_millis(500)),
         };
         let nodes = cfg
             .nodes
