@@ -398,9 +398,14 @@ impl RenewArgs {
         // renewal time to happen before the step-down point.
         let floor = cfg.node_timeout + drift(ttl);
         let room = ttl.saturating_sub(interval + drift(ttl));
+        let midway = floor + room.saturating_sub(floor) / 2;
         let safety_margin = self
             .safety_margin
-            .unwrap_or_else(|| DEFAULT_SAFETY_MARGIN.min(floor + room.saturating_sub(floor) / 2));
+            .unwrap_or(if floor < DEFAULT_SAFETY_MARGIN {
+                DEFAULT_SAFETY_MARGIN.min(midway)
+            } else {
+                midway
+            });
         if safety_margin <= floor {
             return Err(ConfigError::new(
                 "--safety-margin",

@@ -266,6 +266,7 @@ async fn run(cfg: &GuardConfig, signals: &mut Signals, children: &mut Children) 
     // CMD's tree were re-parented to guard: nothing of CMD's may run on after the release.
     children.kill_all_below().await;
 
+    info!(exit_code = code, "CMD exited");
     if cmd.stopping.is_none() {
         // Keep the lock for --min-hold after CMD started, still renewing.
         if let Some(running) = holder.as_mut() {
@@ -314,6 +315,7 @@ async fn run(cfg: &GuardConfig, signals: &mut Signals, children: &mut Children) 
         Some(Stop::MaxHold) => held(Kind::MaxHold, EXIT_MAX_HOLD),
         None => {
             if lost_after_cmd {
+                warn!(lock = %lock, exit_code = code, "the lock was lost during --min-hold, after CMD finished; its exit code stands");
                 metrics.guard_run("lost");
                 event(
                     &kube,

@@ -17,6 +17,17 @@ fn ready_cluster(n: usize) -> RedisCluster {
 }
 
 fn guard(cluster: &RedisCluster, identity: &str, options: &[&str], cmd: &[&str]) -> Proc {
+    guard_with_ttl(cluster, "2s", identity, options, cmd)
+}
+
+/// [`guard`] with another ttl (and no `--kill-grace`: the caller's, or the derived default).
+fn guard_with_ttl(
+    cluster: &RedisCluster,
+    ttl: &str,
+    identity: &str,
+    options: &[&str],
+    cmd: &[&str],
+) -> Proc {
     let redis = cluster.urls_joined();
     let mut args = vec![
         "guard",
@@ -25,19 +36,25 @@ fn guard(cluster: &RedisCluster, identity: &str, options: &[&str], cmd: &[&str])
         "--redis",
         &redis,
         "--ttl",
-        "2s",
-        "--safety-margin",
-        "300ms",
-        "--kill-grace",
-        "300ms",
+        ttl,
         "--retry-delay",
         "20ms",
         "--identity",
         identity,
-        // Generous for a loaded 2-core test machine; the node timeout bounds each call.
-        "--node-timeout",
-        "250ms",
     ];
+    if ttl == "2s" {
+        // Generous for a loaded 2-core test machine; the node timeout bounds each call.
+        let defaults = [
+            ("--safety-margin", "300ms"),
+            ("--kill-grace", "300ms"),
+            ("--node-timeout", "250ms"),
+        ];
+        for (flag, value) in defaults {
+            if !options.contains(&flag) {
+                args.extend_from_slice(&[flag, value]);
+            }
+        }
+    }
     args.extend_from_slice(options);
     args.push("--");
     args.extend_from_slice(cmd);
@@ -237,6 +254,7 @@ fn signals_are_forwarded_and_cmds_exit_code_is_passed_through() {
             .contains("got-term"),
         "CMD saw SIGTERM"
     );
+    assert_no_key(&cluster, "released before exit");
 
     let mut g = guard(&cluster, "exit3", &["--wait", "5s"], &sh("exit 3"));
     assert_eq!(exit_code(&mut g, Duration::from_secs(10)), 3);
@@ -402,4 +420,676 @@ fn invalid_guard_options_exit_2_with_one_line_naming_the_option() {
     for (args, option) in cases {
         support::process::assert_invalid_config(args, option);
     }
+}
+
+/// The lock's key on the nodes.
+const KEY: &str = "redlock:{nightly}";
+
+/// The lock value on each running node (`None` where the key is absent).
+fn values(cluster: &RedisCluster) -> Vec<Option<String>> {
+    cluster
+        .iter()
+        .filter(|node| node.is_running())
+        .map(|node| {
+            let value = node.command(&["GET", KEY]);
+            (value != "(nil)").then_some(value)
+        })
+        .collect()
+}
+
+fn assert_no_key(cluster: &RedisCluster, why: &str) {
+    let values = values(cluster);
+    assert!(values.iter().all(Option::is_none), "{why}: {values:?}");
+}
+
+/// When the key on node `i` expires at the latest (read right after it is set).
+fn key_expiry(cluster: &RedisCluster, i: usize) -> Instant {
+    let mut pttl = 0;
+    let mut read_at = Instant::now();
+    support::wait_until(Duration::from_secs(5), "the key is set", || {
+        read_at = Instant::now();
+        pttl = cluster.node(i).command(&["PTTL", KEY]).parse().unwrap_or(0);
+        pttl > 0
+    });
+    read_at + Duration::from_millis(pttl)
+}
+
+/// The process group of `pid`.
+fn pgrp(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..]
+        .split_whitespace()
+        .nth(2)?
+        .parse()
+        .ok()
+}
+
+/// The parent of `pid`.
+fn ppid(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..]
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// User + system CPU time of `pid` in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("guard runs");
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 1..]
+        .split_whitespace()
+        .collect();
+    // After the state (field 3 overall): utime and stime are fields 14 and 15.
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+fn http_get(addr: std::net::SocketAddr, path: &str) -> Option<support::Response> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(support::http::get(addr, path))
+        .ok()
+}
+
+fn free_addr() -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([127, 0, 0, 1], support::free_port()))
+}
+
+#[test]
+fn a_lock_lost_during_min_hold_keeps_cmds_exit_code_and_is_counted() {
+    let mut cluster = ready_cluster(3);
+    let dir = TempDir::new("lost-min-hold");
+    let done = dir.path().join("done");
+    let addr = free_addr();
+    let listen = addr.to_string();
+    let outcome = dir.path().join("outcome");
+    let outcome_path = outcome.display().to_string();
+    let mut g = guard(
+        &cluster,
+        "holder",
+        &[
+            "--kill-grace",
+            "100ms",
+            "--min-hold",
+            "30s",
+            "--node-timeout",
+            "400ms",
+            "--safety-margin",
+            "500ms",
+            "--listen",
+            &listen,
+            "--outcome-file",
+            &outcome_path,
+        ],
+        &sh(&format!("touch {}", done.display())),
+    );
+    support::wait_until(Duration::from_secs(10), "CMD ran", || done.exists());
+    g.wait_for_output("CMD exited", Duration::from_secs(5));
+    cluster.node_mut(0).stop();
+    cluster.node_mut(1).stop();
+    // The remaining node does not answer, so the release after the loss waits a node
+    // timeout: long enough to read the counter while guard still runs.
+    cluster.node_mut(2).pause();
+    let mut counted = false;
+    while !counted && g.is_running() {
+        counted = http_get(addr, "/metrics").is_some_and(|r| {
+            r.body
+                .lines()
+                .any(|l| l.starts_with("redlock_lock_lost_total{") && !l.ends_with(" 0"))
+        });
+        std::thread::sleep(support::POLL_EVERY);
+    }
+    assert_eq!(
+        exit_code(&mut g, Duration::from_secs(10)),
+        0,
+        "CMD's code, no panic: {}",
+        g.output_text()
+    );
+    let log = g.stderr_text();
+    assert!(counted, "redlock_lock_lost_total counted the loss: {log}");
+    assert!(log.contains("lock lost"), "logged: {log}");
+    assert!(
+        log.contains("during --min-hold"),
+        "the LockLost event path: {log}"
+    );
+    assert!(
+        log.contains("released the lock"),
+        "release attempted: {log}"
+    );
+    let line = std::fs::read_to_string(&outcome).unwrap();
+    assert!(
+        line.starts_with("outcome=ran exit_code=0 lock=nightly fencing_token="),
+        "{line}"
+    );
+}
+
+#[test]
+fn waiting_for_a_cmd_that_ignores_sigterm_costs_no_cpu() {
+    let cluster = ready_cluster(3);
+    let mut g = guard(
+        &cluster,
+        "holder",
+        &["--max-hold", "300ms", "--kill-grace", "1s"],
+        &sh("trap '' TERM; exec sleep 30"),
+    );
+    g.wait_for_output("--max-hold reached", Duration::from_secs(10));
+    // A measurement window inside the grace period, not a synchronisation.
+    let window = Duration::from_millis(700);
+    let before = cpu_ticks(g.pid());
+    std::thread::sleep(window);
+    let used = cpu_ticks(g.pid()) - before;
+    // SAFETY: sysconf has no preconditions.
+    let per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let share = used as f64 / per_sec / window.as_secs_f64();
+    assert!(
+        share < 0.1,
+        "guard used {:.0} % of a core while CMD ignored SIGTERM",
+        share * 100.0
+    );
+    assert_eq!(exit_code(&mut g, Duration::from_secs(10)), 124);
+}
+
+#[test]
+fn sigkill_of_guard_kills_cmds_whole_tree_before_the_lock_can_expire() {
+    let cluster = ready_cluster(3);
+    let dir = TempDir::new("tree");
+    let file = |name: &str| dir.path().join(name);
+    let script = format!(
+        "echo $$ > {}; sleep 300 & echo $! > {}; setsid sleep 300 & echo $! > {}; wait",
+        file("sh").display(),
+        file("child").display(),
+        file("escaped").display()
+    );
+    let mut g = guard(&cluster, "holder", &[], &sh(&script));
+    let tree: Vec<i32> = ["sh", "child", "escaped"]
+        .iter()
+        .map(|name| read_pid(&file(name)))
+        .collect();
+    support::wait_until(Duration::from_secs(5), "setsid took effect", || {
+        pgrp(tree[2]) == Some(tree[2])
+    });
+    assert_ne!(pgrp(tree[0]), pgrp(tree[2]), "one process left CMD's group");
+    let expiry = key_expiry(&cluster, 0);
+    g.sigkill();
+    support::wait_until(Duration::from_secs(5), "CMD's tree is gone", || {
+        tree.iter().all(|&pid| !pid_alive(pid))
+    });
+    let gone_at = Instant::now();
+    assert!(
+        gone_at < expiry,
+        "CMD's tree was gone {:?} before the lock's validity ended",
+        expiry - gone_at
+    );
+}
+
+#[test]
+fn orphans_below_guard_are_reaped() {
+    let cluster = ready_cluster(3);
+    let dir = TempDir::new("reap");
+    let file = |name: &str| dir.path().join(name);
+    // The inner shell exits at once, leaving its `sleep` an orphan.
+    let script = format!(
+        "echo $PPID > {}; sh -c 'sleep 1 & echo $! > {}'; exec sleep 30",
+        file("supervisor").display(),
+        file("orphan").display()
+    );
+    let mut g = guard(&cluster, "holder", &[], &sh(&script));
+    let supervisor = read_pid(&file("supervisor"));
+    let orphan = read_pid(&file("orphan"));
+    support::wait_until(Duration::from_secs(5), "the orphan is re-parented", || {
+        ppid(orphan) != Some(supervisor) && pid_alive(orphan) || ppid(orphan) == Some(supervisor)
+    });
+    assert_eq!(
+        ppid(orphan),
+        Some(supervisor),
+        "the orphan stays below guard's supervisor, not PID 1"
+    );
+    support::wait_until(Duration::from_secs(5), "the orphan is reaped", || {
+        !Path::new(&format!("/proc/{orphan}")).exists()
+    });
+
+    // guard itself reaps what its supervisor leaves when the supervisor is killed.
+    let child = file("child");
+    let script = format!(
+        "echo $PPID > {}; sleep 300 & echo $! > {}; wait",
+        file("supervisor2").display(),
+        child.display()
+    );
+    g.sigterm();
+    assert_eq!(exit_code(&mut g, Duration::from_secs(10)), 128 + 15);
+    let mut g = guard(&cluster, "holder", &["--wait", "5s"], &sh(&script));
+    let supervisor = read_pid(&file("supervisor2"));
+    let child = read_pid(&child);
+    support::send_signal(supervisor as u32, libc::SIGKILL);
+    support::wait_until(
+        Duration::from_secs(5),
+        "CMD's child is killed and reaped",
+        || !Path::new(&format!("/proc/{child}")).exists(),
+    );
+    assert_eq!(exit_code(&mut g, Duration::from_secs(10)), 128 + 9);
+    assert_no_key(&cluster, "released after the supervisor died");
+}
+
+#[test]
+fn not_leader_is_published_before_the_release() {
+    let cluster = ready_cluster(3);
+    let addr = free_addr();
+    let listen = addr.to_string();
+    let mut g = guard(
+        &cluster,
+        "holder",
+        &[
+            "--max-hold",
+            "500ms",
+            "--kill-grace",
+            "1s",
+            "--listen",
+            &listen,
+        ],
+        &sh("trap '' TERM; exec sleep 30"),
+    );
+    support::wait_until(Duration::from_secs(10), "/leader says leader", || {
+        http_get(addr, "/leader").is_some_and(|r| r.status == 200)
+    });
+    // Renewals end at --max-hold; CMD ignores SIGTERM, so the release waits for SIGKILL.
+    support::wait_until(Duration::from_secs(5), "/leader says not leader", || {
+        http_get(addr, "/leader").is_some_and(|r| r.status == 503)
+    });
+    let metrics = http_get(addr, "/metrics").expect("metrics").body;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("redlock_is_leader{") && l.ends_with(" 0")),
+        "{metrics}"
+    );
+    let held = values(&cluster).iter().filter(|v| v.is_some()).count();
+    assert!(
+        held >= 2,
+        "the lock is still held on a quorum: not released yet"
+    );
+    assert_eq!(exit_code(&mut g, Duration::from_secs(10)), 124);
+    assert_no_key(&cluster, "released at exit");
+}
+
+#[test]
+fn sigterm_while_waiting_for_the_lock_exits_at_once_and_runs_nothing() {
+    let cluster = ready_cluster(3);
+    let dir = TempDir::new("term-wait");
+    let started = dir.path().join("started");
+    let mut holder = guard(
+        &cluster,
+        "holder",
+        &[],
+        &sh(&format!("touch {}; exec sleep 30", started.display())),
+    );
+    support::wait_until(Duration::from_secs(10), "holder runs", || started.exists());
+    let addr = free_addr();
+    let listen = addr.to_string();
+    let ran = dir.path().join("ran");
+    let outcome = dir.path().join("outcome");
+    let outcome_path = outcome.display().to_string();
+    let mut waiter = guard(
+        &cluster,
+        "waiter",
+        &[
+            "--wait",
+            "60s",
+            "--listen",
+            &listen,
+            "--outcome-file",
+            &outcome_path,
+        ],
+        &sh(&format!("touch {}", ran.display())),
+    );
+    support::wait_until(
+        Duration::from_secs(10),
+        "the waiter found the lock busy",
+        || {
+            http_get(addr, "/metrics").is_some_and(|r| {
+                r.body.lines().any(|l| {
+                    l.starts_with("redlock_acquire_attempts_total{")
+                        && l.contains("result=\"busy\"")
+                        && !l.ends_with(" 0")
+                })
+            })
+        },
+    );
+    waiter.sigterm();
+    assert_eq!(exit_code(&mut waiter, Duration::from_secs(2)), 128 + 15);
+    assert!(!ran.exists(), "CMD did not run");
+    assert_eq!(
+        std::fs::read_to_string(&outcome).unwrap(),
+        "outcome=not-started exit_code=143 lock=nightly\n"
+    );
+    assert!(
+        values(&cluster)
+            .iter()
+            .all(|v| v.as_deref().is_some_and(|v| v.starts_with("holder:"))),
+        "nothing of the waiter's on the nodes"
+    );
+    holder.sigterm();
+    exit_code(&mut holder, Duration::from_secs(10));
+    assert_no_key(&cluster, "the holder released");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_the_lock_is_being_taken_releases_it_and_runs_nothing() {
+    let cluster = RedisCluster::start(3);
+    // A node timeout that covers setting up the slow connections in the first round.
+    let ttl = "13s";
+    cluster.wait_votes_count(Duration::from_secs(13));
+    let mut proxies = Vec::new();
+    for node in cluster.iter() {
+        let proxy = support::FaultProxy::start(node.addr()).await;
+        proxies.push(proxy);
+    }
+    // Every byte takes 150 ms each way: the key stands on the nodes for 150 ms while
+    // guard still waits for the answers of the round that takes it.
+    for proxy in &proxies {
+        proxy.set_latency(Duration::from_millis(150), Duration::ZERO);
+    }
+    let urls: Vec<String> = proxies.iter().map(|p| p.url()).collect();
+    let redis = urls.join(",");
+    let dir = TempDir::new("term-acquire");
+    let ran = dir.path().join("ran");
+    let touch = format!("touch {}", ran.display());
+    let mut g = Proc::spawn(
+        &[
+            "guard",
+            "--lock",
+            "nightly",
+            "--redis",
+            &redis,
+            "--ttl",
+            ttl,
+            "--identity",
+            "holder",
+            "--node-timeout",
+            "3s",
+            "--connect-timeout",
+            "10s",
+            "--",
+            "sh",
+            "-c",
+            &touch,
+        ],
+        &[],
+    );
+    let end = Instant::now() + Duration::from_secs(20);
+    while !cluster
+        .iter()
+        .any(|node| node.command(&["EXISTS", KEY]) == "1")
+    {
+        assert!(g.is_running(), "{}", g.output_text());
+        assert!(Instant::now() < end, "no key written: {}", g.output_text());
+        tokio::time::sleep(support::POLL_EVERY).await;
+    }
+    g.sigterm();
+    let status = g
+        .wait_exit_async(Duration::from_secs(10))
+        .await
+        .expect("exits");
+    assert_eq!(status.code(), Some(128 + 15), "{}", g.output_text());
+    assert!(!ran.exists(), "CMD did not run");
+    assert!(
+        g.stderr_text().contains("released the lock"),
+        "the round in flight took the lock: {}",
+        g.output_text()
+    );
+    let left: Vec<String> = cluster
+        .iter()
+        .map(|node| node.command(&["EXISTS", KEY]))
+        .collect();
+    assert_eq!(
+        left,
+        ["0", "0", "0"],
+        "released on every node: {}",
+        g.output_text()
+    );
+}
+
+#[test]
+fn any_valid_ttl_alone_works_for_guard_and_run() {
+    // The smallest ttl the default node timeout allows, and a few more.
+    let ttls = ["217ms", "2s", "3s"];
+    let cluster = RedisCluster::start(3);
+    cluster.wait_votes_count(Duration::from_secs(3));
+    let redis = cluster.urls_joined();
+    for ttl in ttls {
+        let lock = format!("ttl-{ttl}");
+        let mut g = Proc::spawn(
+            &[
+                "guard", "--lock", &lock, "--redis", &redis, "--ttl", ttl, "--", "true",
+            ],
+            &[],
+        );
+        assert_eq!(
+            exit_code(&mut g, Duration::from_secs(10)),
+            0,
+            "guard --ttl {ttl}: {}",
+            g.output_text()
+        );
+        let addr = free_addr();
+        let listen = addr.to_string();
+        let mut run = Proc::spawn(
+            &[
+                "run",
+                "--lock",
+                &lock,
+                "--redis",
+                &redis,
+                "--ttl",
+                ttl,
+                "--listen",
+                &listen,
+                "--kubernetes",
+                "off",
+            ],
+            &[],
+        );
+        support::wait_until(Duration::from_secs(10), "run leads", || {
+            assert!(run.is_running(), "run --ttl {ttl}: {}", run.output_text());
+            http_get(addr, "/leader").is_some_and(|r| r.status == 200)
+        });
+        run.sigterm();
+        assert_eq!(exit_code(&mut run, Duration::from_secs(10)), 0);
+    }
+    support::process::assert_invalid_config(
+        &[
+            "guard",
+            "--lock",
+            "x",
+            "--redis",
+            "redis://127.0.0.1:1",
+            "--ttl",
+            "216ms",
+            "--",
+            "true",
+        ],
+        "--ttl",
+    );
+    support::process::assert_invalid_config(
+        &[
+            "guard",
+            "--lock",
+            "x",
+            "--redis",
+            "redis://127.0.0.1:1",
+            "--ttl",
+            "2s",
+            "--kill-grace",
+            "2s",
+            "--",
+            "true",
+        ],
+        "--kill-grace",
+    );
+}
+
+#[test]
+fn thirty_guards_started_at_the_same_instant_run_cmd_exactly_once() {
+    // The first round of every guard is held on every node (CLIENT PAUSE) until all 30
+    // have sent it, then released on all nodes at once: each node serves them in its own
+    // order, the classic split-vote herd.
+    let ttl = "13s";
+    let cluster = RedisCluster::start(3);
+    cluster.wait_votes_count(Duration::from_secs(13));
+    let dir = TempDir::new("herd");
+    let runs = dir.path().join("runs");
+    let script = format!("echo $REDLOCK_HOLDER >> {}", runs.display());
+    for node in cluster.iter() {
+        node.command(&["CLIENT", "PAUSE", "30000", "WRITE"]);
+    }
+    let names: Vec<String> = (0..30).map(|i| format!("herd-{i}")).collect();
+    let mut guards: Vec<Proc> = names
+        .iter()
+        .map(|name| {
+            guard_with_ttl(
+                &cluster,
+                ttl,
+                name,
+                &[
+                    "--on-busy",
+                    "skip",
+                    "--node-timeout",
+                    "3s",
+                    "--min-hold",
+                    "12s",
+                ],
+                &sh(&script),
+            )
+        })
+        .collect();
+    support::wait_until(
+        Duration::from_secs(20),
+        "30 rounds wait on every node",
+        || {
+            cluster.iter().all(|node| {
+                node.command(&["INFO", "clients"])
+                    .lines()
+                    .any(|l| l.trim() == "blocked_clients:30")
+            })
+        },
+    );
+    for node in cluster.iter() {
+        node.command(&["CLIENT", "UNPAUSE"]);
+    }
+    // Every guard but the winner decides while the winner holds the lock (--min-hold).
+    support::wait_until(Duration::from_secs(20), "29 guards skipped", || {
+        guards
+            .iter_mut()
+            .map(|g| g.is_running())
+            .filter(|r| !r)
+            .count()
+            == 29
+    });
+    let mut winner = None;
+    for mut g in guards {
+        if g.is_running() {
+            winner = Some(g);
+            continue;
+        }
+        assert_eq!(exit_code(&mut g, Duration::ZERO), 0, "{}", g.output_text());
+        assert!(g.stderr_text().contains("lock busy"), "{}", g.output_text());
+    }
+    let winner = &mut winner.expect("one guard runs CMD");
+    winner.sigterm();
+    assert_eq!(exit_code(winner, Duration::from_secs(10)), 0);
+    let text = std::fs::read_to_string(&runs).unwrap_or_default();
+    assert_eq!(text.lines().count(), 1, "CMD ran exactly once: {text}");
+}
+
+#[test]
+fn a_round_split_among_contenders_is_retried_but_a_holder_with_a_quorum_means_busy() {
+    let cluster = ready_cluster(3);
+    let dir = TempDir::new("split");
+    let ran = dir.path().join("ran");
+    let touch = format!("touch {}", ran.display());
+    // Two other contenders hold one node each: nobody has a quorum.
+    cluster.node(0).command(&["SET", KEY, "a:1", "PX", "400"]);
+    cluster.node(1).command(&["SET", KEY, "b:2", "PX", "400"]);
+    let mut g = guard(&cluster, "late", &["--on-busy", "skip"], &sh(&touch));
+    assert_eq!(
+        exit_code(&mut g, Duration::from_secs(10)),
+        0,
+        "{}",
+        g.output_text()
+    );
+    assert!(
+        ran.exists(),
+        "a split is retried, then won: {}",
+        g.output_text()
+    );
+
+    std::fs::remove_file(&ran).unwrap();
+    cluster.node(0).command(&["SET", KEY, "a:1", "PX", "400"]);
+    cluster.node(1).command(&["SET", KEY, "a:1", "PX", "400"]);
+    let mut g = guard(&cluster, "late", &["--on-busy", "skip"], &sh(&touch));
+    assert_eq!(exit_code(&mut g, Duration::from_secs(10)), 0);
+    assert!(g.stderr_text().contains("lock busy"), "{}", g.output_text());
+    assert!(!ran.exists(), "a holder on a quorum is busy: skipped");
+}
+
+#[test]
+fn the_outcome_file_says_what_happened() {
+    let cluster = ready_cluster(3);
+    let dir = TempDir::new("outcome");
+    let outcome = dir.path().join("outcome");
+    let path = outcome.display().to_string();
+    let mut g = guard(
+        &cluster,
+        "runner",
+        &["--outcome-file", &path],
+        &sh("exit 3"),
+    );
+    assert_eq!(exit_code(&mut g, Duration::from_secs(10)), 3);
+    let line = std::fs::read_to_string(&outcome).unwrap();
+    let token = line
+        .trim_end()
+        .strip_prefix("outcome=ran exit_code=3 lock=nightly fencing_token=")
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(token.parse::<u64>().is_ok_and(|t| t > 0), "{line}");
+
+    let started = dir.path().join("started");
+    let mut holder = guard(
+        &cluster,
+        "holder",
+        &[],
+        &sh(&format!("touch {}; exec sleep 30", started.display())),
+    );
+    support::wait_until(Duration::from_secs(10), "holder runs", || started.exists());
+    let mut g = Proc::spawn(
+        &[
+            "guard",
+            "--lock",
+            "nightly",
+            "--redis",
+            &cluster.urls_joined(),
+            "--ttl",
+            "2s",
+            "--identity",
+            "skipper",
+            "--",
+            "true",
+        ],
+        &[("REDLOCK_OUTCOME_FILE", &path)],
+    );
+    assert_eq!(exit_code(&mut g, Duration::from_secs(10)), 0);
+    assert_eq!(
+        std::fs::read_to_string(&outcome).unwrap(),
+        "outcome=skipped exit_code=0 lock=nightly\n"
+    );
+    // A file that cannot be written changes nothing but a log line.
+    let mut g = guard(
+        &cluster,
+        "skipper",
+        &["--outcome-file", "/nonexistent-dir/outcome"],
+        &["true"],
+    );
+    assert_eq!(exit_code(&mut g, Duration::from_secs(10)), 0);
+    assert!(g.stderr_text().contains("could not write the outcome file"));
+    holder.sigterm();
+    exit_code(&mut holder, Duration::from_secs(10));
 }
