@@ -582,6 +582,45 @@ mod tests {
         assert_eq!(cfg.listen.port(), 9707);
     }
 
+    fn guard_config(extra: &[&str]) -> Result<GuardConfig, ConfigError> {
+        let mut args = vec!["guard", "--lock", "l", "--redis", "redis://127.0.0.1:1"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "true"]);
+        match parse(&args).expect("parses").command {
+            Command::Guard(guard) => guard.config(),
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn any_valid_ttl_alone_gives_valid_run_and_guard_configs() {
+        let smallest = 217;
+        let mut ttls: Vec<u64> = (smallest..5_000).step_by(7).collect();
+        ttls.extend([10_000, 60_000, 3_600_000]);
+        for ms in ttls {
+            let ttl = format!("{ms}ms");
+            let run = run_config(&["--ttl", &ttl]).unwrap_or_else(|e| panic!("run {ttl}: {e}"));
+            let guard =
+                guard_config(&["--ttl", &ttl]).unwrap_or_else(|e| panic!("guard {ttl}: {e}"));
+            assert_eq!(run.renewal, guard.renewal);
+        }
+        let err = guard_config(&["--ttl", &format!("{}ms", smallest - 1)]).unwrap_err();
+        assert_eq!(err.flag, "--ttl");
+    }
+
+    #[test]
+    fn derived_defaults_keep_the_documented_values_where_they_fit() {
+        let cfg = guard_config(&[]).expect("valid");
+        assert_eq!(cfg.renewal.safety_margin, Duration::from_secs(1));
+        assert_eq!(cfg.kill_grace, Duration::from_secs(2));
+        // ttl 2s: floor 72 ms, room 1311 ms → margin midway (691 ms); kill grace half the 619 ms left.
+        let cfg = guard_config(&["--ttl", "2s"]).expect("valid");
+        assert_eq!(cfg.renewal.safety_margin.as_millis(), 691);
+        assert_eq!(cfg.kill_grace.as_millis(), 309);
+        let err = guard_config(&["--ttl", "2s", "--kill-grace", "2s"]).unwrap_err();
+        assert_eq!(err.flag, "--kill-grace");
+    }
+
     #[test]
     fn renew_interval_must_be_under_half_the_ttl() {
         let err = run_config(&["--renew-interval", "5s"]).unwrap_err();
