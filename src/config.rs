@@ -23,7 +23,8 @@ Exit codes:
   76   lock lost while CMD ran (guard stopped CMD before the lock could expire)
   124  --max-hold reached (guard stopped CMD)
   126  CMD could not be executed; 127 CMD not found
-  N    guard: CMD's own exit code; 128+S if CMD was killed by signal S";
+  N    guard: CMD's own exit code; 128+S if CMD was killed by signal S
+       (or guard got signal S before CMD started)";
 
 /// `--safety-margin` when the ttl leaves room for it.
 const DEFAULT_SAFETY_MARGIN: Duration = Duration::from_secs(1);

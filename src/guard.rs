@@ -2,9 +2,10 @@
 //!
 //! ## Behaviour
 //! - Signal handlers (SIGTERM, SIGINT, SIGHUP, SIGQUIT) are installed before anything
-//!   else. A signal before CMD starts (while waiting for the lock, or right after taking
+//!   else. A signal before CMD starts (while waiting for the lock, or while a round takes
 //!   it) ends the wait, releases the lock if it was taken, and exits 128+signal without
-//!   running CMD. Once CMD runs, signals are forwarded to CMD's process group.
+//!   running CMD. From the moment CMD is being started, signals are forwarded to CMD's
+//!   process group (one that arrives while the supervisor starts CMD is delivered then).
 //! - Takes the lock (waiting up to `--wait`); if it is busy, skips (exit 0) or fails
 //!   (exit 75) as `--on-busy` says; without a quorum, exits 69. A round that nobody won
 //!   (split votes among contenders) is not "busy": the engine retries it.
@@ -37,6 +38,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt;
 use tokio::io::AsyncReadExt;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::task::JoinHandle;
@@ -133,6 +135,8 @@ async fn run(cfg: &GuardConfig, signals: &mut Signals, children: &mut Children) 
             }
         }
     };
+    // A signal that came with the round's answers still counts as before CMD started.
+    let interrupted = interrupted.or_else(|| signals.recv().now_or_never());
     if let Some(sig) = interrupted {
         info!(signal = sig, lock = %lock, "signal before CMD started; not running CMD");
         let token = match &acquired {
