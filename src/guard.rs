@@ -512,25 +512,15 @@ impl Children {
     /// Reaps every exited child; the supervisor's exit code once it is among them.
     fn reap(&mut self) -> Option<i32> {
         let mut supervisor_code = None;
-        loop {
-            let mut status = 0;
-            // SAFETY: waitpid writes only to `status`.
-            let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
-            if pid <= 0 {
-                return supervisor_code;
-            }
-            let code = if libc::WIFSIGNALED(status) {
-                128 + libc::WTERMSIG(status)
-            } else {
-                libc::WEXITSTATUS(status)
-            };
+        tree::reap_exited(|pid, code| {
             if Some(pid) == self.supervisor {
                 self.supervisor = None;
                 supervisor_code = Some(code);
             } else {
                 debug!(pid, code, "reaped an orphaned process");
             }
-        }
+        });
+        supervisor_code
     }
 
     /// SIGKILLs every process below guard and reaps it (bounded: a process stuck in

@@ -61,6 +61,19 @@ fn guard_with_ttl(
     Proc::spawn(&args, &[])
 }
 
+/// A guard "holder" whose CMD runs until stopped; returns once CMD runs.
+fn start_holder(cluster: &RedisCluster, dir: &TempDir) -> Proc {
+    let started = dir.path().join("holder-started");
+    let holder = guard(
+        cluster,
+        "holder",
+        &[],
+        &sh(&format!("touch {}; exec sleep 30", started.display())),
+    );
+    support::wait_until(Duration::from_secs(10), "holder runs", || started.exists());
+    holder
+}
+
 fn sh(script: &str) -> Vec<&str> {
     vec!["sh", "-c", script]
 }
@@ -155,14 +168,7 @@ fn racing_guards_never_overlap_and_tokens_strictly_increase() {
 fn a_busy_lock_is_skipped_with_exit_0_or_fails_with_75_without_running_cmd() {
     let cluster = ready_cluster(3);
     let dir = TempDir::new("busy");
-    let started = dir.path().join("started");
-    let mut holder = guard(
-        &cluster,
-        "holder",
-        &[],
-        &sh(&format!("touch {}; sleep 30", started.display())),
-    );
-    support::wait_until(Duration::from_secs(10), "holder runs", || started.exists());
+    let mut holder = start_holder(&cluster, &dir);
 
     let ran = dir.path().join("ran");
     let touch_script = format!("touch {}", ran.display());
@@ -493,8 +499,17 @@ fn http_get(addr: std::net::SocketAddr, path: &str) -> Option<support::Response>
         .ok()
 }
 
-fn free_addr() -> std::net::SocketAddr {
-    std::net::SocketAddr::from(([127, 0, 0, 1], support::free_port()))
+/// A free loopback address for `--listen`, and the same as text.
+fn admin_addr() -> (std::net::SocketAddr, String) {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], support::free_port()));
+    (addr, addr.to_string())
+}
+
+/// A file in `dir`, and its path as text for a flag.
+fn file_arg(dir: &TempDir, name: &str) -> (std::path::PathBuf, String) {
+    let path = dir.path().join(name);
+    let text = path.display().to_string();
+    (path, text)
 }
 
 #[test]
@@ -502,10 +517,8 @@ fn a_lock_lost_during_min_hold_keeps_cmds_exit_code_and_is_counted() {
     let mut cluster = ready_cluster(3);
     let dir = TempDir::new("lost-min-hold");
     let done = dir.path().join("done");
-    let addr = free_addr();
-    let listen = addr.to_string();
-    let outcome = dir.path().join("outcome");
-    let outcome_path = outcome.display().to_string();
+    let (addr, listen) = admin_addr();
+    let (outcome, outcome_path) = file_arg(&dir, "outcome");
     let mut g = guard(
         &cluster,
         "holder",
@@ -675,8 +688,7 @@ fn orphans_below_guard_are_reaped() {
 #[test]
 fn not_leader_is_published_before_the_release() {
     let cluster = ready_cluster(3);
-    let addr = free_addr();
-    let listen = addr.to_string();
+    let (addr, listen) = admin_addr();
     let mut g = guard(
         &cluster,
         "holder",
@@ -717,19 +729,10 @@ fn not_leader_is_published_before_the_release() {
 fn sigterm_while_waiting_for_the_lock_exits_at_once_and_runs_nothing() {
     let cluster = ready_cluster(3);
     let dir = TempDir::new("term-wait");
-    let started = dir.path().join("started");
-    let mut holder = guard(
-        &cluster,
-        "holder",
-        &[],
-        &sh(&format!("touch {}; exec sleep 30", started.display())),
-    );
-    support::wait_until(Duration::from_secs(10), "holder runs", || started.exists());
-    let addr = free_addr();
-    let listen = addr.to_string();
+    let mut holder = start_holder(&cluster, &dir);
+    let (addr, listen) = admin_addr();
     let ran = dir.path().join("ran");
-    let outcome = dir.path().join("outcome");
-    let outcome_path = outcome.display().to_string();
+    let (outcome, outcome_path) = file_arg(&dir, "outcome");
     let mut waiter = guard(
         &cluster,
         "waiter",
@@ -871,8 +874,7 @@ fn any_valid_ttl_alone_works_for_guard_and_run() {
             "guard --ttl {ttl}: {}",
             g.output_text()
         );
-        let addr = free_addr();
-        let listen = addr.to_string();
+        let (addr, listen) = admin_addr();
         let mut run = Proc::spawn(
             &[
                 "run",
@@ -1036,8 +1038,7 @@ fn a_round_split_among_contenders_is_retried_but_a_holder_with_a_quorum_means_bu
 fn the_outcome_file_says_what_happened() {
     let cluster = ready_cluster(3);
     let dir = TempDir::new("outcome");
-    let outcome = dir.path().join("outcome");
-    let path = outcome.display().to_string();
+    let (outcome, path) = file_arg(&dir, "outcome");
     let mut g = guard(
         &cluster,
         "runner",
@@ -1052,14 +1053,7 @@ fn the_outcome_file_says_what_happened() {
         .unwrap_or_else(|| panic!("{line}"));
     assert!(token.parse::<u64>().is_ok_and(|t| t > 0), "{line}");
 
-    let started = dir.path().join("started");
-    let mut holder = guard(
-        &cluster,
-        "holder",
-        &[],
-        &sh(&format!("touch {}; exec sleep 30", started.display())),
-    );
-    support::wait_until(Duration::from_secs(10), "holder runs", || started.exists());
+    let mut holder = start_holder(&cluster, &dir);
     let mut g = Proc::spawn(
         &[
             "guard",

@@ -72,9 +72,9 @@ pub fn supervise(parent: i32, command: &[String]) -> i32 {
     loop {
         let signal = next_signal(&watched);
         if signal == libc::SIGCHLD {
-            if let Some(status) = reap_until(cmd) {
+            if let Some(code) = reap_until(cmd) {
                 tree::kill_and_reap_all();
-                return exit_code(status);
+                return code;
             }
         } else if parent_gone(parent) {
             tree::kill_and_reap_all();
@@ -108,29 +108,15 @@ fn spawn(command: &[String]) -> std::io::Result<std::process::Child> {
     cmd.spawn()
 }
 
-/// Reaps every exited child; returns CMD's wait status once CMD is among them.
+/// Reaps every exited child; returns CMD's exit code once CMD is among them.
 fn reap_until(cmd: i32) -> Option<i32> {
-    let mut cmd_status = None;
-    loop {
-        let mut status = 0;
-        // SAFETY: waitpid writes only to `status`.
-        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
-        if pid <= 0 {
-            return cmd_status;
-        }
+    let mut cmd_code = None;
+    tree::reap_exited(|pid, code| {
         if pid == cmd {
-            cmd_status = Some(status);
+            cmd_code = Some(code);
         }
-    }
-}
-
-/// CMD's code, or 128+S when signal S ended it.
-fn exit_code(status: i32) -> i32 {
-    if libc::WIFSIGNALED(status) {
-        128 + libc::WTERMSIG(status)
-    } else {
-        libc::WEXITSTATUS(status)
-    }
+    });
+    cmd_code
 }
 
 fn parent_gone(parent: i32) -> bool {

@@ -84,6 +84,25 @@ pub fn kill_and_reap_all() {
     }
 }
 
+/// Reaps every child that has exited, without waiting, and calls `reaped(pid, code)` for
+/// each, `code` being its exit code or 128+S when signal S ended it.
+pub fn reap_exited(mut reaped: impl FnMut(i32, i32)) {
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid writes only to `status`.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        if pid <= 0 {
+            return;
+        }
+        let code = if libc::WIFSIGNALED(status) {
+            128 + libc::WTERMSIG(status)
+        } else {
+            libc::WEXITSTATUS(status)
+        };
+        reaped(pid, code);
+    }
+}
+
 /// Scheduler state and parent pid of `pid`, from `/proc/<pid>/stat`.
 pub fn stat(pid: i32) -> Option<(char, i32)> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
