@@ -16,7 +16,8 @@
 //!   step-down point, and SIGKILL at it, unless a renewal moved that point; both come
 //!   before the lock's validity ends. guard then exits 76.
 //! - If guard itself dies (even by SIGKILL), the supervisor kills every process of
-//!   CMD's tree, including those that left CMD's process group.
+//!   CMD's tree, including those that left CMD's process group. Both need `/proc`: the
+//!   supervisor is started from `/proc/self/exe`, the tree is read from `/proc`.
 //! - guard and the supervisor are child subreapers: orphans below them are reaped, so
 //!   guard can be a container's PID 1.
 //! - When CMD exits, whatever is left of its tree is killed, the lock is kept until
@@ -468,7 +469,12 @@ impl Children {
                 Ok(())
             });
         }
-        let child = command.spawn()?;
+        // Its failure is guard's, not CMD's: never reported as "CMD not found" (127).
+        let child = command.spawn().map_err(|err| {
+            std::io::Error::other(format!(
+                "cannot start the supervisor from /proc/self/exe (is /proc mounted?): {err}"
+            ))
+        })?;
         self.supervisor = Some(child.id() as i32);
         // Reaped through `supervisor_exit`, never through std's handle.
         drop(child);
