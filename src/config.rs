@@ -135,6 +135,10 @@ pub struct RedisArgs {
     /// Bound on connecting to a node (TCP, TLS, AUTH).
     #[arg(long, env = "REDLOCK_CONNECT_TIMEOUT", value_parser = parse_duration, default_value = "1s")]
     pub connect_timeout: Duration,
+    /// Count the votes of nodes whose maxmemory-policy may evict lock keys. UNSAFE: an
+    /// evicted key lets a second holder in; use only if memory can never run out.
+    #[arg(long, env = "REDLOCK_ALLOW_EVICTING_NODES")]
+    pub allow_evicting_nodes: bool,
 }
 
 /// The lock and its timing, shared by `run`, `guard` and `status`.
@@ -146,6 +150,13 @@ pub struct LockArgs {
     /// How long the lock lives on a node without renewal.
     #[arg(long, env = "REDLOCK_TTL", value_parser = parse_duration, default_value = "10s")]
     pub ttl: Duration,
+    /// The longest ttl any contender of this lock uses, if ttls differ. Default: --ttl.
+    /// Contenders also learn it from the nodes; this covers nodes that lost it.
+    #[arg(long, env = "REDLOCK_MAX_TTL", value_parser = parse_duration)]
+    pub max_ttl: Option<Duration>,
+    /// How long a lock's fencing counter stays on the nodes after its last use.
+    #[arg(long, env = "REDLOCK_FENCE_RETENTION", value_parser = parse_duration, default_value = "24h")]
+    pub fence_retention: Duration,
     /// First delay before retrying a failed attempt (random, growing up to 1s).
     #[arg(long, env = "REDLOCK_RETRY_DELAY", value_parser = parse_duration, default_value = "200ms")]
     pub retry_delay: Duration,
@@ -238,7 +249,8 @@ pub struct GuardArgs {
 pub struct CheckArgs {
     #[command(flatten)]
     pub redis: RedisArgs,
-    /// The ttl the votes are judged against (a node up for less does not count).
+    /// The longest ttl of the locks on these nodes: a node must prove it kept its data
+    /// this long (plus drift) for its votes to count.
     #[arg(long, env = "REDLOCK_TTL", value_parser = parse_duration, default_value = "10s")]
     pub ttl: Duration,
 }
@@ -333,6 +345,9 @@ impl LockArgs {
         };
         let mut cfg = RedlockConfig::new(self.lock.clone(), identity, nodes);
         cfg.ttl = self.ttl;
+        cfg.max_ttl = self.max_ttl;
+        cfg.fence_retention = self.fence_retention;
+        cfg.allow_evicting_nodes = self.redis.allow_evicting_nodes;
         cfg.node_timeout = self.redis.node_timeout;
         cfg.connect_timeout = self.redis.connect_timeout;
         cfg.retry_delay = self.retry_delay;

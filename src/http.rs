@@ -140,12 +140,16 @@ async fn healthz(State(state): State<AdminState>) -> impl IntoResponse {
 }
 
 async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
-    let ready = is_ready(&state.leadership.borrow(), state.ready_when, Instant::now());
+    let ready = is_ready(
+        &state.leadership.borrow(),
+        state.ready_when,
+        crate::clock::now(),
+    );
     (status(ready), if ready { "ready\n" } else { "not ready\n" })
 }
 
 async fn leader(State(state): State<AdminState>) -> impl IntoResponse {
-    let body = LeaderBody::new(&state.leadership.borrow(), Instant::now());
+    let body = LeaderBody::new(&state.leadership.borrow(), crate::clock::now());
     (status(body.is_leader), Json(body))
 }
 
@@ -165,7 +169,7 @@ async fn watch(
     State(state): State<AdminState>,
 ) -> Sse<impl Stream<Item = Result<Event, std::convert::Infallible>>> {
     let changes = WatchStream::new(state.leadership.clone())
-        .map(|leadership| LeaderBody::new(&leadership, Instant::now()))
+        .map(|leadership| LeaderBody::new(&leadership, crate::clock::now()))
         .scan(
             None,
             |last: &mut Option<(bool, Option<String>, Option<u64>)>, body| {

@@ -19,7 +19,7 @@
 //!    `holderIdentity`, but only if the Lease still names it (optimistic concurrency on
 //!    `resourceVersion`); followers never write it, so two pods never fight over it.
 //!
-//! "Leading" is always `Leadership::leading_at(Instant::now())`, and the observer also wakes at
+//! "Leading" is always `Leadership::leading_at(clock::now())`, and the observer also wakes at
 //! `step_down_at`, so a lock loop that stalls without publishing still clears the label.
 //!
 //! ## Behavior on API errors
@@ -53,7 +53,7 @@ use std::fmt;
 use std::future::Future;
 use std::str::FromStr;
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod};
@@ -408,7 +408,7 @@ impl Kube {
             loop {
                 let leadership = rx.borrow_and_update().clone();
                 let settled = observer.reconcile(&leadership, true).await;
-                let leading = leadership.leading_at(Instant::now()).is_some();
+                let leading = leadership.leading_at(crate::clock::now()).is_some();
                 if settled && (sender_gone || !leading) {
                     return;
                 }
@@ -654,7 +654,7 @@ impl Observer {
     /// differs from the desired state and is not backing off. Returns whether nothing is left
     /// to do for `leadership`.
     async fn reconcile(&mut self, leadership: &Leadership, shutting_down: bool) -> bool {
-        let term = leadership.leading_at(Instant::now()).cloned();
+        let term = leadership.leading_at(crate::clock::now()).cloned();
         let leading = term.is_some();
         let mut settled = true;
 
@@ -883,7 +883,7 @@ impl Observer {
     /// due was just attempted).
     fn next_wake(&self, leadership: &Leadership) -> Option<TokioInstant> {
         let now = TokioInstant::now();
-        let term = leadership.leading_at(Instant::now());
+        let term = leadership.leading_at(crate::clock::now());
         let retries = self.backoff.iter().filter_map(|b| b.not_before);
         let renewal = match term {
             Some(_) if self.kube.settings.mirror_lease => self

@@ -6,6 +6,10 @@
 //! - While holding, extends every renew interval. A failed extend is retried quickly;
 //!   leadership is given up at `valid_until − safety margin` at the latest, before the key
 //!   can expire on any node. Losing is never fatal: the loop steps down and contends again.
+//! - **Contrary evidence.** An extend that finds a quorum of nodes holding another value or
+//!   no key ends leadership at once (reason `superseded`): no retry can bring the lease back.
+//! - All deadlines are on [`clock`]: a host suspend counts against them, so a resumed
+//!   process never believes it still leads.
 //! - **Pause detection.** If the task wakes much later than scheduled (process paused,
 //!   CPU-starved), the lease is suspect: it is kept only if an extend proves it is still
 //!   held, within its validity. Readers never rely on this task being awake: they compare
@@ -18,6 +22,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::clock;
 use crate::config::Renewal;
 use crate::leadership::{HolderView, Leadership, LeadershipTx, Role, Term};
 use crate::metrics::Metrics;
@@ -128,25 +133,25 @@ pub async fn hold(
     cancel: &CancellationToken,
 ) -> HoldEnd {
     publish_leader(tx, &lease, &renewal);
-    let mut next = Instant::now() + renewal.interval;
+    let mut next = clock::now() + renewal.interval;
     loop {
         let deadline = step_down_at(&lease, &renewal);
         let wake = next.min(deadline);
         tokio::select! {
             biased;
             _ = cancel.cancelled() => return HoldEnd::Cancelled(lease),
-            _ = tokio::time::sleep_until(wake.into()) => {}
+            _ = clock::sleep_until(wake) => {}
         }
-        let now = Instant::now();
+        let now = clock::now();
         let lag = now.saturating_duration_since(wake);
         metrics.renew_lag(lag);
         let suspect = lag > pause_threshold(&renewal);
         if now >= deadline {
             return HoldEnd::Lost(if suspect { "paused" } else { "expired" }, lease);
         }
-        let started = Instant::now();
+        let started = clock::now();
         let result = redlock.extend(&lease).await;
-        metrics.renewal(result.is_ok(), started.elapsed());
+        metrics.renewal(result.is_ok(), clock::now() - started);
         match result {
             Ok(renewed) => {
                 lease = renewed;
@@ -158,9 +163,13 @@ pub async fn hold(
                 return HoldEnd::Lost("paused", lease);
             }
             Err(LockError::Expired { .. }) => return HoldEnd::Lost("expired", lease),
+            Err(err @ LockError::Superseded { .. }) => {
+                warn!(lock = %redlock.config().lock, error = %err, "a quorum shows the lock is no longer ours");
+                return HoldEnd::Lost("superseded", lease);
+            }
             Err(err) => {
                 warn!(lock = %redlock.config().lock, error = %err, "renewal failed; retrying");
-                next = Instant::now() + fast_retry(&renewal);
+                next = clock::now() + fast_retry(&renewal);
             }
         }
     }
@@ -189,7 +198,7 @@ pub async fn run(
         info!(
             lock = %lock,
             fencing_token = lease.fencing_token,
-            validity_ms = lease.remaining_at(Instant::now()).as_millis() as u64,
+            validity_ms = lease.remaining_at(clock::now()).as_millis() as u64,
             "acquired the lock"
         );
         match hold(&redlock, lease, renewal, &tx, &metrics, &cancel).await {

@@ -20,7 +20,7 @@ use crate::redlock::{NodeErrorKind, Observer, Op};
 /// Results of an acquisition attempt (`redlock_acquire_attempts_total{result}`).
 pub const ACQUIRE_RESULTS: [&str; 5] = ["acquired", "busy", "no_quorum", "expired", "error"];
 /// Why a held lock was given up (`redlock_lock_lost_total{reason}`).
-pub const LOST_REASONS: [&str; 3] = ["renew_failed", "expired", "paused"];
+pub const LOST_REASONS: [&str; 4] = ["renew_failed", "expired", "paused", "superseded"];
 /// Outcomes of a guard run (`redlock_guard_runs_total{result}`).
 pub const GUARD_RESULTS: [&str; 4] = ["ran", "skipped", "lost", "failed"];
 
@@ -169,7 +169,7 @@ impl Metrics {
             node_vote_counted: IntGaugeVec::new(
                 opts(
                     "redlock_node_vote_counted",
-                    "0 while a node's votes are not counted (restarted within ttl + drift)",
+                    "0 while a node's votes are not counted (data kept for less than ttl + drift, or an evicting maxmemory-policy)",
                 ),
                 &["node"],
             )
@@ -317,7 +317,7 @@ impl Metrics {
 
     /// The text exposition of every family, with state gauges as of now.
     pub fn render(&self, state: &Leadership) -> String {
-        self.set_state(state, Instant::now());
+        self.set_state(state, crate::clock::now());
         let mut out = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         String::from_utf8(out).unwrap_or_default()
@@ -327,13 +327,16 @@ impl Metrics {
     pub async fn follow(self: Arc<Self>, mut rx: LeadershipRx) {
         let mut leading = false;
         loop {
-            let now_leading = rx.borrow_and_update().leading_at(Instant::now()).is_some();
+            let now_leading = rx
+                .borrow_and_update()
+                .leading_at(crate::clock::now())
+                .is_some();
             if now_leading != leading {
                 let direction = if now_leading { "gained" } else { "lost" };
                 self.transitions.with_label_values(&[direction]).inc();
                 leading = now_leading;
             }
-            self.set_state(&rx.borrow(), Instant::now());
+            self.set_state(&rx.borrow(), crate::clock::now());
             if rx.changed().await.is_err() {
                 return;
             }

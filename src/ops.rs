@@ -7,11 +7,12 @@ use std::time::{Duration, Instant};
 
 use tracing::warn;
 
-use crate::redlock::{drift, quorum, Node, NodeError, Redlock};
+use crate::redlock::votes::{self, Proof};
+use crate::redlock::{quorum, Node, NodeError, NodeFacts, Redlock, EPOCH_KEY};
 
-/// What `INFO` and `CONFIG GET` tell about one node.
+/// What `INFO`, `CONFIG GET` and the node's epoch marker tell about one node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NodeFacts {
+pub struct NodeReport {
     /// Round-trip time of a `PING`.
     pub rtt: Duration,
     /// `redis_version`.
@@ -20,20 +21,29 @@ pub struct NodeFacts {
     pub uptime_secs: u64,
     /// `role` (master or slave).
     pub role: String,
-    /// `maxmemory_policy`.
-    pub maxmemory_policy: String,
+    /// What the vote rules read: run id and eviction policy.
+    pub facts: NodeFacts,
     /// `aof`, `rdb`, `aof+rdb`, `none` or `unknown`.
     pub persistence: String,
+    /// How long the node has provably kept its data (its epoch marker's age); `None` when
+    /// no contender has stamped the marker since the node last lost data.
+    pub data_age: Option<Duration>,
 }
 
-impl NodeFacts {
-    /// Whether a vote from this node counts for a lock of `ttl` (the delayed-restart rule).
-    pub fn vote_counts(&self, ttl: Duration) -> bool {
-        Duration::from_secs(self.uptime_secs.saturating_sub(1)) >= ttl + drift(ttl)
+impl NodeReport {
+    /// Whether a grant from this node counts now, and why not (see `redlock::votes`).
+    pub fn verdict(&self, max_ttl: Duration, allow_evicting: bool) -> Result<(), String> {
+        let Some(data_age) = self.data_age else {
+            if self.facts.may_evict() && !allow_evicting {
+                return votes::judge(&self.facts, proof(Duration::ZERO), max_ttl, false);
+            }
+            return Err("no epoch marker yet: the first contender stamps it".to_owned());
+        };
+        votes::judge(&self.facts, proof(data_age), max_ttl, allow_evicting)
     }
 
     /// Why this node could break mutual exclusion, if it could.
-    pub fn hazards(&self) -> Vec<String> {
+    pub fn hazards(&self, allow_evicting: bool) -> Vec<String> {
         let mut hazards = Vec::new();
         if self.role != "master" {
             hazards.push(format!(
@@ -41,18 +51,31 @@ impl NodeFacts {
                 self.role
             ));
         }
-        if self.maxmemory_policy != "noeviction" {
+        if self.facts.may_evict() {
             hazards.push(format!(
-                "maxmemory-policy {} can evict lock keys or fencing counters; use noeviction",
-                self.maxmemory_policy
+                "maxmemory-policy {} can evict lock keys; its votes {}",
+                self.facts.maxmemory_policy,
+                if allow_evicting {
+                    "COUNT because --allow-evicting-nodes is set (unsafe)"
+                } else {
+                    "never count (use noeviction)"
+                }
             ));
         }
         hazards
     }
 }
 
-/// Reads the facts of one node, each call bounded by `timeout`.
-pub async fn node_facts(node: &Node, timeout: Duration) -> Result<NodeFacts, NodeError> {
+fn proof(data_age: Duration) -> Proof {
+    Proof {
+        data_age,
+        max_ttl: Duration::ZERO,
+    }
+}
+
+/// Reads the report of one node, each call bounded by `timeout`. Read-only: it never
+/// stamps the epoch marker.
+pub async fn node_report(node: &Node, timeout: Duration) -> Result<NodeReport, NodeError> {
     let start = Instant::now();
     node.command::<String>(&redis::cmd("PING"), timeout).await?;
     let rtt = start.elapsed();
@@ -77,23 +100,37 @@ pub async fn node_facts(node: &Node, timeout: Duration) -> Result<NodeFacts, Nod
         (false, Some(false)) => "none",
         (false, None) => "unknown",
     };
-    Ok(NodeFacts {
+    let facts = NodeFacts {
+        run_id: field("run_id"),
+        maxmemory_policy: field("maxmemory_policy"),
+    };
+    let marker: Option<String> = node
+        .command(redis::cmd("GET").arg(EPOCH_KEY), timeout)
+        .await?;
+    let (secs, micros): (u64, u64) = node.command(&redis::cmd("TIME"), timeout).await?;
+    let now_ms = secs * 1000 + micros / 1000;
+    let data_age = marker
+        .as_deref()
+        .and_then(|marker| votes::data_age(marker, &facts.run_id, now_ms));
+    Ok(NodeReport {
         rtt,
         version: field("redis_version"),
         uptime_secs: field("uptime_in_seconds").parse().unwrap_or(0),
         role: field("role"),
-        maxmemory_policy: field("maxmemory_policy"),
+        facts,
         persistence: persistence.to_owned(),
+        data_age,
     })
 }
 
 /// Logs a warning for every node that could break mutual exclusion (run at startup).
 pub async fn warn_about_nodes(redlock: Redlock) {
     let timeout = redlock.config().connect_timeout;
+    let allow_evicting = redlock.config().allow_evicting_nodes;
     for node in redlock.nodes() {
-        match node_facts(node, timeout).await {
-            Ok(facts) => {
-                for hazard in facts.hazards() {
+        match node_report(node, timeout).await {
+            Ok(report) => {
+                for hazard in report.hazards(allow_evicting) {
                     warn!(node = %node.label(), "{hazard}");
                 }
             }
@@ -106,44 +143,47 @@ pub async fn warn_about_nodes(redlock: Redlock) {
 pub async fn check(redlock: &Redlock) -> (String, bool) {
     let cfg = redlock.config();
     let timeout = cfg.connect_timeout;
-    let facts =
-        futures_util::future::join_all(redlock.nodes().iter().map(|n| node_facts(n, timeout)))
+    let reports =
+        futures_util::future::join_all(redlock.nodes().iter().map(|n| node_report(n, timeout)))
             .await;
     let mut out = format!(
-        "{:<28} {:<9} {:>9} {:<8} {:>9} {:<11} {:<16} {:<7} {}\n",
+        "{:<28} {:<9} {:>9} {:<8} {:>9} {:>10} {:<11} {:<16} {:<7} {}\n",
         "NODE",
         "REACHABLE",
         "RTT",
         "VERSION",
         "UPTIME",
+        "DATA AGE",
         "PERSISTENCE",
         "MAXMEMORY-POLICY",
         "ROLE",
         "VOTE COUNTS"
     );
     let mut reachable = 0;
-    for (node, facts) in redlock.nodes().iter().zip(&facts) {
-        match facts {
-            Ok(f) => {
+    let max_ttl = cfg.longest_ttl();
+    for (node, report) in redlock.nodes().iter().zip(&reports) {
+        match report {
+            Ok(r) => {
                 reachable += 1;
                 let _ = writeln!(
                     out,
-                    "{:<28} {:<9} {:>9} {:<8} {:>8}s {:<11} {:<16} {:<7} {}",
+                    "{:<28} {:<9} {:>9} {:<8} {:>8}s {:>10} {:<11} {:<16} {:<7} {}",
                     node.label(),
                     "yes",
-                    format!("{:.2}ms", f.rtt.as_secs_f64() * 1000.0),
-                    f.version,
-                    f.uptime_secs,
-                    f.persistence,
-                    f.maxmemory_policy,
-                    f.role,
-                    if f.vote_counts(cfg.ttl) {
-                        "yes"
-                    } else {
-                        "no (restarted within ttl + drift)"
+                    format!("{:.2}ms", r.rtt.as_secs_f64() * 1000.0),
+                    r.version,
+                    r.uptime_secs,
+                    r.data_age
+                        .map_or("-".to_owned(), |age| format!("{}s", age.as_secs())),
+                    r.persistence,
+                    r.facts.maxmemory_policy,
+                    r.role,
+                    match r.verdict(max_ttl, cfg.allow_evicting_nodes) {
+                        Ok(()) => "yes".to_owned(),
+                        Err(why) => format!("no ({why})"),
                     }
                 );
-                for hazard in f.hazards() {
+                for hazard in r.hazards(cfg.allow_evicting_nodes) {
                     let _ = writeln!(out, "  warning: {hazard}");
                 }
             }

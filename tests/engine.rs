@@ -133,8 +133,8 @@ async fn another_holders_lock_is_never_released_or_extended() {
         node.command(&["SET", "redlock:{test}", "intruder:00", "PX", "60000"]);
     }
     match a.extend(&lease).await {
-        Err(LockError::Lost { .. }) => {}
-        other => panic!("extend of a replaced lock must fail, got {other:?}"),
+        Err(LockError::Superseded { .. }) => {}
+        other => panic!("extend of a replaced lock must fail as superseded, got {other:?}"),
     }
     assert_eq!(a.release(&lease).await, 0, "nothing of ours to delete");
     for node in cluster.iter() {

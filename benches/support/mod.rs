@@ -5,6 +5,7 @@
 
 #![allow(dead_code)]
 
+use redlock_sidecar::redlock::{votes, EPOCH_KEY};
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -97,11 +98,23 @@ impl RedisServer {
             .unwrap_or_else(|e| panic!("{args:?} on port {}: {e}", self.port))
     }
 
-    /// `uptime_in_seconds` from `INFO server`.
-    pub fn uptime_secs(&self) -> u64 {
-        info_field(&self.cmd(&["INFO", "server"]), "uptime_in_seconds")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
+    /// How long this server has provably kept its data for the engine (its epoch marker's
+    /// age), stamping the marker first as the first contender to meet it would.
+    pub fn data_age(&self) -> Duration {
+        let run_id = info_field(&self.cmd(&["INFO", "server"]), "run_id")
+            .unwrap_or_default()
+            .to_owned();
+        let now_ms = || {
+            let time = self.cmd(&["TIME"]);
+            let mut parts = time.lines().filter_map(|l| l.trim().parse::<u64>().ok());
+            parts.next().unwrap_or(0) * 1000 + parts.next().unwrap_or(0) / 1000
+        };
+        let marker = self.cmd(&["GET", EPOCH_KEY]);
+        if let Some(age) = votes::data_age(&marker, &run_id, now_ms()) {
+            return age;
+        }
+        self.cmd(&["SET", EPOCH_KEY, &votes::epoch_marker(now_ms(), &run_id)]);
+        Duration::ZERO
     }
 
     /// Total calls over every command in `INFO commandstats`.
@@ -130,19 +143,15 @@ pub fn start_servers(n: usize) -> Vec<RedisServer> {
     (0..n).map(|_| RedisServer::start()).collect()
 }
 
-/// Blocks until every server's uptime lets its vote count for `ttl`: the engine counts a
-/// node only when `uptime_in_seconds − 1 ≥ ttl + drift`.
+/// Blocks until every server's votes count for `ttl`: its epoch marker is ttl + drift old.
 pub fn wait_votes_count(servers: &[RedisServer], ttl: Duration) {
-    let needed = (ttl + redlock_sidecar::redlock::drift(ttl))
-        .as_secs_f64()
-        .ceil() as u64
-        + 1;
+    let needed = votes::required_data_age(ttl);
     let started = Instant::now();
     for server in servers {
-        while server.uptime_secs() < needed {
+        while server.data_age() < needed {
             assert!(
-                started.elapsed() < Duration::from_secs(needed + 30),
-                "redis-server on port {} never reached an uptime of {needed} s",
+                started.elapsed() < needed + Duration::from_secs(30),
+                "redis-server on port {} never proved {needed:?} of data age",
                 server.port
             );
             std::thread::sleep(Duration::from_millis(100));

@@ -177,6 +177,15 @@ pub enum LockError {
         /// Per-node answers.
         votes: Votes,
     },
+    /// A quorum of nodes shows another holder's key or no key at all: the lease is gone,
+    /// and retrying cannot bring it back.
+    #[error("lock {lock:?}: taken over or lost on a quorum [{votes}]")]
+    Superseded {
+        /// The lock name.
+        lock: String,
+        /// Per-node answers.
+        votes: Votes,
+    },
     /// The lease's validity ended before the call could prove it.
     #[error("lock {lock:?}: lease expired")]
     Expired {
@@ -196,6 +205,7 @@ impl LockError {
             LockError::QuorumUnreachable { .. } => "no_quorum",
             LockError::ValidityTooShort { .. } | LockError::Expired { .. } => "expired",
             LockError::Lost { .. } => "lost",
+            LockError::Superseded { .. } => "superseded",
             LockError::Cancelled => "cancelled",
         }
     }
@@ -206,7 +216,8 @@ impl LockError {
             LockError::Busy { votes, .. }
             | LockError::Contended { votes, .. }
             | LockError::QuorumUnreachable { votes, .. }
-            | LockError::Lost { votes, .. } => Some(votes),
+            | LockError::Lost { votes, .. }
+            | LockError::Superseded { votes, .. } => Some(votes),
             _ => None,
         }
     }

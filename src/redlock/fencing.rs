@@ -6,40 +6,52 @@
 //! than one it has already seen.
 //!
 //! ## How a token is minted
-//! Every node keeps a counter per lock (`redlock:{name}:fence`, no expiry).
+//! Every node keeps a counter per lock (`redlock:{name}:fence`), kept for the fence
+//! retention (default 24 h) after its last write; grants, renewals and restores write it.
 //! 1. The client proposes a candidate, `max(highest counter it has seen + 1, now in Unix ms)`.
-//!    The acquire script, on a grant, stores it if the node's counter is lower, and says so.
-//! 2. If a quorum of counted grants stored the candidate, it is the token: one round trip.
-//! 3. Otherwise some node already had a counter at least as high (two acquisitions in the
-//!    same millisecond, or a client whose clock is behind). The token is then
-//!    `max(highest counter seen + 1, now in Unix ms)` and is written back with set-if-greater
-//!    on every node; the acquisition succeeds only once a quorum has stored it.
-//! 4. Renewals write the token again, which repairs nodes that lost it in a restart.
+//!    "Seen" covers every answer, including those that arrive after a round was decided.
+//!    The acquire script, on a grant, stores the candidate if the node's counter is lower.
+//! 2. If a quorum of *counted* grants stored the candidate (each of those nodes had a lower
+//!    counter), it is the token: one round trip.
+//! 3. Otherwise a node already had a counter at least as high. A raise round proposes
+//!    `max(highest seen + 1, now)`; every node raises its counter to it and answers with the
+//!    counter it had. The token is ours only if every answer in the deciding quorum was lower;
+//!    else the next raise starts above the highest answer (at most three raises).
 //!
-//! Either way a token is handed out only after a quorum holds a counter at least as high.
-
+//! Either way a token is handed out only once a quorum of nodes had a lower counter and now
+//! holds the token. Renewals write it again, repairing nodes that lost it.
+//!
 //! ## What it guarantees
-//! Any two quorums share a node. The previous holder's token was stored on a quorum
-//! before that holder could use it, so the next acquisition's quorum includes a node whose
-//! counter is at least that token: a candidate is stored there only if it is greater, and a
-//! write-back token is minted above it. **Tokens strictly increase across acquisitions** as
-//! long as at least one node of the quorum that stored the previous token still remembers it.
+//! Let A be an acquisition with token `a`, and B a later one (B's round starts after A's
+//! token was stored) with token `b`. Then **`b > a`** when at least one of these holds:
+//! 1. **A node of B's deciding quorum still has A's counter** (or a higher one). B's quorum
+//!    and the quorum that stored `a` share at least one node; B's votes count only from nodes
+//!    that kept their data for the longest ttl plus drift (see `votes`), so such a node lost
+//!    nothing since then unless that loss is older than a whole ttl. This is the common case
+//!    and does not depend on any clock.
+//! 2. **Otherwise**, every node of B's quorum lost the counter: by data loss at least
+//!    `ttl + drift` before B (the vote rule), or by the retention expiring after A's holder
+//!    stopped renewing. Then `b ≥` B's client clock in Unix ms, and `a ≤` A's client clock at
+//!    minting (plus one per token minted within the same millisecond). So `b > a` as long
+//!    as B's clock is not behind A's by the time between the two (at least one ttl after a
+//!    data loss, at least the retention after an expiry).
 //!
 //! ## When it could go backwards
-//! Only when every node of the quorum that stored the last token has lost its data
-//! before the next acquisition (restarts without persistence, `FLUSHALL`, eviction
-//! under a `maxmemory-policy` other than `noeviction`). Even then the wall-clock floor
-//! (`now` in Unix milliseconds) keeps new tokens above old ones unless the new holder's
-//! clock is behind the old holder's by more than the time between the two acquisitions.
+//! Only in case 2 with clocks further apart than that: e.g. a majority of nodes flushed,
+//! and the next holder's clock more than a ttl behind the previous holder's. A client clock
+//! far *ahead* inflates tokens (harmless while counters live), and a later client with a
+//! correct clock mints below them once every counter of its quorum is gone.
 //! Tokens stay below 2^53, the range in which the Lua scripts compare them exactly.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// The token for an acquisition that saw `highest` as the largest counter on its quorum.
-pub fn next_token(highest: u64) -> u64 {
+/// The token to propose above `highest`, with the wall clock as a floor. `skew_ms` shifts
+/// this client's clock (tests only; 0 in production).
+pub fn next_token(highest: u64, skew_ms: i64) -> u64 {
     let now_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .saturating_add_signed(skew_ms);
     highest.saturating_add(1).max(now_ms)
 }
 
@@ -50,7 +62,7 @@ mod tests {
     #[test]
     fn next_token_exceeds_the_highest_seen() {
         let far_future = 1u64 << 52;
-        assert_eq!(next_token(far_future), far_future + 1);
+        assert_eq!(next_token(far_future, 0), far_future + 1);
     }
 
     #[test]
@@ -59,6 +71,10 @@ mod tests {
             .duration_since(UNIX_EPOCH)
             .unwrap()
             .as_millis() as u64;
-        assert!(next_token(0) >= before);
+        assert!(next_token(0, 0) >= before);
+        assert!(
+            next_token(0, -60_000) < before,
+            "a clock behind gives a lower floor"
+        );
     }
 }

@@ -31,9 +31,10 @@ pub mod fencing;
 mod node;
 mod scripts;
 pub mod timing;
+pub mod votes;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use futures_util::StreamExt;
@@ -42,11 +43,19 @@ use redis::Script;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use crate::clock;
 use error::Tally;
 pub use error::{ConfigError, LockError, Vote, Votes};
-pub use node::{ConnectSettings, Credentials, Node, NodeError, NodeErrorKind, NodeSpec};
+pub use node::{
+    ConnectSettings, Credentials, Node, NodeError, NodeErrorKind, NodeFacts, NodeSpec,
+    FACTS_MAX_AGE,
+};
 use timing::CLOCK_DRIFT_FLOOR;
 pub use timing::{drift, quorum, validity};
+use votes::Proof;
+
+/// The key of each node's epoch marker (see [`votes`]): `<server ms>:<run id>`.
+pub const EPOCH_KEY: &str = "redlock:epoch";
 
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::ACQUIRE));
 static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::RAISE_FENCE));
@@ -117,6 +126,17 @@ pub struct RedlockConfig {
     pub nodes: Vec<NodeSpec>,
     /// How long a key lives without renewal.
     pub ttl: Duration,
+    /// The longest ttl any contender of this lock uses, when ttls differ (see [`votes`]).
+    pub max_ttl: Option<Duration>,
+    /// How long a fencing counter is kept after its last use; then the Unix-ms floor of the
+    /// next token takes over (see [`fencing`]).
+    pub fence_retention: Duration,
+    /// Count votes of nodes whose `maxmemory-policy` may evict lock keys (unsafe).
+    pub allow_evicting_nodes: bool,
+    /// Tests only: pretend this client's wall clock is off by this many milliseconds, to
+    /// check the fencing guarantee under clock skew.
+    #[doc(hidden)]
+    pub wall_clock_skew_ms: i64,
     /// Bound on each call to each node.
     pub node_timeout: Duration,
     /// Bound on making a connection.
@@ -135,6 +155,10 @@ impl RedlockConfig {
             identity: identity.into(),
             nodes,
             ttl: Duration::from_secs(10),
+            max_ttl: None,
+            fence_retention: DEFAULT_FENCE_RETENTION,
+            allow_evicting_nodes: false,
+            wall_clock_skew_ms: 0,
             node_timeout: Duration::from_millis(50),
             connect_timeout: Duration::from_secs(1),
             retry_delay: Duration::from_millis(200),
@@ -195,12 +219,43 @@ impl RedlockConfig {
                 ),
             ));
         }
+        if let Some(max_ttl) = self.max_ttl.filter(|max| *max < self.ttl) {
+            return Err(ConfigError::new(
+                "--max-ttl",
+                format!(
+                    "{} is shorter than --ttl {}: it is the longest ttl any contender uses",
+                    humantime::format_duration(max_ttl),
+                    humantime::format_duration(self.ttl)
+                ),
+            ));
+        }
+        if self.fence_retention < self.longest_ttl() * 2 {
+            return Err(ConfigError::new(
+                "--fence-retention",
+                format!(
+                    "{} is too short: it must be at least twice the longest ttl ({})",
+                    humantime::format_duration(self.fence_retention),
+                    humantime::format_duration(self.longest_ttl())
+                ),
+            ));
+        }
         if self.retry_delay.is_zero() || self.retry_delay > self.retry_max.max(self.retry_delay) {
             return Err(ConfigError::new("--retry-delay", "must be greater than 0"));
         }
         Ok(())
     }
 }
+
+impl RedlockConfig {
+    /// The longest ttl this contender knows to be in use: `--max-ttl`, else `--ttl`.
+    pub fn longest_ttl(&self) -> Duration {
+        self.max_ttl.unwrap_or(self.ttl).max(self.ttl)
+    }
+}
+
+/// Default of [`RedlockConfig::fence_retention`]: a day, so client clocks would have to be
+/// off by a day for the Unix-ms floor to fail once a counter is gone.
+pub const DEFAULT_FENCE_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
 /// A held lock: proof of one acquisition. Pass it back to extend or release.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -249,11 +304,13 @@ struct Inner {
     cfg: RedlockConfig,
     key: String,
     fence_key: String,
+    ttl_key: String,
     channel: String,
     nodes: Vec<Node>,
-    run_ids: Mutex<Vec<Option<String>>>,
     /// The highest fencing counter seen, so the next candidate token starts above it.
     fence_seen: AtomicU64,
+    /// The longest ttl (ms) any node's max-ttl register ever reported for this lock.
+    max_ttl_seen: AtomicU64,
     released: watch::Sender<u64>,
     /// Per node: calls in flight that may still write our key there (acquire, restore,
     /// an extend whose answer may call for a restore). Deletes wait for them to settle.
@@ -264,11 +321,18 @@ struct Inner {
     _stop_on_drop: DropGuard,
 }
 
-/// `{granted, fence, run_id, uptime_s, holder_value, holder_pttl, candidate_stored}`.
-type AcquireReply = (i64, String, String, u64, String, i64, i64);
+/// Rounds of [`Redlock::raise_fence`] before an acquisition gives up (each one starts above
+/// every counter the previous one saw, so only a fleet minting in a tight loop needs more).
+const RAISE_ATTEMPTS: usize = 3;
 
-/// `{status, run_id, uptime_s}`.
-type ExtendReply = (i64, String, u64);
+/// `{granted, fence, epoch_age_ms, max_ttl_ms, holder_value, holder_pttl, candidate_stored}`.
+type AcquireReply = (i64, String, u64, u64, String, i64, i64);
+
+/// `{status, epoch_age_ms, max_ttl_ms}`.
+type ExtendReply = (i64, u64, u64);
+
+/// One node's answer to a script, with the facts of the connection it came on.
+type Answer<T> = (usize, Result<(T, Arc<NodeFacts>), NodeError>);
 
 /// What the acquire answers of one round say about the lock besides the votes.
 #[derive(Default)]
@@ -350,6 +414,16 @@ impl Drop for KeyWrite {
 }
 
 impl Inner {
+    /// The keys every script gets, in the order `scripts` documents.
+    fn keys(&self) -> [&str; 4] {
+        [&self.key, &self.fence_key, &self.ttl_key, EPOCH_KEY]
+    }
+
+    /// Arguments 4 on of the scripts that keep the fencing counter: its retention in ms.
+    fn retention_ms(&self) -> String {
+        self.cfg.fence_retention.as_millis().to_string()
+    }
+
     /// Waits until no call that may write our key on node `index` is in flight. Each such
     /// call is bounded by the node timeout, and so is this wait.
     async fn key_writes_settled(&self, index: usize) {
@@ -380,9 +454,10 @@ impl Redlock {
             inner: Arc::new(Inner {
                 key: format!("redlock:{{{name}}}"),
                 fence_key: format!("redlock:{{{name}}}:fence"),
+                ttl_key: format!("redlock:{{{name}}}:ttl"),
                 channel: format!("redlock:{{{name}}}:released"),
-                run_ids: Mutex::new(vec![None; nodes.len()]),
                 fence_seen: AtomicU64::new(0),
+                max_ttl_seen: AtomicU64::new(0),
                 key_writes: (0..nodes.len()).map(|_| watch::channel(0).0).collect(),
                 nodes,
                 released: watch::channel(0).0,
@@ -434,7 +509,7 @@ impl Redlock {
         order: Order,
         script: &'static Script,
         args: Vec<String>,
-    ) -> mpsc::UnboundedReceiver<(usize, Result<T, NodeError>)>
+    ) -> mpsc::UnboundedReceiver<Answer<T>>
     where
         T: redis::FromRedisValue + Send + 'static,
     {
@@ -450,10 +525,9 @@ impl Redlock {
                     inner.key_writes_settled(index).await;
                 }
                 let start = Instant::now();
-                let keys = [inner.key.as_str(), inner.fence_key.as_str()];
                 let args: Vec<&str> = args.iter().map(String::as_str).collect();
                 let result = inner.nodes[index]
-                    .eval::<T>(script, &keys, &args, inner.cfg.node_timeout)
+                    .eval::<T>(script, &inner.keys(), &args, inner.cfg.node_timeout)
                     .await;
                 drop(write);
                 let outcome = result.as_ref().map(|_| ()).map_err(|e| e.kind);
@@ -466,26 +540,59 @@ impl Redlock {
         rx
     }
 
-    /// Whether node `index`'s grant would count, given what it reported about itself.
-    /// Judged on every answer (not only grants) so health is known on followers too.
-    fn vote_counts(&self, index: usize, run_id: &str, uptime_secs: u64) -> Result<(), String> {
-        let previous = {
-            let mut run_ids = self.inner.run_ids.lock().unwrap_or_else(|e| e.into_inner());
-            run_ids[index].replace(run_id.to_owned())
-        };
-        let ttl = self.inner.cfg.ttl;
-        // uptime_in_seconds is a difference of whole wall-clock seconds: it can read 1
-        // a few milliseconds after a start, so only `uptime − 1` is a lower bound.
-        let proven_uptime = Duration::from_secs(uptime_secs.saturating_sub(1));
-        let verdict = if previous.is_some_and(|prev| prev != run_id) {
-            Err("restarted since last contact".to_owned())
-        } else if proven_uptime < ttl + drift(ttl) {
-            Err(format!("up {uptime_secs}s, less than ttl + drift"))
-        } else {
-            Ok(())
-        };
+    /// Whether node `index`'s grant counts, given what it proved in its answer (see
+    /// [`votes`]). Judged on every answer, not only grants, so that the health every node
+    /// reports stays current on leaders and followers alike.
+    fn judge(&self, index: usize, facts: &NodeFacts, proof: Proof) -> Result<(), String> {
+        let reported = u64::try_from(proof.max_ttl.as_millis()).unwrap_or(u64::MAX);
+        let seen = self
+            .inner
+            .max_ttl_seen
+            .fetch_max(reported, Ordering::Relaxed)
+            .max(reported);
+        let longest = self
+            .inner
+            .cfg
+            .longest_ttl()
+            .max(Duration::from_millis(seen));
+        let verdict = votes::judge(facts, proof, longest, self.inner.cfg.allow_evicting_nodes);
         self.inner.observer.node_counted(index, verdict.is_ok());
         verdict
+    }
+
+    /// The data age a node must prove now for its grants to count.
+    pub fn required_data_age(&self) -> Duration {
+        let seen = Duration::from_millis(self.inner.max_ttl_seen.load(Ordering::Relaxed));
+        votes::required_data_age(self.inner.cfg.longest_ttl().max(seen))
+    }
+
+    /// The vote in node `index`'s acquire answer, and whether it stored our candidate token.
+    /// `decided` marks answers that came after the round was decided: a grant then is too late.
+    fn acquire_vote(
+        &self,
+        index: usize,
+        answer: Result<(AcquireReply, Arc<NodeFacts>), NodeError>,
+        seen: &mut Seen,
+        decided: bool,
+    ) -> (Vote, bool) {
+        let (reply, facts) = match answer {
+            Ok(answer) => answer,
+            Err(err) => return (Vote::Failed(err), false),
+        };
+        let proof = Proof {
+            data_age: Duration::from_millis(reply.2),
+            max_ttl: Duration::from_millis(reply.3),
+        };
+        let counts = self.judge(index, &facts, proof);
+        match (seen.add(&reply), counts) {
+            (Some(holder), _) => (Vote::HeldBy(holder), false),
+            (None, _) if decided => (
+                Vote::NotCounted("granted after the round was decided".to_owned()),
+                false,
+            ),
+            (None, Ok(())) => (Vote::Granted, reply.6 == 1),
+            (None, Err(why)) => (Vote::NotCounted(why), false),
+        }
     }
 
     /// One acquisition round: `Ok` with a lease, or why not. Never waits or retries.
@@ -494,8 +601,8 @@ impl Redlock {
         let n = self.inner.nodes.len();
         let needed = quorum(n);
         let value = format!("{}:{}", cfg.identity, random_hex());
-        let candidate = fencing::next_token(self.inner.fence_seen.load(Ordering::Relaxed));
-        let start = Instant::now();
+        let candidate = self.next_token(self.inner.fence_seen.load(Ordering::Relaxed));
+        let start = clock::now();
         let since = SystemTime::now();
         let mut answers = self.fan_out::<AcquireReply>(
             Op::Acquire,
@@ -505,6 +612,7 @@ impl Redlock {
                 value.clone(),
                 cfg.ttl.as_millis().to_string(),
                 candidate.to_string(),
+                self.inner.retention_ms(),
             ],
         );
         let mut tally = Tally::new(n);
@@ -512,20 +620,8 @@ impl Redlock {
         // Counted grants whose node stored our candidate token (its counter was lower).
         let mut candidate_stored = 0;
         while let Some((index, answer)) = answers.recv().await {
-            let vote = match answer {
-                Ok(reply) => {
-                    let counts = self.vote_counts(index, &reply.2, reply.3);
-                    match (seen.add(&reply), counts) {
-                        (None, Ok(())) => {
-                            candidate_stored += usize::from(reply.6 == 1);
-                            Vote::Granted
-                        }
-                        (None, Err(why)) => Vote::NotCounted(why),
-                        (Some(holder), _) => Vote::HeldBy(holder),
-                    }
-                }
-                Err(err) => Vote::Failed(err),
-            };
+            let (vote, stored) = self.acquire_vote(index, answer, &mut seen, false);
+            candidate_stored += usize::from(stored);
             if tally.record(index, vote) {
                 break;
             }
@@ -540,19 +636,11 @@ impl Redlock {
             // The remaining answers (each bounded by the node timeout) complete the report,
             // so followers see the holder most nodes agree on, and show where to clean up.
             while let Some((index, answer)) = answers.recv().await {
-                votes[index] = Some(match answer {
-                    Ok(reply) => {
-                        let _ = self.vote_counts(index, &reply.2, reply.3);
-                        match seen.add(&reply) {
-                            Some(holder) => Vote::HeldBy(holder),
-                            None => {
-                                Vote::NotCounted("granted after the round was decided".to_owned())
-                            }
-                        }
-                    }
-                    Err(err) => Vote::Failed(err),
-                });
+                votes[index] = Some(self.acquire_vote(index, answer, &mut seen, true).0);
             }
+            self.inner
+                .fence_seen
+                .fetch_max(seen.fence, Ordering::Relaxed);
             // Our key may stand wherever a node did not answer "held by someone else".
             self.clean_up(
                 &value,
@@ -590,22 +678,25 @@ impl Redlock {
                 }
             });
         }
-        // Answers after the quorum still tell whether their node's vote counts (health,
-        // restarts), so the report of every node stays current.
+        // Answers after the quorum still carry counters (the next candidate starts above
+        // them) and tell whether their node's vote counts, so every node's report stays current.
         let this = self.clone();
         tokio::spawn(async move {
+            let mut late = Seen::default();
             while let Some((index, answer)) = answers.recv().await {
-                if let Ok(reply) = answer {
-                    let _ = this.vote_counts(index, &reply.2, reply.3);
-                }
+                this.acquire_vote(index, answer, &mut late, true);
             }
+            this.inner
+                .fence_seen
+                .fetch_max(late.fence, Ordering::Relaxed);
         });
+        let elapsed = || clock::now().saturating_duration_since(start);
         let too_short = || LockError::ValidityTooShort {
             lock: cfg.lock.clone(),
-            elapsed: start.elapsed(),
+            elapsed: elapsed(),
             ttl: cfg.ttl,
         };
-        if validity(cfg.ttl, start.elapsed()).is_none() {
+        if validity(cfg.ttl, elapsed()).is_none() {
             self.clean_up(&value, |_| true, &votes).await;
             return Err(too_short());
         }
@@ -615,7 +706,7 @@ impl Redlock {
             candidate
         } else {
             match self
-                .raise_fence(fencing::next_token(seen.fence.max(candidate)))
+                .raise_fence(self.next_token(seen.fence.max(candidate)))
                 .await
             {
                 Ok(token) => token,
@@ -632,7 +723,7 @@ impl Redlock {
         self.inner
             .fence_seen
             .fetch_max(fencing_token, Ordering::Relaxed);
-        let Some(valid) = validity(cfg.ttl, start.elapsed()) else {
+        let Some(valid) = validity(cfg.ttl, elapsed()) else {
             self.clean_up(&value, |_| true, &votes).await;
             return Err(too_short());
         };
@@ -645,26 +736,64 @@ impl Redlock {
         })
     }
 
-    /// Raises the fencing counter to `token` on a quorum (write-back of the max).
-    async fn raise_fence(&self, token: u64) -> Result<u64, Votes> {
-        let mut answers = self.fan_out::<String>(
-            Op::Fence,
-            Order::Free,
-            &RAISE_FENCE,
-            vec![token.to_string()],
-        );
-        let mut tally = Tally::new(self.inner.nodes.len());
-        while let Some((index, answer)) = answers.recv().await {
-            let vote = answer.map_or_else(Vote::Failed, |_| Vote::Granted);
-            if tally.record(index, vote) {
-                break;
+    /// The next token to propose above `highest` (see [`fencing::next_token`]).
+    fn next_token(&self, highest: u64) -> u64 {
+        fencing::next_token(highest, self.inner.cfg.wall_clock_skew_ms)
+    }
+
+    /// Mints a token of at least `token` on a quorum: each node raises its counter to it and
+    /// reports the counter it had. The token is ours only if every counted node had a lower
+    /// one; otherwise the next try starts above the highest reported (late answers included).
+    async fn raise_fence(&self, mut token: u64) -> Result<u64, Votes> {
+        let mut last = Votes::default();
+        for _ in 0..RAISE_ATTEMPTS {
+            let mut answers = self.fan_out::<String>(
+                Op::Fence,
+                Order::Free,
+                &RAISE_FENCE,
+                vec![
+                    token.to_string(),
+                    String::new(),
+                    String::new(),
+                    self.inner.retention_ms(),
+                ],
+            );
+            let mut tally = Tally::new(self.inner.nodes.len());
+            let mut highest = 0;
+            while let Some((index, answer)) = answers.recv().await {
+                let vote = match answer {
+                    Ok((before, _)) => {
+                        highest = highest.max(before.parse().unwrap_or(0));
+                        Vote::Granted
+                    }
+                    Err(err) => Vote::Failed(err),
+                };
+                if tally.record(index, vote) {
+                    break;
+                }
             }
+            let this = self.clone();
+            tokio::spawn(async move {
+                while let Some((_, answer)) = answers.recv().await {
+                    if let Ok((before, _)) = answer {
+                        let before = before.parse().unwrap_or(0);
+                        this.inner.fence_seen.fetch_max(before, Ordering::Relaxed);
+                    }
+                }
+            });
+            self.inner
+                .fence_seen
+                .fetch_max(highest.max(token), Ordering::Relaxed);
+            if !tally.won() {
+                return Err(self.label_votes(tally.votes));
+            }
+            if highest < token {
+                return Ok(token);
+            }
+            last = self.label_votes(tally.votes);
+            token = self.next_token(highest);
         }
-        if tally.won() {
-            Ok(token)
-        } else {
-            Err(self.label_votes(tally.votes))
-        }
+        Err(last)
     }
 
     /// Waits for the lock: retries with growing random delays, and at once when a
@@ -749,19 +878,24 @@ impl Redlock {
     /// Extends `lease` to a fresh ttl on a quorum, within its remaining validity.
     ///
     /// Returns the lease with its new validity. Nodes that lost our key get it back only
-    /// after the quorum is proven, and only where nobody else has the key.
+    /// after the quorum is proven, and only where nobody else has the key. When a quorum
+    /// shows another holder's key or none at all, the lease is gone for good:
+    /// [`LockError::Superseded`], so the holder steps down at once instead of retrying.
     pub async fn extend(&self, lease: &Lease) -> Result<Lease, LockError> {
         let cfg = &self.inner.cfg;
         let expired = || LockError::Expired {
             lock: cfg.lock.clone(),
         };
-        let start = Instant::now();
+        let start = clock::now();
         if start >= lease.valid_until {
             return Err(expired());
         }
-        let ttl_ms = cfg.ttl.as_millis().to_string();
-        let token = lease.fencing_token.to_string();
-        let args = vec![lease.value.clone(), ttl_ms.clone(), token.clone()];
+        let args = vec![
+            lease.value.clone(),
+            cfg.ttl.as_millis().to_string(),
+            lease.fencing_token.to_string(),
+            self.inner.retention_ms(),
+        ];
         // An answer "key missing" calls for a restore: each node counts as writing our key
         // until its answer has been handled.
         let mut writes: Vec<Option<KeyWrite>> = (0..self.inner.nodes.len())
@@ -770,7 +904,7 @@ impl Redlock {
         let mut answers =
             self.fan_out::<ExtendReply>(Op::Extend, Order::Free, &EXTEND, args.clone());
         let mut tally = Tally::new(self.inner.nodes.len());
-        let expiry = tokio::time::sleep_until(lease.valid_until.into());
+        let expiry = clock::sleep_until(lease.valid_until);
         tokio::pin!(expiry);
         while !tally.decided() {
             let (index, answer) = tokio::select! {
@@ -778,31 +912,26 @@ impl Redlock {
                 answer = answers.recv() => match answer { Some(a) => a, None => break },
                 _ = &mut expiry => return Err(expired()),
             };
-            let vote = match answer {
-                Ok((status, run_id, uptime)) => {
-                    // Extend votes need no restart rule (a node that forgot our key says
-                    // so), but the verdict keeps the node's reported health current.
-                    let _ = self.vote_counts(index, &run_id, uptime);
-                    match status {
-                        1 => Vote::Granted,
-                        0 => Vote::HeldBy("another holder".to_owned()),
-                        _ => Vote::Missing,
-                    }
-                }
-                Err(err) => Vote::Failed(err),
-            };
-            tally.record(index, vote);
+            tally.record(index, self.extend_vote(index, answer));
         }
         if !tally.won() {
-            return Err(LockError::Lost {
-                lock: cfg.lock.clone(),
-                votes: self.label_votes(tally.votes),
+            let contrary = tally
+                .votes
+                .iter()
+                .filter(|v| matches!(v, Some(Vote::HeldBy(_) | Vote::Missing)))
+                .count();
+            let votes = self.label_votes(tally.votes);
+            let lock = cfg.lock.clone();
+            return Err(if contrary >= quorum(self.inner.nodes.len()) {
+                LockError::Superseded { lock, votes }
+            } else {
+                LockError::Lost { lock, votes }
             });
         }
-        if Instant::now() >= lease.valid_until {
+        if clock::now() >= lease.valid_until {
             return Err(expired());
         }
-        let Some(valid) = validity(cfg.ttl, start.elapsed()) else {
+        let Some(valid) = validity(cfg.ttl, clock::now().saturating_duration_since(start)) else {
             return Err(expired());
         };
         // A node that lost our key (a restart) gets it back, now the quorum is proven. The
@@ -819,11 +948,8 @@ impl Redlock {
         let this = self.clone();
         tokio::spawn(async move {
             while let Some((index, answer)) = answers.recv().await {
-                if let Ok((status, run_id, uptime)) = answer {
-                    let _ = this.vote_counts(index, &run_id, uptime);
-                    if status < 0 {
-                        this.spawn_on(index, &RESTORE, args.clone());
-                    }
+                if this.extend_vote(index, answer) == Vote::Missing {
+                    this.spawn_on(index, &RESTORE, args.clone());
                 }
                 writes[index] = None;
             }
@@ -832,6 +958,30 @@ impl Redlock {
             valid_until: start + valid,
             ..lease.clone()
         })
+    }
+
+    /// The vote in node `index`'s extend answer. Extend votes need no data-age rule (a node
+    /// that lost our key says so), but the verdict keeps the node's reported health current.
+    fn extend_vote(
+        &self,
+        index: usize,
+        answer: Result<(ExtendReply, Arc<NodeFacts>), NodeError>,
+    ) -> Vote {
+        match answer {
+            Ok(((status, age, max_ttl), facts)) => {
+                let proof = Proof {
+                    data_age: Duration::from_millis(age),
+                    max_ttl: Duration::from_millis(max_ttl),
+                };
+                let _ = self.judge(index, &facts, proof);
+                match status {
+                    1 => Vote::Granted,
+                    0 => Vote::HeldBy("another holder".to_owned()),
+                    _ => Vote::Missing,
+                }
+            }
+            Err(err) => Vote::Failed(err),
+        }
     }
 
     /// Releases `lease` on every node (owner-checked) and announces it to waiters.
@@ -847,7 +997,7 @@ impl Redlock {
         );
         let mut deleted = 0;
         while let Some((_, answer)) = answers.recv().await {
-            deleted += usize::from(answer == Ok(1));
+            deleted += usize::from(matches!(answer, Ok((1, _))));
         }
         deleted
     }
@@ -861,7 +1011,7 @@ impl Redlock {
         votes: &[Option<Vote>],
     ) {
         let inner = &self.inner;
-        let keys = [inner.key.as_str(), inner.fence_key.as_str()];
+        let keys = inner.keys();
         let args = [value];
         let calls = votes
             .iter()
@@ -883,10 +1033,9 @@ impl Redlock {
         let write = KeyWrite::start(&inner, index);
         tokio::spawn(async move {
             let _write = write;
-            let keys = [inner.key.as_str(), inner.fence_key.as_str()];
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             let _ = inner.nodes[index]
-                .eval::<i64>(script, &keys, &args, inner.cfg.node_timeout)
+                .eval::<i64>(script, &inner.keys(), &args, inner.cfg.node_timeout)
                 .await;
         });
     }
@@ -898,7 +1047,7 @@ impl Redlock {
         let mut views: Vec<Option<Result<NodeView, NodeError>>> =
             vec![None; self.inner.nodes.len()];
         while let Some((index, answer)) = answers.recv().await {
-            views[index] = Some(answer.map(|(value, pttl, fence)| NodeView {
+            views[index] = Some(answer.map(|((value, pttl, fence), _)| NodeView {
                 holder: (!value.is_empty()).then(|| identity_of(&value).to_owned()),
                 pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
                 fence: fence.parse().unwrap_or(0),

@@ -1,8 +1,12 @@
 //! One Redis master: its address (credentials kept secret), its connection, its errors.
 //!
 //! ## Behaviour
-//! - One multiplexed connection per node, made lazily and remade after I/O errors
-//!   (redis-rs `ConnectionManager`), with connect and response timeouts always set.
+//! - One multiplexed connection per node, made lazily (in the background, bounded by the
+//!   connect timeout) and remade after I/O errors, with connect and response timeouts set.
+//! - On every new connection the node's [`NodeFacts`] (run id, eviction policy) are read
+//!   once; a restart always drops the connection, so the run id is never stale. The
+//!   eviction policy can change under a live connection: facts older than
+//!   [`FACTS_MAX_AGE`] are read again in the background.
 //! - Every call is bounded by the caller's timeout: a hung node costs at most that.
 //! - Scripts go by `EVALSHA`, falling back to `EVAL` when the node does not know them
 //!   (after a restart, say).
@@ -10,13 +14,17 @@
 //!   error texts are scrubbed of the password before they are kept.
 
 use std::fmt;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use redis::aio::ConnectionManager;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use redis::aio::MultiplexedConnection;
 use redis::{
-    Client, ConnectionAddr, ConnectionInfo, FromRedisValue, IntoConnectionInfo, RedisError, Script,
-    TlsCertificates,
+    AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, FromRedisValue,
+    IntoConnectionInfo, RedisError, Script, TlsCertificates,
 };
+use tokio::sync::watch;
 
 use super::error::ConfigError;
 
@@ -228,12 +236,63 @@ pub struct ConnectSettings {
     pub response_timeout: Duration,
 }
 
+/// What a node says about itself, read once per connection: a restart always drops the
+/// connection, so these facts stay true for as long as it lives.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeFacts {
+    /// The server process' id (`INFO server`): new with every restart.
+    pub run_id: String,
+    /// `maxmemory-policy` (`INFO memory`): anything but `noeviction` may evict lock keys.
+    pub maxmemory_policy: String,
+}
+
+impl NodeFacts {
+    /// Whether the node may evict keys that have a ttl, such as lock keys.
+    pub fn may_evict(&self) -> bool {
+        self.maxmemory_policy != "noeviction"
+    }
+
+    fn parse(server: &str, memory: &str) -> NodeFacts {
+        let field = |text: &str, name: &str| {
+            text.lines()
+                .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+                .map(|v| v.trim().to_owned())
+                .unwrap_or_default()
+        };
+        NodeFacts {
+            run_id: field(server, "run_id"),
+            maxmemory_policy: field(memory, "maxmemory_policy"),
+        }
+    }
+}
+
+/// The state of a node's one connection.
+#[derive(Clone)]
+enum Link {
+    /// No connection; the next call makes one.
+    Idle,
+    /// A connection is being made (by a background task, so a short node timeout cannot
+    /// cancel a slow TLS handshake half-way).
+    Connecting,
+    /// Connected (connection number `u64`), with the facts read on it and when they were read.
+    Up(MultiplexedConnection, Arc<NodeFacts>, u64, Instant),
+    /// The last attempt failed; the next call tries again.
+    Down(NodeError),
+}
+
 /// A live node: its address and its self-reconnecting connection.
 pub struct Node {
     spec: NodeSpec,
     client: Client,
-    conn: ConnectionManager,
+    settings: ConnectSettings,
+    link: Arc<watch::Sender<Link>>,
+    connections: Arc<AtomicU64>,
+    refreshing: Arc<AtomicBool>,
 }
+
+/// How old a connection's facts may get before they are read again in the background: the
+/// run id cannot change under a live connection, but the eviction policy can (`CONFIG SET`).
+pub const FACTS_MAX_AGE: Duration = Duration::from_secs(10);
 
 impl fmt::Debug for Node {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -244,18 +303,17 @@ impl fmt::Debug for Node {
 impl Node {
     /// Prepares the connection; nothing is sent until the first call.
     pub fn new(spec: NodeSpec, settings: ConnectSettings) -> Result<Node, NodeError> {
-        let password = spec.password().map(str::to_owned);
-        let scrub = |e: RedisError| NodeError::from_redis(&e, password.as_deref());
-        let client = spec.client().map_err(scrub)?;
-        // No retries inside a call: a failed connect surfaces as its own error (auth,
-        // protocol, refused) and the next call tries again.
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(settings.connect_timeout))
-            .set_response_timeout(Some(settings.response_timeout))
-            .set_number_of_retries(0);
-        let conn =
-            ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(scrub)?;
-        Ok(Node { spec, client, conn })
+        let client = spec
+            .client()
+            .map_err(|e| NodeError::from_redis(&e, spec.password()))?;
+        Ok(Node {
+            spec,
+            client,
+            settings,
+            link: Arc::new(watch::channel(Link::Idle).0),
+            connections: Arc::new(AtomicU64::new(0)),
+            refreshing: Arc::new(AtomicBool::new(false)),
+        })
     }
 
     /// `host:port`.
@@ -263,14 +321,127 @@ impl Node {
         self.spec.label()
     }
 
-    /// Runs `script` with `keys` and `args`, bounded by `timeout`.
+    /// The live connection and its facts, connecting first if needed (within `timeout`).
+    async fn connection(
+        &self,
+        timeout: Duration,
+    ) -> Result<(MultiplexedConnection, Arc<NodeFacts>, u64), NodeError> {
+        let start_connecting = |link: &mut Link| {
+            let idle = matches!(link, Link::Idle | Link::Down(_));
+            if idle {
+                *link = Link::Connecting;
+            }
+            idle
+        };
+        if self.link.send_if_modified(start_connecting) {
+            self.connect_in_background();
+        }
+        let mut link = self.link.subscribe();
+        let settled = tokio::time::timeout(
+            timeout,
+            link.wait_for(|link| !matches!(link, Link::Connecting)),
+        )
+        .await;
+        match settled {
+            Ok(Ok(link)) => match &*link {
+                Link::Up(conn, facts, id, read_at) => {
+                    if read_at.elapsed() > FACTS_MAX_AGE {
+                        self.refresh_facts(conn.clone(), *id);
+                    }
+                    Ok((conn.clone(), facts.clone(), *id))
+                }
+                Link::Down(err) => Err(err.clone()),
+                Link::Idle | Link::Connecting => Err(NodeError::timeout(timeout)),
+            },
+            _ => Err(NodeError::timeout(timeout)),
+        }
+    }
+
+    /// Connects and reads the node's facts, bounded by the connect timeout; publishes the
+    /// result on the link.
+    fn connect_in_background(&self) {
+        let client = self.client.clone();
+        let password = self.spec.password().map(str::to_owned);
+        let link = self.link.clone();
+        let settings = self.settings;
+        let id = self.connections.fetch_add(1, Ordering::Relaxed) + 1;
+        let connect = async move {
+            let config = AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(settings.connect_timeout))
+                .set_response_timeout(Some(settings.response_timeout));
+            let mut conn = client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?;
+            let facts = read_facts(&mut conn).await?;
+            Ok::<_, RedisError>((conn, facts))
+        };
+        let connect_timeout = settings.connect_timeout;
+        tokio::spawn(async move {
+            let next = match tokio::time::timeout(connect_timeout, connect).await {
+                Ok(Ok((conn, facts))) => Link::Up(conn, Arc::new(facts), id, Instant::now()),
+                Ok(Err(err)) => Link::Down(NodeError::from_redis(&err, password.as_deref())),
+                Err(_) => Link::Down(NodeError::timeout(connect_timeout)),
+            };
+            link.send_replace(next);
+        });
+    }
+
+    /// Reads the facts of connection `id` again in the background (one refresh at a time).
+    fn refresh_facts(&self, mut conn: MultiplexedConnection, id: u64) {
+        if self.refreshing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (link, refreshing) = (self.link.clone(), self.refreshing.clone());
+        let timeout = self.settings.connect_timeout;
+        tokio::spawn(async move {
+            if let Ok(Ok(fresh)) = tokio::time::timeout(timeout, read_facts(&mut conn)).await {
+                link.send_if_modified(|link| match link {
+                    Link::Up(_, facts, current, read_at) if *current == id => {
+                        *facts = Arc::new(fresh);
+                        *read_at = Instant::now();
+                        true
+                    }
+                    _ => false,
+                });
+            }
+            refreshing.store(false, Ordering::Release);
+        });
+    }
+
+    /// Forgets connection `id` after an error that means it is broken; the next call
+    /// reconnects (and reads the node's facts again).
+    fn drop_if_broken(&self, id: u64, err: &RedisError) {
+        if err.is_io_error() || err.is_connection_dropped() || err.is_connection_refusal() {
+            self.link.send_if_modified(|link| match link {
+                Link::Up(_, _, current, _) if *current == id => {
+                    *link = Link::Idle;
+                    true
+                }
+                _ => false,
+            });
+        }
+    }
+
+    /// The facts of the current connection, if one is up.
+    pub fn facts(&self) -> Option<Arc<NodeFacts>> {
+        match &*self.link.borrow() {
+            Link::Up(_, facts, _, _) => Some(facts.clone()),
+            _ => None,
+        }
+    }
+
+    /// Runs `script` with `keys` and `args`, bounded by `timeout` (connecting included).
+    /// The connection's run id is appended as the last argument, and its facts are
+    /// returned with the answer, so that scripts and votes judge the node that answered.
     pub async fn eval<T: FromRedisValue>(
         &self,
         script: &Script,
         keys: &[&str],
         args: &[&str],
         timeout: Duration,
-    ) -> Result<T, NodeError> {
+    ) -> Result<(T, Arc<NodeFacts>), NodeError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let (mut conn, facts, id) = self.connection(timeout).await?;
         let mut invocation = script.prepare_invoke();
         for key in keys {
             invocation.key(*key);
@@ -278,9 +449,13 @@ impl Node {
         for arg in args {
             invocation.arg(*arg);
         }
-        let mut conn = self.conn.clone();
-        match tokio::time::timeout(timeout, invocation.invoke_async(&mut conn)).await {
-            Ok(result) => result.map_err(|e| NodeError::from_redis(&e, self.spec.password())),
+        invocation.arg(facts.run_id.as_str());
+        match tokio::time::timeout_at(deadline, invocation.invoke_async(&mut conn)).await {
+            Ok(Ok(value)) => Ok((value, facts)),
+            Ok(Err(e)) => {
+                self.drop_if_broken(id, &e);
+                Err(NodeError::from_redis(&e, self.spec.password()))
+            }
             Err(_) => Err(NodeError::timeout(timeout)),
         }
     }
@@ -291,9 +466,14 @@ impl Node {
         cmd: &redis::Cmd,
         timeout: Duration,
     ) -> Result<T, NodeError> {
-        let mut conn = self.conn.clone();
-        match tokio::time::timeout(timeout, cmd.query_async(&mut conn)).await {
-            Ok(result) => result.map_err(|e| NodeError::from_redis(&e, self.spec.password())),
+        let deadline = tokio::time::Instant::now() + timeout;
+        let (mut conn, _, id) = self.connection(timeout).await?;
+        match tokio::time::timeout_at(deadline, cmd.query_async(&mut conn)).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => {
+                self.drop_if_broken(id, &e);
+                Err(NodeError::from_redis(&e, self.spec.password()))
+            }
             Err(_) => Err(NodeError::timeout(timeout)),
         }
     }
@@ -304,5 +484,34 @@ impl Node {
             Ok(result) => result.map_err(|e| NodeError::from_redis(&e, self.spec.password())),
             Err(_) => Err(NodeError::timeout(timeout)),
         }
+    }
+}
+
+/// Reads a node's [`NodeFacts`] on `conn`.
+async fn read_facts(conn: &mut MultiplexedConnection) -> Result<NodeFacts, RedisError> {
+    let (server, memory): (String, String) = redis::pipe()
+        .cmd("INFO")
+        .arg("server")
+        .cmd("INFO")
+        .arg("memory")
+        .query_async(conn)
+        .await?;
+    Ok(NodeFacts::parse(&server, &memory))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn facts_come_from_the_info_sections() {
+        let facts = NodeFacts::parse(
+            "# Server\r\nredis_version:7.0.15\r\nrun_id:abc123\r\n",
+            "# Memory\r\nmaxmemory:0\r\nmaxmemory_policy:allkeys-lru\r\n",
+        );
+        assert_eq!(facts.run_id, "abc123");
+        assert_eq!(facts.maxmemory_policy, "allkeys-lru");
+        assert!(facts.may_evict());
+        assert!(!NodeFacts::parse("", "maxmemory_policy:noeviction").may_evict());
     }
 }

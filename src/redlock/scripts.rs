@@ -1,91 +1,147 @@
 //! The Lua scripts the engine runs on every node. Each is atomic on its node.
 //!
-//! Keys: `KEYS[1]` is the lock key, `KEYS[2]` the lock's fencing counter.
-//! The counter never expires: it is the memory of the highest token handed out.
+//! Keys: `KEYS[1]` is the lock key, `KEYS[2]` the lock's fencing counter (kept for the
+//! fence retention after its last use), `KEYS[3]` the lock's max-ttl register, `KEYS[4]` the
+//! node's epoch marker (one per node and database, shared by all locks). The last argument of
+//! every script is the run id of the connection it runs on.
 
-/// Lua that reads the node's `run_id` and `uptime` (seconds) from `INFO server`. Plain
-/// searches, then anchored matches: a pattern scan of the whole text costs more than INFO.
-macro_rules! read_node_identity {
+/// Lua that proves how long the node has kept its data: the age (ms, on the node's own
+/// clock) of the node's epoch marker, a key stamped with the server's `TIME` and run id the
+/// first time any contender meets the node. Any data loss deletes it (`FLUSHALL`, `FLUSHDB`,
+/// a restart without persistence); a run id that is not the connection's (a restart from a
+/// snapshot or an append-only file, a failover to a replica) re-stamps it. Either way the
+/// age starts again at 0. The connection's run id is always the last argument.
+macro_rules! epoch_age {
     () => {
         r#"
-local info = redis.call('INFO', 'server')
-local at = string.find(info, 'run_id:', 1, true)
-local run_id = at and string.match(info, '^%w+', at + 7) or ''
-at = string.find(info, 'uptime_in_seconds:', 1, true)
-local uptime = at and tonumber(string.match(info, '^%d+', at + 18)) or 0
+local clock = redis.call('TIME')
+local now = clock[1] * 1000 + math.floor(clock[2] / 1000)
+local run_id = ARGV[#ARGV]
+local epoch = redis.call('GET', KEYS[4])
+local age = -1
+if epoch then
+  local at = string.find(epoch, ':', 1, true)
+  if at and string.sub(epoch, at + 1) == run_id then
+    age = math.max(0, now - (tonumber(string.sub(epoch, 1, at - 1)) or now))
+  end
+end
+if age < 0 then
+  redis.call('SET', KEYS[4], string.format('%d', now) .. ':' .. run_id)
+  age = 0
+end
 "#
     };
 }
 
-/// Try to take the lock; report the node's identity so restarts can be detected; on a
-/// grant, store the candidate fencing token if the counter is lower.
+/// Lua that records our ttl in the lock's max-ttl register (ARGV[2]); the register lives
+/// twice the longest ttl written, so it outlives every key written with that ttl.
+macro_rules! record_ttl {
+    () => {
+        r#"
+local ttl = tonumber(ARGV[2])
+if max_ttl <= ttl then redis.call('SET', KEYS[3], ARGV[2], 'PX', 2 * ttl) end
+"#
+    };
+}
+
+/// Lua that raises the fencing counter to `token` if lower, and keeps it for the retention
+/// time (ARGV[4]) from now either way.
+macro_rules! keep_fence {
+    ($token:literal) => {
+        concat!(
+            "local want = tonumber(",
+            $token,
+            r#")
+if (tonumber(redis.call('GET', KEYS[2]) or '0') or 0) < want then
+  redis.call('SET', KEYS[2], string.format('%d', want), 'PX', ARGV[4])
+else
+  redis.call('PEXPIRE', KEYS[2], ARGV[4])
+end
+"#
+        )
+    };
+}
+
+/// Try to take the lock, prove the node's data age, and on a grant store the candidate
+/// fencing token if the counter is lower.
 ///
-/// ARGV: value, ttl in ms, candidate token. Returns
-/// `{granted, fence, run_id, uptime_s, holder_value, holder_pttl, candidate_stored}`, where
-/// `fence` is the counter before this call. `INFO server` is read in the same atomic step,
-/// so a node that restarted between two of our requests can never grant a vote that is
-/// counted.
+/// ARGV: value, ttl in ms, candidate token, fence retention in ms, run id. Returns
+/// `{granted, fence, epoch_age_ms, max_ttl_ms, holder_value, holder_pttl, candidate_stored}`,
+/// where `fence` is the counter and `max_ttl_ms` the register before this call.
 pub const ACQUIRE: &str = concat!(
-    read_node_identity!(),
+    epoch_age!(),
     r#"
 local fence = redis.call('GET', KEYS[2]) or '0'
+local max_ttl = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local stored = 0
   if (tonumber(fence) or 0) < tonumber(ARGV[3]) then
-    redis.call('SET', KEYS[2], ARGV[3])
+    redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
     stored = 1
+  else
+    redis.call('PEXPIRE', KEYS[2], ARGV[4])
   end
-  return {1, fence, run_id, uptime, '', 0, stored}
+"#,
+    record_ttl!(),
+    r#"
+  return {1, fence, age, max_ttl, '', 0, stored}
 end
-return {0, fence, run_id, uptime, redis.call('GET', KEYS[1]) or '', redis.call('PTTL', KEYS[1]), 0}
+return {0, fence, age, max_ttl, redis.call('GET', KEYS[1]) or '', redis.call('PTTL', KEYS[1]), 0}
 "#
 );
 
 /// Raise the fencing counter to ARGV[1] if it is lower (a max-register; never lowers it).
 /// The slow path of minting a token, when the candidate was not stored on a quorum.
 ///
-/// Returns the counter after the call.
-pub const RAISE_FENCE: &str = r#"
-local cur = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-local want = tonumber(ARGV[1])
-if cur < want then
-  redis.call('SET', KEYS[2], ARGV[1])
-  return ARGV[1]
-end
-return tostring(cur)
-"#;
+/// ARGV: token, (unused), (unused), fence retention in ms, run id. Returns the counter
+/// before the call: the token is ours on this node only if that was lower.
+pub const RAISE_FENCE: &str = concat!(
+    "local before = redis.call('GET', KEYS[2]) or '0'\n",
+    keep_fence!("ARGV[1]"),
+    "return before\n"
+);
 
-/// Extend our own lock, and keep the fencing counter at least at our token.
+/// Extend our own lock, keep the fencing counter at least at our token, record our ttl,
+/// and prove the node's data age (so a leader's view of node health stays current).
 ///
-/// ARGV: value, ttl in ms, token. Returns `{status, run_id, uptime_s}`: status 1 if
-/// extended, 0 if another holder has the key, -1 if the key is gone (expired, or the node
-/// lost it in a restart). The node's identity keeps a leader's view of restarts current.
+/// ARGV: value, ttl in ms, token, fence retention in ms, run id. Returns
+/// `{status, epoch_age_ms, max_ttl_ms}`: status 1 if extended, 0 if another holder has the
+/// key, -1 if the key is gone (expired, or the node lost it).
 pub const EXTEND: &str = concat!(
-    read_node_identity!(),
+    epoch_age!(),
     r#"
+local max_ttl = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
 local cur = redis.call('GET', KEYS[1])
 if cur == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  local fence = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-  if fence < tonumber(ARGV[3]) then redis.call('SET', KEYS[2], ARGV[3]) end
-  return {1, run_id, uptime}
+"#,
+    keep_fence!("ARGV[3]"),
+    record_ttl!(),
+    r#"
+  return {1, age, max_ttl}
 end
-if cur then return {0, run_id, uptime} end
-return {-1, run_id, uptime}
+if cur then return {0, age, max_ttl} end
+return {-1, age, max_ttl}
 "#
 );
 
 /// Put our key back on a node that lost it, only if nobody else has it there.
 ///
-/// Used only while a valid quorum is held elsewhere. ARGV: value, ttl in ms, token.
-pub const RESTORE: &str = r#"
+/// Used only while a valid quorum is held elsewhere. ARGV: value, ttl in ms, token, fence
+/// retention in ms, run id.
+pub const RESTORE: &str = concat!(
+    r#"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local fence = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-  if fence < tonumber(ARGV[3]) then redis.call('SET', KEYS[2], ARGV[3]) end
+  local max_ttl = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
+"#,
+    keep_fence!("ARGV[3]"),
+    record_ttl!(),
+    r#"
   return 1
 end
 return 0
-"#;
+"#
+);
 
 /// Delete our own lock and announce it, so waiters retry at once.
 ///

@@ -13,6 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::{free_port, send_signal, wait_stopped_state, TempDir};
+use redlock_sidecar::redlock::votes;
 
 /// How long a starting server may take to answer PING.
 pub const START_DEADLINE: Duration = Duration::from_secs(5);
@@ -617,17 +618,38 @@ impl RedisNode {
         })
     }
 
-    /// Waits until this node's vote counts for a lock of `ttl` under the restart-safe rule
-    /// (`uptime − 1 s ≥ ttl + drift`): fresh and restarted nodes do not vote before that.
+    /// How long this node has provably kept its data for the engine: the age of its epoch
+    /// marker, stamping the marker first (as the first contender to meet the node would).
+    pub fn data_age(&self) -> Option<Duration> {
+        let info = self.try_command(&["INFO", "server"]).ok()?;
+        let run_id = info
+            .lines()
+            .find_map(|l| l.strip_prefix("run_id:"))?
+            .trim()
+            .to_owned();
+        let now_ms = || -> Option<u64> {
+            let time = self.try_command(&["TIME"]).ok()?;
+            let mut parts = time.lines().map(|l| l.trim().parse::<u64>().ok());
+            Some(parts.next()?? * 1000 + parts.next()?? / 1000)
+        };
+        let key = redlock_sidecar::redlock::EPOCH_KEY;
+        let marker = self.try_command(&["GET", key]).ok()?;
+        if let Some(age) = votes::data_age(&marker, &run_id, now_ms()?) {
+            return Some(age);
+        }
+        let fresh = votes::epoch_marker(now_ms()?, &run_id);
+        self.try_command(&["SET", key, &fresh]).ok()?;
+        Some(Duration::ZERO)
+    }
+
+    /// Waits until this node's grants count for a lock of `ttl`: its epoch marker is at least
+    /// ttl + drift old. Fresh, restarted and flushed nodes do not vote before that.
     pub fn wait_votes_count(&self, ttl: Duration) {
-        let needed = (ttl + redlock_sidecar::redlock::drift(ttl))
-            .as_secs_f64()
-            .ceil() as u64
-            + 1;
+        let needed = votes::required_data_age(ttl);
         super::wait_until(
-            Duration::from_secs(needed + 10),
-            "node uptime reaches ttl + drift + 1s",
-            || self.uptime_secs().is_some_and(|up| up >= needed),
+            needed + Duration::from_secs(10),
+            "node has kept its data for ttl + drift",
+            || self.data_age().is_some_and(|age| age >= needed),
         );
     }
 }

@@ -1,0 +1,121 @@
+//! The clock every lock deadline is measured on: monotonic, and counting time the host
+//! spent suspended.
+//!
+//! `std::time::Instant` and Tokio's timers follow `CLOCK_MONOTONIC`, which stops while the
+//! host is suspended (VM pause, live migration, laptop sleep). The keys on the Redis nodes
+//! keep expiring meanwhile, so a deadline on that clock would let a resumed process believe
+//! it still leads. [`now`] follows `CLOCK_BOOTTIME` instead, expressed as an `Instant` so that
+//! deadlines keep their type; [`sleep_until`] wakes on the same clock.
+//!
+//! ## Behaviour
+//! - Without a suspend, [`now`] and `Instant::now()` agree; after one, [`now`] is ahead by
+//!   the time spent suspended.
+//! - [`sleep_until`] uses a `CLOCK_BOOTTIME` timerfd, so a deadline that passed during a
+//!   suspend fires as soon as the process runs again. Should the kernel refuse a timerfd,
+//!   it sleeps on Tokio's timer in slices of at most [`FALLBACK_SLICE`].
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::LazyLock;
+use std::time::{Duration, Instant};
+
+use tokio::io::unix::AsyncFd;
+
+/// Longest single Tokio sleep when no timerfd is available.
+pub const FALLBACK_SLICE: Duration = Duration::from_millis(100);
+
+/// Process start on both clocks: the origin that maps `CLOCK_BOOTTIME` onto `Instant`.
+static ORIGIN: LazyLock<(Instant, Duration)> = LazyLock::new(|| (Instant::now(), boottime()));
+
+fn boottime() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own; CLOCK_BOOTTIME exists since Linux 2.6.39.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Now, on a clock that does not stop while the host is suspended.
+pub fn now() -> Instant {
+    let (instant, boot) = *ORIGIN;
+    instant + boottime().saturating_sub(boot)
+}
+
+/// Sleeps until [`now`] reaches `deadline`, counting suspended time.
+pub async fn sleep_until(deadline: Instant) {
+    let (instant, boot) = *ORIGIN;
+    let target = boot + deadline.saturating_duration_since(instant);
+    if let Some(timer) = boot_timer(target) {
+        // One wake-up: the timer fires at the deadline, or at once if it is past.
+        let _ = timer.readable().await;
+    }
+    // Without a timer (and as a guard against an early wake-up): short Tokio sleeps.
+    loop {
+        let left = deadline.saturating_duration_since(now());
+        if left.is_zero() {
+            return;
+        }
+        tokio::time::sleep(left.min(FALLBACK_SLICE)).await;
+    }
+}
+
+/// A non-blocking timerfd on `CLOCK_BOOTTIME` that fires at `target` (absolute).
+fn boot_timer(target: Duration) -> Option<AsyncFd<OwnedFd>> {
+    // SAFETY: plain syscalls on a descriptor we own from creation; the fd is closed by OwnedFd.
+    unsafe {
+        let fd = libc::timerfd_create(libc::CLOCK_BOOTTIME, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC);
+        if fd < 0 {
+            return None;
+        }
+        let fd = OwnedFd::from_raw_fd(fd);
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: target.as_secs() as libc::time_t,
+                // A zero it_value would disarm the timer; a target in the past fires at once.
+                tv_nsec: target.subsec_nanos().max(1) as libc::c_long,
+            },
+        };
+        let armed = libc::timerfd_settime(
+            fd.as_raw_fd(),
+            libc::TFD_TIMER_ABSTIME,
+            &spec,
+            std::ptr::null_mut(),
+        );
+        if armed != 0 {
+            return None;
+        }
+        // The descriptor is owned by the AsyncFd, so it stays open while registered.
+        AsyncFd::register(fd).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn now_follows_the_monotonic_clock_without_a_suspend() {
+        let (a, b) = (Instant::now(), now());
+        let diff = if b > a { b - a } else { a - b };
+        assert!(diff < Duration::from_millis(50), "{diff:?}");
+    }
+
+    #[tokio::test]
+    async fn sleep_until_wakes_at_the_deadline_not_before() {
+        let deadline = now() + Duration::from_millis(30);
+        sleep_until(deadline).await;
+        assert!(now() >= deadline);
+    }
+
+    #[tokio::test]
+    async fn sleep_until_a_past_deadline_returns_at_once() {
+        let start = now();
+        sleep_until(start - Duration::from_millis(5)).await;
+        assert!(now() - start < Duration::from_secs(1));
+    }
+}

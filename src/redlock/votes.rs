@@ -1,0 +1,134 @@
+//! Which votes count: the rules that keep a node that lost data from granting a second lock.
+//!
+//! Redlock's safety rests on every node of a quorum remembering the keys it granted for as
+//! long as they live. A node that loses data (a restart without persistence, a restart from a
+//! snapshot, `FLUSHALL`/`FLUSHDB`, eviction, a failover to a replica that missed writes) may
+//! grant our `SET NX` although another holder's key was on it a moment ago.
+//!
+//! ## The rules
+//! 1. **Data age.** A grant counts only if the node proves it has kept its data for at least
+//!    the longest ttl any contender of the lock uses, plus that ttl's drift. The proof is the
+//!    node's epoch marker (see `scripts::ACQUIRE`): its age, on the node's own clock, is how
+//!    long the node has provably kept its data. Every key another holder could still rely on
+//!    was written less than one ttl ago, so it was written after the marker and would still
+//!    be there.
+//! 2. **The longest ttl** is the largest of our `--ttl`, `--max-ttl`, and every value any node
+//!    ever reported from the lock's max-ttl register (written by every grant, renewal and
+//!    restore, living twice its ttl). Mixed ttls are therefore safe as long as a contender has
+//!    heard of the longest one: from its own configuration, or from any node that holds the
+//!    register. `--max-ttl` closes the remaining gap (every node that holds the register lost
+//!    it or is unreachable at once).
+//! 3. **Eviction.** A node whose `maxmemory-policy` is not `noeviction` can drop a lock key
+//!    under memory pressure without any trace; its grants never count, unless the operator
+//!    accepts that with `--allow-evicting-nodes`.
+//! 4. **Trusted again** once the marker is old enough: no memory of earlier verdicts is kept,
+//!    each answer is judged on what the node proves in that same atomic script.
+
+use std::time::Duration;
+
+use super::node::NodeFacts;
+use super::timing::drift;
+
+/// The data-age proof one node gave in one answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Proof {
+    /// How long the node has provably kept its data (its epoch marker's age).
+    pub data_age: Duration,
+    /// The lock's max-ttl register on that node (zero if absent).
+    pub max_ttl: Duration,
+}
+
+/// The data age a node must prove before its grants count, for a lock whose longest ttl
+/// in use is `max_ttl`.
+pub fn required_data_age(max_ttl: Duration) -> Duration {
+    max_ttl + drift(max_ttl)
+}
+
+/// The epoch marker a node with `run_id` gets when stamped at `now_ms` (its own `TIME`),
+/// as the acquire script writes it.
+pub fn epoch_marker(now_ms: u64, run_id: &str) -> String {
+    format!("{now_ms}:{run_id}")
+}
+
+/// The data age `marker` proves at `now_ms` on a node with `run_id`; `None` when the marker
+/// was stamped by another server process (the node restarted or failed over since).
+pub fn data_age(marker: &str, run_id: &str, now_ms: u64) -> Option<Duration> {
+    let (stamped, stamped_by) = marker.split_once(':')?;
+    let stamped: u64 = stamped.parse().ok()?;
+    (stamped_by == run_id).then(|| Duration::from_millis(now_ms.saturating_sub(stamped)))
+}
+
+/// Whether a grant from a node with `facts` and `proof` counts, when the longest ttl in use
+/// is `max_ttl`; the error says why not, for `Vote::NotCounted` and the logs.
+pub fn judge(
+    facts: &NodeFacts,
+    proof: Proof,
+    max_ttl: Duration,
+    allow_evicting: bool,
+) -> Result<(), String> {
+    if facts.may_evict() && !allow_evicting {
+        return Err(format!(
+            "maxmemory-policy {} can evict lock keys (see --allow-evicting-nodes)",
+            facts.maxmemory_policy
+        ));
+    }
+    let needed = required_data_age(max_ttl);
+    if proof.data_age < needed {
+        return Err(format!(
+            "data kept for {} ms only, less than ttl + drift ({} ms)",
+            proof.data_age.as_millis(),
+            needed.as_millis()
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(policy: &str) -> NodeFacts {
+        NodeFacts {
+            run_id: "r".into(),
+            maxmemory_policy: policy.into(),
+        }
+    }
+
+    fn proof(age_ms: u64) -> Proof {
+        Proof {
+            data_age: Duration::from_millis(age_ms),
+            max_ttl: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn a_node_counts_once_it_kept_its_data_for_ttl_plus_drift() {
+        let ttl = Duration::from_secs(10);
+        let safe = facts("noeviction");
+        assert!(judge(&safe, proof(10_101), ttl, false).is_err());
+        assert!(judge(&safe, proof(10_102), ttl, false).is_ok());
+    }
+
+    #[test]
+    fn a_marker_proves_age_only_for_the_process_that_stamped_it() {
+        let marker = epoch_marker(1_000, "abc");
+        assert_eq!(
+            data_age(&marker, "abc", 3_500),
+            Some(Duration::from_millis(2_500))
+        );
+        assert_eq!(data_age(&marker, "other", 3_500), None);
+        assert_eq!(data_age("garbage", "abc", 3_500), None);
+    }
+
+    #[test]
+    fn an_evicting_node_counts_only_when_allowed() {
+        let ttl = Duration::from_secs(1);
+        let lru = facts("allkeys-lru");
+        assert!(judge(&lru, proof(60_000), ttl, false)
+            .unwrap_err()
+            .contains("allkeys-lru"));
+        assert!(judge(&lru, proof(60_000), ttl, true).is_ok());
+        let volatile = facts("volatile-ttl");
+        assert!(judge(&volatile, proof(60_000), ttl, false).is_err());
+    }
+}

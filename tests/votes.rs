@@ -1,0 +1,209 @@
+//! Which votes count, against real redis-server processes: every way a node can lose data
+//! keeps its grants from counting for ttl + drift, evicting nodes never count unless
+//! allowed, and a holder steps down as soon as a quorum shows the lock is gone.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redlock_sidecar::redlock::{
+    votes, Credentials, Lease, LockError, NoObserver, NodeSpec, Redlock, RedlockConfig, Vote,
+};
+use support::{RedisCluster, RedisNode};
+
+const TTL: Duration = Duration::from_secs(1);
+
+fn config(urls: &[String], identity: &str, ttl: Duration) -> RedlockConfig {
+    let nodes = urls
+        .iter()
+        .enumerate()
+        .map(|(i, url)| NodeSpec::parse(i, url, &Credentials::default()).expect("valid url"))
+        .collect();
+    let mut cfg = RedlockConfig::new("test", identity, nodes);
+    cfg.ttl = ttl;
+    cfg.node_timeout = Duration::from_millis(100);
+    cfg.retry_delay = Duration::from_millis(10);
+    cfg.retry_max = Duration::from_millis(50);
+    cfg
+}
+
+fn redlock(urls: &[String], identity: &str) -> Redlock {
+    Redlock::new(config(urls, identity, TTL), Arc::new(NoObserver)).expect("valid config")
+}
+
+fn ready_cluster(n: usize) -> RedisCluster {
+    let cluster = RedisCluster::start(n);
+    cluster.wait_votes_count(TTL);
+    cluster
+}
+
+/// Beta's rounds while alpha's lock may still be valid: none may succeed, and each must
+/// show the node(s) that lost data as granting but not counted (once they answer at all).
+async fn refused_while_alpha_is_valid(beta: &Redlock, alpha: &Lease, lost: &[usize]) {
+    let mut saw_not_counted = false;
+    while Instant::now() < alpha.valid_until {
+        match beta.try_acquire().await {
+            Ok(lease) => panic!(
+                "beta acquired (token {}) while alpha's lock was still valid",
+                lease.fencing_token
+            ),
+            Err(err) => {
+                let votes = err.votes().cloned().unwrap_or_default();
+                assert!(
+                    !votes.0.iter().any(|(_, v)| *v == Vote::Granted),
+                    "a node that lost data counted: {votes}"
+                );
+                saw_not_counted |= votes
+                    .0
+                    .iter()
+                    .filter(|(_, v)| matches!(v, Vote::NotCounted(_)))
+                    .count()
+                    >= lost.len().min(2);
+            }
+        }
+    }
+    assert!(
+        saw_not_counted,
+        "the nodes that lost data granted without being counted"
+    );
+}
+
+/// After a data loss on `lost`, alpha's renewal sees the lock gone on a quorum, beta
+/// cannot take it while alpha's lease is valid, and takes it once the nodes have kept their
+/// (new) data for ttl + drift, with a greater fencing token.
+async fn data_loss_story(cluster: &mut RedisCluster, lose: impl Fn(&mut RedisNode)) {
+    let urls = cluster.urls();
+    let alpha = redlock(&urls, "alpha");
+    let beta = redlock(&urls, "beta");
+    let lease = alpha.try_acquire().await.expect("alpha acquires");
+    for index in [0, 1] {
+        lose(cluster.node_mut(index));
+    }
+    // The renewal may first meet broken connections (a restart), then the truth.
+    let mut verdict = alpha.extend(&lease).await;
+    while matches!(verdict, Err(LockError::Lost { .. })) && Instant::now() < lease.valid_until {
+        verdict = alpha.extend(&lease).await;
+    }
+    assert!(
+        matches!(
+            verdict,
+            Err(LockError::Superseded { .. } | LockError::Expired { .. })
+        ),
+        "alpha must learn it lost the lock, got {verdict:?}"
+    );
+    refused_while_alpha_is_valid(&beta, &lease, &[0, 1]).await;
+    let deadline = Instant::now() + votes::required_data_age(TTL) + Duration::from_secs(10);
+    let taken = beta
+        .acquire(Some(deadline), &Default::default(), |_, _| {})
+        .await
+        .expect("beta acquires once the nodes kept their data for ttl + drift");
+    assert!(taken.fencing_token > lease.fencing_token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushall_on_a_majority_never_gives_a_second_holder() {
+    let mut cluster = ready_cluster(3);
+    data_loss_story(&mut cluster, |node| {
+        node.command(&["FLUSHALL"]);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushdb_on_a_majority_never_gives_a_second_holder() {
+    let mut cluster = ready_cluster(3);
+    data_loss_story(&mut cluster, |node| {
+        node.command(&["FLUSHDB"]);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_from_an_older_snapshot_never_gives_a_second_holder() {
+    let mut cluster = ready_cluster(3);
+    // Snapshots taken before the lock: the marker is in them, the lock key is not.
+    for node in cluster.iter() {
+        node.command(&["SAVE"]);
+    }
+    data_loss_story(&mut cluster, |node| node.restart()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicting_node_never_counts_unless_allowed() {
+    let lru = RedisNode::start_with(&["--maxmemory-policy", "allkeys-lru"]);
+    let safe = RedisCluster::start(2);
+    let urls = vec![lru.url(), safe.node(0).url(), safe.node(1).url()];
+    lru.wait_votes_count(TTL);
+    safe.wait_votes_count(TTL);
+    // Take the two safe nodes away: only the evicting node could vote.
+    let mut cfg = config(&urls, "alpha", TTL);
+    cfg.nodes.truncate(1);
+    let strict = Redlock::new(cfg.clone(), Arc::new(NoObserver)).expect("config");
+    let err = strict
+        .try_acquire()
+        .await
+        .expect_err("an evicting node's grant must not count");
+    let votes = err.votes().expect("votes").to_string();
+    assert!(votes.contains("allkeys-lru"), "{votes}");
+    cfg.allow_evicting_nodes = true;
+    let allowed = Redlock::new(cfg, Arc::new(NoObserver)).expect("config");
+    let lease = allowed
+        .try_acquire()
+        .await
+        .expect("with --allow-evicting-nodes it counts");
+    allowed.release(&lease).await;
+    // With all three nodes, the two safe ones still make a quorum.
+    let all = redlock(&urls, "beta");
+    all.try_acquire()
+        .await
+        .expect("two safe nodes are a quorum");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_ttl_contender_waits_out_the_longest_ttl_in_use() {
+    let long = Duration::from_secs(4);
+    let cluster = RedisCluster::start(3);
+    cluster.wait_votes_count(long);
+    let urls = cluster.urls();
+    let alpha = Redlock::new(config(&urls, "alpha", long), Arc::new(NoObserver)).expect("cfg");
+    let beta = redlock(&urls, "beta");
+    let lease = alpha.try_acquire().await.expect("alpha (ttl 4s) acquires");
+    // Two nodes lose everything, the max-ttl register included; the third remembers it.
+    cluster.node(0).command(&["FLUSHALL"]);
+    cluster.node(1).command(&["FLUSHALL"]);
+    refused_while_alpha_is_valid(&beta, &lease, &[0, 1]).await;
+    assert!(
+        beta.required_data_age() >= votes::required_data_age(long),
+        "beta learned the 4s ttl from the node that kept it: {:?}",
+        beta.required_data_age()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_switched_to_eviction_at_runtime_stops_the_node_counting() {
+    let cluster = ready_cluster(1);
+    let lock = redlock(&cluster.urls(), "alpha");
+    let lease = lock.try_acquire().await.expect("a noeviction node counts");
+    lock.release(&lease).await;
+    cluster
+        .node(0)
+        .command(&["CONFIG", "SET", "maxmemory-policy", "volatile-lru"]);
+    // The connection stays up; its facts are read again within FACTS_MAX_AGE.
+    let deadline = Instant::now() + redlock_sidecar::redlock::FACTS_MAX_AGE * 3;
+    loop {
+        match lock.try_acquire().await {
+            Ok(lease) => lock.release(&lease).await,
+            Err(err) => {
+                let votes = err.votes().expect("votes").to_string();
+                assert!(votes.contains("volatile-lru"), "{votes}");
+                break;
+            }
+        };
+        assert!(
+            Instant::now() < deadline,
+            "the new policy was never noticed"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
