@@ -46,6 +46,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+use crate::clock;
 use crate::config::{GuardConfig, OnBusy, ReadyWhen};
 use crate::http::{self, AdminState};
 use crate::k8s::Kube;
@@ -179,7 +180,7 @@ async fn run(cfg: &GuardConfig, signals: &mut Signals, children: &mut Children) 
         }
     };
     let token = lease.fencing_token;
-    info!(lock = %lock, fencing_token = token, validity_ms = lease.remaining_at(Instant::now()).as_millis() as u64, "acquired the lock; starting CMD");
+    info!(lock = %lock, fencing_token = token, validity_ms = lease.remaining_at(clock::now()).as_millis() as u64, "acquired the lock; starting CMD");
 
     let cmd_pgid = match children.start(cfg, token, &redlock.config().identity).await {
         Ok(pid) => pid,
@@ -199,7 +200,8 @@ async fn run(cfg: &GuardConfig, signals: &mut Signals, children: &mut Children) 
             };
         }
     };
-    let started = Instant::now();
+    // Deadlines of the tenure are on the lease's clock, which counts host suspends.
+    let started = clock::now();
     metrics.guard_run("ran");
     let mut cmd = CmdGroup {
         pgid: cmd_pgid,
@@ -245,12 +247,12 @@ async fn run(cfg: &GuardConfig, signals: &mut Signals, children: &mut Children) 
                     loss.record(&metrics, &lock, reason);
                     warn!(lock = %lock, "stopping CMD: the lock was lost");
                     let step_down = lease::step_down_at(lease, &cfg.renewal);
-                    cmd.stop(Stop::LockLost, Instant::now(), Some(step_down));
+                    cmd.stop(Stop::LockLost, clock::now(), Some(step_down));
                 }
                 hold_end = Some(end);
             }
             _ = sleep_until(next_timer) => {
-                let now = Instant::now();
+                let now = clock::now();
                 if cmd.stopping.is_some() {
                     warn!("CMD still running; sending SIGKILL");
                     cmd.signal(libc::SIGKILL);
@@ -280,7 +282,7 @@ async fn run(cfg: &GuardConfig, signals: &mut Signals, children: &mut Children) 
                     holder = None;
                     hold_end = Some(end.unwrap_or_else(|err| hold_task_failed(&err)));
                 }
-                _ = tokio::time::sleep_until((started + cfg.min_hold).into()) => {}
+                _ = clock::sleep_until(started + cfg.min_hold) => {}
                 sig = signals.recv() => info!(signal = sig, "signal during --min-hold; releasing now"),
             }
         }
@@ -593,7 +595,7 @@ impl Signals {
 
 async fn sleep_until(at: Option<Instant>) {
     match at {
-        Some(at) => tokio::time::sleep_until(at.into()).await,
+        Some(at) => clock::sleep_until(at).await,
         None => std::future::pending().await,
     }
 }
