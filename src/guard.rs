@@ -88,12 +88,14 @@ pub async fn guard(cfg: GuardConfig) -> i32 {
 }
 
 async fn run(cfg: &GuardConfig, signals: &mut Signals, children: &mut Children) -> Outcome {
-    let (redlock, metrics) = lease::instrumented_engine(&cfg.redlock, None)
-        .unwrap_or_else(|err| crate::config::exit_invalid(&err.to_string()));
-    let kube = match Kube::connect(cfg.kubernetes.clone(), crate::k8s::errors_counter()).await {
+    // Kubernetes first: `--kubernetes on` outside a pod is refused before any node is contacted.
+    let kube_errors = crate::k8s::errors_counter();
+    let kube = match Kube::connect(cfg.kubernetes.clone(), kube_errors.clone()).await {
         Ok(kube) => kube,
         Err(err) => crate::config::exit_invalid(&format!("--kubernetes: {err}")),
     };
+    let (redlock, metrics) = lease::instrumented_engine(&cfg.redlock, Some(kube_errors))
+        .unwrap_or_else(|err| crate::config::exit_invalid(&err.to_string()));
     tokio::spawn(crate::ops::warn_about_nodes(redlock.clone()));
     let lock = cfg.redlock.lock.clone();
     let (tx, rx) = lease::channel(&redlock);

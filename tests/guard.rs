@@ -426,6 +426,22 @@ fn invalid_guard_options_exit_2_with_one_line_naming_the_option() {
     for (args, option) in cases {
         support::process::assert_invalid_config(args, option);
     }
+    // Events required, but not in a pod: refused before anything connects.
+    support::process::assert_invalid_config_with_env(
+        &[
+            "guard",
+            "--lock",
+            "x",
+            "--redis",
+            "redis://127.0.0.1:1",
+            "--kubernetes",
+            "on",
+            "--",
+            "true",
+        ],
+        &[("POD_NAME", "")],
+        "--kubernetes",
+    );
 }
 
 /// The lock's key on the nodes.
