@@ -14,7 +14,9 @@
 //!   supervisor process ([`supervisor`]), and renews the lock in the background.
 //! - **Self-fencing.** CMD's process group gets SIGTERM `--kill-grace` before the lease's
 //!   step-down point, and SIGKILL at it, unless a renewal moved that point; both come
-//!   before the lock's validity ends. guard then exits 76.
+//!   before the lock's validity ends. A renewal that shows a quorum holding another value
+//!   or no key (the lease is superseded) gets CMD SIGTERM and SIGKILL at once. guard then
+//!   exits 76.
 //! - If guard itself dies (even by SIGKILL), the supervisor kills every process of
 //!   CMD's tree, including those that left CMD's process group. Both need `/proc`: the
 //!   supervisor is started from `/proc/self/exe`, the tree is read from `/proc`.
@@ -249,6 +251,12 @@ async fn run(cfg: &GuardConfig, signals: &mut Signals, children: &mut Children) 
                     warn!(lock = %lock, "stopping CMD: the lock was lost");
                     let step_down = lease::step_down_at(lease, &cfg.renewal);
                     cmd.stop(Stop::LockLost, clock::now(), Some(step_down));
+                    if *reason == "superseded" {
+                        // Proof that the lock is someone else's leaves no grace period.
+                        warn!(lock = %lock, "the lock is someone else's: SIGKILL to CMD at once");
+                        cmd.signal(libc::SIGKILL);
+                        cmd.kill_at = None;
+                    }
                 }
                 hold_end = Some(end);
             }

@@ -1103,3 +1103,36 @@ fn the_outcome_file_says_what_happened() {
     holder.sigterm();
     exit_code(&mut holder, Duration::from_secs(10));
 }
+
+#[test]
+fn a_renewal_that_finds_the_lock_taken_over_kills_cmd_without_grace() {
+    let cluster = ready_cluster(3);
+    let dir = TempDir::new("superseded");
+    let pid_file = dir.path().join("pid");
+    let mut g = guard(
+        &cluster,
+        "holder",
+        &["--kill-grace", "1s"],
+        &sh(&format!(
+            "echo $$ > {}; trap '' TERM; exec sleep 30",
+            pid_file.display()
+        )),
+    );
+    let cmd_pid = read_pid(&pid_file);
+    key_expiry(&cluster, 1);
+    for i in 0..2 {
+        cluster
+            .node(i)
+            .command(&["SET", KEY, "thief:1", "PX", "10000"]);
+    }
+    support::wait_until(Duration::from_secs(5), "CMD is killed", || {
+        !pid_alive(cmd_pid)
+    });
+    assert_eq!(exit_code(&mut g, Duration::from_secs(10)), 76);
+    let log = g.stderr_text();
+    assert!(log.contains("SIGKILL to CMD at once"), "{log}");
+    assert!(
+        !log.contains("CMD still running; sending SIGKILL"),
+        "no grace period was waited out: {log}"
+    );
+}
