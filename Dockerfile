@@ -1,10 +1,11 @@
 # syntax=docker/dockerfile:1.7
-# redlock-sidecar image: the binary on a distroless base (no shell), running as 65532.
+# redlock-sidecar image: one static executable on distroless "static" (no shell, no libc),
+# running as 65532.
 #
 #   docker build -t redlock-sidecar:0.1.0 .
 #
-# The binary links glibc, so the runtime base is distroless "cc" (glibc, libgcc, CA roots),
-# not "static".
+# scripts/build-static.sh links glibc statically (static-pie), so the same binary also runs in
+# any job image once `redlock-sidecar install DIR` has copied it there (see the CronJob recipe).
 
 FROM rust:1-bookworm AS builder
 WORKDIR /src
@@ -12,10 +13,10 @@ COPY . .
 # The cache mounts keep the crate registry and build artefacts between builds.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --bin redlock-sidecar \
-    && install -D -m 0755 target/release/redlock-sidecar /out/redlock-sidecar
+    bash scripts/build-static.sh /out/redlock-sidecar
 
-FROM gcr.io/distroless/cc-debian12:nonroot
+# distroless static: CA roots, /etc/passwd with nonroot, tzdata; nothing to execute but ours.
+FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=builder /out/redlock-sidecar /usr/local/bin/redlock-sidecar
 USER 65532:65532
 EXPOSE 9707

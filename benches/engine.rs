@@ -34,7 +34,7 @@ use redis::Script;
 use redlock_sidecar::redlock::{
     Credentials, LockError, NoObserver, NodeSpec, Redlock, RedlockConfig,
 };
-use support::{env_usize, fmt_dur, Samples};
+use support::{env_usize, fmt_dur, RedisServer, Samples};
 use tokio_util::sync::CancellationToken;
 
 const TTL: Duration = Duration::from_secs(2);
@@ -223,6 +223,124 @@ async fn cycle(s: &Setup, client: Client) -> Result<(Duration, Duration, bool), 
     }
 }
 
+/// Redis CPU (`INFO commandstats`, usec per call) of one acquire script and of one bare
+/// `SET NX PX`, on one node.
+struct CpuCost {
+    acquire_usec: f64,
+    set_usec: f64,
+    cycles: usize,
+}
+
+async fn redis_cpu(s: &Setup, server: &RedisServer, cycles: usize) -> CpuCost {
+    let mut conn = s.conns[0].clone();
+    let engine_key = format!("redlock:{{bench-engine-n{}}}", s.n);
+    // Engine: only the acquire script runs as EVALSHA; a plain DEL frees the lock again.
+    server.cmd(&["CONFIG", "RESETSTAT"]);
+    for _ in 0..cycles {
+        s.engine.try_acquire().await.expect("uncontended acquire");
+        let _: i64 = redis::cmd("DEL")
+            .arg(&engine_key)
+            .query_async(&mut conn)
+            .await
+            .expect("DEL");
+    }
+    let (calls, usec) = support::command_stats(server, "evalsha");
+    let acquire_usec = usec as f64 / calls.max(1) as f64;
+    server.cmd(&["CONFIG", "RESETSTAT"]);
+    for _ in 0..cycles {
+        let _: Option<String> = redis::cmd("SET")
+            .arg(&s.floor_key)
+            .arg(random_value())
+            .arg("NX")
+            .arg("PX")
+            .arg(TTL.as_millis() as u64)
+            .query_async(&mut conn)
+            .await
+            .expect("SET");
+        let _: i64 = redis::cmd("DEL")
+            .arg(&s.floor_key)
+            .query_async(&mut conn)
+            .await
+            .expect("DEL");
+    }
+    let (calls, usec) = support::command_stats(server, "set");
+    CpuCost {
+        acquire_usec,
+        set_usec: usec as f64 / calls.max(1) as f64,
+        cycles,
+    }
+}
+
+/// How long the idle-standby measurement watches.
+const STANDBY_SECS: u64 = 10;
+
+/// What one idle standby costs each node: requests and Redis CPU per second.
+struct StandbyCost {
+    requests_per_sec: f64,
+    usec_per_sec: f64,
+    nodes: usize,
+}
+
+/// One waiter for a lock held by someone else (a foreign key, so no holder traffic counts),
+/// for `secs`: every request it makes (acquire rounds, connection checks) per node per second.
+async fn standby_cost(urls: &[String], servers: &[RedisServer], secs: u64) -> StandbyCost {
+    let lock = "bench-standby";
+    let waiter = redlock(urls, lock, "standby");
+    for server in servers {
+        server.cmd(&[
+            "SET",
+            &format!("redlock:{{{lock}}}"),
+            "holder:0",
+            "PX",
+            &(secs * 1000 + 60_000).to_string(),
+        ]);
+        server.cmd(&["CONFIG", "RESETSTAT"]);
+    }
+    let never = CancellationToken::new();
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let result = waiter.acquire(Some(deadline), &never, |_, _| {}).await;
+    assert!(
+        matches!(result, Err(LockError::Busy { .. })),
+        "the lock stays held"
+    );
+    let (mut requests, mut usec) = (0u64, 0u64);
+    for server in servers {
+        for command in ["evalsha", "eval", "info", "ping", "subscribe"] {
+            let (c, u) = support::command_stats(server, command);
+            requests += c;
+            usec += u;
+        }
+    }
+    let per_node_sec = (servers.len() as u64 * secs) as f64;
+    StandbyCost {
+        requests_per_sec: requests as f64 / per_node_sec,
+        usec_per_sec: usec as f64 / per_node_sec,
+        nodes: servers.len(),
+    }
+}
+
+fn print_redis_cost(cpu: &CpuCost, standby: &StandbyCost) {
+    println!(
+        "\n### Redis CPU per call (`INFO commandstats`, one node, {} calls each)\n",
+        cpu.cycles
+    );
+    println!("| call | usec per call |");
+    println!("|---|---|");
+    println!(
+        "| acquire script (EVALSHA: data-age proof, SET NX PX, fencing counter, max-ttl register) | {:.2} |",
+        cpu.acquire_usec
+    );
+    println!("| bare `SET key value NX PX ttl` | {:.2} |", cpu.set_usec);
+    println!(
+        "\n### One idle standby ({} nodes, lock held elsewhere, {STANDBY_SECS} s)\n",
+        standby.nodes
+    );
+    println!(
+        "{:.2} requests and {:.1} µs of Redis CPU per node per second.",
+        standby.requests_per_sec, standby.usec_per_sec
+    );
+}
+
 /// A growing token for the floor + fence round (always raises the counter, as a new token does).
 fn next_token() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -335,7 +453,13 @@ fn main() {
     let poll = Duration::from_millis(env_usize("BENCH_POLL_MS", 50) as u64);
 
     let bench_start = Instant::now();
-    let servers = support::start_servers(*NODE_COUNTS.iter().max().unwrap_or(&1));
+    let cpu = support::pinned_cpu();
+    if let Some(cpu) = cpu {
+        support::pin_to(cpu).unwrap_or_else(|e| panic!("{e} (BENCH_CPU=none to run unpinned)"));
+    }
+    let servers: Vec<RedisServer> = (0..*NODE_COUNTS.iter().max().unwrap_or(&1))
+        .map(|_| RedisServer::start_on(cpu))
+        .collect();
     let urls: Vec<String> = servers.iter().map(|s| s.url()).collect();
     let wait = Instant::now();
     support::wait_votes_count(&servers, TTL);
@@ -397,6 +521,8 @@ fn main() {
             }
         }
         let latency_secs = started.elapsed().as_secs_f64();
+        let cpu_cost = redis_cpu(&setups[0], &servers[0], rounds * batch).await;
+        let standby = standby_cost(&urls[..3], &servers[..3], STANDBY_SECS).await;
 
         // Hand-offs, pub/sub and polling waiters alternating.
         let started = Instant::now();
@@ -439,6 +565,11 @@ fn main() {
             poll,
             latency_secs,
             handoff_secs,
+        );
+        print_redis_cost(&cpu_cost, &standby);
+        println!(
+            "\nPinned to CPU: {} (every redis-server and this process).",
+            cpu.map_or("none".to_owned(), |c| c.to_string())
         );
         println!(
             "\nWhole run: {:.0} s, including {:.0} s waiting for the nodes' uptime.",
@@ -547,16 +678,16 @@ fn print_report(
         let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
         let ahead = if n >= 3 {
             format!(
-                "; ahead of rslock: {} ({:.2}× rslock)",
-                verdict(engine < rslock),
+                "; within 1.05× floor: {}; at or ahead of rslock: {} ({:.2}× rslock)",
+                verdict(engine <= floor * 1.05),
+                verdict(engine <= rslock),
                 engine / rslock
             )
         } else {
             String::new()
         };
         println!(
-            "- N={n}: engine p50 within 1.1× floor: {} ({:.2}×){ahead}; hand-off p50 < 5 ms: {} ({})",
-            verdict(engine <= floor * 1.1),
+            "- N={n}: engine p50 ÷ floor {:.2}×{ahead}; hand-off p50 < 5 ms: {} ({})",
             engine / floor,
             verdict(handoffs[si][0].samples.pct(50.0) < Duration::from_millis(5)),
             fmt_dur(handoffs[si][0].samples.pct(50.0)),

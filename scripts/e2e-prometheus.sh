@@ -1,32 +1,43 @@
 #!/usr/bin/env bash
 # End-to-end check of the dashboard and the alerts against real processes, all on loopback:
 #   3 redis-server  <-  3 `redlock-sidecar run` (lock "demo")  <-  Prometheus (1s scrapes, alerts loaded)
-# It waits for samples, causes a handoff (SIGTERM the leader, start it again), then evaluates
-# every query of dashboards/redlock.json and every alert of dashboards/alerts.yaml through
-# Prometheus' HTTP API. A query fails the run if Prometheus rejects it, or if it returns no
-# data although this scenario must produce some (see ALLOWED_EMPTY below).
+# Prometheus scrapes every sidecar twice (two jobs, as a PodMonitor plus a ServiceMonitor would),
+# with the namespace and pod labels the Prometheus Operator adds. It waits for samples, causes a
+# handoff (SIGTERM the leader, start it again), then evaluates every query of dashboards/redlock.json
+# and every rule of dashboards/alerts.yaml through Prometheus' HTTP API. A query fails the run if
+# Prometheus rejects it, or if it returns no data although this scenario must produce some (see
+# ALLOWED_EMPTY below). Then it runs failure stories and asserts the alerts:
+#   two scrapes of every pod        -> no page (leaders are counted per pod)
+#   the leader killed (SIGKILL)     -> no page
+#   one Redis node down             -> exactly one RedlockRedisNodeUnavailable
+#   a majority of Redis nodes down  -> RedlockNoQuorum (and not RedlockNoLeader)
+# The rules are dashboards/alerts.yaml with every `for:` and range shortened 15-fold (5m -> 20s),
+# so a story takes seconds; the expressions are otherwise the installed ones.
 #
-# Needs: cargo (builds target/debug/redlock-sidecar), and Debian's redis-server and prometheus
-# (installed when missing). Every process it starts is stopped on exit.
+# Needs: cargo (builds the debug binary wherever Cargo's target directory is), and Debian's
+# redis-server and prometheus (installed when missing). Every process it starts is stopped on exit.
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${REPO_ROOT}"
 # shellcheck source=scripts/ci-tools.sh
 source scripts/ci-tools.sh
+# shellcheck source=scripts/cargo-target.sh
+source scripts/cargo-target.sh
 install_redis
 install_promtool
 
-# Panels (by title) and targets that may be empty here: no guard process is scraped, and the
-# Kubernetes integration is off outside a cluster.
-ALLOWED_EMPTY="Guard runs and skips|Kubernetes API errors"
-# Template variables that are empty outside Kubernetes (no namespace/pod labels).
-ALLOWED_EMPTY_VARIABLES="namespace|pod"
+# Panels (by title) and targets that may be empty here: there is no kube-state-metrics (guarded
+# CronJobs), and the Kubernetes integration is off outside a cluster.
+ALLOWED_EMPTY="Guarded CronJobs: periods since the last successful run|Kubernetes API errors"
+# Template variables that are empty here: no `cluster` external label, no kube-state-metrics.
+ALLOWED_EMPTY_VARIABLES="cluster|cronjob"
+TIME_SCALE=15      # rules' `for:` and ranges are divided by this
 SCRAPE_INTERVAL=1s
 RATE_INTERVAL=4s   # what Grafana's $__rate_interval gives for a 1s scrape interval (4 x scrape)
 DEADLINE=60        # seconds any single wait may take
 
-BIN="${REPO_ROOT}/target/debug/redlock-sidecar"
+BIN="$(cargo_target_dir)/debug/redlock-sidecar"
 if [ -z "${E2E_SKIP_BUILD:-}" ]; then
   echo "== cargo build --bin redlock-sidecar"
   cargo build --quiet --bin redlock-sidecar
@@ -75,11 +86,13 @@ PROM="http://127.0.0.1:${PROM_PORT}"
 REDIS_URLS="redis://127.0.0.1:${REDIS_PORTS[0]},redis://127.0.0.1:${REDIS_PORTS[1]},redis://127.0.0.1:${REDIS_PORTS[2]}"
 
 # --- Redis x3 ---------------------------------------------------------------------------------
+REDIS_PIDS=()
 for i in 0 1 2; do
   mkdir -p "${WORK}/redis-${i}"
   redis-server --port "${REDIS_PORTS[$i]}" --bind 127.0.0.1 --save '' --appendonly no \
     --dir "${WORK}/redis-${i}" --maxmemory-policy noeviction \
     >"${WORK}/redis-${i}.log" 2>&1 &
+  REDIS_PIDS[i]=$!
   PIDS+=($!)
 done
 for i in 0 1 2; do
@@ -103,20 +116,40 @@ for i in 0 1 2; do wait_until "sidecar ${i} /healthz" curl -fsS "$(sidecar_url "
 log "3 sidecars up on ports ${SIDECAR_PORTS[*]}"
 
 # --- Prometheus -------------------------------------------------------------------------------
+# The rules with shorter durations (see the header); written as Prometheus reads them.
+python3 - dashboards/alerts.yaml "${WORK}/alerts.yaml" "${TIME_SCALE}" <<'PY'
+import re, sys
+src, dst, scale = sys.argv[1], sys.argv[2], int(sys.argv[3])
+UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+def shorter(m):
+    seconds = max(2, int(m.group(1)) * UNIT[m.group(2)] // scale)
+    return f"{m.group(0)[0]}{seconds}s" if m.group(0)[0] == "[" else f"for: {seconds}s"
+text = open(src).read()
+text = re.sub(r"for: (\d+)([smhd])\b", shorter, text)
+text = re.sub(r"\[(\d+)([smhd])\]", lambda m: shorter(m) + "]", text)
+open(dst, "w").write(text)
+PY
+promtool check rules "${WORK}/alerts.yaml" >/dev/null
+targets() { # the static configs of one scrape job: each sidecar with namespace and pod labels
+  local i
+  for i in 0 1 2; do
+    printf '      - targets: ["127.0.0.1:%s"]\n        labels: {namespace: e2e, pod: sidecar-%s}\n' "${SIDECAR_PORTS[$i]}" "${i}"
+  done
+}
 cat >"${WORK}/prometheus.yml" <<EOF
 global:
   scrape_interval: ${SCRAPE_INTERVAL}
   scrape_timeout: ${SCRAPE_INTERVAL}
   evaluation_interval: ${SCRAPE_INTERVAL}
 rule_files:
-  - ${REPO_ROOT}/dashboards/alerts.yaml
+  - ${WORK}/alerts.yaml
 scrape_configs:
   - job_name: redlock-sidecar
     static_configs:
-      - targets:
-          - 127.0.0.1:${SIDECAR_PORTS[0]}
-          - 127.0.0.1:${SIDECAR_PORTS[1]}
-          - 127.0.0.1:${SIDECAR_PORTS[2]}
+$(targets)
+  - job_name: redlock-sidecar-second-scrape
+    static_configs:
+$(targets)
 EOF
 promtool check config "${WORK}/prometheus.yml" >/dev/null
 prometheus --config.file="${WORK}/prometheus.yml" --storage.tsdb.path="${WORK}/tsdb" \
@@ -138,12 +171,18 @@ wait_until "exactly one leader" one_leader
 LEADER="$(leaders)"
 log "leader: sidecar-${LEADER} ($(curl -s "$(sidecar_url "${LEADER}")/leader"))"
 
-three_series() {
-  curl -fsS "${PROM}/api/v1/query" --data-urlencode 'query=count(redlock_is_leader{lock="demo"})' \
-    | grep -q '"value":\[[0-9.]*,"3"\]'
+prom_value() { # prom_value EXPR: the value of the first series EXPR returns now, or "none"
+  python3 - "${PROM}" "$1" <<'PY'
+import json, sys, urllib.parse, urllib.request
+prom, query = sys.argv[1:]
+with urllib.request.urlopen(f"{prom}/api/v1/query?" + urllib.parse.urlencode({"query": query}), timeout=10) as r:
+    result = json.load(r)["data"]["result"]
+print(result[0]["value"][1] if result else "none")
+PY
 }
-wait_until "Prometheus samples of all 3 sidecars" three_series
-log "Prometheus on port ${PROM_PORT} has samples of all 3 sidecars"
+six_series() { [ "$(prom_value 'count(redlock_is_leader{lock="demo"})')" = 6 ]; }
+wait_until "Prometheus samples of all 3 sidecars from both jobs" six_series
+log "Prometheus on port ${PROM_PORT} has samples of all 3 sidecars, each scraped twice"
 sleep 5   # a few scrapes of the steady state
 
 # --- Handoff ------------------------------------------------------------------------------------
@@ -182,7 +221,7 @@ def api(path, **params):
 def substitute(expr):
     # Grafana's template variables as the dashboard's "All" selection and a 1s scrape interval
     # give them: the .* regex also matches the absent namespace/pod labels of a local run.
-    for var in ("namespace", "pod", "lock"):
+    for var in ("cluster", "namespace", "pod", "lock", "cronjob"):
         expr = expr.replace(f"${var}", ".*").replace("${" + var + "}", ".*")
     return expr.replace("$__rate_interval", rate_interval)
 
@@ -257,18 +296,19 @@ for name, rule in sorted(loaded.items()):
         continue
     firing = len(r["data"]["result"])
     ok = rule.get("health") == "ok"
-    record("alert", name, rule["query"], ok,
-           f"health {rule.get('health')}, {firing} series now, state {rule.get('state')}")
-if rules is not None and {r["alert"] for r in rules} != set(loaded):
-    failures.append(f"Prometheus loaded {sorted(loaded)}, alerts.yaml has {sorted(r['alert'] for r in rules)}")
+    record("rule", name, rule["query"], ok,
+           f"health {rule.get('health')}, {firing} series now, state {rule.get('state', 'recording')}")
+names = {r.get("alert") or r.get("record") for r in rules} if rules is not None else None
+if names is not None and names != set(loaded):
+    failures.append(f"Prometheus loaded {sorted(loaded)}, alerts.yaml has {sorted(names)}")
 
-# The handoff must be visible: two different sidecars led during the run, the new leader's
-# "gained" transition was counted, and the fencing token changed. (The old leader's "lost" is
+# The handoff must be visible (each pod counted once, though scraped twice): two different sidecars
+# led during the run, the new leader's "gained" transition was counted, and the fencing token changed. (The old leader's "lost" is
 # counted as it exits, after its last scrape, so it cannot be seen here.)
 window = f"[{int(end) - int(start)}s]"
 for name, q, want in [
-    ("sidecars that led", f'count(max_over_time(redlock_is_leader{{lock="demo"}}{window}) == 1)', lambda v: v >= 2),
-    ("gained transitions", f'sum(increase(redlock_leader_transitions_total{{lock="demo", direction="gained"}}{window}))', lambda v: v >= 0.5),
+    ("pods that led", f'count(max by (pod) (max_over_time(redlock_is_leader{{lock="demo"}}{window})) == 1)', lambda v: v >= 2),
+    ("gained transitions", f'sum(max by (pod) (increase(redlock_leader_transitions_total{{lock="demo", direction="gained"}}{window})))', lambda v: v >= 0.5),
     ("fencing token changes", f'changes(max(redlock_fencing_token{{lock="demo"}} > 0)[{int(end) - int(start)}s:1s])', lambda v: v >= 1),
 ]:
     r = api("query", query=q, time=end)
@@ -282,4 +322,80 @@ if failures:
     sys.exit(1)
 print(f"\n{sum(1 for l in lines if l.startswith('ok'))} queries returned what they must")
 PY
-log "e2e-prometheus: all dashboard queries and alerts evaluated"
+log "all dashboard queries and rules evaluated"
+
+# --- Failure stories ------------------------------------------------------------------------------
+firing() { # firing [ALERT]: one line per firing alert (of that name): name and labels
+  python3 - "${PROM}" "${1:-}" <<'PY'
+import json, sys, urllib.request
+prom, name = sys.argv[1:]
+with urllib.request.urlopen(f"{prom}/api/v1/alerts", timeout=10) as r:
+    alerts = json.load(r)["data"]["alerts"]
+for a in alerts:
+    labels = a["labels"]
+    if a["state"] == "firing" and (not name or labels["alertname"] == name):
+        print(labels["alertname"], json.dumps({k: v for k, v in labels.items() if k != "alertname"}, sort_keys=True))
+PY
+}
+fires() { [ -n "$(firing "$1")" ]; }
+for_seconds() { # for_seconds ALERT: the (shortened) `for:` of ALERT in seconds
+  python3 - "${WORK}/alerts.yaml" "$1" <<'PY'
+import sys, yaml
+rules = [r for g in yaml.safe_load(open(sys.argv[1]))["groups"] for r in g["rules"]]
+print(next(int(r["for"].rstrip("s")) for r in rules if r.get("alert") == sys.argv[2]))
+PY
+}
+stay_quiet() { # stay_quiet SECONDS WHY: no alert may fire at any moment of the next SECONDS
+  local end=$((SECONDS + $1)) out
+  while [ "${SECONDS}" -lt "${end}" ]; do
+    out="$(firing)"
+    if [ -n "${out}" ]; then log "FAIL: an alert fires ($2):"; echo "${out}"; return 1; fi
+    sleep 0.5
+  done
+}
+NO_LEADER_FOR="$(for_seconds RedlockNoLeader)"
+QUIET=$((NO_LEADER_FOR + 5))   # long enough for RedlockNoLeader (the longest of the alerts at stake) to fire
+
+# Story 1: every pod is scraped twice. The raw series show two leaders, the alerts count one.
+[ "$(prom_value 'sum(redlock_is_leader{lock="demo"})')" = 2 ] || { log "FAIL: expected 2 leader series (one pod, two scrapes)"; exit 1; }
+stay_quiet "${QUIET}" "one leader scraped twice"
+log "story 1: one leader, scraped twice: 2 leader series, no alert for ${QUIET}s"
+
+# Story 2: SIGKILL the leader (no release; its lock expires after the ttl) and restart it, as the
+# kubelet would. A follower takes over; nothing pages.
+OLD="$(leaders)"
+kill -KILL "${SIDECAR_PIDS[$OLD]}"
+wait "${SIDECAR_PIDS[$OLD]}" 2>/dev/null || true
+T_KILL="$(date +%s%N)"
+start_sidecar "${OLD}"
+new_leader_after_kill() { local l; l="$(leaders)"; [ -n "${l}" ] && [ "$(wc -l <<<"${l}")" -eq 1 ]; }
+wait_until "a leader after SIGKILL of sidecar-${OLD}" new_leader_after_kill
+log "story 2: SIGKILL sidecar-${OLD}: sidecar-$(leaders) leads $(ms_since "${T_KILL}") ms later"
+stay_quiet "${QUIET}" "leader killed"
+log "story 2: no alert for ${QUIET}s after the kill"
+
+# Story 3: one Redis node of three down: exactly one RedlockRedisNodeUnavailable (not one per
+# sidecar or per scrape), and no other alert: the lock still has its majority.
+DEADLINE=$(( $(for_seconds RedlockRedisNodeUnavailable) + 30 ))
+kill "${REDIS_PIDS[2]}"; wait "${REDIS_PIDS[2]}" 2>/dev/null || true
+wait_until "RedlockRedisNodeUnavailable to fire" fires RedlockRedisNodeUnavailable
+out="$(firing)"
+echo "${out}" | sed 's/^/    /'
+[ "$(grep -c '^RedlockRedisNodeUnavailable ' <<<"${out}")" -eq 1 ] || { log "FAIL: expected exactly one RedlockRedisNodeUnavailable"; exit 1; }
+grep -q "127.0.0.1:${REDIS_PORTS[2]}" <<<"${out}" || { log "FAIL: the alert does not name the dead node"; exit 1; }
+[ "$(wc -l <<<"${out}")" -eq 1 ] || { log "FAIL: other alerts fire with one node down"; exit 1; }
+log "story 3: Redis node 2 down: exactly one RedlockRedisNodeUnavailable, nothing else"
+
+# Story 4: a majority down: RedlockNoQuorum fires; RedlockNoLeader stays quiet (same cause, one page).
+DEADLINE=$(( $(for_seconds RedlockNoQuorum) + 30 ))
+kill "${REDIS_PIDS[1]}"; wait "${REDIS_PIDS[1]}" 2>/dev/null || true
+wait_until "RedlockNoQuorum to fire" fires RedlockNoQuorum
+end=$((SECONDS + QUIET))
+while [ "${SECONDS}" -lt "${end}" ]; do
+  if fires RedlockNoLeader; then log "FAIL: RedlockNoLeader fires although RedlockNoQuorum names the cause"; exit 1; fi
+  sleep 0.5
+done
+fires RedlockNoQuorum || { log "FAIL: RedlockNoQuorum stopped firing"; exit 1; }
+firing | sed 's/^/    /'
+log "story 4: Redis nodes 1 and 2 down: RedlockNoQuorum fires, RedlockNoLeader does not (checked for ${QUIET}s)"
+log "e2e-prometheus: dashboard queries, rules and failure stories passed"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # All tests: formatting, lints, unit and integration tests (real redis-server processes and
 # the real binary), then the Kubernetes/observability checks (helm, kubernetes-validate,
-# Grafana schema, promtool, a real Prometheus scraping real sidecars).
+# Grafana schema, promtool, a real Prometheus scraping real sidecars, the static binary in a
+# busybox-only chroot).
 #   scripts/test.sh          everything
 #   scripts/test.sh --rust   only fmt, clippy and cargo test
 set -euo pipefail
@@ -22,5 +23,7 @@ if [ "${1:-}" != "--rust" ]; then
   bash scripts/ci-k8s.sh
   step "End to end: Prometheus scrapes real sidecars; every panel and alert query evaluates"
   bash scripts/e2e-prometheus.sh
+  step "Static binary (release build, about 4 min): guard in a chroot with only busybox"
+  bash scripts/e2e-static.sh
 fi
 step "all tests passed"

@@ -10,7 +10,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::k8s::KubeMode;
-use crate::redlock::{drift, ConfigError, Credentials, NodeSpec, RedlockConfig};
+use crate::redlock::{drift, ClientCert, ConfigError, Credentials, NodeSpec, RedlockConfig};
 
 /// Exit codes, shared by `--help` and README.
 pub const EXIT_CODES: &str = "\
@@ -18,6 +18,7 @@ Exit codes:
   0    success (guard: CMD exited 0, or the lock was busy with --on-busy skip)
   2    invalid options or configuration
   69   Redis quorum unreachable
+  71   no random source (getrandom denied and no /dev/urandom)
   74   install: the copy failed
   75   lock busy (guard with --on-busy fail)
   76   lock lost while CMD ran (guard stopped CMD before the lock could expire)
@@ -126,9 +127,23 @@ pub struct RedisArgs {
     /// Password for nodes whose URL has none (prefer the environment variable).
     #[arg(long, env = "REDLOCK_REDIS_PASSWORD", hide_env_values = true)]
     pub redis_password: Option<String>,
+    /// File holding that password, e.g. a mounted Secret (a trailing newline is ignored).
+    /// Unlike the environment variable, it is not inherited by guard's CMD.
+    #[arg(
+        long,
+        env = "REDLOCK_REDIS_PASSWORD_FILE",
+        conflicts_with = "redis_password"
+    )]
+    pub redis_password_file: Option<PathBuf>,
     /// PEM file of CA certificates for rediss:// nodes with a private CA.
     #[arg(long, env = "REDLOCK_REDIS_CA_FILE")]
     pub redis_ca_file: Option<PathBuf>,
+    /// PEM file of the TLS client certificate, for nodes with `tls-auth-clients yes`.
+    #[arg(long, env = "REDLOCK_REDIS_CLIENT_CERT", requires = "redis_client_key")]
+    pub redis_client_cert: Option<PathBuf>,
+    /// PEM file of the TLS client certificate's private key.
+    #[arg(long, env = "REDLOCK_REDIS_CLIENT_KEY", requires = "redis_client_cert")]
+    pub redis_client_key: Option<PathBuf>,
     /// Bound on each request to each node.
     #[arg(long, env = "REDLOCK_NODE_TIMEOUT", value_parser = parse_duration, default_value = "50ms")]
     pub node_timeout: Duration,
@@ -360,19 +375,25 @@ impl LockArgs {
 impl RedisArgs {
     /// Parses every URL; errors name the node by position, never print the URL.
     pub fn nodes(&self) -> Result<Vec<NodeSpec>, ConfigError> {
-        let ca_pem = match &self.redis_ca_file {
-            Some(path) => Some(std::fs::read(path).map_err(|e| {
-                ConfigError::new(
-                    "--redis-ca-file",
-                    format!("cannot read {}: {e}", path.display()),
-                )
-            })?),
-            None => None,
+        let ca_pem = read_pem("--redis-ca-file", self.redis_ca_file.as_ref())?;
+        let client_cert = match (&self.redis_client_cert, &self.redis_client_key) {
+            (Some(cert), Some(key)) => Some(ClientCert {
+                cert_pem: std::fs::read(cert)
+                    .map_err(|e| unreadable("--redis-client-cert", cert, e))?,
+                key_pem: std::fs::read(key)
+                    .map_err(|e| unreadable("--redis-client-key", key, e))?,
+            }),
+            _ => None,
+        };
+        let password = match &self.redis_password_file {
+            Some(path) => Some(read_password(path)?),
+            None => self.redis_password.clone(),
         };
         let creds = Credentials {
             username: self.redis_username.clone(),
-            password: self.redis_password.clone(),
+            password,
             ca_pem,
+            client_cert,
         };
         let urls: Vec<&str> = self
             .redis
@@ -544,6 +565,29 @@ impl GuardArgs {
             },
         })
     }
+}
+
+fn read_pem(flag: &'static str, path: Option<&PathBuf>) -> Result<Option<Vec<u8>>, ConfigError> {
+    path.map(|path| std::fs::read(path).map_err(|e| unreadable(flag, path, e)))
+        .transpose()
+}
+
+/// The password in `path`, without its trailing line break; never echoed in an error.
+fn read_password(path: &std::path::Path) -> Result<String, ConfigError> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| unreadable("--redis-password-file", path, e))?;
+    let password = text.trim_end_matches(['\n', '\r']);
+    if password.is_empty() {
+        return Err(ConfigError::new(
+            "--redis-password-file",
+            format!("{} is empty", path.display()),
+        ));
+    }
+    Ok(password.to_owned())
+}
+
+fn unreadable(flag: &'static str, path: &std::path::Path, err: std::io::Error) -> ConfigError {
+    ConfigError::new(flag, format!("cannot read {}: {err}", path.display()))
 }
 
 fn fmt(d: Duration) -> humantime::FormattedDuration {

@@ -38,16 +38,20 @@
 //! rules:
 //!   - apiGroups: [""]
 //!     resources: ["pods"]
-//!     verbs: ["patch"]            # may be restricted with resourceNames
+//!     verbs: ["patch"]            # its own pod; the name is only known at run time
 //!   - apiGroups: [""]
 //!     resources: ["events"]
 //!     verbs: ["create"]
 //!   - apiGroups: ["coordination.k8s.io"]   # only with mirror_lease
 //!     resources: ["leases"]
-//!     verbs: ["get", "create", "update"]
+//!     resourceNames: ["redlock-<lock>"]    # lease_name(lock)
+//!     verbs: ["get", "update"]
+//!   - apiGroups: ["coordination.k8s.io"]   # create cannot be limited by resourceNames
+//!     resources: ["leases"]
+//!     verbs: ["create"]
 //! ```
 //! The pod needs `POD_NAME` from the downward API (`fieldRef: metadata.name`); the namespace
-//! defaults to the service account's namespace.
+//! defaults to the service account's namespace (the client's default namespace).
 
 use std::fmt;
 use std::future::Future;
@@ -302,10 +306,6 @@ impl Kube {
                 return Ok(None);
             }
         };
-        let namespace = settings
-            .namespace
-            .clone()
-            .unwrap_or_else(|| config.default_namespace.clone());
         let client = match kube::Client::try_from(config) {
             Ok(client) => client,
             Err(err) if required => return Err(KubeError::Client(err)),
@@ -314,26 +314,30 @@ impl Kube {
                 return Ok(None);
             }
         };
+        let kube = Kube::with_client(client, settings, pod, errors);
         info!(
-            pod = %pod,
-            namespace = %namespace,
-            label = %settings.label_key,
-            mirror_lease = settings.mirror_lease,
+            pod = %kube.pod,
+            namespace = %kube.namespace,
+            label = %kube.settings.label_key,
+            mirror_lease = kube.settings.mirror_lease,
             "kubernetes integration on"
         );
-        Ok(Some(Kube::with_client(
-            client, settings, pod, namespace, errors,
-        )))
+        Ok(Some(kube))
     }
 
     /// A handle over a given client (a real one from [`Kube::connect`], or a mock in tests).
+    /// The namespace is `settings.namespace`, else the client's default: in a cluster, the
+    /// service account's namespace file.
     pub fn with_client(
         client: kube::Client,
         settings: KubeSettings,
         pod: String,
-        namespace: String,
         errors: IntCounterVec,
     ) -> Kube {
+        let namespace = settings
+            .namespace
+            .clone()
+            .unwrap_or_else(|| client.default_namespace().to_owned());
         Kube {
             client,
             pod,

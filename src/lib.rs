@@ -5,6 +5,8 @@
 pub mod clock;
 /// Command line and environment, validated into typed configs.
 pub mod config;
+/// The OS random source, checked at start-up.
+pub mod entropy;
 /// `guard`: run a command only while the lock is held.
 pub mod guard;
 /// The admin HTTP endpoint: health, readiness, leader, events, metrics.
@@ -21,7 +23,7 @@ pub mod lease;
 pub mod metrics;
 /// Operator commands: `check` and `status`.
 pub mod ops;
-/// The Redlock engine: quorum lock, fencing tokens, restart-safe votes.
+/// The Redlock engine: quorum lock, fencing tokens, votes only from nodes that kept their data.
 pub mod redlock;
 /// Signals and the second-signal exit.
 pub mod shutdown;

@@ -2,13 +2,19 @@
 
 use redlock_sidecar::config::{self, Command, LogFormat};
 use redlock_sidecar::redlock::{NoObserver, Redlock};
-use redlock_sidecar::{guard, install, ops, sidecar};
+use redlock_sidecar::{entropy, guard, install, ops, sidecar};
 
 /// `install` could not write the copy (sysexits' EX_IOERR).
 const EXIT_IO_ERROR: i32 = 74;
 
 fn main() {
     let cli = config::parse_or_exit();
+    if !matches!(cli.command, Command::Install(_)) {
+        if let Err(err) = entropy::check() {
+            eprintln!("redlock-sidecar: {err}");
+            std::process::exit(entropy::EXIT_NO_RANDOM_SOURCE);
+        }
+    }
     // Validate everything before anything connects: bad config exits 2 with one line.
     let code = match cli.command {
         Command::Run(args) => {

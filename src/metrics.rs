@@ -50,6 +50,9 @@ pub struct Metrics {
     node_errors: IntCounterVec,
     node_vote_counted: IntGaugeVec,
     guard_runs: IntCounterVec,
+    ttl: Gauge,
+    renew_interval: Gauge,
+    safety_margin: Gauge,
     nodes: Vec<String>,
 }
 
@@ -179,6 +182,21 @@ impl Metrics {
                 &["result"],
             )
             .unwrap(),
+            ttl: Gauge::with_opts(opts(
+                "redlock_ttl_seconds",
+                "Configured lock ttl (--ttl); 0 until set",
+            ))
+            .unwrap(),
+            renew_interval: Gauge::with_opts(opts(
+                "redlock_renew_interval_seconds",
+                "Configured renewal interval (--renew-interval); 0 until set",
+            ))
+            .unwrap(),
+            safety_margin: Gauge::with_opts(opts(
+                "redlock_safety_margin_seconds",
+                "Configured safety margin (--safety-margin): a leader steps down this long before validity ends; 0 until set",
+            ))
+            .unwrap(),
             nodes: nodes.to_vec(),
             registry,
         };
@@ -215,6 +233,9 @@ impl Metrics {
             Box::new(self.node_errors.clone()),
             Box::new(self.node_vote_counted.clone()),
             Box::new(self.guard_runs.clone()),
+            Box::new(self.ttl.clone()),
+            Box::new(self.renew_interval.clone()),
+            Box::new(self.safety_margin.clone()),
             Box::new(build_info),
             Box::new(prometheus::process_collector::ProcessCollector::for_self()),
         ];
@@ -256,6 +277,14 @@ impl Metrics {
                 self.node_errors.with_label_values(&[node, kind.as_str()]);
             }
         }
+    }
+
+    /// Publishes the lock's timing, so alerts can judge the validity margin against this
+    /// process's own settings rather than one fixed threshold.
+    pub fn set_timing(&self, ttl: Duration, renew_interval: Duration, safety_margin: Duration) {
+        self.ttl.set(ttl.as_secs_f64());
+        self.renew_interval.set(renew_interval.as_secs_f64());
+        self.safety_margin.set(safety_margin.as_secs_f64());
     }
 
     /// Records one acquisition round; `result` is one of [`ACQUIRE_RESULTS`].

@@ -29,6 +29,11 @@ pub async fn run(cfg: RunConfig) -> i32 {
     let kube_errors = k8s::errors_counter();
     let (redlock, metrics) = lease::instrumented_engine(&cfg.redlock, Some(kube_errors.clone()))
         .unwrap_or_else(|err| crate::config::exit_invalid(&err.to_string()));
+    metrics.set_timing(
+        cfg.redlock.ttl,
+        cfg.renewal.interval,
+        cfg.renewal.safety_margin,
+    );
     let kube = match Kube::connect(cfg.kubernetes.clone(), kube_errors).await {
         Ok(kube) => kube,
         Err(err) => crate::config::exit_invalid(&format!("--kubernetes: {err}")),

@@ -7,14 +7,22 @@
 //! "no further call" is asserted by waiting for the next request under [`QUIET`] and
 //! requiring that none arrives. Time is paused (auto-advancing) wherever backoff or renewal
 //! timing is involved, so no test waits real seconds.
+//!
+//! One test runs the real lock loop against a real `redis-server` while the mocked API server
+//! refuses everything, to show that API failures never reach the lock.
+
+mod support;
 
 use std::time::{Duration, Instant, SystemTime};
 
 use http::{header, Method, Request, Response, StatusCode};
 use kube::client::Body;
 use prometheus::IntCounterVec;
+use redlock_sidecar::config::Renewal;
 use redlock_sidecar::k8s::{errors_counter, lease_name, Kube, KubeMode, KubeSettings};
 use redlock_sidecar::leadership::{HolderView, Leadership, LeadershipTx, Role, Term};
+use redlock_sidecar::lease;
+use redlock_sidecar::redlock::{Credentials, NodeSpec, RedlockConfig};
 use serde_json::{json, Value};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -125,6 +133,22 @@ enum Scenario {
     CancelledWhileLeading,
     /// Leader whose term runs out without any new publish.
     TermRunsOut,
+    /// Leader; the Lease create answers 409 (another pod created it first): counted, re-read,
+    /// then taken over with one more transition.
+    LeaseCreateConflict,
+    /// Leader; the Lease renewal answers 409 (someone else wrote it): counted, re-read, and the
+    /// leader writes itself again on the fresh resourceVersion.
+    LeaseReplaceConflict,
+    /// Leader, then follower; vacating answers 409, and the re-read Lease names another holder:
+    /// it is left alone.
+    VacateFindsAnotherHolder,
+    /// The label patch answers 403 twice (RBAC missing), with growing delays, then succeeds;
+    /// the Event is recorded meanwhile.
+    LabelPatchForbidden,
+    /// The Lease read answers 403; label and Event go on, the Lease is retried.
+    LeaseForbidden,
+    /// The API server never answers the label patch: the call times out, is counted, retried.
+    ApiTimeout,
 }
 
 struct ApiServerVerifier {
@@ -270,6 +294,132 @@ impl ApiServerVerifier {
                     self.expect_quiet().await;
                     self.tx.take()
                 }
+                Scenario::LeaseCreateConflict => {
+                    self.expect_label("true").await;
+                    self.expect_event("LeaderElected", "Normal").await;
+                    self.expect_lease_get(None).await;
+                    self.expect_lease_write_to_fail(Method::POST, "AlreadyExists")
+                        .await;
+                    self.expect_lease_get(Some(lease_held_by(OTHER, 4, "50")))
+                        .await;
+                    assert_eq!(errors_for(&self.errors, "update_lease"), 1);
+                    let updated = self.expect_lease_write(Method::PUT, "51").await;
+                    assert_eq!(updated["metadata"]["resourceVersion"], "50");
+                    assert_eq!(updated["spec"]["holderIdentity"], IDENTITY);
+                    assert_eq!(updated["spec"]["leaseTransitions"], 5);
+                    self.assert_still_leading(7);
+                    self.lock_loop_ends().await;
+                    None
+                }
+                Scenario::LeaseReplaceConflict => {
+                    self.expect_label("true").await;
+                    self.expect_event("LeaderElected", "Normal").await;
+                    self.expect_lease_get(None).await;
+                    self.expect_lease_write(Method::POST, "1").await;
+                    self.expect_lease_write_to_fail(Method::PUT, "Conflict")
+                        .await;
+                    self.expect_lease_get(Some(lease_held_by(OTHER, 1, "9")))
+                        .await;
+                    let rewritten = self.expect_lease_write(Method::PUT, "10").await;
+                    assert_eq!(rewritten["metadata"]["resourceVersion"], "9");
+                    assert_eq!(rewritten["spec"]["holderIdentity"], IDENTITY);
+                    assert_eq!(rewritten["spec"]["leaseTransitions"], 2);
+                    assert_eq!(errors_for(&self.errors, "update_lease"), 1);
+                    self.assert_still_leading(7);
+                    self.lock_loop_ends().await;
+                    None
+                }
+                Scenario::VacateFindsAnotherHolder => {
+                    self.expect_label("true").await;
+                    self.expect_event("LeaderElected", "Normal").await;
+                    self.expect_lease_get(None).await;
+                    self.expect_lease_write(Method::POST, "1").await;
+                    self.publish(follower_of(OTHER));
+                    self.expect_label("false").await;
+                    self.expect_event("LeadershipLost", "Warning").await;
+                    self.expect_lease_write_to_fail(Method::PUT, "Conflict")
+                        .await;
+                    self.expect_lease_get(Some(lease_held_by(OTHER, 1, "12")))
+                        .await;
+                    // The new holder's Lease is not touched, now or later.
+                    self.expect_quiet().await;
+                    assert_eq!(errors_for(&self.errors, "update_lease"), 1);
+                    self.lock_loop_ends().await;
+                    None
+                }
+                Scenario::LabelPatchForbidden => {
+                    let first = tokio::time::Instant::now();
+                    self.expect_label_to_fail("true", StatusCode::FORBIDDEN)
+                        .await;
+                    self.expect_event("LeaderElected", "Normal").await;
+                    self.expect_label_to_fail("true", StatusCode::FORBIDDEN)
+                        .await;
+                    let second = tokio::time::Instant::now();
+                    self.expect_label("true").await;
+                    let third = tokio::time::Instant::now();
+                    // Equal jitter: at least half of 200 ms, then of 400 ms.
+                    assert!(
+                        second - first >= Duration::from_millis(100),
+                        "{:?}",
+                        second - first
+                    );
+                    assert!(
+                        third - second >= Duration::from_millis(200),
+                        "{:?}",
+                        third - second
+                    );
+                    assert_eq!(errors_for(&self.errors, "patch_label"), 2);
+                    self.assert_still_leading(7);
+                    self.lock_loop_ends().await;
+                    None
+                }
+                Scenario::LeaseForbidden => {
+                    self.expect_label("true").await;
+                    self.expect_event("LeaderElected", "Normal").await;
+                    let (request, respond) = self.next("the Lease read").await;
+                    assert_eq!(request.method(), Method::GET);
+                    assert_eq!(request.uri().path(), lease_path());
+                    respond.send_response(json_response(
+                        StatusCode::FORBIDDEN,
+                        status_body(StatusCode::FORBIDDEN, "leases", "redlock-orders-cron"),
+                    ));
+                    self.expect_lease_get(None).await;
+                    assert_eq!(errors_for(&self.errors, "update_lease"), 1);
+                    assert_eq!(errors_for(&self.errors, "patch_label"), 0);
+                    self.expect_lease_write(Method::POST, "1").await;
+                    self.assert_still_leading(7);
+                    self.lock_loop_ends().await;
+                    None
+                }
+                Scenario::ApiTimeout => {
+                    let (request, unanswered) = self.next("the label patch").await;
+                    Self::label_patch(request, "true").await;
+                    let sent = tokio::time::Instant::now();
+                    // Never answered (but kept: a dropped responder would be an error, not silence).
+                    // After the call's 10 s timeout the observer goes on with the Event.
+                    let (request, respond) =
+                        tokio::time::timeout(Duration::from_secs(15), self.handle.next_request())
+                            .await
+                            .expect("the Event after the label patch timed out")
+                            .expect("the client is alive");
+                    assert!(
+                        sent.elapsed() >= Duration::from_secs(10),
+                        "{:?}",
+                        sent.elapsed()
+                    );
+                    drop(unanswered);
+                    assert_eq!(request.method(), Method::POST);
+                    let event = json_body(request).await;
+                    assert_eq!(event["reason"], "LeaderElected");
+                    respond
+                        .send_response(json_response(StatusCode::CREATED, stored(&event, "900")));
+                    assert_eq!(errors_for(&self.errors, "patch_label"), 1);
+                    // The label is retried after its backoff.
+                    self.expect_label("true").await;
+                    self.assert_still_leading(7);
+                    self.lock_loop_ends().await;
+                    None
+                }
                 Scenario::TermRunsOut => {
                     self.expect_label("true").await;
                     self.expect_event("LeaderElected", "Normal").await;
@@ -289,6 +439,15 @@ impl ApiServerVerifier {
             .as_ref()
             .expect("the sender is still alive")
             .send_replace(leadership);
+    }
+
+    /// The leadership the lock loop published is still the term `token`: the observer only
+    /// reads the channel, whatever the API server answered.
+    fn assert_still_leading(&self, token: u64) {
+        let tx = self.tx.as_ref().expect("the sender is still alive");
+        let state = tx.borrow();
+        let term = state.leading_at(Instant::now()).expect("still leading");
+        assert_eq!(term.fencing_token, token);
     }
 
     /// Drops the sender (the lock loop ended) and asserts that no further call follows.
@@ -413,6 +572,23 @@ impl ApiServerVerifier {
     }
 }
 
+impl ApiServerVerifier {
+    /// Asserts a create (POST) or update (PUT) of the Lease and answers 409 with `reason`
+    /// (`AlreadyExists` for a create, `Conflict` for a stale resourceVersion).
+    async fn expect_lease_write_to_fail(&mut self, method: Method, reason: &str) {
+        let (request, respond) = self.next(&format!("the Lease {method}")).await;
+        assert_eq!(request.method(), method);
+        let body = json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": format!("leases \"redlock-orders-cron\": {reason}"),
+            "reason": reason,
+            "details": { "name": "redlock-orders-cron", "group": "coordination.k8s.io", "kind": "leases" },
+            "code": 409,
+        });
+        respond.send_response(json_response(StatusCode::CONFLICT, body));
+    }
+}
+
 fn lease_path() -> String {
     format!("/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/redlock-orders-cron")
 }
@@ -522,13 +698,7 @@ fn mocked(settings: KubeSettings) -> (Kube, ApiHandle, IntCounterVec) {
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(service, NAMESPACE);
     let errors = errors_counter();
-    let kube = Kube::with_client(
-        client,
-        settings,
-        POD.to_string(),
-        NAMESPACE.to_string(),
-        errors.clone(),
-    );
+    let kube = Kube::with_client(client, settings, POD.to_string(), errors.clone());
     (kube, handle, errors)
 }
 
@@ -620,6 +790,156 @@ async fn a_term_that_runs_out_without_a_publish_clears_the_label() {
         false,
     )
     .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_created_elsewhere_first_is_re_read_and_taken_over() {
+    run(Scenario::LeaseCreateConflict, leader(7), true).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stale_lease_renewal_is_re_read_and_rewritten_on_the_fresh_version() {
+    run(Scenario::LeaseReplaceConflict, leader(7), true).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_former_leader_leaves_a_lease_that_names_another_holder_alone() {
+    run(Scenario::VacateFindsAnotherHolder, leader(7), true).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_forbidden_label_patch_is_retried_with_growing_delays() {
+    run(Scenario::LabelPatchForbidden, leader(7), false).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_forbidden_lease_is_counted_and_retried_without_holding_up_label_or_event() {
+    run(Scenario::LeaseForbidden, leader(7), true).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_api_call_that_never_answers_times_out_and_is_retried() {
+    run(Scenario::ApiTimeout, leader(7), false).await;
+}
+
+#[tokio::test]
+async fn without_a_namespace_setting_the_service_accounts_namespace_is_used() {
+    let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+    // In a cluster the client's default namespace is read from the service account's files.
+    let client = kube::Client::new(service, "from-service-account");
+    let settings = KubeSettings {
+        namespace: None,
+        ..settings(false)
+    };
+    let kube = Kube::with_client(client, settings, POD.to_string(), errors_counter());
+    let (_tx, rx) = watch::channel(follower());
+    let cancel = CancellationToken::new();
+    let observer = tokio::spawn(kube.observe(rx, cancel.clone(), FLUSH_TIMEOUT));
+    let (request, respond) = tokio::time::timeout(CALL_TIMEOUT, handle.next_request())
+        .await
+        .expect("the label patch")
+        .expect("the client is alive");
+    assert_eq!(
+        request.uri().path(),
+        format!("/api/v1/namespaces/from-service-account/pods/{POD}")
+    );
+    respond.send_response(json_response(StatusCode::OK, pod_labelled("false")));
+    cancel.cancel();
+    tokio::time::timeout(FLUSH_TIMEOUT, observer)
+        .await
+        .expect("observe returned")
+        .expect("observe did not panic");
+}
+
+/// An API server that refuses every call: 403 on the pod, 500 on Events, 409 on Lease writes.
+async fn refuse_everything(mut handle: ApiHandle) {
+    while let Some((request, respond)) = handle.next_request().await {
+        let (method, path) = (request.method().clone(), request.uri().path().to_string());
+        let (status, reason) = match (method, path.contains("/leases")) {
+            (Method::GET, true) => (StatusCode::NOT_FOUND, "NotFound"),
+            (_, true) => (StatusCode::CONFLICT, "AlreadyExists"),
+            (Method::PATCH, false) => (StatusCode::FORBIDDEN, "Forbidden"),
+            _ => (StatusCode::INTERNAL_SERVER_ERROR, "InternalError"),
+        };
+        let body = json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                           "reason": reason, "code": status.as_u16(), "message": reason });
+        respond.send_response(json_response(status, body));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubernetes_api_failures_never_touch_a_real_lock() {
+    let node = support::RedisNode::start();
+    let spec = NodeSpec::parse(0, &node.url(), &Credentials::default()).expect("node URL");
+    let mut cfg = RedlockConfig::new(LOCK, IDENTITY, vec![spec]);
+    cfg.ttl = Duration::from_secs(2);
+    let renewal = Renewal {
+        interval: Duration::from_millis(600),
+        safety_margin: Duration::from_millis(500),
+    };
+    let errors = errors_counter();
+    let (redlock, metrics) =
+        lease::instrumented_engine(&cfg, Some(errors.clone())).expect("engine");
+    let (tx, mut rx) = lease::channel(&redlock);
+    let cancel = CancellationToken::new();
+    let lock_loop = tokio::spawn(lease::run(redlock, renewal, tx, metrics, cancel.clone()));
+
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    tokio::spawn(refuse_everything(handle));
+    let kube = Kube::with_client(
+        kube::Client::new(service, NAMESPACE),
+        KubeSettings {
+            renew_interval: renewal.interval,
+            ..settings(true)
+        },
+        POD.to_string(),
+        errors.clone(),
+    );
+    let flush = Duration::from_secs(1);
+    let observer = tokio::spawn(kube.observe(rx.clone(), cancel.clone(), flush));
+
+    // Fresh nodes count only after ttl + drift (restart-safe votes), hence the long wait.
+    let token = tokio::time::timeout(Duration::from_secs(15), async {
+        loop {
+            if let Some(term) = rx.borrow_and_update().leading_at(Instant::now()) {
+                break term.fencing_token;
+            }
+            rx.changed().await.expect("the lock loop runs");
+        }
+    })
+    .await
+    .expect("the lock is acquired");
+
+    // Three ttls of renewals while every API call fails: the term never ends or changes.
+    let until = tokio::time::Instant::now() + 3 * cfg.ttl;
+    let mut renewals = 0;
+    while let Ok(changed) = tokio::time::timeout_at(until, rx.changed()).await {
+        changed.expect("the lock loop runs");
+        let state = rx.borrow_and_update().clone();
+        let term = state.leading_at(Instant::now()).expect("still leading");
+        assert_eq!(term.fencing_token, token, "the same term");
+        renewals += 1;
+    }
+    assert!(
+        renewals >= 5,
+        "renewed {renewals} times in {:?}",
+        3 * cfg.ttl
+    );
+    let key = format!("redlock:{{{LOCK}}}");
+    let value = support::command_at(node.addr(), &["GET", &key]).expect("GET");
+    assert!(value.starts_with(&format!("{IDENTITY}:")), "{value}");
+    for op in ["patch_label", "create_event", "update_lease"] {
+        assert!(errors_for(&errors, op) >= 1, "{op} was refused and counted");
+    }
+
+    cancel.cancel();
+    lock_loop.await.expect("the lock loop ends");
+    let value = support::command_at(node.addr(), &["EXISTS", &key]).expect("EXISTS");
+    assert_eq!(value, "0", "released on shutdown despite the API");
+    tokio::time::timeout(flush + Duration::from_secs(1), observer)
+        .await
+        .expect("observe gave up within its flush timeout")
+        .expect("observe did not panic");
 }
 
 #[tokio::test(start_paused = true)]

@@ -65,7 +65,39 @@ fn status_shows_holder_ttl_and_fencing_counter_without_the_password() {
     );
 }
 
-/// A CA and a server certificate for 127.0.0.1, made with the openssl command.
+#[test]
+fn the_password_can_come_from_a_file_and_is_never_shown() {
+    let node = RedisNode::start_with(&["--requirepass", "pa55word"]);
+    let dir = TempDir::new("password-file");
+    let file = dir.path().join("password");
+    std::fs::write(&file, "pa55word\n").unwrap();
+    let url = format!("redis://127.0.0.1:{}", node.port());
+    let file = file.to_str().unwrap();
+    let (code, out, err) = run(&["check", "--redis", &url, "--redis-password-file", file]);
+    assert_eq!(
+        code, 0,
+        "authenticated with the file's password:\n{out}{err}"
+    );
+    assert!(out.contains("1 of 1 nodes reachable"), "{out}");
+    assert!(!out.contains("pa55word") && !err.contains("pa55word"));
+
+    std::fs::write(file, "wrong\n").unwrap();
+    let (code, out, _) = run(&["check", "--redis", &url, "--redis-password-file", file]);
+    assert_eq!(code, 69, "a wrong password is refused:\n{out}");
+    let missing = dir.path().join("missing");
+    support::process::assert_invalid_config(
+        &[
+            "check",
+            "--redis",
+            &url,
+            "--redis-password-file",
+            missing.to_str().unwrap(),
+        ],
+        "--redis-password-file",
+    );
+}
+
+/// A CA, a server certificate for 127.0.0.1 and a client certificate, made with openssl.
 fn make_certs(dir: &TempDir) {
     let sh = |script: &str| {
         let status = Command::new("sh")
@@ -83,12 +115,12 @@ fn make_certs(dir: &TempDir) {
     sh("openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 1 -subj /CN=redlock-test-ca");
     sh("openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=127.0.0.1");
     sh("printf 'subjectAltName=IP:127.0.0.1\\n' > san.ext && openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out server.crt -days 1 -extfile san.ext");
+    sh("openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr -subj /CN=redlock-client");
+    sh("printf 'extendedKeyUsage=clientAuth\\n' > client.ext && openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out client.crt -days 1 -extfile client.ext");
 }
 
-#[test]
-fn tls_nodes_are_reached_with_a_private_ca_and_refused_without_it() {
-    let dir = TempDir::new("tls");
-    make_certs(&dir);
+/// A Redis node serving TLS only, with the certificates of [`make_certs`].
+fn tls_node(dir: &TempDir, auth_clients: &str) -> (RedisNode, String) {
     let tls_port = free_port().to_string();
     let path = |f: &str| dir.path().join(f).display().to_string();
     let node = RedisNode::start_with(&[
@@ -101,15 +133,77 @@ fn tls_nodes_are_reached_with_a_private_ca_and_refused_without_it() {
         "--tls-ca-cert-file",
         &path("ca.crt"),
         "--tls-auth-clients",
-        "no",
+        auth_clients,
     ]);
-    let url = format!("rediss://127.0.0.1:{tls_port}");
+    (node, format!("rediss://127.0.0.1:{tls_port}"))
+}
+
+#[test]
+fn tls_nodes_are_reached_with_a_private_ca_and_refused_without_it() {
+    let dir = TempDir::new("tls");
+    make_certs(&dir);
+    let (node, url) = tls_node(&dir, "no");
+    let path = |f: &str| dir.path().join(f).display().to_string();
     let (code, out, err) = run(&["check", "--redis", &url, "--redis-ca-file", &path("ca.crt")]);
     assert_eq!(code, 0, "reached over TLS with the CA:\n{out}{err}");
     assert!(out.contains("1 of 1 nodes reachable"), "{out}");
     let (code, out, _) = run(&["check", "--redis", &url]);
     assert_eq!(code, 69, "an unknown issuer is refused:\n{out}");
     drop(node);
+}
+
+#[test]
+fn nodes_that_authenticate_clients_are_reached_with_a_client_certificate_only() {
+    let dir = TempDir::new("mtls");
+    make_certs(&dir);
+    let (node, url) = tls_node(&dir, "yes");
+    let path = |f: &str| dir.path().join(f).display().to_string();
+    let ca = ["--redis-ca-file".to_string(), path("ca.crt")];
+    let with_ca = |extra: &[String]| {
+        let mut args = vec!["check".to_string(), "--redis".to_string(), url.clone()];
+        args.extend(ca.iter().cloned());
+        args.extend(extra.iter().cloned());
+        run(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let (code, out, err) = with_ca(&[]);
+    assert_eq!(code, 69, "no client certificate, refused:\n{out}{err}");
+    let client = [
+        "--redis-client-cert".to_string(),
+        path("client.crt"),
+        "--redis-client-key".to_string(),
+        path("client.key"),
+    ];
+    let (code, out, err) = with_ca(&client);
+    assert_eq!(code, 0, "reached with the client certificate:\n{out}{err}");
+    assert!(out.contains("1 of 1 nodes reachable"), "{out}");
+    let key = std::fs::read_to_string(path("client.key")).unwrap();
+    let secret_line = key.lines().nth(1).unwrap();
+    assert!(!out.contains(secret_line) && !err.contains(secret_line));
+    drop(node);
+
+    // A certificate without its key, or a key that is not PEM, is a configuration error.
+    support::process::assert_invalid_config(
+        &[
+            "check",
+            "--redis",
+            &url,
+            "--redis-client-cert",
+            &path("client.crt"),
+        ],
+        "--redis-client-key",
+    );
+    support::process::assert_invalid_config(
+        &[
+            "check",
+            "--redis",
+            &url,
+            "--redis-client-cert",
+            &path("client.crt"),
+            "--redis-client-key",
+            &path("san.ext"),
+        ],
+        "--redis-client-cert",
+    );
 }
 
 #[test]

@@ -324,6 +324,9 @@ const DOCUMENTED_METRICS: &[&str] = &[
     "redlock_build_info",
     "redlock_kubernetes_errors_total",
     "redlock_guard_runs_total",
+    "redlock_ttl_seconds",
+    "redlock_renew_interval_seconds",
+    "redlock_safety_margin_seconds",
     "process_resident_memory_bytes",
     "process_cpu_seconds_total",
 ];
@@ -399,6 +402,16 @@ async fn metrics_are_valid_exposition_with_every_documented_name_and_move_on_han
         0.0,
         "a follower has no tenure"
     );
+    // The alerts judge the validity margin against each sidecar's own timing.
+    assert_eq!(
+        sample(&before, "redlock_ttl_seconds", None),
+        TTL_SECS.as_secs_f64()
+    );
+    assert_eq!(
+        sample(&before, "redlock_renew_interval_seconds", None),
+        (TTL_SECS / 3).as_secs_f64()
+    );
+    assert_eq!(sample(&before, "redlock_safety_margin_seconds", None), 0.3);
     let handover = unix_now();
     a.proc.sigterm();
     support::wait_until_async(Duration::from_secs(5), "b leads", || b.is_leader()).await;

@@ -41,8 +41,22 @@ pub struct RedisServer {
 impl RedisServer {
     /// Starts a server without persistence and waits until it answers PING.
     pub fn start() -> RedisServer {
+        RedisServer::start_on(None)
+    }
+
+    /// [`RedisServer::start`], bound to `cpu` when given (see [`pinned_cpu`]).
+    pub fn start_on(cpu: Option<usize>) -> RedisServer {
         let port = free_port();
-        let child = Command::new("redis-server")
+        let mut command = Command::new("redis-server");
+        if let Some(cpu) = cpu {
+            // SAFETY: sched_setaffinity on the child itself is async-signal-safe.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
+                    pin_to(cpu).map_err(std::io::Error::other)
+                });
+            }
+        }
+        let child = command
             .args([
                 "--port",
                 &port.to_string(),
@@ -141,6 +155,51 @@ impl Drop for RedisServer {
 /// Starts `n` servers.
 pub fn start_servers(n: usize) -> Vec<RedisServer> {
     (0..n).map(|_| RedisServer::start()).collect()
+}
+
+/// The CPU a benchmark pins every server and itself to: `BENCH_CPU` (default `0`; `none`
+/// leaves scheduling alone). On one CPU the servers' work adds up in full, as it would on
+/// N busy hosts, instead of hiding on an idle second core.
+pub fn pinned_cpu() -> Option<usize> {
+    match std::env::var("BENCH_CPU").as_deref() {
+        Ok("none") => None,
+        Ok(cpu) => Some(
+            cpu.parse()
+                .unwrap_or_else(|_| panic!("BENCH_CPU={cpu}: not a CPU number")),
+        ),
+        Err(_) => Some(0),
+    }
+}
+
+/// Binds the calling thread (and the threads and processes it starts later) to `cpu`.
+pub fn pin_to(cpu: usize) -> Result<(), String> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET and sched_setaffinity only
+    // touch the set we own.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(format!("cannot pin to CPU {cpu}"));
+        }
+    }
+    Ok(())
+}
+
+/// `(calls, usec)` of one command in `INFO commandstats` (`evalsha`, `set`, ...).
+pub fn command_stats(server: &RedisServer, command: &str) -> (u64, u64) {
+    let stats = server.cmd(&["INFO", "commandstats"]);
+    let prefix = format!("cmdstat_{command}:");
+    let line = stats
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .unwrap_or("");
+    let field = |name: &str| {
+        line.split(',')
+            .find_map(|f| f.strip_prefix(name))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("calls="), field("usec="))
 }
 
 /// Blocks until every server's votes count for `ttl`: its epoch marker is ttl + drift old.

@@ -32,8 +32,8 @@ pub enum Vote {
     Granted,
     /// Another holder has the key on this node (its identity, when readable).
     HeldBy(String),
-    /// The node granted, but its vote does not count: it restarted too recently to
-    /// remember locks taken before its restart.
+    /// The node granted, but its vote does not count: it cannot prove it kept its data for
+    /// the longest ttl plus drift (a flush, restart or failover), or it may evict keys.
     NotCounted(String),
     /// Our key was gone on this node (extend only).
     Missing,

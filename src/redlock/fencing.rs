@@ -43,7 +43,77 @@
 //! correct clock mints below them once every counter of its quorum is gone.
 //! Tokens stay below 2^53, the range in which the Lua scripts compare them exactly.
 
+use std::sync::atomic::Ordering;
 use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::error::{Tally, Vote, Votes};
+use super::{Op, Order, Redlock, RAISE_FENCE};
+
+/// Rounds of `Redlock::raise_fence` before an acquisition gives up (each one starts above
+/// every counter the previous one saw, so only a fleet minting in a tight loop needs more).
+const RAISE_ATTEMPTS: usize = 3;
+
+impl Redlock {
+    /// The next token to propose above `highest` (see [`next_token`]).
+    pub(super) fn next_token(&self, highest: u64) -> u64 {
+        next_token(highest, self.inner.cfg.wall_clock_skew_ms)
+    }
+
+    /// Mints a token of at least `token` on a quorum: each node raises its counter to it and
+    /// reports the counter it had. The token is ours only if every counted node had a lower
+    /// one; otherwise the next try starts above the highest reported (late answers included).
+    pub(super) async fn raise_fence(&self, mut token: u64) -> Result<u64, Votes> {
+        let mut last = Votes::default();
+        for _ in 0..RAISE_ATTEMPTS {
+            let mut answers = self.fan_out::<String>(
+                Op::Fence,
+                Order::Free,
+                &RAISE_FENCE,
+                vec![
+                    token.to_string(),
+                    String::new(),
+                    String::new(),
+                    self.inner.retention_ms(),
+                ],
+            );
+            let mut tally = Tally::new(self.inner.nodes.len());
+            let mut highest = 0;
+            while let Some((index, answer)) = answers.recv().await {
+                let vote = match answer {
+                    Ok((before, _)) => {
+                        highest = highest.max(before.parse().unwrap_or(0));
+                        Vote::Granted
+                    }
+                    Err(err) => Vote::Failed(err),
+                };
+                if tally.record(index, vote) {
+                    break;
+                }
+            }
+            let this = self.clone();
+            tokio::spawn(async move {
+                while let Some((_, answer)) = answers.recv().await {
+                    if let Ok((before, _)) = answer {
+                        let before = before.parse().unwrap_or(0);
+                        this.inner.fence_seen.fetch_max(before, Ordering::Relaxed);
+                    }
+                }
+            });
+            self.inner
+                .fence_seen
+                .fetch_max(highest.max(token), Ordering::Relaxed);
+            if !tally.won() {
+                return Err(self.label_votes(tally.votes));
+            }
+            if highest < token {
+                return Ok(token);
+            }
+            last = self.label_votes(tally.votes);
+            token = self.next_token(highest);
+        }
+        Err(last)
+    }
+}
 
 /// The token to propose above `highest`, with the wall clock as a floor. `skew_ms` shifts
 /// this client's clock (tests only; 0 in production).

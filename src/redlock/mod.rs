@@ -12,14 +12,17 @@
 //!   key is deleted again (silently, without waking waiters) on every node that may have it.
 //!   Deletes (clean-up, release) wait on each node until no call that may write our key
 //!   there is in flight, so a late `SET` cannot land after them (see `Order`).
-//! - **Restart-safe votes.** A node whose `uptime_in_seconds − 1` is below `ttl + drift`,
-//!   or whose `run_id` changed since we last saw it, may have forgotten a lock it granted
-//!   before restarting; its vote is not counted (the key stays set there). Uptime and
-//!   run id are read inside the acquire script, atomically with the `SET`.
+//! - **Votes that count.** A grant counts only from a node that proves, in the same atomic
+//!   script, that it has kept its data for the longest ttl in use plus drift; nodes that may
+//!   evict keys never count unless allowed. See [`votes`].
 //! - **Fencing tokens.** See [`fencing`].
 //! - **Extend** runs an owner-checked `PEXPIRE` on all nodes and succeeds only on a quorum
 //!   within the lease's remaining validity. A node that lost our key gets it back
 //!   (`SET NX`, never over another holder's key) only after the quorum has been proven.
+//!   A quorum that shows another holder's key or none ends the lease for good
+//!   ([`LockError::Superseded`]).
+//! - **Clocks.** Validity and deadlines are on [`clock`] (`CLOCK_BOOTTIME`), so time the host
+//!   spends suspended counts against the lease.
 //! - **Release** deletes the key only where it still holds our value, and `PUBLISH`es on
 //!   the lock's channel in the same script. Waiters listen on every node and retry at
 //!   once; they still retry on their timer when no message comes.
@@ -47,7 +50,7 @@ use crate::clock;
 use error::Tally;
 pub use error::{ConfigError, LockError, Vote, Votes};
 pub use node::{
-    ConnectSettings, Credentials, Node, NodeError, NodeErrorKind, NodeFacts, NodeSpec,
+    ClientCert, ConnectSettings, Credentials, Node, NodeError, NodeErrorKind, NodeFacts, NodeSpec,
     FACTS_MAX_AGE,
 };
 use timing::CLOCK_DRIFT_FLOOR;
@@ -68,7 +71,7 @@ static READ: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::READ));
 /// The kind of request sent to a node (a metric label).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
-    /// `SET NX PX` with the restart check.
+    /// `SET NX PX` with the data-age proof.
     Acquire,
     /// Raising the fencing counter.
     Fence,
@@ -321,10 +324,6 @@ struct Inner {
     _stop_on_drop: DropGuard,
 }
 
-/// Rounds of [`Redlock::raise_fence`] before an acquisition gives up (each one starts above
-/// every counter the previous one saw, so only a fleet minting in a tight loop needs more).
-const RAISE_ATTEMPTS: usize = 3;
-
 /// `{granted, fence, epoch_age_ms, max_ttl_ms, holder_value, holder_pttl, candidate_stored}`.
 type AcquireReply = (i64, String, u64, u64, String, i64, i64);
 
@@ -540,32 +539,6 @@ impl Redlock {
         rx
     }
 
-    /// Whether node `index`'s grant counts, given what it proved in its answer (see
-    /// [`votes`]). Judged on every answer, not only grants, so that the health every node
-    /// reports stays current on leaders and followers alike.
-    fn judge(&self, index: usize, facts: &NodeFacts, proof: Proof) -> Result<(), String> {
-        let reported = u64::try_from(proof.max_ttl.as_millis()).unwrap_or(u64::MAX);
-        let seen = self
-            .inner
-            .max_ttl_seen
-            .fetch_max(reported, Ordering::Relaxed)
-            .max(reported);
-        let longest = self
-            .inner
-            .cfg
-            .longest_ttl()
-            .max(Duration::from_millis(seen));
-        let verdict = votes::judge(facts, proof, longest, self.inner.cfg.allow_evicting_nodes);
-        self.inner.observer.node_counted(index, verdict.is_ok());
-        verdict
-    }
-
-    /// The data age a node must prove now for its grants to count.
-    pub fn required_data_age(&self) -> Duration {
-        let seen = Duration::from_millis(self.inner.max_ttl_seen.load(Ordering::Relaxed));
-        votes::required_data_age(self.inner.cfg.longest_ttl().max(seen))
-    }
-
     /// The vote in node `index`'s acquire answer, and whether it stored our candidate token.
     /// `decided` marks answers that came after the round was decided: a grant then is too late.
     fn acquire_vote(
@@ -736,66 +709,6 @@ impl Redlock {
         })
     }
 
-    /// The next token to propose above `highest` (see [`fencing::next_token`]).
-    fn next_token(&self, highest: u64) -> u64 {
-        fencing::next_token(highest, self.inner.cfg.wall_clock_skew_ms)
-    }
-
-    /// Mints a token of at least `token` on a quorum: each node raises its counter to it and
-    /// reports the counter it had. The token is ours only if every counted node had a lower
-    /// one; otherwise the next try starts above the highest reported (late answers included).
-    async fn raise_fence(&self, mut token: u64) -> Result<u64, Votes> {
-        let mut last = Votes::default();
-        for _ in 0..RAISE_ATTEMPTS {
-            let mut answers = self.fan_out::<String>(
-                Op::Fence,
-                Order::Free,
-                &RAISE_FENCE,
-                vec![
-                    token.to_string(),
-                    String::new(),
-                    String::new(),
-                    self.inner.retention_ms(),
-                ],
-            );
-            let mut tally = Tally::new(self.inner.nodes.len());
-            let mut highest = 0;
-            while let Some((index, answer)) = answers.recv().await {
-                let vote = match answer {
-                    Ok((before, _)) => {
-                        highest = highest.max(before.parse().unwrap_or(0));
-                        Vote::Granted
-                    }
-                    Err(err) => Vote::Failed(err),
-                };
-                if tally.record(index, vote) {
-                    break;
-                }
-            }
-            let this = self.clone();
-            tokio::spawn(async move {
-                while let Some((_, answer)) = answers.recv().await {
-                    if let Ok((before, _)) = answer {
-                        let before = before.parse().unwrap_or(0);
-                        this.inner.fence_seen.fetch_max(before, Ordering::Relaxed);
-                    }
-                }
-            });
-            self.inner
-                .fence_seen
-                .fetch_max(highest.max(token), Ordering::Relaxed);
-            if !tally.won() {
-                return Err(self.label_votes(tally.votes));
-            }
-            if highest < token {
-                return Ok(token);
-            }
-            last = self.label_votes(tally.votes);
-            token = self.next_token(highest);
-        }
-        Err(last)
-    }
-
     /// Waits for the lock: retries with growing random delays, and at once when a
     /// holder announces a release, until `deadline` (then the last error) or `cancel`.
     ///
@@ -934,7 +847,7 @@ impl Redlock {
         let Some(valid) = validity(cfg.ttl, clock::now().saturating_duration_since(start)) else {
             return Err(expired());
         };
-        // A node that lost our key (a restart) gets it back, now the quorum is proven. The
+        // A node that lost our key (data loss) gets it back, now the quorum is proven. The
         // slowest nodes answer after the quorum, so their answers are awaited in the background.
         let args: Arc<[String]> = args.into();
         for (index, vote) in tally.votes.iter().enumerate() {

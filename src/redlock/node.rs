@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use redis::aio::MultiplexedConnection;
 use redis::{
-    AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, FromRedisValue,
+    AsyncConnectionConfig, Client, ClientTlsConfig, ConnectionAddr, ConnectionInfo, FromRedisValue,
     IntoConnectionInfo, RedisError, Script, TlsCertificates,
 };
 use tokio::sync::watch;
@@ -37,6 +37,18 @@ pub struct Credentials {
     pub password: Option<String>,
     /// PEM bundle of CA certificates for `rediss://` nodes with a private CA.
     pub ca_pem: Option<Vec<u8>>,
+    /// Client certificate (PEM chain) and private key (PEM) for `rediss://` nodes that
+    /// authenticate clients (`tls-auth-clients yes`); the key is never printed.
+    pub client_cert: Option<ClientCert>,
+}
+
+/// A TLS client certificate and its key, both PEM.
+#[derive(Clone)]
+pub struct ClientCert {
+    /// The certificate chain.
+    pub cert_pem: Vec<u8>,
+    /// The private key; never printed.
+    pub key_pem: Vec<u8>,
 }
 
 impl fmt::Debug for Credentials {
@@ -45,6 +57,10 @@ impl fmt::Debug for Credentials {
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("ca_pem", &self.ca_pem.as_ref().map(|pem| pem.len()))
+            .field(
+                "client_cert",
+                &self.client_cert.as_ref().map(|_| "<redacted>"),
+            )
             .finish()
     }
 }
@@ -56,6 +72,7 @@ pub struct NodeSpec {
     info: ConnectionInfo,
     tls: bool,
     ca_pem: Option<Vec<u8>>,
+    client_cert: Option<ClientCert>,
 }
 
 impl NodeSpec {
@@ -92,12 +109,30 @@ impl NodeSpec {
         let info = info.set_redis_settings(
             settings.set_lib_name("redlock-sidecar", env!("CARGO_PKG_VERSION")),
         );
-        Ok(NodeSpec {
+        let spec = NodeSpec {
             label,
             info,
             tls,
             ca_pem: creds.ca_pem.clone(),
-        })
+            client_cert: creds.client_cert.clone(),
+        };
+        // Unparsable PEM is a configuration error now, not a connection error on every call.
+        if tls {
+            if let Some(ca) = &spec.ca_pem {
+                tls_client(&spec.info, Some(ca), None).map_err(|_| {
+                    ConfigError::new("--redis-ca-file", "not a valid PEM bundle of certificates")
+                })?;
+            }
+            if spec.client_cert.is_some() {
+                spec.client().map_err(|_| {
+                    ConfigError::new(
+                        "--redis-client-cert",
+                        "the client certificate or its key (--redis-client-key) is not valid PEM",
+                    )
+                })?;
+            }
+        }
+        Ok(spec)
     }
 
     /// `host:port`, safe to log and to use as a metric label.
@@ -115,17 +150,29 @@ impl NodeSpec {
     }
 
     fn client(&self) -> Result<Client, RedisError> {
-        match (&self.ca_pem, self.tls) {
-            (Some(pem), true) => Client::build_with_tls(
-                self.info.clone(),
-                TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(pem.clone()),
-                },
-            ),
-            _ => Client::open(self.info.clone()),
+        if !self.tls || (self.ca_pem.is_none() && self.client_cert.is_none()) {
+            return Client::open(self.info.clone());
         }
+        tls_client(&self.info, self.ca_pem.as_ref(), self.client_cert.as_ref())
     }
+}
+
+/// A TLS client with a private CA (else the system roots) and an optional client certificate.
+fn tls_client(
+    info: &ConnectionInfo,
+    ca_pem: Option<&Vec<u8>>,
+    client_cert: Option<&ClientCert>,
+) -> Result<Client, RedisError> {
+    Client::build_with_tls(
+        info.clone(),
+        TlsCertificates {
+            client_tls: client_cert.map(|c| ClientTlsConfig {
+                client_cert: c.cert_pem.clone(),
+                client_key: c.key_pem.clone(),
+            }),
+            root_cert: ca_pem.cloned(),
+        },
+    )
 }
 
 impl fmt::Debug for NodeSpec {
@@ -326,6 +373,9 @@ impl Node {
         &self,
         timeout: Duration,
     ) -> Result<(MultiplexedConnection, Arc<NodeFacts>, u64), NodeError> {
+        if let Some(up) = self.up(&self.link.borrow()) {
+            return Ok(up);
+        }
         let start_connecting = |link: &mut Link| {
             let idle = matches!(link, Link::Idle | Link::Down(_));
             if idle {
@@ -343,18 +393,24 @@ impl Node {
         )
         .await;
         match settled {
-            Ok(Ok(link)) => match &*link {
-                Link::Up(conn, facts, id, read_at) => {
-                    if read_at.elapsed() > FACTS_MAX_AGE {
-                        self.refresh_facts(conn.clone(), *id);
-                    }
-                    Ok((conn.clone(), facts.clone(), *id))
-                }
-                Link::Down(err) => Err(err.clone()),
-                Link::Idle | Link::Connecting => Err(NodeError::timeout(timeout)),
+            Ok(Ok(link)) => match (self.up(&link), &*link) {
+                (Some(up), _) => Ok(up),
+                (None, Link::Down(err)) => Err(err.clone()),
+                (None, _) => Err(NodeError::timeout(timeout)),
             },
             _ => Err(NodeError::timeout(timeout)),
         }
+    }
+
+    /// The connection `link` holds, if it is up; starts a refresh of stale facts.
+    fn up(&self, link: &Link) -> Option<(MultiplexedConnection, Arc<NodeFacts>, u64)> {
+        let Link::Up(conn, facts, id, read_at) = link else {
+            return None;
+        };
+        if read_at.elapsed() > FACTS_MAX_AGE {
+            self.refresh_facts(conn.clone(), *id);
+        }
+        Some((conn.clone(), facts.clone(), *id))
     }
 
     /// Connects and reads the node's facts, bounded by the connect timeout; publishes the

@@ -24,10 +24,12 @@
 //! 4. **Trusted again** once the marker is old enough: no memory of earlier verdicts is kept,
 //!    each answer is judged on what the node proves in that same atomic script.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::node::NodeFacts;
 use super::timing::drift;
+use super::Redlock;
 
 /// The data-age proof one node gave in one answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,6 +83,39 @@ pub fn judge(
         ));
     }
     Ok(())
+}
+
+impl Redlock {
+    /// Whether node `index`'s grant counts, given what it proved in its answer (see
+    /// the module docs). Judged on every answer, not only grants, so that the health every node
+    /// reports stays current on leaders and followers alike.
+    pub(super) fn judge(
+        &self,
+        index: usize,
+        facts: &NodeFacts,
+        proof: Proof,
+    ) -> Result<(), String> {
+        let reported = u64::try_from(proof.max_ttl.as_millis()).unwrap_or(u64::MAX);
+        let seen = self
+            .inner
+            .max_ttl_seen
+            .fetch_max(reported, Ordering::Relaxed)
+            .max(reported);
+        let longest = self
+            .inner
+            .cfg
+            .longest_ttl()
+            .max(Duration::from_millis(seen));
+        let verdict = judge(facts, proof, longest, self.inner.cfg.allow_evicting_nodes);
+        self.inner.observer.node_counted(index, verdict.is_ok());
+        verdict
+    }
+
+    /// The data age a node must prove now for its grants to count.
+    pub fn required_data_age(&self) -> Duration {
+        let seen = Duration::from_millis(self.inner.max_ttl_seen.load(Ordering::Relaxed));
+        required_data_age(self.inner.cfg.longest_ttl().max(seen))
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# The static binary in an image that holds nothing else: `redlock-sidecar install` copies it
+# into an empty directory, which becomes a chroot with only Debian's static busybox, /etc/hosts
+# and the /dev nodes every container runtime provides. `guard` runs there against three real
+# redis-server nodes addressed by host name, and must take the lock and run its command.
+# Then the same without /dev/urandom (the binary calls getrandom(2) itself), and with getrandom
+# denied by seccomp (one clear line, exit 71, no panic).
+#
+#   scripts/e2e-static.sh            build the static binary (scripts/build-static.sh) and test it
+#   STATIC_BIN=PATH scripts/e2e-static.sh   test a binary built before (CI builds it once)
+# Needs root (chroot, mknod); installs busybox-static and redis-server when missing.
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "${REPO_ROOT}"
+# shellcheck source=scripts/ci-tools.sh
+source scripts/ci-tools.sh
+install_redis
+[ -x /bin/busybox ] && ! LC_ALL=C readelf -l /bin/busybox | grep -q 'program interpreter' \
+  || apt_install busybox-static
+
+BIN="${STATIC_BIN:-$(bash scripts/build-static.sh)}"
+[ -x "${BIN}" ] || { echo "no static binary at ${BIN}"; exit 1; }
+
+WORK="$(mktemp -d)"
+PIDS=()
+cleanup() {
+  local pid
+  for pid in "${PIDS[@]}"; do kill "${pid}" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "${pid}" 2>/dev/null || true; done
+  rm -rf "${WORK}"
+}
+trap cleanup EXIT
+
+fail() { echo "FAIL: $*"; exit 1; }
+wait_until() { # wait_until WHAT COMMAND...: retry every 0.1s for up to 20s
+  local what="$1" end=$((SECONDS + 20)); shift
+  until "$@" >/dev/null 2>&1; do
+    [ "${SECONDS}" -lt "${end}" ] || fail "timed out waiting for ${what}"
+    sleep 0.1
+  done
+}
+
+# --- The image: an empty directory, the installed binary, busybox, /etc/hosts, /dev ------------
+ROOT="${WORK}/root"
+mkdir -p "${ROOT}/redlock"
+[ -z "$(ls -A "${ROOT}/redlock")" ] || fail "install target not empty"
+"${BIN}" install "${ROOT}/redlock" >/dev/null
+[ -x "${ROOT}/redlock/redlock-sidecar" ] || fail "install did not write redlock/redlock-sidecar"
+mkdir -p "${ROOT}/bin" "${ROOT}/etc" "${ROOT}/tmp" "${ROOT}/dev"
+cp /bin/busybox "${ROOT}/bin/busybox"
+ln -s busybox "${ROOT}/bin/sh"
+ln -s busybox "${ROOT}/bin/cat"
+make_dev() { # the nodes a container runtime always creates
+  mknod -m 666 "${ROOT}/dev/null" c 1 3
+  mknod -m 666 "${ROOT}/dev/zero" c 1 5
+  mknod -m 666 "${ROOT}/dev/full" c 1 7
+  mknod -m 666 "${ROOT}/dev/random" c 1 8
+  mknod -m 666 "${ROOT}/dev/urandom" c 1 9
+  mknod -m 666 "${ROOT}/dev/tty" c 5 0
+}
+make_dev
+echo "chroot: $(cd "${ROOT}" && find . -mindepth 1 | sort | tr '\n' ' ')"
+
+# --- Three Redis masters, known in the chroot by host name only ----------------------------------
+read -r -a PORTS <<<"$(python3 -c '
+import socket
+s = [socket.socket() for _ in range(3)]
+for x in s: x.bind(("127.0.0.1", 0))
+print(" ".join(str(x.getsockname()[1]) for x in s))')"
+NAMES=(redis-a redis-b redis-c)
+URLS=()
+{ echo "127.0.0.1 localhost"; for i in 0 1 2; do echo "127.0.0.1 ${NAMES[$i]}.redis.internal ${NAMES[$i]}"; done; } \
+  >"${ROOT}/etc/hosts"
+for i in 0 1 2; do
+  redis-server --port "${PORTS[$i]}" --bind 127.0.0.1 --save '' --appendonly no --dir "${WORK}" \
+    --dbfilename "n${i}.rdb" --loglevel warning >"${WORK}/redis-${i}.log" 2>&1 &
+  PIDS+=($!)
+  URLS+=("redis://${NAMES[$i]}.redis.internal:${PORTS[$i]}")
+done
+for i in 0 1 2; do wait_until "redis ${i}" redis-cli -p "${PORTS[$i]}" ping; done
+REDIS="$(IFS=,; echo "${URLS[*]}")"
+
+# guard LOCK: runs guard in the chroot; CMD writes its fencing token into /tmp/ran-LOCK.
+# --wait: fresh nodes count only after ttl + drift (restart-safe votes).
+guard() {
+  local lock="$1"
+  chroot "${ROOT}" /redlock/redlock-sidecar guard --lock "${lock}" --redis "${REDIS}" \
+    --ttl 3s --kill-grace 500ms --wait 20s --on-busy fail --identity static-e2e \
+    -- /bin/sh -c 'echo "$REDLOCK_LOCK $REDLOCK_FENCING_TOKEN" > /tmp/ran-$REDLOCK_LOCK'
+}
+assert_ran() { # assert_ran LOCK: CMD ran with a fencing token that a quorum of nodes stored
+  local lock="$1" line token stored=0 i
+  line="$(cat "${ROOT}/tmp/ran-${lock}" 2>/dev/null)" || fail "CMD did not run for ${lock}"
+  token="${line#"${lock} "}"
+  [[ "${token}" =~ ^[0-9]+$ ]] && [ "${token}" -gt 0 ] || fail "no fencing token: ${line}"
+  for i in 0 1 2; do
+    [ "$(redis-cli -p "${PORTS[$i]}" GET "redlock:{${lock}}:fence")" = "${token}" ] && stored=$((stored + 1))
+  done
+  [ "${stored}" -ge 2 ] || fail "token ${token} of ${lock} is on ${stored} nodes, not a quorum"
+  for i in 0 1 2; do
+    [ "$(redis-cli -p "${PORTS[$i]}" EXISTS "redlock:{${lock}}")" = 0 ] || fail "${lock} not released on node ${i}"
+  done
+  echo "PASS  ${lock}: CMD ran under the lock, fencing token ${token} on ${stored} of 3 nodes, released"
+}
+
+# 1. The chroot with the runtime's /dev nodes.
+guard static-e2e || fail "guard exited $?"
+assert_ran static-e2e
+
+# 2. No /dev at all: randomness comes from the getrandom system call, not /dev/urandom.
+rm -f "${ROOT}"/dev/*
+guard static-e2e-nodev || fail "guard without /dev exited $?"
+assert_ran static-e2e-nodev
+
+# 3. getrandom(2) denied by seccomp and no /dev/urandom: no random source at all.
+set +e
+python3 - "${ROOT}" "${REDIS}" >"${WORK}/seccomp.out" 2>&1 <<'PY'
+import ctypes, os, struct, sys
+root, redis = sys.argv[1], sys.argv[2]
+os.chroot(root)
+os.chdir("/")
+libc = ctypes.CDLL(None, use_errno=True)
+# BPF: on x86_64, getrandom (318) fails with EPERM; everything else is allowed.
+AUDIT_ARCH_X86_64, NR_GETRANDOM = 0xC000003E, 318
+LD_W_ABS, JEQ_K, RET_K = 0x20, 0x15, 0x06
+prog = [(LD_W_ABS, 0, 0, 4), (JEQ_K, 0, 3, AUDIT_ARCH_X86_64), (LD_W_ABS, 0, 0, 0),
+        (JEQ_K, 0, 1, NR_GETRANDOM), (RET_K, 0, 0, 0x00050000 | 1), (RET_K, 0, 0, 0x7FFF0000)]
+raw = b"".join(struct.pack("HBBI", *ins) for ins in prog)
+buf = ctypes.create_string_buffer(raw)
+class Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+fprog = Fprog(len(prog), ctypes.addressof(buf))
+PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+assert libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+assert libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) == 0, ctypes.get_errno()
+os.execv("/redlock/redlock-sidecar", ["redlock-sidecar", "guard", "--lock", "static-e2e-norandom",
+         "--redis", redis, "--", "/bin/sh", "-c", "echo ran > /tmp/ran-norandom"])
+PY
+code=$?
+set -e
+out="$(cat "${WORK}/seccomp.out")"
+[ "${code}" = 71 ] || fail "without a random source guard exited ${code}, not 71: ${out}"
+[ "$(printf '%s\n' "${out}" | wc -l)" = 1 ] || fail "not one line: ${out}"
+grep -q 'no random source' <<<"${out}" || fail "unclear message: ${out}"
+grep -qi 'panic' <<<"${out}" && fail "panicked: ${out}"
+[ ! -e "${ROOT}/tmp/ran-norandom" ] || fail "CMD ran without a random source"
+echo "PASS  no random source: exit 71, ${out}"
+echo "e2e-static: passed ($(du -h "${BIN}" | cut -f1) static binary)"
