@@ -28,6 +28,18 @@ fn guard_with_ttl(
     options: &[&str],
     cmd: &[&str],
 ) -> Proc {
+    let argv = guard_argv(cluster, ttl, identity, options, cmd);
+    Proc::spawn(&argv.iter().map(String::as_str).collect::<Vec<_>>(), &[])
+}
+
+/// The arguments of [`guard_with_ttl`].
+fn guard_argv(
+    cluster: &RedisCluster,
+    ttl: &str,
+    identity: &str,
+    options: &[&str],
+    cmd: &[&str],
+) -> Vec<String> {
     let redis = cluster.urls_joined();
     let mut args = vec![
         "guard",
@@ -58,7 +70,7 @@ fn guard_with_ttl(
     args.extend_from_slice(options);
     args.push("--");
     args.extend_from_slice(cmd);
-    Proc::spawn(&args, &[])
+    args.into_iter().map(str::to_owned).collect()
 }
 
 /// A guard "holder" whose CMD runs until stopped; returns once CMD runs.
@@ -313,21 +325,29 @@ fn min_hold_keeps_the_lock_after_cmd_ends() {
 }
 
 #[test]
-fn cmd_does_not_outlive_a_killed_guard() {
+fn cmd_and_its_children_do_not_outlive_a_killed_guard() {
     let cluster = ready_cluster(3);
     let dir = TempDir::new("orphan");
     let pid_file = dir.path().join("pid");
+    let child_file = dir.path().join("child");
     let mut g = guard(
         &cluster,
         "holder",
         &[],
-        &sh(&format!("echo $$ > {}; exec sleep 30", pid_file.display())),
+        &sh(&format!(
+            "echo $$ > {}; sleep 300 & echo $! > {}; wait",
+            pid_file.display(),
+            child_file.display()
+        )),
     );
     let cmd_pid = read_pid(&pid_file);
+    let child_pid = read_pid(&child_file);
     g.sigkill();
-    support::wait_until(Duration::from_secs(5), "CMD dies with its guard", || {
-        !pid_alive(cmd_pid)
-    });
+    support::wait_until(
+        Duration::from_secs(5),
+        "CMD and its child die with guard",
+        || !pid_alive(cmd_pid) && !pid_alive(child_pid),
+    );
 }
 
 #[test]
@@ -621,7 +641,7 @@ fn waiting_for_a_cmd_that_ignores_sigterm_costs_no_cpu() {
 }
 
 #[test]
-fn sigkill_of_guard_kills_cmds_whole_tree_before_the_lock_can_expire() {
+fn sigkill_of_guards_process_group_kills_cmds_whole_tree_before_the_lock_can_expire() {
     let cluster = ready_cluster(3);
     let dir = TempDir::new("tree");
     let file = |name: &str| dir.path().join(name);
@@ -631,7 +651,13 @@ fn sigkill_of_guard_kills_cmds_whole_tree_before_the_lock_can_expire() {
         file("child").display(),
         file("escaped").display()
     );
-    let mut g = guard(&cluster, "holder", &[], &sh(&script));
+    // guard in a session (and process group) of its own, so that its whole group can be
+    // SIGKILLed as a terminal or a process manager would.
+    let bin = support::bin().display().to_string();
+    let mut argv = vec![bin];
+    argv.extend(guard_argv(&cluster, "2s", "holder", &[], &sh(&script)));
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let mut g = Proc::spawn_program(Path::new("setsid"), &argv, &[]);
     let tree: Vec<i32> = ["sh", "child", "escaped"]
         .iter()
         .map(|name| read_pid(&file(name)))
@@ -641,7 +667,13 @@ fn sigkill_of_guard_kills_cmds_whole_tree_before_the_lock_can_expire() {
     });
     assert_ne!(pgrp(tree[0]), pgrp(tree[2]), "one process left CMD's group");
     let expiry = key_expiry(&cluster, 0);
-    g.sigkill();
+    assert_eq!(
+        pgrp(g.pid() as i32),
+        Some(g.pid() as i32),
+        "guard leads its group"
+    );
+    // SAFETY: kill(2) on the process group of our own, unreaped child.
+    assert_eq!(unsafe { libc::kill(-(g.pid() as i32), libc::SIGKILL) }, 0);
     support::wait_until(Duration::from_secs(5), "CMD's tree is gone", || {
         tree.iter().all(|&pid| !pid_alive(pid))
     });

@@ -47,7 +47,10 @@ impl Children {
             .args(&cfg.command)
             .env("REDLOCK_LOCK", &cfg.redlock.lock)
             .env("REDLOCK_FENCING_TOKEN", token.to_string())
-            .env("REDLOCK_HOLDER", identity);
+            .env("REDLOCK_HOLDER", identity)
+            // A group of its own: a SIGKILL to guard's process group (or to CMD's) leaves it
+            // alive to clean up.
+            .process_group(0);
         let write_fd = write.as_raw_fd();
         // SAFETY: getpid, getppid, dup2, fcntl, prctl and _exit are async-signal-safe, as
         // pre_exec requires.

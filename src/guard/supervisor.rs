@@ -14,9 +14,10 @@
 //! - CMD exits → SIGKILL to whatever CMD left behind (its whole tree, also processes that
 //!   left its process group), reap, exit with CMD's code (128+S if signal S killed it).
 //! - It reports CMD's pid, or why CMD could not start, to guard on [`REPORT_FD`].
-//! - It is not in CMD's process group: guard signals that group (forwarded signals,
-//!   SIGTERM/SIGKILL when stopping CMD) without touching this process. Signals sent to it
-//!   directly are ignored unless they mean guard has died.
+//! - It has a process group of its own, neither guard's nor CMD's: guard signals CMD's
+//!   group (forwarded signals, SIGTERM/SIGKILL when stopping CMD) without touching this
+//!   process, and a SIGKILL to guard's whole group (a terminal, a process manager) leaves
+//!   it alive to clean up. Signals sent to it are ignored unless they mean guard has died.
 //! - CMD itself gets SIGKILL if this process dies (parent-death signal).
 
 use std::io::Write;
