@@ -657,7 +657,7 @@ fn sigkill_of_guards_process_group_kills_cmds_whole_tree_before_the_lock_can_exp
     let mut argv = vec![bin];
     argv.extend(guard_argv(&cluster, "2s", "holder", &[], &sh(&script)));
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-    let mut g = Proc::spawn_program(Path::new("setsid"), &argv, &[]);
+    let g = Proc::spawn_program(Path::new("setsid"), &argv, &[]);
     let tree: Vec<i32> = ["sh", "child", "escaped"]
         .iter()
         .map(|name| read_pid(&file(name)))
