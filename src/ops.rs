@@ -107,11 +107,12 @@ pub async fn node_report(node: &Node, timeout: Duration) -> Result<NodeReport, N
     let marker: Option<String> = node
         .command(redis::cmd("GET").arg(EPOCH_KEY), timeout)
         .await?;
-    let (secs, micros): (u64, u64) = node.command(&redis::cmd("TIME"), timeout).await?;
-    let now_ms = secs * 1000 + micros / 1000;
+    let pttl: i64 = node
+        .command(redis::cmd("PTTL").arg(EPOCH_KEY), timeout)
+        .await?;
     let data_age = marker
         .as_deref()
-        .and_then(|marker| votes::data_age(marker, &facts.run_id, now_ms));
+        .and_then(|marker| votes::data_age(marker, pttl, &facts.run_id));
     Ok(NodeReport {
         rtt,
         version: field("redis_version"),

@@ -115,19 +115,15 @@ impl RedisServer {
     /// How long this server has provably kept its data for the engine (its epoch marker's
     /// age), stamping the marker first as the first contender to meet it would.
     pub fn data_age(&self) -> Duration {
-        let run_id = info_field(&self.cmd(&["INFO", "server"]), "run_id")
-            .unwrap_or_default()
-            .to_owned();
-        let now_ms = || {
-            let time = self.cmd(&["TIME"]);
-            let mut parts = time.lines().filter_map(|l| l.trim().parse::<u64>().ok());
-            parts.next().unwrap_or(0) * 1000 + parts.next().unwrap_or(0) / 1000
-        };
+        let info = self.cmd(&["INFO", "server"]);
+        let run_id = info_field(&info, "run_id").unwrap_or_default();
         let marker = self.cmd(&["GET", EPOCH_KEY]);
-        if let Some(age) = votes::data_age(&marker, &run_id, now_ms()) {
+        let pttl: i64 = self.cmd(&["PTTL", EPOCH_KEY]).parse().unwrap_or(-2);
+        if let Some(age) = votes::data_age(&marker, pttl, run_id) {
             return age;
         }
-        self.cmd(&["SET", EPOCH_KEY, &votes::epoch_marker(now_ms(), &run_id)]);
+        let lifetime = votes::EPOCH_LIFETIME_MS.to_string();
+        self.cmd(&["SET", EPOCH_KEY, run_id, "PX", &lifetime]);
         Duration::ZERO
     }
 

@@ -40,6 +40,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant, SystemTime};
 
+use futures_util::stream::FuturesUnordered;
 use futures_util::StreamExt;
 use rand::Rng;
 use redis::Script;
@@ -324,8 +325,8 @@ struct Inner {
     _stop_on_drop: DropGuard,
 }
 
-/// `{granted, fence, epoch_age_ms, max_ttl_ms, holder_value, holder_pttl, candidate_stored}`.
-type AcquireReply = (i64, String, u64, u64, String, i64, i64);
+/// `{granted, fence, epoch_age_ms, max_ttl_ms, candidate_stored, holder_value, holder_pttl}`.
+type AcquireReply = (i64, u64, u64, u64, i64, String, i64);
 
 /// `{status, epoch_age_ms, max_ttl_ms}`.
 type ExtendReply = (i64, u64, u64);
@@ -347,8 +348,8 @@ struct Seen {
 impl Seen {
     /// Takes one answer into account; returns the holder's identity if the key was taken.
     fn add(&mut self, reply: &AcquireReply) -> Option<String> {
-        let (granted, fence, _, _, holder_value, pttl, _) = reply;
-        self.fence = self.fence.max(fence.parse().unwrap_or(0));
+        let (granted, fence, _, _, _, holder_value, pttl) = reply;
+        self.fence = self.fence.max(*fence);
         if *granted == 1 {
             return None;
         }
@@ -426,6 +427,9 @@ impl Inner {
     /// Waits until no call that may write our key on node `index` is in flight. Each such
     /// call is bounded by the node timeout, and so is this wait.
     async fn key_writes_settled(&self, index: usize) {
+        if *self.key_writes[index].borrow() == 0 {
+            return;
+        }
         let mut writes = self.key_writes[index].subscribe();
         let _ = tokio::time::timeout(self.cfg.node_timeout, writes.wait_for(|n| *n == 0)).await;
     }
@@ -513,29 +517,39 @@ impl Redlock {
         T: redis::FromRedisValue + Send + 'static,
     {
         let (tx, rx) = mpsc::unbounded_channel();
-        let args: Arc<[String]> = args.into();
-        for index in 0..self.inner.nodes.len() {
-            let inner = self.inner.clone();
-            let tx = tx.clone();
-            let args = args.clone();
-            let write = (order == Order::MayWrite).then(|| KeyWrite::start(&inner, index));
-            tokio::spawn(async move {
-                if order == Order::AfterWrites {
-                    inner.key_writes_settled(index).await;
-                }
-                let start = Instant::now();
-                let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                let result = inner.nodes[index]
-                    .eval::<T>(script, &inner.keys(), &args, inner.cfg.node_timeout)
-                    .await;
-                drop(write);
-                let outcome = result.as_ref().map(|_| ()).map_err(|e| e.kind);
-                inner
-                    .observer
-                    .node_call(index, op, start.elapsed(), outcome);
-                let _ = tx.send((index, result));
-            });
-        }
+        let inner = self.inner.clone();
+        // Counted now, so that a delete issued right after this returns waits for them.
+        let writes: Vec<Option<KeyWrite>> = (0..inner.nodes.len())
+            .map(|index| (order == Order::MayWrite).then(|| KeyWrite::start(&inner, index)))
+            .collect();
+        // One task drives every node's call: no task per node to schedule on the hot path.
+        tokio::spawn(async move {
+            let inner = &inner;
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let args = &args;
+            let mut calls: FuturesUnordered<_> = writes
+                .into_iter()
+                .enumerate()
+                .map(|(index, write)| async move {
+                    if order == Order::AfterWrites {
+                        inner.key_writes_settled(index).await;
+                    }
+                    let start = Instant::now();
+                    let result = inner.nodes[index]
+                        .eval::<T>(script, &inner.keys(), args, inner.cfg.node_timeout)
+                        .await;
+                    drop(write);
+                    let outcome = result.as_ref().map(|_| ()).map_err(|e| e.kind);
+                    inner
+                        .observer
+                        .node_call(index, op, start.elapsed(), outcome);
+                    (index, result)
+                })
+                .collect();
+            while let Some(answer) = calls.next().await {
+                let _ = tx.send(answer);
+            }
+        });
         rx
     }
 
@@ -563,7 +577,7 @@ impl Redlock {
                 Vote::NotCounted("granted after the round was decided".to_owned()),
                 false,
             ),
-            (None, Ok(())) => (Vote::Granted, reply.6 == 1),
+            (None, Ok(())) => (Vote::Granted, reply.4 == 1),
             (None, Err(why)) => (Vote::NotCounted(why), false),
         }
     }

@@ -6,27 +6,24 @@
 //! every script is the run id of the connection it runs on.
 
 /// Lua that proves how long the node has kept its data: the age (ms, on the node's own
-/// clock) of the node's epoch marker, a key stamped with the server's `TIME` and run id the
-/// first time any contender meets the node. Any data loss deletes it (`FLUSHALL`, `FLUSHDB`,
+/// clock) of the node's epoch marker, a key holding the server's run id that the first
+/// contender to meet the node stamps with an expiry of [`EPOCH_LIFETIME_MS`], so that its
+/// age is that lifetime minus its `PTTL`. Any data loss deletes it (`FLUSHALL`, `FLUSHDB`,
 /// a restart without persistence); a run id that is not the connection's (a restart from a
 /// snapshot or an append-only file, a failover to a replica) re-stamps it. Either way the
 /// age starts again at 0. The connection's run id is always the last argument.
+///
+/// [`EPOCH_LIFETIME_MS`]: super::votes::EPOCH_LIFETIME_MS
 macro_rules! epoch_age {
     () => {
         r#"
-local clock = redis.call('TIME')
-local now = clock[1] * 1000 + math.floor(clock[2] / 1000)
 local run_id = ARGV[#ARGV]
-local epoch = redis.call('GET', KEYS[4])
 local age = -1
-if epoch then
-  local at = string.find(epoch, ':', 1, true)
-  if at and string.sub(epoch, at + 1) == run_id then
-    age = math.max(0, now - (tonumber(string.sub(epoch, 1, at - 1)) or now))
-  end
+if redis.call('GET', KEYS[4]) == run_id then
+  age = 1000000000000 - redis.call('PTTL', KEYS[4])
 end
-if age < 0 then
-  redis.call('SET', KEYS[4], string.format('%d', now) .. ':' .. run_id)
+if age < 0 or age > 1000000000000 then
+  redis.call('SET', KEYS[4], run_id, 'PX', 1000000000000)
   age = 0
 end
 "#
@@ -34,13 +31,17 @@ end
 }
 
 /// Lua that records our ttl in the lock's max-ttl register (ARGV[2]); the register lives
-/// twice the longest ttl written, so it outlives every key written with that ttl.
+/// twice the longest ttl written, so it outlives every key written with that ttl. Renewals
+/// refresh it; a grant writes it only when it is missing, lower, or has less than a ttl left
+/// (one write less per grant in the common case).
 macro_rules! record_ttl {
-    () => {
-        r#"
-local ttl = tonumber(ARGV[2])
-if max_ttl <= ttl then redis.call('SET', KEYS[3], ARGV[2], 'PX', 2 * ttl) end
+    ($when:literal) => {
+        concat!(
+            "local ttl = tonumber(ARGV[2])\nif ",
+            $when,
+            r#" then redis.call('SET', KEYS[3], ARGV[2], 'PX', 2 * ttl) end
 "#
+        )
     };
 }
 
@@ -66,27 +67,25 @@ end
 /// fencing token if the counter is lower.
 ///
 /// ARGV: value, ttl in ms, candidate token, fence retention in ms, run id. Returns
-/// `{granted, fence, epoch_age_ms, max_ttl_ms, holder_value, holder_pttl, candidate_stored}`,
+/// `{granted, fence, epoch_age_ms, max_ttl_ms, candidate_stored, holder_value, holder_pttl}`,
 /// where `fence` is the counter and `max_ttl_ms` the register before this call.
 pub const ACQUIRE: &str = concat!(
     epoch_age!(),
     r#"
-local fence = redis.call('GET', KEYS[2]) or '0'
+local fence = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
 local max_ttl = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local stored = 0
-  if (tonumber(fence) or 0) < tonumber(ARGV[3]) then
+  if fence < tonumber(ARGV[3]) then
     redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
     stored = 1
-  else
-    redis.call('PEXPIRE', KEYS[2], ARGV[4])
   end
 "#,
-    record_ttl!(),
+    record_ttl!("max_ttl < ttl or (max_ttl == ttl and redis.call('PTTL', KEYS[3]) < ttl)"),
     r#"
-  return {1, fence, age, max_ttl, '', 0, stored}
+  return {1, fence, age, max_ttl, stored, '', 0}
 end
-return {0, fence, age, max_ttl, redis.call('GET', KEYS[1]) or '', redis.call('PTTL', KEYS[1]), 0}
+return {0, fence, age, max_ttl, 0, redis.call('GET', KEYS[1]) or '', redis.call('PTTL', KEYS[1])}
 "#
 );
 
@@ -116,7 +115,7 @@ if cur == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 "#,
     keep_fence!("ARGV[3]"),
-    record_ttl!(),
+    record_ttl!("max_ttl <= ttl"),
     r#"
   return {1, age, max_ttl}
 end
@@ -135,7 +134,7 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local max_ttl = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
 "#,
     keep_fence!("ARGV[3]"),
-    record_ttl!(),
+    record_ttl!("max_ttl <= ttl"),
     r#"
   return 1
 end

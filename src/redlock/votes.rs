@@ -46,18 +46,18 @@ pub fn required_data_age(max_ttl: Duration) -> Duration {
     max_ttl + drift(max_ttl)
 }
 
-/// The epoch marker a node with `run_id` gets when stamped at `now_ms` (its own `TIME`),
-/// as the acquire script writes it.
-pub fn epoch_marker(now_ms: u64, run_id: &str) -> String {
-    format!("{now_ms}:{run_id}")
-}
+/// The expiry (`PX`) an epoch marker is stamped with, about 31 years: its age is this minus
+/// its `PTTL`, measured on the node's own clock like every key's expiry.
+pub const EPOCH_LIFETIME_MS: u64 = 1_000_000_000_000;
 
-/// The data age `marker` proves at `now_ms` on a node with `run_id`; `None` when the marker
-/// was stamped by another server process (the node restarted or failed over since).
-pub fn data_age(marker: &str, run_id: &str, now_ms: u64) -> Option<Duration> {
-    let (stamped, stamped_by) = marker.split_once(':')?;
-    let stamped: u64 = stamped.parse().ok()?;
-    (stamped_by == run_id).then(|| Duration::from_millis(now_ms.saturating_sub(stamped)))
+/// The data age an epoch marker holding `marker` with `pttl_ms` left proves on a node whose
+/// run id is `run_id`; `None` when it was stamped by another server process (the node
+/// restarted or failed over since) or carries no stamp of ours.
+pub fn data_age(marker: &str, pttl_ms: i64, run_id: &str) -> Option<Duration> {
+    let left = u64::try_from(pttl_ms)
+        .ok()
+        .filter(|left| *left <= EPOCH_LIFETIME_MS)?;
+    (marker == run_id).then(|| Duration::from_millis(EPOCH_LIFETIME_MS - left))
 }
 
 /// Whether a grant from a node with `facts` and `proof` counts, when the longest ttl in use
@@ -146,13 +146,13 @@ mod tests {
 
     #[test]
     fn a_marker_proves_age_only_for_the_process_that_stamped_it() {
-        let marker = epoch_marker(1_000, "abc");
+        let left = (EPOCH_LIFETIME_MS - 2_500) as i64;
         assert_eq!(
-            data_age(&marker, "abc", 3_500),
+            data_age("abc", left, "abc"),
             Some(Duration::from_millis(2_500))
         );
-        assert_eq!(data_age(&marker, "other", 3_500), None);
-        assert_eq!(data_age("garbage", "abc", 3_500), None);
+        assert_eq!(data_age("abc", left, "other"), None);
+        assert_eq!(data_age("abc", -1, "abc"), None, "no expiry: not our stamp");
     }
 
     #[test]

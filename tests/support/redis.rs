@@ -622,23 +622,16 @@ impl RedisNode {
     /// marker, stamping the marker first (as the first contender to meet the node would).
     pub fn data_age(&self) -> Option<Duration> {
         let info = self.try_command(&["INFO", "server"]).ok()?;
-        let run_id = info
-            .lines()
-            .find_map(|l| l.strip_prefix("run_id:"))?
-            .trim()
-            .to_owned();
-        let now_ms = || -> Option<u64> {
-            let time = self.try_command(&["TIME"]).ok()?;
-            let mut parts = time.lines().map(|l| l.trim().parse::<u64>().ok());
-            Some(parts.next()?? * 1000 + parts.next()?? / 1000)
-        };
+        let run_id = info.lines().find_map(|l| l.strip_prefix("run_id:"))?.trim();
         let key = redlock_sidecar::redlock::EPOCH_KEY;
         let marker = self.try_command(&["GET", key]).ok()?;
-        if let Some(age) = votes::data_age(&marker, &run_id, now_ms()?) {
+        let pttl: i64 = self.try_command(&["PTTL", key]).ok()?.parse().ok()?;
+        if let Some(age) = votes::data_age(&marker, pttl, run_id) {
             return Some(age);
         }
-        let fresh = votes::epoch_marker(now_ms()?, &run_id);
-        self.try_command(&["SET", key, &fresh]).ok()?;
+        let lifetime = votes::EPOCH_LIFETIME_MS.to_string();
+        self.try_command(&["SET", key, run_id, "PX", &lifetime])
+            .ok()?;
         Some(Duration::ZERO)
     }
 
