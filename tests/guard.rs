@@ -735,16 +735,20 @@ fn orphans_below_guard_are_reaped() {
 
 #[test]
 fn not_leader_is_published_before_the_release() {
-    let cluster = ready_cluster(3);
+    let cluster = RedisCluster::start(3);
+    cluster.wait_votes_count(Duration::from_secs(5));
     let (addr, listen) = admin_addr();
-    let mut g = guard(
+    // ttl 5s: after --max-hold, CMD ignores SIGTERM for the 2 s kill grace, and the lock
+    // stays held (not renewed, not yet released) all that time.
+    let mut g = guard_with_ttl(
         &cluster,
+        "5s",
         "holder",
         &[
             "--max-hold",
             "500ms",
             "--kill-grace",
-            "1s",
+            "2s",
             "--listen",
             &listen,
         ],
@@ -753,21 +757,20 @@ fn not_leader_is_published_before_the_release() {
     support::wait_until(Duration::from_secs(10), "/leader says leader", || {
         http_get(addr, "/leader").is_some_and(|r| r.status == 200)
     });
-    // Renewals end at --max-hold; CMD ignores SIGTERM, so the release waits for SIGKILL.
     support::wait_until(Duration::from_secs(5), "/leader says not leader", || {
         http_get(addr, "/leader").is_some_and(|r| r.status == 503)
     });
+    let held = values(&cluster).iter().filter(|v| v.is_some()).count();
+    assert!(
+        held >= 2,
+        "not-leader came while the lock was still held on a quorum (not released yet)"
+    );
     let metrics = http_get(addr, "/metrics").expect("metrics").body;
     assert!(
         metrics
             .lines()
             .any(|l| l.starts_with("redlock_is_leader{") && l.ends_with(" 0")),
         "{metrics}"
-    );
-    let held = values(&cluster).iter().filter(|v| v.is_some()).count();
-    assert!(
-        held >= 2,
-        "the lock is still held on a quorum: not released yet"
     );
     assert_eq!(exit_code(&mut g, Duration::from_secs(10)), 124);
     assert_no_key(&cluster, "released at exit");
