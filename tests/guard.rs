@@ -749,6 +749,8 @@ fn not_leader_is_published_before_the_release() {
             "500ms",
             "--kill-grace",
             "2s",
+            "--node-timeout",
+            "250ms",
             "--listen",
             &listen,
         ],
