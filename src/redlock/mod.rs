@@ -40,11 +40,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant, SystemTime};
 
+use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
 use futures_util::StreamExt;
 use rand::Rng;
 use redis::Script;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::clock;
@@ -334,6 +335,34 @@ type ExtendReply = (i64, u64, u64);
 /// One node's answer to a script, with the facts of the connection it came on.
 type Answer<T> = (usize, Result<(T, Arc<NodeFacts>), NodeError>);
 
+/// The answers of one round, in the order they come.
+///
+/// Dropped while calls are still running (a round decided at quorum), it hands them to a
+/// task: every request is finished, so no node is left with a half-done call and every
+/// `KeyWrite` is released when its answer arrives.
+struct Answers<T: Send + 'static> {
+    calls: FuturesUnordered<BoxFuture<'static, Answer<T>>>,
+}
+
+impl<T: Send + 'static> Answers<T> {
+    /// The next answer, or `None` once every node has answered or timed out.
+    async fn recv(&mut self) -> Option<Answer<T>> {
+        self.calls.next().await
+    }
+}
+
+impl<T: Send + 'static> Drop for Answers<T> {
+    fn drop(&mut self) {
+        if self.calls.is_empty() {
+            return;
+        }
+        let mut calls = std::mem::take(&mut self.calls);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move { while calls.next().await.is_some() {} });
+        }
+    }
+}
+
 /// What the acquire answers of one round say about the lock besides the votes.
 #[derive(Default)]
 struct Seen {
@@ -504,39 +533,34 @@ impl Redlock {
         &self.inner.nodes
     }
 
-    /// Sends `script` to every node at once; answers arrive in the order they come.
-    /// The calls run on even if the receiver is dropped, so every request is finished.
+    /// Sends `script` to every node at once; answers arrive in the order they come. The
+    /// calls are polled by whoever awaits the answers, with no task hop on the hot path; see
+    /// [`Answers`] for what happens to calls still running when the answers are dropped.
     fn fan_out<T>(
         &self,
         op: Op,
         order: Order,
         script: &'static Script,
         args: Vec<String>,
-    ) -> mpsc::UnboundedReceiver<Answer<T>>
+    ) -> Answers<T>
     where
         T: redis::FromRedisValue + Send + 'static,
     {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let inner = self.inner.clone();
-        // Counted now, so that a delete issued right after this returns waits for them.
-        let writes: Vec<Option<KeyWrite>> = (0..inner.nodes.len())
-            .map(|index| (order == Order::MayWrite).then(|| KeyWrite::start(&inner, index)))
-            .collect();
-        // One task drives every node's call: no task per node to schedule on the hot path.
-        tokio::spawn(async move {
-            let inner = &inner;
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let args = &args;
-            let mut calls: FuturesUnordered<_> = writes
-                .into_iter()
-                .enumerate()
-                .map(|(index, write)| async move {
+        let args: Arc<[String]> = args.into();
+        let calls = (0..self.inner.nodes.len())
+            .map(|index| {
+                let inner = self.inner.clone();
+                let args = args.clone();
+                // Counted now, so that a delete issued right after this returns waits for it.
+                let write = (order == Order::MayWrite).then(|| KeyWrite::start(&inner, index));
+                let call: BoxFuture<'static, Answer<T>> = Box::pin(async move {
                     if order == Order::AfterWrites {
                         inner.key_writes_settled(index).await;
                     }
                     let start = Instant::now();
+                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
                     let result = inner.nodes[index]
-                        .eval::<T>(script, &inner.keys(), args, inner.cfg.node_timeout)
+                        .eval::<T>(script, &inner.keys(), &args, inner.cfg.node_timeout)
                         .await;
                     drop(write);
                     let outcome = result.as_ref().map(|_| ()).map_err(|e| e.kind);
@@ -544,13 +568,11 @@ impl Redlock {
                         .observer
                         .node_call(index, op, start.elapsed(), outcome);
                     (index, result)
-                })
-                .collect();
-            while let Some(answer) = calls.next().await {
-                let _ = tx.send(answer);
-            }
-        });
-        rx
+                });
+                call
+            })
+            .collect();
+        Answers { calls }
     }
 
     /// The vote in node `index`'s acquire answer, and whether it stored our candidate token.
