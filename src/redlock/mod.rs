@@ -370,6 +370,8 @@ struct Seen {
     fence: u64,
     /// The shortest remaining ttl of another holder's key.
     holder_ttl: Option<Duration>,
+    /// Other holders' lock values and on how many nodes each was seen.
+    holders: Vec<(String, usize)>,
 }
 
 impl Seen {
@@ -384,7 +386,20 @@ impl Seen {
             let ttl = Duration::from_millis(ms);
             self.holder_ttl = Some(self.holder_ttl.map_or(ttl, |t| t.min(ttl)));
         }
+        match self.holders.iter_mut().find(|(v, _)| v == holder_value) {
+            Some((_, nodes)) => *nodes += 1,
+            None => self.holders.push((holder_value.clone(), 1)),
+        }
         Some(identity_of(holder_value).to_owned())
+    }
+
+    /// On how many nodes the most widespread other holder was seen.
+    fn most_held(&self) -> usize {
+        self.holders
+            .iter()
+            .map(|(_, nodes)| *nodes)
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -647,7 +662,15 @@ impl Redlock {
                 .filter(|v| matches!(v, Some(v) if !matches!(v, Vote::Failed(_))))
                 .count();
             let votes = self.label_votes(votes);
-            return Err(if holder.is_some() && answered >= needed {
+            // Not even the nodes that did not answer could give any one holder a quorum:
+            // a split among contenders, who all clean up. Not busy: nobody holds the lock.
+            let split = seen.most_held() + (n - answered) < needed;
+            return Err(if holder.is_some() && answered >= needed && split {
+                LockError::Contended {
+                    lock: cfg.lock.clone(),
+                    votes,
+                }
+            } else if holder.is_some() && answered >= needed {
                 LockError::Busy {
                     lock: cfg.lock.clone(),
                     holder,
@@ -770,6 +793,12 @@ impl Redlock {
                 _ => timing::retry_delay(cfg.retry_delay, cfg.retry_max, attempt),
             };
             if let Some(deadline) = deadline {
+                // A split round says nothing about a holder: retry it past the deadline,
+                // for up to one ttl (by then every key of that round has expired).
+                let deadline = match err {
+                    LockError::Contended { .. } => deadline + cfg.ttl,
+                    _ => deadline,
+                };
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     return Err(err);
