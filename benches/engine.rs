@@ -305,11 +305,10 @@ async fn standby_cost(urls: &[String], servers: &[RedisServer], secs: u64) -> St
     );
     let (mut requests, mut usec) = (0u64, 0u64);
     for server in servers {
-        for command in ["evalsha", "eval", "info", "ping", "subscribe"] {
-            let (c, u) = support::command_stats(server, command);
-            requests += c;
-            usec += u;
-        }
+        let (c, u) =
+            support::commands_stats(server, &["evalsha", "eval", "info", "ping", "subscribe"]);
+        requests += c;
+        usec += u;
     }
     let per_node_sec = (servers.len() as u64 * secs) as f64;
     StandbyCost {

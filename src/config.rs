@@ -24,7 +24,13 @@ Exit codes:
   76   lock lost while CMD ran (guard stopped CMD before the lock could expire)
   124  --max-hold reached (guard stopped CMD)
   126  CMD could not be executed; 127 CMD not found
-  N    guard: CMD's own exit code; 128+S if CMD was killed by signal S";
+  N    guard: CMD's own exit code; 128+S if CMD was killed by signal S
+       (or guard got signal S before CMD started)";
+
+/// `--safety-margin` when the ttl leaves room for it.
+const DEFAULT_SAFETY_MARGIN: Duration = Duration::from_secs(1);
+/// `--kill-grace` when the ttl leaves room for it.
+const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(2);
 
 /// Default admin port for `run`.
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:9707";
@@ -52,6 +58,20 @@ pub enum Command {
     Status(StatusArgs),
     /// Copy this binary into DIR (e.g. a volume shared with a CronJob's container).
     Install(InstallArgs),
+    /// Internal: the process between guard and CMD (see the guard module).
+    #[command(hide = true)]
+    Supervise(SuperviseArgs),
+}
+
+/// `supervise` options (started by guard only).
+#[derive(Args, Debug)]
+pub struct SuperviseArgs {
+    /// guard's pid: when this process' parent is no longer it, guard has died.
+    #[arg(long)]
+    pub parent: i32,
+    /// The command and its arguments.
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
 }
 
 /// `install` options.
@@ -168,9 +188,10 @@ pub struct RenewArgs {
     /// How often the held lock is extended. Default: ttl/3.
     #[arg(long, env = "REDLOCK_RENEW_INTERVAL", value_parser = parse_duration)]
     pub renew_interval: Option<Duration>,
-    /// Stop claiming the lock this long before its validity ends.
-    #[arg(long, env = "REDLOCK_SAFETY_MARGIN", value_parser = parse_duration, default_value = "1s")]
-    pub safety_margin: Duration,
+    /// Stop claiming the lock this long before its validity ends. Default: 1s, or midway
+    /// between its bounds when 1s does not fit the ttl.
+    #[arg(long, env = "REDLOCK_SAFETY_MARGIN", value_parser = parse_duration)]
+    pub safety_margin: Option<Duration>,
 }
 
 #[derive(Args, Debug)]
@@ -221,12 +242,19 @@ pub struct GuardArgs {
     /// Stop renewing and stop CMD after this long (exit 124).
     #[arg(long, env = "REDLOCK_MAX_HOLD", value_parser = parse_duration)]
     pub max_hold: Option<Duration>,
-    /// Time between SIGTERM and SIGKILL when CMD must be stopped.
-    #[arg(long, env = "REDLOCK_KILL_GRACE", value_parser = parse_duration, default_value = "2s")]
-    pub kill_grace: Duration,
+    /// Time between SIGTERM and SIGKILL when CMD must be stopped. Default: 2s, or half the
+    /// room the ttl leaves when 2s does not fit.
+    #[arg(long, env = "REDLOCK_KILL_GRACE", value_parser = parse_duration)]
+    pub kill_grace: Option<Duration>,
     /// Serve /healthz, /leader and /metrics here while guard runs (off by default).
     #[arg(long, env = "REDLOCK_LISTEN")]
     pub listen: Option<SocketAddr>,
+    /// At exit, write one line here: `outcome=… exit_code=… lock=…` (and `fencing_token=…`).
+    #[arg(long, env = "REDLOCK_OUTCOME_FILE")]
+    pub outcome_file: Option<PathBuf>,
+    /// Kubernetes Events: auto (on when in a cluster), on, off.
+    #[arg(long, env = "REDLOCK_KUBERNETES", default_value = "auto")]
+    pub kubernetes: KubeMode,
     /// The command and its arguments (after --); run without a shell.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -317,8 +345,9 @@ pub struct GuardConfig {
     pub kill_grace: Duration,
     pub listen: Option<SocketAddr>,
     pub command: Vec<String>,
-    /// Pod name and namespace when in Kubernetes (for Events).
-    pub pod: Option<(String, String)>,
+    pub outcome_file: Option<PathBuf>,
+    /// For Events only: no label, no Lease mirror.
+    pub kubernetes: crate::k8s::KubeSettings,
 }
 
 impl LockArgs {
@@ -402,15 +431,25 @@ impl RenewArgs {
                 ),
             ));
         }
+        // The margin must cover a call (node timeout) and drift, and leave the first
+        // renewal time to happen before the step-down point.
         let floor = cfg.node_timeout + drift(ttl);
-        if self.safety_margin <= floor {
+        let room = ttl.saturating_sub(interval + drift(ttl));
+        let midway = floor + room.saturating_sub(floor) / 2;
+        let safety_margin = self
+            .safety_margin
+            .unwrap_or(if floor < DEFAULT_SAFETY_MARGIN {
+                DEFAULT_SAFETY_MARGIN.min(midway)
+            } else {
+                midway
+            });
+        if safety_margin <= floor {
             return Err(ConfigError::new(
                 "--safety-margin",
                 format!("must exceed node timeout + drift ({})", fmt(floor)),
             ));
         }
-        let room = ttl.saturating_sub(interval + drift(ttl));
-        if self.safety_margin >= room {
+        if safety_margin >= room {
             return Err(ConfigError::new(
                 "--safety-margin",
                 format!("must be less than ttl − renew interval − drift ({}), or no renewal can happen in time", fmt(room)),
@@ -418,7 +457,7 @@ impl RenewArgs {
         }
         Ok(Renewal {
             interval,
-            safety_margin: self.safety_margin,
+            safety_margin,
         })
     }
 }
@@ -468,15 +507,18 @@ impl GuardArgs {
     pub fn config(&self) -> Result<GuardConfig, ConfigError> {
         let redlock = self.lock.redlock()?;
         let renewal = self.renew.renewal(&redlock)?;
-        if self.kill_grace.is_zero() {
-            return Err(ConfigError::new("--kill-grace", "must be greater than 0"));
-        }
         // CMD gets SIGTERM kill_grace before the step-down point, and that must come
         // after the first renewal had its chance.
         let room = redlock
             .ttl
             .saturating_sub(renewal.interval + drift(redlock.ttl) + renewal.safety_margin);
-        if self.kill_grace >= room {
+        let kill_grace = self
+            .kill_grace
+            .unwrap_or_else(|| DEFAULT_KILL_GRACE.min(room / 2));
+        if kill_grace.is_zero() {
+            return Err(ConfigError::new("--kill-grace", "must be greater than 0"));
+        }
+        if kill_grace >= room {
             return Err(ConfigError::new(
                 "--kill-grace",
                 format!(
@@ -509,10 +551,18 @@ impl GuardArgs {
             on_busy: self.on_busy,
             min_hold: self.min_hold,
             max_hold: self.max_hold,
-            kill_grace: self.kill_grace,
+            kill_grace,
             listen: self.listen,
             command: self.command.clone(),
-            pod: env_nonempty("POD_NAME").zip(env_nonempty("POD_NAMESPACE")),
+            outcome_file: self.outcome_file.clone(),
+            kubernetes: crate::k8s::KubeSettings {
+                mode: self.kubernetes,
+                label_key: String::new(),
+                mirror_lease: false,
+                pod_name: env_nonempty("POD_NAME"),
+                namespace: env_nonempty("POD_NAMESPACE"),
+                renew_interval: renewal.interval,
+            },
         })
     }
 }
@@ -590,6 +640,45 @@ mod tests {
         let cfg = run_config(&[]).expect("valid");
         assert_eq!(cfg.renewal.interval, Duration::from_secs(10) / 3);
         assert_eq!(cfg.listen.port(), 9707);
+    }
+
+    fn guard_config(extra: &[&str]) -> Result<GuardConfig, ConfigError> {
+        let mut args = vec!["guard", "--lock", "l", "--redis", "redis://127.0.0.1:1"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "true"]);
+        match parse(&args).expect("parses").command {
+            Command::Guard(guard) => guard.config(),
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn any_valid_ttl_alone_gives_valid_run_and_guard_configs() {
+        let smallest = 217;
+        let mut ttls: Vec<u64> = (smallest..5_000).step_by(7).collect();
+        ttls.extend([10_000, 60_000, 3_600_000]);
+        for ms in ttls {
+            let ttl = format!("{ms}ms");
+            let run = run_config(&["--ttl", &ttl]).unwrap_or_else(|e| panic!("run {ttl}: {e}"));
+            let guard =
+                guard_config(&["--ttl", &ttl]).unwrap_or_else(|e| panic!("guard {ttl}: {e}"));
+            assert_eq!(run.renewal, guard.renewal);
+        }
+        let err = guard_config(&["--ttl", &format!("{}ms", smallest - 1)]).unwrap_err();
+        assert_eq!(err.flag, "--ttl");
+    }
+
+    #[test]
+    fn derived_defaults_keep_the_documented_values_where_they_fit() {
+        let cfg = guard_config(&[]).expect("valid");
+        assert_eq!(cfg.renewal.safety_margin, Duration::from_secs(1));
+        assert_eq!(cfg.kill_grace, Duration::from_secs(2));
+        // ttl 2s: floor 72 ms, room 1311 ms → margin midway (691 ms); kill grace half the 619 ms left.
+        let cfg = guard_config(&["--ttl", "2s"]).expect("valid");
+        assert_eq!(cfg.renewal.safety_margin.as_millis(), 691);
+        assert_eq!(cfg.kill_grace.as_millis(), 309);
+        let err = guard_config(&["--ttl", "2s", "--kill-grace", "2s"]).unwrap_err();
+        assert_eq!(err.flag, "--kill-grace");
     }
 
     #[test]

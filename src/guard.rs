@@ -1,36 +1,61 @@
 //! `guard`: run a command only while the lock is held.
 //!
 //! ## Behaviour
+//! - Signal handlers (SIGTERM, SIGINT, SIGHUP, SIGQUIT) are installed before anything
+//!   else. A signal before CMD starts (while waiting for the lock, or while a round takes
+//!   it) ends the wait, releases the lock if it was taken, and exits 128+signal without
+//!   running CMD. From the moment CMD is being started, signals are forwarded to CMD's
+//!   process group (one that arrives while the supervisor starts CMD is delivered then).
 //! - Takes the lock (waiting up to `--wait`); if it is busy, skips (exit 0) or fails
-//!   (exit 75) as `--on-busy` says; without a quorum, exits 69.
+//!   (exit 75) as `--on-busy` says; without a quorum, exits 69. A round that nobody won
+//!   (split votes among contenders) is not "busy": the engine retries it.
 //! - Runs CMD without a shell in its own process group, with `REDLOCK_LOCK`,
-//!   `REDLOCK_FENCING_TOKEN` and `REDLOCK_HOLDER` in its environment, and renews the lock
-//!   in the background.
+//!   `REDLOCK_FENCING_TOKEN` and `REDLOCK_HOLDER` in its environment, below a small
+//!   supervisor process ([`supervisor`]), and renews the lock in the background.
 //! - **Self-fencing.** CMD's process group gets SIGTERM `--kill-grace` before the lease's
 //!   step-down point, and SIGKILL at it, unless a renewal moved that point; both come
-//!   before the lock's validity ends. guard then exits 76.
-//! - If guard itself dies, the kernel sends CMD SIGKILL (Linux parent-death signal).
-//! - SIGTERM, SIGINT, SIGHUP and SIGQUIT are forwarded to CMD's process group.
-//! - When CMD exits, leftovers in its process group are killed, the lock is kept until
-//!   `--min-hold` has passed since CMD started, then released; guard exits with CMD's code
-//!   (128+signal if a signal killed it).
+//!   before the lock's validity ends. A renewal that shows a quorum holding another value
+//!   or no key (the lease is superseded) gets CMD SIGTERM and SIGKILL at once. guard then
+//!   exits 76.
+//! - If guard itself dies (even by SIGKILL), the supervisor kills every process of
+//!   CMD's tree, including those that left CMD's process group. Both need `/proc`: the
+//!   supervisor is started from `/proc/self/exe`, the tree is read from `/proc`.
+//! - guard and the supervisor are child subreapers: orphans below them are reaped, so
+//!   guard can be a container's PID 1.
+//! - When CMD exits, whatever is left of its tree is killed, the lock is kept until
+//!   `--min-hold` has passed since CMD started (a signal cuts this short), then released;
+//!   guard exits with CMD's code (128+signal if a signal killed it). A lock lost during
+//!   `--min-hold` is logged, counted and reported as an Event; CMD's code stands.
 //! - `--max-hold`: renewals stop and CMD is stopped (SIGTERM, then SIGKILL); exit 124.
+//! - Whenever renewals end, not-leader is published (`/leader` 503,
+//!   `redlock_is_leader` 0) before the lock is released.
 //! - `--listen`: the admin endpoint (`/healthz`, `/leader`, `/metrics`) while guard runs,
 //!   so a scrape of a running job sees `redlock_guard_runs_total` and the lock metrics.
+//! - `--outcome-file`: one line at exit, see [`outcome`].
 
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+mod children;
+pub mod outcome;
+pub mod supervisor;
+pub mod tree;
+
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt;
 use tokio::signal::unix::{signal, SignalKind};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use crate::clock;
 use crate::config::{GuardConfig, OnBusy, ReadyWhen};
 use crate::http::{self, AdminState};
-use crate::k8s::{Kube, KubeMode, KubeSettings};
+use crate::k8s::Kube;
 use crate::leadership::Role;
 use crate::lease::{self, HoldEnd};
-use crate::redlock::LockError;
+use crate::metrics::Metrics;
+use crate::redlock::{Lease, Redlock};
+use children::Children;
+use outcome::{Kind, Outcome};
 
 /// Exit code: Redis quorum unreachable.
 pub const EXIT_UNREACHABLE: i32 = 69;
@@ -54,12 +79,28 @@ enum Stop {
 
 /// Runs `cfg.command` under the lock; returns the process exit code.
 pub async fn guard(cfg: GuardConfig) -> i32 {
-    let (redlock, metrics) = lease::instrumented_engine(&cfg.redlock, None)
+    // First, so that no signal from now on can kill guard with the lock left behind.
+    let mut signals = Signals::new();
+    let mut children = Children::new();
+    let outcome = run(&cfg, &mut signals, &mut children).await;
+    if let Some(path) = &cfg.outcome_file {
+        outcome.write(path, &cfg.redlock.lock);
+    }
+    outcome.exit_code
+}
+
+async fn run(cfg: &GuardConfig, signals: &mut Signals, children: &mut Children) -> Outcome {
+    // Kubernetes first: `--kubernetes on` outside a pod is refused before any node is contacted.
+    let kube_errors = crate::k8s::errors_counter();
+    let kube = match Kube::connect(cfg.kubernetes.clone(), kube_errors.clone()).await {
+        Ok(kube) => kube,
+        Err(err) => crate::config::exit_invalid(&format!("--kubernetes: {err}")),
+    };
+    let (redlock, metrics) = lease::instrumented_engine(&cfg.redlock, Some(kube_errors))
         .unwrap_or_else(|err| crate::config::exit_invalid(&err.to_string()));
     tokio::spawn(crate::ops::warn_about_nodes(redlock.clone()));
-    let kube = events_client(&cfg).await;
     let lock = cfg.redlock.lock.clone();
-    let (tx, mut rx) = lease::channel(&redlock);
+    let (tx, rx) = lease::channel(&redlock);
     let admin_stop = CancellationToken::new();
     let _stop_admin_on_exit = admin_stop.clone().drop_guard();
     if let Some(addr) = cfg.listen {
@@ -78,16 +119,47 @@ pub async fn guard(cfg: GuardConfig) -> i32 {
         tokio::spawn(http::serve(listener, admin));
     }
 
-    let never = CancellationToken::new();
+    // Wait for the lock unless a signal comes first. A round in flight is finished (the
+    // engine never abandons one half-way), so a won lock is released below.
+    let interrupt = CancellationToken::new();
     let deadline = Instant::now() + cfg.wait;
-    let acquired = redlock
-        .acquire(Some(deadline), &never, |result, elapsed| {
+    let mut interrupted = None;
+    let acquired = {
+        let acquire = redlock.acquire(Some(deadline), &interrupt, |result, elapsed| {
             lease::observe_attempt(&tx, &metrics, result, elapsed)
-        })
-        .await;
+        });
+        tokio::pin!(acquire);
+        loop {
+            tokio::select! {
+                biased;
+                result = &mut acquire => break result,
+                sig = signals.recv(), if interrupted.is_none() => {
+                    interrupted = Some(sig);
+                    interrupt.cancel();
+                }
+            }
+        }
+    };
+    // A signal that came with the round's answers still counts as before CMD started.
+    let interrupted = interrupted.or_else(|| signals.recv().now_or_never());
+    if let Some(sig) = interrupted {
+        info!(signal = sig, lock = %lock, "signal before CMD started; not running CMD");
+        let token = match &acquired {
+            Ok(lease) => {
+                release(&redlock, lease).await;
+                Some(lease.fencing_token)
+            }
+            Err(_) => None,
+        };
+        return Outcome {
+            kind: Kind::NotStarted,
+            exit_code: 128 + sig,
+            fencing_token: token,
+        };
+    }
     let lease = match acquired {
         Ok(lease) => lease,
-        Err(err @ LockError::Busy { .. }) => {
+        Err(err) if err.kind() == "busy" => {
             let skip = cfg.on_busy == OnBusy::Skip;
             info!(lock = %lock, error = %err, on_busy = if skip { "skip" } else { "fail" }, "lock busy; not running CMD");
             metrics.guard_run("skipped");
@@ -98,84 +170,98 @@ pub async fn guard(cfg: GuardConfig) -> i32 {
                 false,
             )
             .await;
-            return if skip { 0 } else { EXIT_BUSY };
+            return if skip {
+                Outcome::without_lock(Kind::Skipped, 0)
+            } else {
+                Outcome::without_lock(Kind::Busy, EXIT_BUSY)
+            };
         }
         Err(err) => {
             error!(lock = %lock, error = %err, "cannot take the lock");
             metrics.guard_run("failed");
-            return EXIT_UNREACHABLE;
+            return Outcome::without_lock(Kind::Unreachable, EXIT_UNREACHABLE);
         }
     };
     let token = lease.fencing_token;
-    info!(lock = %lock, fencing_token = token, validity_ms = lease.remaining_at(Instant::now()).as_millis() as u64, "acquired the lock; starting CMD");
+    info!(lock = %lock, fencing_token = token, validity_ms = lease.remaining_at(clock::now()).as_millis() as u64, "acquired the lock; starting CMD");
 
-    // Handlers first, so a signal sent right after CMD starts is forwarded, not fatal.
-    let mut forwarded = Signals::new();
-    let mut child = match spawn(&cfg, token, &redlock.config().identity) {
-        Ok(child) => child,
+    let cmd_pgid = match children.start(cfg, token, &redlock.config().identity).await {
+        Ok(pid) => pid,
         Err(err) => {
             error!(command = %cfg.command[0], error = %err, "cannot start CMD");
-            redlock.release(&lease).await;
+            release(&redlock, &lease).await;
             metrics.guard_run("failed");
-            return if err.kind() == std::io::ErrorKind::NotFound {
+            let code = if err.kind() == std::io::ErrorKind::NotFound {
                 EXIT_NOT_FOUND
             } else {
                 EXIT_NOT_EXECUTABLE
             };
+            return Outcome {
+                kind: Kind::NotStarted,
+                exit_code: code,
+                fencing_token: Some(token),
+            };
         }
     };
-    let started = Instant::now();
+    // Deadlines of the tenure are on the lease's clock, which counts host suspends.
+    let started = clock::now();
     metrics.guard_run("ran");
     let mut cmd = CmdGroup {
-        pgid: child.id().map(|pid| pid as i32),
+        pgid: cmd_pgid,
         stopping: None,
         kill_at: None,
         kill_grace: cfg.kill_grace,
     };
 
     let stop_renewing = CancellationToken::new();
-    let holder = {
-        let (redlock, metrics, stop) = (redlock.clone(), metrics.clone(), stop_renewing.clone());
-        let renewal = cfg.renewal;
-        tokio::spawn(
-            async move { lease::hold(&redlock, lease, renewal, &tx, &metrics, &stop).await },
-        )
-    };
-    let mut holder = Some(holder);
+    let mut holder = Some(spawn_holder(
+        &redlock,
+        lease,
+        cfg,
+        tx,
+        &metrics,
+        &stop_renewing,
+    ));
     let mut hold_end: Option<HoldEnd> = None;
-
+    let mut loss = Loss { reason: None };
     let max_hold_at = cfg.max_hold.map(|d| started + d);
-    let status = loop {
+    let code = loop {
         let step_down_at = match &rx.borrow().role {
             Role::Leader(term) => Some(term.step_down_at),
             Role::Follower => None,
         };
-        // Self-fencing schedule: SIGTERM kill_grace before step-down, SIGKILL at it.
+        // Self-fencing schedule: SIGTERM kill_grace before step-down, SIGKILL at it. A
+        // renewal moves step-down later; the timer then finds nothing due and sleeps again.
+        let term_at = step_down_at.map(|at| at.checked_sub(cfg.kill_grace).unwrap_or(at));
         let next_timer = match cmd.stopping {
             Some(_) => cmd.kill_at,
-            None => {
-                let term_at = step_down_at.map(|at| at.checked_sub(cfg.kill_grace).unwrap_or(at));
-                term_at.into_iter().chain(max_hold_at).min()
-            }
+            None => term_at.into_iter().chain(max_hold_at).min(),
         };
         tokio::select! {
-            status = child.wait() => break status,
-            sig = forwarded.recv() => {
+            code = children.supervisor_exit() => break code,
+            sig = signals.recv() => {
                 info!(signal = sig, "forwarding signal to CMD");
                 cmd.signal(sig);
             }
             end = async { holder.as_mut().expect("polled only while running").await }, if holder.is_some() => {
                 holder = None;
-                let end = end.expect("hold task does not panic");
-                if let HoldEnd::Lost(reason, _) = &end {
-                    warn!(lock = %lock, reason, "lock lost while CMD runs; stopping CMD");
-                    cmd.stop(Stop::LockLost, Instant::now(), step_down_at);
+                let end = end.unwrap_or_else(|err| hold_task_failed(&err));
+                if let HoldEnd::Lost(reason, lease) = &end {
+                    loss.record(&metrics, &lock, reason);
+                    warn!(lock = %lock, "stopping CMD: the lock was lost");
+                    let step_down = lease::step_down_at(lease, &cfg.renewal);
+                    cmd.stop(Stop::LockLost, clock::now(), Some(step_down));
+                    if *reason == "superseded" {
+                        // Proof that the lock is someone else's leaves no grace period.
+                        warn!(lock = %lock, "the lock is someone else's: SIGKILL to CMD at once");
+                        cmd.signal(libc::SIGKILL);
+                        cmd.kill_at = None;
+                    }
                 }
                 hold_end = Some(end);
             }
-            _ = rx.changed() => {}
             _ = sleep_until(next_timer) => {
-                let now = Instant::now();
+                let now = clock::now();
                 if cmd.stopping.is_some() {
                     warn!("CMD still running; sending SIGKILL");
                     cmd.signal(libc::SIGKILL);
@@ -184,65 +270,131 @@ pub async fn guard(cfg: GuardConfig) -> i32 {
                     info!(lock = %lock, "--max-hold reached; stopping CMD");
                     stop_renewing.cancel();
                     cmd.stop(Stop::MaxHold, now, step_down_at);
-                } else {
+                } else if term_at.is_some_and(|at| now >= at) {
                     warn!(lock = %lock, "renewals could not keep the lock; stopping CMD before it expires");
+                    loss.record(&metrics, &lock, "renew_failed");
                     cmd.stop(Stop::LockLost, now, step_down_at);
                 }
             }
         }
     };
-    // Nothing of CMD's may run on after the lock is released.
-    cmd.signal(libc::SIGKILL);
-    let code = match &status {
-        Ok(status) => status
-            .code()
-            .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)),
-        Err(err) => {
-            error!(error = %err, "lost track of CMD");
-            1
-        }
-    };
+    // The supervisor killed what CMD left behind; if it was itself killed, orphans of
+    // CMD's tree were re-parented to guard: nothing of CMD's may run on after the release.
+    children.kill_all_below().await;
 
+    info!(exit_code = code, "CMD exited");
     if cmd.stopping.is_none() {
-        // Keep the lock for --min-hold after CMD started, still renewing. A loss now is
-        // logged by the hold task; CMD finished under the lock, so its code stands.
-        if let Some(holder) = holder.as_mut() {
+        // Keep the lock for --min-hold after CMD started, still renewing.
+        if let Some(running) = holder.as_mut() {
             tokio::select! {
-                end = holder => hold_end = end.ok(),
-                _ = tokio::time::sleep_until((started + cfg.min_hold).into()) => {}
+                end = running => {
+                    holder = None;
+                    hold_end = Some(end.unwrap_or_else(|err| hold_task_failed(&err)));
+                }
+                _ = clock::sleep_until(started + cfg.min_hold) => {}
+                sig = signals.recv() => info!(signal = sig, "signal during --min-hold; releasing now"),
             }
         }
     }
     stop_renewing.cancel();
-    if let Some(holder) = holder {
-        hold_end = holder.await.ok();
+    if let Some(running) = holder {
+        hold_end = Some(running.await.unwrap_or_else(|err| hold_task_failed(&err)));
     }
+    let lost_after_cmd = match &hold_end {
+        Some(HoldEnd::Lost(reason, _)) if cmd.stopping.is_none() => {
+            loss.record(&metrics, &lock, reason);
+            true
+        }
+        _ => false,
+    };
+    // The hold task has published not-leader before returning.
     if let Some(HoldEnd::Cancelled(lease) | HoldEnd::Lost(_, lease)) = &hold_end {
-        let released = redlock.release(lease).await;
-        info!(lock = %lock, fencing_token = token, nodes = released, "released the lock");
+        release(&redlock, lease).await;
     }
-    let lost = cmd.stopping == Some(Stop::LockLost);
-    if lost {
-        metrics.guard_run("lost");
-        event(
-            &kube,
-            "LockLost",
-            &format!("lock {lock} (fencing token {token}) was lost; CMD was stopped"),
-            true,
-        )
-        .await;
-        return EXIT_LOST;
+    let held = |kind, exit_code| Outcome {
+        kind,
+        exit_code,
+        fencing_token: Some(token),
+    };
+    match cmd.stopping {
+        Some(Stop::LockLost) => {
+            metrics.guard_run("lost");
+            event(
+                &kube,
+                "LockLost",
+                &format!("lock {lock} (fencing token {token}) was lost; CMD was stopped"),
+                true,
+            )
+            .await;
+            held(Kind::Lost, EXIT_LOST)
+        }
+        Some(Stop::MaxHold) => held(Kind::MaxHold, EXIT_MAX_HOLD),
+        None => {
+            if lost_after_cmd {
+                warn!(lock = %lock, exit_code = code, "the lock was lost during --min-hold, after CMD finished; its exit code stands");
+                metrics.guard_run("lost");
+                event(
+                    &kube,
+                    "LockLost",
+                    &format!("lock {lock} (fencing token {token}) was lost during --min-hold, after CMD finished (exit code {code})"),
+                    true,
+                )
+                .await;
+            }
+            info!(lock = %lock, exit_code = code, "CMD finished");
+            held(Kind::Ran, code)
+        }
     }
-    if cmd.stopping == Some(Stop::MaxHold) {
-        return EXIT_MAX_HOLD;
+}
+
+/// Renews `lease` in the background; publishes not-leader as soon as renewals end.
+fn spawn_holder(
+    redlock: &Redlock,
+    lease: Lease,
+    cfg: &GuardConfig,
+    tx: crate::leadership::LeadershipTx,
+    metrics: &std::sync::Arc<Metrics>,
+    stop: &CancellationToken,
+) -> JoinHandle<HoldEnd> {
+    let (redlock, metrics, stop) = (redlock.clone(), metrics.clone(), stop.clone());
+    let renewal = cfg.renewal;
+    tokio::spawn(async move {
+        let end = lease::hold(&redlock, lease, renewal, &tx, &metrics, &stop).await;
+        lease::publish_follower(&tx);
+        end
+    })
+}
+
+/// The renewal task has no panicking paths; were one to panic, the lease is gone with
+/// it, so guard stops as after a loss (CMD's tree dies with the supervisor).
+fn hold_task_failed(err: &tokio::task::JoinError) -> HoldEnd {
+    error!(error = %err, "the renewal task failed; the lock expires on its own");
+    std::process::exit(EXIT_LOST)
+}
+
+/// Counts and logs a loss of the lock, once per run.
+struct Loss {
+    reason: Option<&'static str>,
+}
+
+impl Loss {
+    fn record(&mut self, metrics: &Metrics, lock: &str, reason: &'static str) {
+        if self.reason.is_none() {
+            self.reason = Some(reason);
+            metrics.lock_lost(reason);
+            warn!(lock = %lock, reason, "lock lost");
+        }
     }
-    info!(lock = %lock, exit_code = code, "CMD finished");
-    code
+}
+
+async fn release(redlock: &Redlock, lease: &Lease) {
+    let released = redlock.release(lease).await;
+    info!(lock = %redlock.config().lock, fencing_token = lease.fencing_token, nodes = released, "released the lock");
 }
 
 /// CMD's process group and the state of stopping it.
 struct CmdGroup {
-    pgid: Option<i32>,
+    pgid: i32,
     /// Why CMD is being stopped, once it is.
     stopping: Option<Stop>,
     /// When SIGKILL is due; `None` before stopping and once it is sent.
@@ -252,10 +404,9 @@ struct CmdGroup {
 
 impl CmdGroup {
     fn signal(&self, sig: i32) {
-        if let Some(pgid) = self.pgid {
-            // SAFETY: kill(2) with a negative pid signals the process group; no memory involved.
-            unsafe { libc::kill(-pgid, sig) };
-        }
+        // SAFETY: kill(2) with a negative pid signals the process group; no memory involved.
+        // The group cannot be reused while the supervisor runs: it has not reaped CMD.
+        unsafe { libc::kill(-self.pgid, sig) };
     }
 
     /// SIGTERM now, SIGKILL after the grace period but never after `step_down_at`.
@@ -268,35 +419,7 @@ impl CmdGroup {
     }
 }
 
-fn spawn(cfg: &GuardConfig, token: u64, identity: &str) -> std::io::Result<tokio::process::Child> {
-    let mut command = std::process::Command::new(&cfg.command[0]);
-    command
-        .args(&cfg.command[1..])
-        .env("REDLOCK_LOCK", &cfg.redlock.lock)
-        .env("REDLOCK_FENCING_TOKEN", token.to_string())
-        .env("REDLOCK_HOLDER", identity)
-        .process_group(0);
-    // SAFETY: getpid, prctl, getppid and _exit are async-signal-safe, as pre_exec requires.
-    let parent = unsafe { libc::getpid() };
-    unsafe {
-        command.pre_exec(move || {
-            // If guard dies (even by SIGKILL), CMD must not run on without the lock.
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // guard may have died before prctl took effect.
-            if libc::getppid() != parent {
-                libc::_exit(EXIT_LOST);
-            }
-            Ok(())
-        });
-    }
-    tokio::process::Command::from(command)
-        .kill_on_drop(true)
-        .spawn()
-}
-
-/// The signals guard forwards to CMD.
+/// The signals guard handles: before CMD starts they stop guard, then they go to CMD.
 struct Signals(Vec<(i32, tokio::signal::unix::Signal)>);
 
 impl Signals {
@@ -316,10 +439,15 @@ impl Signals {
     }
 
     async fn recv(&mut self) -> i32 {
+        if self.0.is_empty() {
+            return std::future::pending().await;
+        }
         let waits = self.0.iter_mut().map(|(num, s)| {
             let num = *num;
             Box::pin(async move {
-                s.recv().await;
+                if s.recv().await.is_none() {
+                    std::future::pending::<()>().await;
+                }
                 num
             })
         });
@@ -329,26 +457,9 @@ impl Signals {
 
 async fn sleep_until(at: Option<Instant>) {
     match at {
-        Some(at) => tokio::time::sleep_until(at.into()).await,
+        Some(at) => clock::sleep_until(at).await,
         None => std::future::pending().await,
     }
-}
-
-/// A Kubernetes client for Events when guard runs in a pod; `None` elsewhere.
-async fn events_client(cfg: &GuardConfig) -> Option<Kube> {
-    let (pod, namespace) = cfg.pod.clone()?;
-    let settings = KubeSettings {
-        mode: KubeMode::Auto,
-        label_key: String::new(),
-        mirror_lease: false,
-        pod_name: Some(pod),
-        namespace: Some(namespace),
-        renew_interval: cfg.renewal.interval,
-    };
-    Kube::connect(settings, crate::k8s::errors_counter())
-        .await
-        .ok()
-        .flatten()
 }
 
 async fn event(kube: &Option<Kube>, reason: &str, message: &str, warning: bool) {

@@ -51,6 +51,7 @@ fn main() {
                 .unwrap_or_else(|e| config::exit_invalid(&e.to_string()));
             report(cfg, |r| async move { ops::status(&r).await })
         }
+        Command::Supervise(args) => guard::supervisor::supervise(args.parent, &args.command),
         Command::Install(args) => {
             if !args.dir.is_dir() {
                 config::exit_invalid(&format!("DIR {}: not a directory", args.dir.display()));

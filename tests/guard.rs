@@ -17,6 +17,29 @@ fn ready_cluster(n: usize) -> RedisCluster {
 }
 
 fn guard(cluster: &RedisCluster, identity: &str, options: &[&str], cmd: &[&str]) -> Proc {
+    guard_with_ttl(cluster, "2s", identity, options, cmd)
+}
+
+/// [`guard`] with another ttl (and no `--kill-grace`: the caller's, or the derived default).
+fn guard_with_ttl(
+    cluster: &RedisCluster,
+    ttl: &str,
+    identity: &str,
+    options: &[&str],
+    cmd: &[&str],
+) -> Proc {
+    let argv = guard_argv(cluster, ttl, identity, options, cmd);
+    Proc::spawn(&argv.iter().map(String::as_str).collect::<Vec<_>>(), &[])
+}
+
+/// The arguments of [`guard_with_ttl`].
+fn guard_argv(
+    cluster: &RedisCluster,
+    ttl: &str,
+    identity: &str,
+    options: &[&str],
+    cmd: &[&str],
+) -> Vec<String> {
     let redis = cluster.urls_joined();
     let mut args = vec![
         "guard",
@@ -25,23 +48,42 @@ fn guard(cluster: &RedisCluster, identity: &str, options: &[&str], cmd: &[&str])
         "--redis",
         &redis,
         "--ttl",
-        "2s",
-        "--safety-margin",
-        "300ms",
-        "--kill-grace",
-        "300ms",
+        ttl,
         "--retry-delay",
         "20ms",
         "--identity",
         identity,
-        // Generous for a loaded 2-core test machine; the node timeout bounds each call.
-        "--node-timeout",
-        "250ms",
     ];
+    if ttl == "2s" {
+        // Generous for a loaded 2-core test machine; the node timeout bounds each call.
+        let defaults = [
+            ("--safety-margin", "300ms"),
+            ("--kill-grace", "300ms"),
+            ("--node-timeout", "250ms"),
+        ];
+        for (flag, value) in defaults {
+            if !options.contains(&flag) {
+                args.extend_from_slice(&[flag, value]);
+            }
+        }
+    }
     args.extend_from_slice(options);
     args.push("--");
     args.extend_from_slice(cmd);
-    Proc::spawn(&args, &[])
+    args.into_iter().map(str::to_owned).collect()
+}
+
+/// A guard "holder" whose CMD runs until stopped; returns once CMD runs.
+fn start_holder(cluster: &RedisCluster, dir: &TempDir) -> Proc {
+    let started = dir.path().join("holder-started");
+    let holder = guard(
+        cluster,
+        "holder",
+        &[],
+        &sh(&format!("touch {}; exec sleep 30", started.display())),
+    );
+    support::wait_until(Duration::from_secs(10), "holder runs", || started.exists());
+    holder
 }
 
 fn sh(script: &str) -> Vec<&str> {
@@ -138,14 +180,7 @@ fn racing_guards_never_overlap_and_tokens_strictly_increase() {
 fn a_busy_lock_is_skipped_with_exit_0_or_fails_with_75_without_running_cmd() {
     let cluster = ready_cluster(3);
     let dir = TempDir::new("busy");
-    let started = dir.path().join("started");
-    let mut holder = guard(
-        &cluster,
-        "holder",
-        &[],
-        &sh(&format!("touch {}; sleep 30", started.display())),
-    );
-    support::wait_until(Duration::from_secs(10), "holder runs", || started.exists());
+    let mut holder = start_holder(&cluster, &dir);
 
     let ran = dir.path().join("ran");
     let touch_script = format!("touch {}", ran.display());
@@ -237,6 +272,7 @@ fn signals_are_forwarded_and_cmds_exit_code_is_passed_through() {
             .contains("got-term"),
         "CMD saw SIGTERM"
     );
+    assert_no_key(&cluster, "released before exit");
 
     let mut g = guard(&cluster, "exit3", &["--wait", "5s"], &sh("exit 3"));
     assert_eq!(exit_code(&mut g, Duration::from_secs(10)), 3);
@@ -289,21 +325,29 @@ fn min_hold_keeps_the_lock_after_cmd_ends() {
 }
 
 #[test]
-fn cmd_does_not_outlive_a_killed_guard() {
+fn cmd_and_its_children_do_not_outlive_a_killed_guard() {
     let cluster = ready_cluster(3);
     let dir = TempDir::new("orphan");
     let pid_file = dir.path().join("pid");
+    let child_file = dir.path().join("child");
     let mut g = guard(
         &cluster,
         "holder",
         &[],
-        &sh(&format!("echo $$ > {}; exec sleep 30", pid_file.display())),
+        &sh(&format!(
+            "echo $$ > {}; sleep 300 & echo $! > {}; wait",
+            pid_file.display(),
+            child_file.display()
+        )),
     );
     let cmd_pid = read_pid(&pid_file);
+    let child_pid = read_pid(&child_file);
     g.sigkill();
-    support::wait_until(Duration::from_secs(5), "CMD dies with its guard", || {
-        !pid_alive(cmd_pid)
-    });
+    support::wait_until(
+        Duration::from_secs(5),
+        "CMD and its child die with guard",
+        || !pid_alive(cmd_pid) && !pid_alive(child_pid),
+    );
 }
 
 #[test]
@@ -402,4 +446,730 @@ fn invalid_guard_options_exit_2_with_one_line_naming_the_option() {
     for (args, option) in cases {
         support::process::assert_invalid_config(args, option);
     }
+    // Events required, but not in a pod: refused before anything connects.
+    support::process::assert_invalid_config_with_env(
+        &[
+            "guard",
+            "--lock",
+            "x",
+            "--redis",
+            "redis://127.0.0.1:1",
+            "--kubernetes",
+            "on",
+            "--",
+            "true",
+        ],
+        &[("POD_NAME", "")],
+        "--kubernetes",
+    );
+}
+
+/// The lock's key on the nodes.
+const KEY: &str = "redlock:{nightly}";
+
+/// The lock value on each running node (`None` where the key is absent).
+fn values(cluster: &RedisCluster) -> Vec<Option<String>> {
+    cluster
+        .iter()
+        .filter(|node| node.is_running())
+        .map(|node| {
+            let value = node.command(&["GET", KEY]);
+            (value != "(nil)").then_some(value)
+        })
+        .collect()
+}
+
+fn assert_no_key(cluster: &RedisCluster, why: &str) {
+    let values = values(cluster);
+    assert!(values.iter().all(Option::is_none), "{why}: {values:?}");
+}
+
+/// When the key on node `i` expires at the latest (read right after it is set).
+fn key_expiry(cluster: &RedisCluster, i: usize) -> Instant {
+    let mut pttl = 0;
+    let mut read_at = Instant::now();
+    support::wait_until(Duration::from_secs(5), "the key is set", || {
+        read_at = Instant::now();
+        pttl = cluster.node(i).command(&["PTTL", KEY]).parse().unwrap_or(0);
+        pttl > 0
+    });
+    read_at + Duration::from_millis(pttl)
+}
+
+/// The process group of `pid`.
+fn pgrp(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..]
+        .split_whitespace()
+        .nth(2)?
+        .parse()
+        .ok()
+}
+
+/// The parent of `pid`.
+fn ppid(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..]
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// User + system CPU time of `pid` in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("guard runs");
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 1..]
+        .split_whitespace()
+        .collect();
+    // After the state (field 3 overall): utime and stime are fields 14 and 15.
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+fn http_get(addr: std::net::SocketAddr, path: &str) -> Option<support::Response> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(support::http::get(addr, path))
+        .ok()
+}
+
+/// A free loopback address for `--listen`, and the same as text.
+fn admin_addr() -> (std::net::SocketAddr, String) {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], support::free_port()));
+    (addr, addr.to_string())
+}
+
+/// A file in `dir`, and its path as text for a flag.
+fn file_arg(dir: &TempDir, name: &str) -> (std::path::PathBuf, String) {
+    let path = dir.path().join(name);
+    let text = path.display().to_string();
+    (path, text)
+}
+
+#[test]
+fn a_lock_lost_during_min_hold_keeps_cmds_exit_code_and_is_counted() {
+    let mut cluster = ready_cluster(3);
+    let dir = TempDir::new("lost-min-hold");
+    let done = dir.path().join("done");
+    let (addr, listen) = admin_addr();
+    let (outcome, outcome_path) = file_arg(&dir, "outcome");
+    let mut g = guard(
+        &cluster,
+        "holder",
+        &[
+            "--kill-grace",
+            "100ms",
+            "--min-hold",
+            "30s",
+            "--node-timeout",
+            "400ms",
+            "--safety-margin",
+            "500ms",
+            "--listen",
+            &listen,
+            "--outcome-file",
+            &outcome_path,
+        ],
+        &sh(&format!("touch {}", done.display())),
+    );
+    support::wait_until(Duration::from_secs(10), "CMD ran", || done.exists());
+    g.wait_for_output("CMD exited", Duration::from_secs(5));
+    cluster.node_mut(0).stop();
+    cluster.node_mut(1).stop();
+    // The remaining node does not answer, so the release after the loss waits a node
+    // timeout: long enough to read the counter while guard still runs.
+    cluster.node_mut(2).pause();
+    let mut counted = false;
+    while !counted && g.is_running() {
+        counted = http_get(addr, "/metrics").is_some_and(|r| {
+            r.body
+                .lines()
+                .any(|l| l.starts_with("redlock_lock_lost_total{") && !l.ends_with(" 0"))
+        });
+        std::thread::sleep(support::POLL_EVERY);
+    }
+    assert_eq!(
+        exit_code(&mut g, Duration::from_secs(10)),
+        0,
+        "CMD's code, no panic: {}",
+        g.output_text()
+    );
+    let log = g.stderr_text();
+    assert!(counted, "redlock_lock_lost_total counted the loss: {log}");
+    assert!(log.contains("lock lost"), "logged: {log}");
+    assert!(
+        log.contains("during --min-hold"),
+        "the LockLost event path: {log}"
+    );
+    assert!(
+        log.contains("released the lock"),
+        "release attempted: {log}"
+    );
+    let line = std::fs::read_to_string(&outcome).unwrap();
+    assert!(
+        line.starts_with("outcome=ran exit_code=0 lock=nightly fencing_token="),
+        "{line}"
+    );
+}
+
+#[test]
+fn waiting_for_a_cmd_that_ignores_sigterm_costs_no_cpu() {
+    let cluster = ready_cluster(3);
+    let mut g = guard(
+        &cluster,
+        "holder",
+        &["--max-hold", "300ms", "--kill-grace", "1s"],
+        &sh("trap '' TERM; exec sleep 30"),
+    );
+    g.wait_for_output("--max-hold reached", Duration::from_secs(10));
+    // A measurement window inside the grace period, not a synchronisation.
+    let window = Duration::from_millis(700);
+    let before = cpu_ticks(g.pid());
+    std::thread::sleep(window);
+    let used = cpu_ticks(g.pid()) - before;
+    // SAFETY: sysconf has no preconditions.
+    let per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let share = used as f64 / per_sec / window.as_secs_f64();
+    assert!(
+        share < 0.1,
+        "guard used {:.0} % of a core while CMD ignored SIGTERM",
+        share * 100.0
+    );
+    assert_eq!(exit_code(&mut g, Duration::from_secs(10)), 124);
+}
+
+#[test]
+fn sigkill_of_guards_process_group_kills_cmds_whole_tree_before_the_lock_can_expire() {
+    let cluster = ready_cluster(3);
+    let dir = TempDir::new("tree");
+    let file = |name: &str| dir.path().join(name);
+    let script = format!(
+        "echo $$ > {}; sleep 300 & echo $! > {}; setsid sleep 300 & echo $! > {}; wait",
+        file("sh").display(),
+        file("child").display(),
+        file("escaped").display()
+    );
+    // guard in a session (and process group) of its own, so that its whole group can be
+    // SIGKILLed as a terminal or a process manager would.
+    let bin = support::bin().display().to_string();
+    let mut argv = vec![bin];
+    argv.extend(guard_argv(&cluster, "2s", "holder", &[], &sh(&script)));
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let g = Proc::spawn_program(Path::new("setsid"), &argv, &[]);
+    let tree: Vec<i32> = ["sh", "child", "escaped"]
+        .iter()
+        .map(|name| read_pid(&file(name)))
+        .collect();
+    support::wait_until(Duration::from_secs(5), "setsid took effect", || {
+        pgrp(tree[2]) == Some(tree[2])
+    });
+    assert_ne!(pgrp(tree[0]), pgrp(tree[2]), "one process left CMD's group");
+    let expiry = key_expiry(&cluster, 0);
+    assert_eq!(
+        pgrp(g.pid() as i32),
+        Some(g.pid() as i32),
+        "guard leads its group"
+    );
+    // SAFETY: kill(2) on the process group of our own, unreaped child.
+    assert_eq!(unsafe { libc::kill(-(g.pid() as i32), libc::SIGKILL) }, 0);
+    support::wait_until(Duration::from_secs(5), "CMD's tree is gone", || {
+        tree.iter().all(|&pid| !pid_alive(pid))
+    });
+    let gone_at = Instant::now();
+    assert!(
+        gone_at < expiry,
+        "CMD's tree was gone {:?} before the lock's validity ended",
+        expiry - gone_at
+    );
+}
+
+#[test]
+fn orphans_below_guard_are_reaped() {
+    let cluster = ready_cluster(3);
+    let dir = TempDir::new("reap");
+    let file = |name: &str| dir.path().join(name);
+    // The inner shell exits at once, leaving its `sleep` an orphan.
+    let script = format!(
+        "echo $PPID > {}; sh -c 'sleep 1 & echo $! > {}'; exec sleep 30",
+        file("supervisor").display(),
+        file("orphan").display()
+    );
+    let mut g = guard(&cluster, "holder", &[], &sh(&script));
+    let supervisor = read_pid(&file("supervisor"));
+    let orphan = read_pid(&file("orphan"));
+    support::wait_until(Duration::from_secs(5), "the orphan is re-parented", || {
+        ppid(orphan) != Some(supervisor) && pid_alive(orphan) || ppid(orphan) == Some(supervisor)
+    });
+    assert_eq!(
+        ppid(orphan),
+        Some(supervisor),
+        "the orphan stays below guard's supervisor, not PID 1"
+    );
+    support::wait_until(Duration::from_secs(5), "the orphan is reaped", || {
+        !Path::new(&format!("/proc/{orphan}")).exists()
+    });
+
+    // guard itself reaps what its supervisor leaves when the supervisor is killed.
+    let child = file("child");
+    let script = format!(
+        "echo $PPID > {}; sleep 300 & echo $! > {}; wait",
+        file("supervisor2").display(),
+        child.display()
+    );
+    g.sigterm();
+    assert_eq!(exit_code(&mut g, Duration::from_secs(10)), 128 + 15);
+    let mut g = guard(&cluster, "holder", &["--wait", "5s"], &sh(&script));
+    let supervisor = read_pid(&file("supervisor2"));
+    let child = read_pid(&child);
+    support::send_signal(supervisor as u32, libc::SIGKILL);
+    support::wait_until(
+        Duration::from_secs(5),
+        "CMD's child is killed and reaped",
+        || !Path::new(&format!("/proc/{child}")).exists(),
+    );
+    assert_eq!(exit_code(&mut g, Duration::from_secs(10)), 128 + 9);
+    assert_no_key(&cluster, "released after the supervisor died");
+}
+
+#[test]
+fn not_leader_is_published_before_the_release() {
+    let cluster = RedisCluster::start(3);
+    cluster.wait_votes_count(Duration::from_secs(5));
+    let (addr, listen) = admin_addr();
+    // ttl 5s: after --max-hold, CMD ignores SIGTERM for the 2 s kill grace, and the lock
+    // stays held (not renewed, not yet released) all that time.
+    let mut g = guard_with_ttl(
+        &cluster,
+        "5s",
+        "holder",
+        &[
+            "--max-hold",
+            "500ms",
+            "--kill-grace",
+            "2s",
+            "--node-timeout",
+            "250ms",
+            "--listen",
+            &listen,
+        ],
+        &sh("trap '' TERM; exec sleep 30"),
+    );
+    support::wait_until(Duration::from_secs(10), "/leader says leader", || {
+        http_get(addr, "/leader").is_some_and(|r| r.status == 200)
+    });
+    support::wait_until(Duration::from_secs(5), "/leader says not leader", || {
+        http_get(addr, "/leader").is_some_and(|r| r.status == 503)
+    });
+    let held = values(&cluster).iter().filter(|v| v.is_some()).count();
+    assert!(
+        held >= 2,
+        "not-leader came while the lock was still held on a quorum (not released yet)"
+    );
+    let metrics = http_get(addr, "/metrics").expect("metrics").body;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("redlock_is_leader{") && l.ends_with(" 0")),
+        "{metrics}"
+    );
+    assert_eq!(exit_code(&mut g, Duration::from_secs(10)), 124);
+    assert_no_key(&cluster, "released at exit");
+}
+
+#[test]
+fn sigterm_while_waiting_for_the_lock_exits_at_once_and_runs_nothing() {
+    let cluster = ready_cluster(3);
+    let dir = TempDir::new("term-wait");
+    let mut holder = start_holder(&cluster, &dir);
+    let (addr, listen) = admin_addr();
+    let ran = dir.path().join("ran");
+    let (outcome, outcome_path) = file_arg(&dir, "outcome");
+    let mut waiter = guard(
+        &cluster,
+        "waiter",
+        &[
+            "--wait",
+            "60s",
+            "--listen",
+            &listen,
+            "--outcome-file",
+            &outcome_path,
+        ],
+        &sh(&format!("touch {}", ran.display())),
+    );
+    support::wait_until(
+        Duration::from_secs(10),
+        "the waiter found the lock busy",
+        || {
+            http_get(addr, "/metrics").is_some_and(|r| {
+                r.body.lines().any(|l| {
+                    l.starts_with("redlock_acquire_attempts_total{")
+                        && l.contains("result=\"busy\"")
+                        && !l.ends_with(" 0")
+                })
+            })
+        },
+    );
+    waiter.sigterm();
+    assert_eq!(exit_code(&mut waiter, Duration::from_secs(2)), 128 + 15);
+    assert!(!ran.exists(), "CMD did not run");
+    assert_eq!(
+        std::fs::read_to_string(&outcome).unwrap(),
+        "outcome=not-started exit_code=143 lock=nightly\n"
+    );
+    assert!(
+        values(&cluster)
+            .iter()
+            .all(|v| v.as_deref().is_some_and(|v| v.starts_with("holder:"))),
+        "nothing of the waiter's on the nodes"
+    );
+    holder.sigterm();
+    exit_code(&mut holder, Duration::from_secs(10));
+    assert_no_key(&cluster, "the holder released");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_the_lock_is_being_taken_releases_it_and_runs_nothing() {
+    let cluster = RedisCluster::start(3);
+    // A node timeout that covers setting up the slow connections in the first round.
+    let ttl = "13s";
+    cluster.wait_votes_count(Duration::from_secs(13));
+    let mut proxies = Vec::new();
+    for node in cluster.iter() {
+        let proxy = support::FaultProxy::start(node.addr()).await;
+        proxies.push(proxy);
+    }
+    // Every byte takes 150 ms each way: the key stands on the nodes for 150 ms while
+    // guard still waits for the answers of the round that takes it.
+    for proxy in &proxies {
+        proxy.set_latency(Duration::from_millis(150), Duration::ZERO);
+    }
+    let urls: Vec<String> = proxies.iter().map(|p| p.url()).collect();
+    let redis = urls.join(",");
+    let dir = TempDir::new("term-acquire");
+    let ran = dir.path().join("ran");
+    let touch = format!("touch {}", ran.display());
+    let mut g = Proc::spawn(
+        &[
+            "guard",
+            "--lock",
+            "nightly",
+            "--redis",
+            &redis,
+            "--ttl",
+            ttl,
+            "--identity",
+            "holder",
+            "--node-timeout",
+            "3s",
+            "--connect-timeout",
+            "10s",
+            "--",
+            "sh",
+            "-c",
+            &touch,
+        ],
+        &[],
+    );
+    let end = Instant::now() + Duration::from_secs(20);
+    while !cluster
+        .iter()
+        .any(|node| node.command(&["EXISTS", KEY]) == "1")
+    {
+        assert!(g.is_running(), "{}", g.output_text());
+        assert!(Instant::now() < end, "no key written: {}", g.output_text());
+        tokio::time::sleep(support::POLL_EVERY).await;
+    }
+    g.sigterm();
+    let status = g
+        .wait_exit_async(Duration::from_secs(10))
+        .await
+        .expect("exits");
+    assert_eq!(status.code(), Some(128 + 15), "{}", g.output_text());
+    assert!(!ran.exists(), "CMD did not run");
+    assert!(
+        g.stderr_text().contains("released the lock"),
+        "the round in flight took the lock: {}",
+        g.output_text()
+    );
+    let left: Vec<String> = cluster
+        .iter()
+        .map(|node| node.command(&["EXISTS", KEY]))
+        .collect();
+    assert_eq!(
+        left,
+        ["0", "0", "0"],
+        "released on every node: {}",
+        g.output_text()
+    );
+}
+
+#[test]
+fn any_valid_ttl_alone_works_for_guard_and_run() {
+    // The smallest ttl the default node timeout allows, and a few more.
+    let ttls = ["217ms", "2s", "3s"];
+    let cluster = RedisCluster::start(3);
+    cluster.wait_votes_count(Duration::from_secs(3));
+    let redis = cluster.urls_joined();
+    for ttl in ttls {
+        let lock = format!("ttl-{ttl}");
+        let mut g = Proc::spawn(
+            &[
+                "guard", "--lock", &lock, "--redis", &redis, "--ttl", ttl, "--", "true",
+            ],
+            &[],
+        );
+        assert_eq!(
+            exit_code(&mut g, Duration::from_secs(10)),
+            0,
+            "guard --ttl {ttl}: {}",
+            g.output_text()
+        );
+        let (addr, listen) = admin_addr();
+        let mut run = Proc::spawn(
+            &[
+                "run",
+                "--lock",
+                &lock,
+                "--redis",
+                &redis,
+                "--ttl",
+                ttl,
+                "--listen",
+                &listen,
+                "--kubernetes",
+                "off",
+            ],
+            &[],
+        );
+        support::wait_until(Duration::from_secs(10), "run leads", || {
+            assert!(run.is_running(), "run --ttl {ttl}: {}", run.output_text());
+            http_get(addr, "/leader").is_some_and(|r| r.status == 200)
+        });
+        run.sigterm();
+        assert_eq!(exit_code(&mut run, Duration::from_secs(10)), 0);
+    }
+    support::process::assert_invalid_config(
+        &[
+            "guard",
+            "--lock",
+            "x",
+            "--redis",
+            "redis://127.0.0.1:1",
+            "--ttl",
+            "216ms",
+            "--",
+            "true",
+        ],
+        "--ttl",
+    );
+    support::process::assert_invalid_config(
+        &[
+            "guard",
+            "--lock",
+            "x",
+            "--redis",
+            "redis://127.0.0.1:1",
+            "--ttl",
+            "2s",
+            "--kill-grace",
+            "2s",
+            "--",
+            "true",
+        ],
+        "--kill-grace",
+    );
+}
+
+#[test]
+fn thirty_guards_started_at_the_same_instant_run_cmd_exactly_once() {
+    // The first round of every guard is held on every node (CLIENT PAUSE) until all 30
+    // have sent it, then released on all nodes at once: each node serves them in its own
+    // order, the classic split-vote herd.
+    let ttl = "13s";
+    let cluster = RedisCluster::start(3);
+    cluster.wait_votes_count(Duration::from_secs(13));
+    let dir = TempDir::new("herd");
+    let runs = dir.path().join("runs");
+    let script = format!("echo $REDLOCK_HOLDER >> {}", runs.display());
+    for node in cluster.iter() {
+        node.command(&["CLIENT", "PAUSE", "30000", "WRITE"]);
+    }
+    let names: Vec<String> = (0..30).map(|i| format!("herd-{i}")).collect();
+    let mut guards: Vec<Proc> = names
+        .iter()
+        .map(|name| {
+            guard_with_ttl(
+                &cluster,
+                ttl,
+                name,
+                &[
+                    "--on-busy",
+                    "skip",
+                    "--node-timeout",
+                    "3s",
+                    "--min-hold",
+                    "12s",
+                ],
+                &sh(&script),
+            )
+        })
+        .collect();
+    support::wait_until(
+        Duration::from_secs(20),
+        "30 rounds wait on every node",
+        || {
+            cluster.iter().all(|node| {
+                node.command(&["INFO", "clients"])
+                    .lines()
+                    .any(|l| l.trim() == "blocked_clients:30")
+            })
+        },
+    );
+    for node in cluster.iter() {
+        node.command(&["CLIENT", "UNPAUSE"]);
+    }
+    // Every guard but the winner decides while the winner holds the lock (--min-hold).
+    support::wait_until(Duration::from_secs(20), "29 guards skipped", || {
+        guards
+            .iter_mut()
+            .map(|g| g.is_running())
+            .filter(|r| !r)
+            .count()
+            == 29
+    });
+    let mut winner = None;
+    for mut g in guards {
+        if g.is_running() {
+            winner = Some(g);
+            continue;
+        }
+        assert_eq!(exit_code(&mut g, Duration::ZERO), 0, "{}", g.output_text());
+        assert!(g.stderr_text().contains("lock busy"), "{}", g.output_text());
+    }
+    let winner = &mut winner.expect("one guard runs CMD");
+    winner.sigterm();
+    assert_eq!(exit_code(winner, Duration::from_secs(10)), 0);
+    let text = std::fs::read_to_string(&runs).unwrap_or_default();
+    assert_eq!(text.lines().count(), 1, "CMD ran exactly once: {text}");
+}
+
+#[test]
+fn a_round_split_among_contenders_is_retried_but_a_holder_with_a_quorum_means_busy() {
+    let cluster = ready_cluster(3);
+    let dir = TempDir::new("split");
+    let ran = dir.path().join("ran");
+    let touch = format!("touch {}", ran.display());
+    // Two other contenders hold one node each: nobody has a quorum.
+    cluster.node(0).command(&["SET", KEY, "a:1", "PX", "400"]);
+    cluster.node(1).command(&["SET", KEY, "b:2", "PX", "400"]);
+    let mut g = guard(&cluster, "late", &["--on-busy", "skip"], &sh(&touch));
+    assert_eq!(
+        exit_code(&mut g, Duration::from_secs(10)),
+        0,
+        "{}",
+        g.output_text()
+    );
+    assert!(
+        ran.exists(),
+        "a split is retried, then won: {}",
+        g.output_text()
+    );
+
+    std::fs::remove_file(&ran).unwrap();
+    cluster.node(0).command(&["SET", KEY, "a:1", "PX", "400"]);
+    cluster.node(1).command(&["SET", KEY, "a:1", "PX", "400"]);
+    let mut g = guard(&cluster, "late", &["--on-busy", "skip"], &sh(&touch));
+    assert_eq!(exit_code(&mut g, Duration::from_secs(10)), 0);
+    assert!(g.stderr_text().contains("lock busy"), "{}", g.output_text());
+    assert!(!ran.exists(), "a holder on a quorum is busy: skipped");
+}
+
+#[test]
+fn the_outcome_file_says_what_happened() {
+    let cluster = ready_cluster(3);
+    let dir = TempDir::new("outcome");
+    let (outcome, path) = file_arg(&dir, "outcome");
+    let mut g = guard(
+        &cluster,
+        "runner",
+        &["--outcome-file", &path],
+        &sh("exit 3"),
+    );
+    assert_eq!(exit_code(&mut g, Duration::from_secs(10)), 3);
+    let line = std::fs::read_to_string(&outcome).unwrap();
+    let token = line
+        .trim_end()
+        .strip_prefix("outcome=ran exit_code=3 lock=nightly fencing_token=")
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(token.parse::<u64>().is_ok_and(|t| t > 0), "{line}");
+
+    let mut holder = start_holder(&cluster, &dir);
+    let mut g = Proc::spawn(
+        &[
+            "guard",
+            "--lock",
+            "nightly",
+            "--redis",
+            &cluster.urls_joined(),
+            "--ttl",
+            "2s",
+            "--identity",
+            "skipper",
+            "--",
+            "true",
+        ],
+        &[("REDLOCK_OUTCOME_FILE", &path)],
+    );
+    assert_eq!(exit_code(&mut g, Duration::from_secs(10)), 0);
+    assert_eq!(
+        std::fs::read_to_string(&outcome).unwrap(),
+        "outcome=skipped exit_code=0 lock=nightly\n"
+    );
+    // A file that cannot be written changes nothing but a log line.
+    let mut g = guard(
+        &cluster,
+        "skipper",
+        &["--outcome-file", "/nonexistent-dir/outcome"],
+        &["true"],
+    );
+    assert_eq!(exit_code(&mut g, Duration::from_secs(10)), 0);
+    assert!(g.stderr_text().contains("could not write the outcome file"));
+    holder.sigterm();
+    exit_code(&mut holder, Duration::from_secs(10));
+}
+
+#[test]
+fn a_renewal_that_finds_the_lock_taken_over_kills_cmd_without_grace() {
+    let cluster = ready_cluster(3);
+    let dir = TempDir::new("superseded");
+    let pid_file = dir.path().join("pid");
+    let mut g = guard(
+        &cluster,
+        "holder",
+        &["--kill-grace", "1s"],
+        &sh(&format!(
+            "echo $$ > {}; trap '' TERM; exec sleep 30",
+            pid_file.display()
+        )),
+    );
+    let cmd_pid = read_pid(&pid_file);
+    key_expiry(&cluster, 1);
+    for i in 0..2 {
+        cluster
+            .node(i)
+            .command(&["SET", KEY, "thief:1", "PX", "10000"]);
+    }
+    support::wait_until(Duration::from_secs(5), "CMD is killed", || {
+        !pid_alive(cmd_pid)
+    });
+    assert_eq!(exit_code(&mut g, Duration::from_secs(10)), 76);
+    let log = g.stderr_text();
+    assert!(log.contains("SIGKILL to CMD at once"), "{log}");
+    assert!(
+        !log.contains("CMD still running; sending SIGKILL"),
+        "no grace period was waited out: {log}"
+    );
 }

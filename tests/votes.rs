@@ -42,6 +42,7 @@ fn ready_cluster(n: usize) -> RedisCluster {
 /// show the node(s) that lost data as granting but not counted (once they answer at all).
 async fn refused_while_alpha_is_valid(beta: &Redlock, alpha: &Lease, lost: &[usize]) {
     let mut saw_not_counted = false;
+    let mut last = String::new();
     while Instant::now() < alpha.valid_until {
         match beta.try_acquire().await {
             Ok(lease) => panic!(
@@ -50,6 +51,7 @@ async fn refused_while_alpha_is_valid(beta: &Redlock, alpha: &Lease, lost: &[usi
             ),
             Err(err) => {
                 let votes = err.votes().cloned().unwrap_or_default();
+                last = err.to_string();
                 assert!(
                     !votes.0.iter().any(|(_, v)| *v == Vote::Granted),
                     "a node that lost data counted: {votes}"
@@ -65,7 +67,7 @@ async fn refused_while_alpha_is_valid(beta: &Redlock, alpha: &Lease, lost: &[usi
     }
     assert!(
         saw_not_counted,
-        "the nodes that lost data granted without being counted"
+        "the nodes that lost data granted without being counted; last round: {last}"
     );
 }
 

@@ -183,19 +183,30 @@ pub fn pin_to(cpu: usize) -> Result<(), String> {
 
 /// `(calls, usec)` of one command in `INFO commandstats` (`evalsha`, `set`, ...).
 pub fn command_stats(server: &RedisServer, command: &str) -> (u64, u64) {
+    commands_stats(server, &[command])
+}
+
+/// `(calls, usec)` summed over `commands`, from one `INFO commandstats` (which does not
+/// count itself).
+pub fn commands_stats(server: &RedisServer, commands: &[&str]) -> (u64, u64) {
     let stats = server.cmd(&["INFO", "commandstats"]);
-    let prefix = format!("cmdstat_{command}:");
-    let line = stats
-        .lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .unwrap_or("");
-    let field = |name: &str| {
-        line.split(',')
-            .find_map(|f| f.strip_prefix(name))
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("calls="), field("usec="))
+    let mut total = (0, 0);
+    for command in commands {
+        let prefix = format!("cmdstat_{command}:");
+        let line = stats
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .unwrap_or("");
+        let field = |name: &str| -> u64 {
+            line.split(',')
+                .find_map(|f| f.strip_prefix(name))
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0)
+        };
+        total.0 += field("calls=");
+        total.1 += field("usec=");
+    }
+    total
 }
 
 /// Blocks until every server's votes count for `ttl`: its epoch marker is ttl + drift old.

@@ -139,6 +139,16 @@ pub enum LockError {
         /// Per-node answers.
         votes: Votes,
     },
+    /// Nobody won the round, and no holder can have a quorum either: contenders split the
+    /// votes. It says nothing about a holder, so waiting retries it, also past its
+    /// deadline (for up to one ttl). Its [`LockError::kind`] is `busy`.
+    #[error("lock {lock:?}: votes split among contenders, no holder has a quorum [{votes}]")]
+    Contended {
+        /// The lock name.
+        lock: String,
+        /// Per-node answers.
+        votes: Votes,
+    },
     /// Too few nodes answered (or counted) to form a quorum, whoever holds the lock.
     #[error("lock {lock:?}: quorum of {needed} unreachable [{votes}]")]
     QuorumUnreachable {
@@ -191,7 +201,7 @@ impl LockError {
     /// A small fixed label for metrics and exit codes.
     pub fn kind(&self) -> &'static str {
         match self {
-            LockError::Busy { .. } => "busy",
+            LockError::Busy { .. } | LockError::Contended { .. } => "busy",
             LockError::QuorumUnreachable { .. } => "no_quorum",
             LockError::ValidityTooShort { .. } | LockError::Expired { .. } => "expired",
             LockError::Lost { .. } => "lost",
@@ -204,6 +214,7 @@ impl LockError {
     pub fn votes(&self) -> Option<&Votes> {
         match self {
             LockError::Busy { votes, .. }
+            | LockError::Contended { votes, .. }
             | LockError::QuorumUnreachable { votes, .. }
             | LockError::Lost { votes, .. }
             | LockError::Superseded { votes, .. } => Some(votes),

@@ -40,11 +40,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant, SystemTime};
 
+use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
 use futures_util::StreamExt;
 use rand::Rng;
 use redis::Script;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::clock;
@@ -334,6 +335,34 @@ type ExtendReply = (i64, u64, u64);
 /// One node's answer to a script, with the facts of the connection it came on.
 type Answer<T> = (usize, Result<(T, Arc<NodeFacts>), NodeError>);
 
+/// The answers of one round, in the order they come.
+///
+/// Dropped while calls are still running (a round decided at quorum), it hands them to a
+/// task: every request is finished, so no node is left with a half-done call and every
+/// `KeyWrite` is released when its answer arrives.
+struct Answers<T: Send + 'static> {
+    calls: FuturesUnordered<BoxFuture<'static, Answer<T>>>,
+}
+
+impl<T: Send + 'static> Answers<T> {
+    /// The next answer, or `None` once every node has answered or timed out.
+    async fn recv(&mut self) -> Option<Answer<T>> {
+        self.calls.next().await
+    }
+}
+
+impl<T: Send + 'static> Drop for Answers<T> {
+    fn drop(&mut self) {
+        if self.calls.is_empty() {
+            return;
+        }
+        let mut calls = std::mem::take(&mut self.calls);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move { while calls.next().await.is_some() {} });
+        }
+    }
+}
+
 /// What the acquire answers of one round say about the lock besides the votes.
 #[derive(Default)]
 struct Seen {
@@ -341,6 +370,8 @@ struct Seen {
     fence: u64,
     /// The shortest remaining ttl of another holder's key.
     holder_ttl: Option<Duration>,
+    /// Other holders' lock values and on how many nodes each was seen.
+    holders: Vec<(String, usize)>,
 }
 
 impl Seen {
@@ -355,7 +386,20 @@ impl Seen {
             let ttl = Duration::from_millis(ms);
             self.holder_ttl = Some(self.holder_ttl.map_or(ttl, |t| t.min(ttl)));
         }
+        match self.holders.iter_mut().find(|(v, _)| v == holder_value) {
+            Some((_, nodes)) => *nodes += 1,
+            None => self.holders.push((holder_value.clone(), 1)),
+        }
         Some(identity_of(holder_value).to_owned())
+    }
+
+    /// On how many nodes the most widespread other holder was seen.
+    fn most_held(&self) -> usize {
+        self.holders
+            .iter()
+            .map(|(_, nodes)| *nodes)
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -428,7 +472,6 @@ impl Redlock {
         cfg.validate()?;
         let settings = ConnectSettings {
             connect_timeout: cfg.connect_timeout,
-            response_timeout: cfg.node_timeout.max(Duration::from_millis(500)),
         };
         let nodes = cfg
             .nodes
@@ -489,39 +532,34 @@ impl Redlock {
         &self.inner.nodes
     }
 
-    /// Sends `script` to every node at once; answers arrive in the order they come.
-    /// The calls run on even if the receiver is dropped, so every request is finished.
+    /// Sends `script` to every node at once; answers arrive in the order they come. The
+    /// calls are polled by whoever awaits the answers, with no task hop on the hot path; see
+    /// [`Answers`] for what happens to calls still running when the answers are dropped.
     fn fan_out<T>(
         &self,
         op: Op,
         order: Order,
         script: &'static Script,
         args: Vec<String>,
-    ) -> mpsc::UnboundedReceiver<Answer<T>>
+    ) -> Answers<T>
     where
         T: redis::FromRedisValue + Send + 'static,
     {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let inner = self.inner.clone();
-        // Counted now, so that a delete issued right after this returns waits for them.
-        let writes: Vec<Option<KeyWrite>> = (0..inner.nodes.len())
-            .map(|index| (order == Order::MayWrite).then(|| KeyWrite::start(&inner, index)))
-            .collect();
-        // One task drives every node's call: no task per node to schedule on the hot path.
-        tokio::spawn(async move {
-            let inner = &inner;
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let args = &args;
-            let mut calls: FuturesUnordered<_> = writes
-                .into_iter()
-                .enumerate()
-                .map(|(index, write)| async move {
+        let args: Arc<[String]> = args.into();
+        let calls = (0..self.inner.nodes.len())
+            .map(|index| {
+                let inner = self.inner.clone();
+                let args = args.clone();
+                // Counted now, so that a delete issued right after this returns waits for it.
+                let write = (order == Order::MayWrite).then(|| KeyWrite::start(&inner, index));
+                let call: BoxFuture<'static, Answer<T>> = Box::pin(async move {
                     if order == Order::AfterWrites {
                         inner.key_writes_settled(index).await;
                     }
                     let start = Instant::now();
+                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
                     let result = inner.nodes[index]
-                        .eval::<T>(script, &inner.keys(), args, inner.cfg.node_timeout)
+                        .eval::<T>(script, &inner.keys(), &args, inner.cfg.node_timeout)
                         .await;
                     drop(write);
                     let outcome = result.as_ref().map(|_| ()).map_err(|e| e.kind);
@@ -529,13 +567,11 @@ impl Redlock {
                         .observer
                         .node_call(index, op, start.elapsed(), outcome);
                     (index, result)
-                })
-                .collect();
-            while let Some(answer) = calls.next().await {
-                let _ = tx.send(answer);
-            }
-        });
-        rx
+                });
+                call
+            })
+            .collect();
+        Answers { calls }
     }
 
     /// The vote in node `index`'s acquire answer, and whether it stored our candidate token.
@@ -626,7 +662,15 @@ impl Redlock {
                 .filter(|v| matches!(v, Some(v) if !matches!(v, Vote::Failed(_))))
                 .count();
             let votes = self.label_votes(votes);
-            return Err(if holder.is_some() && answered >= needed {
+            // Not even the nodes that did not answer could give any one holder a quorum:
+            // a split among contenders, who all clean up. Not busy: nobody holds the lock.
+            let split = seen.most_held() + (n - answered) < needed;
+            return Err(if holder.is_some() && answered >= needed && split {
+                LockError::Contended {
+                    lock: cfg.lock.clone(),
+                    votes,
+                }
+            } else if holder.is_some() && answered >= needed {
                 LockError::Busy {
                     lock: cfg.lock.clone(),
                     holder,
@@ -749,6 +793,12 @@ impl Redlock {
                 _ => timing::retry_delay(cfg.retry_delay, cfg.retry_max, attempt),
             };
             if let Some(deadline) = deadline {
+                // A split round says nothing about a holder: retry it past the deadline,
+                // for up to one ttl (by then every key of that round has expired).
+                let deadline = match err {
+                    LockError::Contended { .. } => deadline + cfg.ttl,
+                    _ => deadline,
+                };
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     return Err(err);

@@ -277,10 +277,9 @@ impl NodeError {
 /// Connection settings shared by all nodes.
 #[derive(Clone, Copy, Debug)]
 pub struct ConnectSettings {
-    /// Bound on establishing a connection (TCP, TLS, AUTH).
+    /// Bound on establishing a connection (TCP, TLS, AUTH). Each request is bounded by its
+    /// caller's timeout instead (one timer per call, not two).
     pub connect_timeout: Duration,
-    /// Bound on one request once connected.
-    pub response_timeout: Duration,
 }
 
 /// What a node says about itself, read once per connection: a restart always drops the
@@ -424,7 +423,7 @@ impl Node {
         let connect = async move {
             let config = AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(settings.connect_timeout))
-                .set_response_timeout(Some(settings.response_timeout));
+                .set_response_timeout(None);
             let mut conn = client
                 .get_multiplexed_async_connection_with_config(&config)
                 .await?;

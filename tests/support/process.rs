@@ -209,7 +209,14 @@ impl Drop for Proc {
 /// code 2 and exactly one line on stderr, naming `flag`. Returns that line. The lock and node
 /// variables are blanked so the environment cannot fill in what the case leaves out.
 pub fn assert_invalid_config(args: &[&str], flag: &str) -> String {
-    let mut proc = Proc::spawn(args, &[("REDLOCK_REDIS", ""), ("REDLOCK_LOCK", "")]);
+    assert_invalid_config_with_env(args, &[], flag)
+}
+
+/// [`assert_invalid_config`] with extra environment variables.
+pub fn assert_invalid_config_with_env(args: &[&str], envs: &[(&str, &str)], flag: &str) -> String {
+    let mut all = vec![("REDLOCK_REDIS", ""), ("REDLOCK_LOCK", "")];
+    all.extend_from_slice(envs);
+    let mut proc = Proc::spawn(args, &all);
     let status = proc.wait_exit(Duration::from_secs(10)).expect("exits");
     let stderr = proc.stderr_text();
     assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");

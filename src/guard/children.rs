@@ -1,0 +1,163 @@
+//! guard's side of its children: the supervisor it starts CMD under, and orphans
+//! re-parented to guard (it is a child subreaper, e.g. as a container's PID 1).
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+use tokio::signal::unix::{signal, SignalKind};
+use tracing::{debug, warn};
+
+use super::{supervisor, tree};
+use crate::config::GuardConfig;
+
+/// guard's children: the supervisor (and through it CMD), and orphans re-parented here.
+pub struct Children {
+    sigchld: Option<tokio::signal::unix::Signal>,
+    supervisor: Option<i32>,
+}
+
+impl Children {
+    /// Becomes a child subreaper and starts listening for SIGCHLD.
+    pub fn new() -> Children {
+        if let Err(err) = tree::become_subreaper() {
+            warn!(error = %err, "cannot become a child subreaper; orphans go to PID 1");
+        }
+        Children {
+            sigchld: signal(SignalKind::child()).ok(),
+            supervisor: None,
+        }
+    }
+
+    /// Starts the supervisor, which starts CMD; returns CMD's pid (its process group).
+    pub async fn start(
+        &mut self,
+        cfg: &GuardConfig,
+        token: u64,
+        identity: &str,
+    ) -> std::io::Result<i32> {
+        let (read, write) = pipe()?;
+        let mut command = std::process::Command::new("/proc/self/exe");
+        command
+            .arg("supervise")
+            .arg("--parent")
+            .arg(std::process::id().to_string())
+            .arg("--")
+            .args(&cfg.command)
+            .env("REDLOCK_LOCK", &cfg.redlock.lock)
+            .env("REDLOCK_FENCING_TOKEN", token.to_string())
+            .env("REDLOCK_HOLDER", identity)
+            // A group of its own: a SIGKILL to guard's process group (or to CMD's) leaves it
+            // alive to clean up.
+            .process_group(0);
+        let write_fd = write.as_raw_fd();
+        // SAFETY: getpid, getppid, dup2, fcntl, prctl and _exit are async-signal-safe, as
+        // pre_exec requires.
+        let parent = unsafe { libc::getpid() };
+        unsafe {
+            command.pre_exec(move || {
+                let fd = supervisor::REPORT_FD;
+                let moved = if write_fd == fd {
+                    libc::fcntl(fd, libc::F_SETFD, 0)
+                } else {
+                    libc::dup2(write_fd, fd)
+                };
+                if moved < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // guard's death, even by SIGKILL, reaches the supervisor as SIGTERM.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::getppid() != parent {
+                    libc::_exit(128 + libc::SIGKILL);
+                }
+                Ok(())
+            });
+        }
+        // Its failure is guard's, not CMD's: never reported as "CMD not found" (127).
+        let child = command.spawn().map_err(|err| {
+            std::io::Error::other(format!(
+                "cannot start the supervisor from /proc/self/exe (is /proc mounted?): {err}"
+            ))
+        })?;
+        self.supervisor = Some(child.id() as i32);
+        // Reaped through `supervisor_exit`, never through std's handle.
+        drop(child);
+        drop(write);
+        let mut report = String::new();
+        tokio::net::unix::pipe::Receiver::from_owned_fd(read)?
+            .read_to_string(&mut report)
+            .await?;
+        let mut words = report.split_whitespace();
+        match (
+            words.next(),
+            words.next().and_then(|w| w.parse::<i32>().ok()),
+        ) {
+            (Some("started"), Some(pid)) => Ok(pid),
+            (Some("error"), Some(errno)) => Err(std::io::Error::from_raw_os_error(errno)),
+            _ => Err(std::io::Error::other(
+                "the supervisor ended before starting CMD",
+            )),
+        }
+    }
+
+    /// Reaps exited children until the supervisor is among them; returns its exit code
+    /// (CMD's code, or 128+S). Orphans re-parented to guard are reaped on the way.
+    pub async fn supervisor_exit(&mut self) -> i32 {
+        loop {
+            if let Some(code) = self.reap() {
+                return code;
+            }
+            match self.sigchld.as_mut() {
+                Some(sigchld) => {
+                    if sigchld.recv().await.is_none() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+                // Without a SIGCHLD handler, poll.
+                None => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    }
+
+    /// Reaps every exited child; the supervisor's exit code once it is among them.
+    fn reap(&mut self) -> Option<i32> {
+        let mut supervisor_code = None;
+        tree::reap_exited(|pid, code| {
+            if Some(pid) == self.supervisor {
+                self.supervisor = None;
+                supervisor_code = Some(code);
+            } else {
+                debug!(pid, code, "reaped an orphaned process");
+            }
+        });
+        supervisor_code
+    }
+
+    /// SIGKILLs every process below guard and reaps it (bounded: a process stuck in
+    /// the kernel is left after about a second, with a warning).
+    pub async fn kill_all_below(&mut self) {
+        let me = std::process::id() as i32;
+        for _ in 0..200 {
+            self.reap();
+            if tree::kill_descendants(me) == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        warn!("processes of CMD's tree survived SIGKILL for a second");
+    }
+}
+
+/// A pipe whose ends are closed on exec.
+fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two descriptors into `fds`.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just created and are owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
