@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The static binary in an image that holds nothing else: `redlock-sidecar install` copies it
-# into an empty directory, which becomes a chroot with only Debian's static busybox, /etc/hosts
-# and the /dev nodes every container runtime provides. `guard` runs there against three real
+# into an empty directory, which becomes a chroot with only Debian's static busybox, /etc/hosts,
+# and the /dev nodes and /proc every container runtime provides (guard's supervisor re-executes
+# the binary through /proc/self/exe and finds CMD's whole process tree in /proc). `guard` runs there against three real
 # redis-server nodes addressed by host name, and must take the lock and run its command.
 # Then the same without /dev/urandom (the binary calls getrandom(2) itself), and with getrandom
 # denied by seccomp (one clear line, exit 71, no panic).
 #
 #   scripts/e2e-static.sh            build the static binary (scripts/build-static.sh) and test it
 #   STATIC_BIN=PATH scripts/e2e-static.sh   test a binary built before (CI builds it once)
-# Needs root (chroot, mknod); installs busybox-static and redis-server when missing.
+# Needs root (chroot, mknod, mount); installs busybox-static and redis-server when missing.
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -28,6 +29,7 @@ cleanup() {
   local pid
   for pid in "${PIDS[@]}"; do kill "${pid}" 2>/dev/null || true; done
   for pid in "${PIDS[@]}"; do wait "${pid}" 2>/dev/null || true; done
+  if [ -n "${ROOT:-}" ] && mountpoint -q "${ROOT}/proc" 2>/dev/null; then umount "${ROOT}/proc"; fi
   rm -rf "${WORK}"
 }
 trap cleanup EXIT
@@ -60,7 +62,9 @@ make_dev() { # the nodes a container runtime always creates
   mknod -m 666 "${ROOT}/dev/tty" c 5 0
 }
 make_dev
-echo "chroot: $(cd "${ROOT}" && find . -mindepth 1 | sort | tr '\n' ' ')"
+mkdir -p "${ROOT}/proc"
+mount -t proc proc "${ROOT}/proc"
+echo "chroot: $(cd "${ROOT}" && find . -mindepth 1 -path ./proc -prune -o -print | sort | tr '\n' ' ')"
 
 # --- Three Redis masters, known in the chroot by host name only ----------------------------------
 read -r -a PORTS <<<"$(python3 -c '
