@@ -17,17 +17,7 @@ use tokio_util::sync::CancellationToken;
 const TTL: Duration = Duration::from_secs(1);
 
 fn config(urls: &[String], identity: &str) -> RedlockConfig {
-    let nodes = urls
-        .iter()
-        .enumerate()
-        .map(|(i, url)| NodeSpec::parse(i, url, &Credentials::default()).expect("valid url"))
-        .collect();
-    let mut cfg = RedlockConfig::new("test", identity, nodes);
-    cfg.ttl = TTL;
-    cfg.node_timeout = Duration::from_millis(100);
-    cfg.retry_delay = Duration::from_millis(10);
-    cfg.retry_max = Duration::from_millis(50);
-    cfg
+    support::engine_config(urls, "test", identity, TTL)
 }
 
 fn redlock(urls: &[String], identity: &str) -> Redlock {

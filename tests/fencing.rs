@@ -8,26 +8,16 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use redlock_sidecar::redlock::{
-    votes, Credentials, NoObserver, NodeSpec, Redlock, RedlockConfig, EPOCH_KEY,
-};
+use redlock_sidecar::redlock::{votes, NoObserver, Redlock, RedlockConfig, EPOCH_KEY};
 use support::{FaultProxy, RedisCluster};
 use tokio_util::sync::CancellationToken;
 
 const TTL: Duration = Duration::from_millis(600);
 
 fn config(urls: &[String], lock: &str, identity: &str) -> RedlockConfig {
-    let nodes = urls
-        .iter()
-        .enumerate()
-        .map(|(i, url)| NodeSpec::parse(i, url, &Credentials::default()).expect("valid url"))
-        .collect();
-    let mut cfg = RedlockConfig::new(lock, identity, nodes);
-    cfg.ttl = TTL;
+    let mut cfg = support::engine_config(urls, lock, identity, TTL);
     cfg.node_timeout = Duration::from_millis(50);
     cfg.connect_timeout = Duration::from_millis(250);
-    cfg.retry_delay = Duration::from_millis(10);
-    cfg.retry_max = Duration::from_millis(50);
     cfg
 }
 

@@ -7,25 +7,13 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redlock_sidecar::redlock::{
-    votes, Credentials, Lease, LockError, NoObserver, NodeSpec, Redlock, RedlockConfig, Vote,
-};
+use redlock_sidecar::redlock::{votes, Lease, LockError, NoObserver, Redlock, RedlockConfig, Vote};
 use support::{RedisCluster, RedisNode};
 
 const TTL: Duration = Duration::from_secs(1);
 
 fn config(urls: &[String], identity: &str, ttl: Duration) -> RedlockConfig {
-    let nodes = urls
-        .iter()
-        .enumerate()
-        .map(|(i, url)| NodeSpec::parse(i, url, &Credentials::default()).expect("valid url"))
-        .collect();
-    let mut cfg = RedlockConfig::new("test", identity, nodes);
-    cfg.ttl = ttl;
-    cfg.node_timeout = Duration::from_millis(100);
-    cfg.retry_delay = Duration::from_millis(10);
-    cfg.retry_max = Duration::from_millis(50);
-    cfg
+    support::engine_config(urls, "test", identity, ttl)
 }
 
 fn redlock(urls: &[String], identity: &str) -> Redlock {

@@ -5,8 +5,8 @@
 //!   connect timeout) and remade after I/O errors, with connect and response timeouts set.
 //! - On every new connection the node's [`NodeFacts`] (run id, eviction policy) are read
 //!   once; a restart always drops the connection, so the run id is never stale. The
-//!   eviction policy can change under a live connection: facts older than
-//!   [`FACTS_MAX_AGE`] are read again in the background.
+//!   eviction policy can change under a live connection: it is read again in the
+//!   background once it is older than [`FACTS_MAX_AGE`].
 //! - Every call is bounded by the caller's timeout: a hung node costs at most that.
 //! - Scripts go by `EVALSHA`, falling back to `EVAL` when the node does not know them
 //!   (after a restart, say).
@@ -336,9 +336,10 @@ pub struct Node {
     refreshing: Arc<AtomicBool>,
 }
 
-/// How old a connection's facts may get before they are read again in the background: the
-/// run id cannot change under a live connection, but the eviction policy can (`CONFIG SET`).
-pub const FACTS_MAX_AGE: Duration = Duration::from_secs(10);
+/// How old a connection's eviction policy may get before it is read again in the background
+/// (one `INFO memory`): the run id cannot change under a live connection, but the policy can
+/// (`CONFIG SET`). 30 s keeps an idle standby under one command per node per second.
+pub const FACTS_MAX_AGE: Duration = Duration::from_secs(30);
 
 impl fmt::Debug for Node {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -441,7 +442,8 @@ impl Node {
         });
     }
 
-    /// Reads the facts of connection `id` again in the background (one refresh at a time).
+    /// Reads the eviction policy of connection `id` again in the background (one refresh at a
+    /// time).
     fn refresh_facts(&self, mut conn: MultiplexedConnection, id: u64) {
         if self.refreshing.swap(true, Ordering::AcqRel) {
             return;
@@ -449,10 +451,17 @@ impl Node {
         let (link, refreshing) = (self.link.clone(), self.refreshing.clone());
         let timeout = self.settings.connect_timeout;
         tokio::spawn(async move {
-            if let Ok(Ok(fresh)) = tokio::time::timeout(timeout, read_facts(&mut conn)).await {
+            let mut info = redis::cmd("INFO");
+            info.arg("memory");
+            let read = info.query_async::<String>(&mut conn);
+            if let Ok(Ok(memory)) = tokio::time::timeout(timeout, read).await {
                 link.send_if_modified(|link| match link {
                     Link::Up(_, facts, current, read_at) if *current == id => {
-                        *facts = Arc::new(fresh);
+                        let policy = NodeFacts::parse("", &memory).maxmemory_policy;
+                        *facts = Arc::new(NodeFacts {
+                            run_id: facts.run_id.clone(),
+                            maxmemory_policy: policy,
+                        });
                         *read_at = Instant::now();
                         true
                     }

@@ -30,6 +30,28 @@ pub use self::redis::{
     command_at, command_at_async, command_at_timeout, RawConn, RedisCluster, RedisNode, Resp,
 };
 
+/// An engine config for library contenders on `urls`: the given lock, identity and ttl, a
+/// node timeout of 100 ms and quick retries (10 ms growing to 50 ms).
+pub fn engine_config(
+    urls: &[String],
+    lock: &str,
+    identity: &str,
+    ttl: Duration,
+) -> redlock_sidecar::redlock::RedlockConfig {
+    use redlock_sidecar::redlock::{Credentials, NodeSpec, RedlockConfig};
+    let nodes = urls
+        .iter()
+        .enumerate()
+        .map(|(i, url)| NodeSpec::parse(i, url, &Credentials::default()).expect("valid url"))
+        .collect();
+    let mut cfg = RedlockConfig::new(lock, identity, nodes);
+    cfg.ttl = ttl;
+    cfg.node_timeout = Duration::from_millis(100);
+    cfg.retry_delay = Duration::from_millis(10);
+    cfg.retry_max = Duration::from_millis(50);
+    cfg
+}
+
 /// How often [`wait_until`] and [`wait_until_async`] re-check their condition.
 pub const POLL_EVERY: Duration = Duration::from_millis(5);
 
