@@ -60,7 +60,7 @@ for name in alpha beta gamma; do
   PIDS+=($!)
 done
 
-echo "== waiting for a leader (fresh Redis nodes count only after ttl + drift: the restart-safe rule)"
+echo "== waiting for a leader (a fresh Redis node counts only once it has kept its data for ttl + drift)"
 leader=""
 for _ in $(seq 1 200); do
   for name in alpha beta gamma; do

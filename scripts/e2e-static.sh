@@ -86,7 +86,7 @@ for i in 0 1 2; do wait_until "redis ${i}" redis-cli -p "${PORTS[$i]}" ping; don
 REDIS="$(IFS=,; echo "${URLS[*]}")"
 
 # guard LOCK: runs guard in the chroot; CMD writes its fencing token into /tmp/ran-LOCK.
-# --wait: fresh nodes count only after ttl + drift (restart-safe votes).
+# --wait: fresh nodes count only after ttl + drift (the data-age vote rule).
 guard() {
   local lock="$1"
   chroot "${ROOT}" /redlock/redlock-sidecar guard --lock "${lock}" --redis "${REDIS}" \

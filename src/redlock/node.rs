@@ -486,14 +486,6 @@ impl Node {
         }
     }
 
-    /// The facts of the current connection, if one is up.
-    pub fn facts(&self) -> Option<Arc<NodeFacts>> {
-        match &*self.link.borrow() {
-            Link::Up(_, facts, _, _) => Some(facts.clone()),
-            _ => None,
-        }
-    }
-
     /// Runs `script` with `keys` and `args`, bounded by `timeout` (connecting included).
     /// The connection's run id is appended as the last argument, and its facts are
     /// returned with the answer, so that scripts and votes judge the node that answered.
