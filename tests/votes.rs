@@ -59,6 +59,19 @@ async fn refused_while_alpha_is_valid(beta: &Redlock, alpha: &Lease, lost: &[usi
     );
 }
 
+/// Waits until alpha's key stands on every node: a round is decided at quorum, so the last
+/// node's `SET` may land after a data loss meant to strike it (and then rightly count).
+fn wait_for_keys_everywhere(cluster: &RedisCluster) {
+    tokio::task::block_in_place(|| {
+        support::wait_until(Duration::from_secs(5), "alpha's key on every node", || {
+            cluster.iter().all(|node| {
+                node.command(&["GET", "redlock:{test}"])
+                    .starts_with("alpha:")
+            })
+        })
+    });
+}
+
 /// After a data loss on `lost`, alpha's renewal sees the lock gone on a quorum, beta
 /// cannot take it while alpha's lease is valid, and takes it once the nodes have kept their
 /// (new) data for ttl + drift, with a greater fencing token.
@@ -67,6 +80,7 @@ async fn data_loss_story(cluster: &mut RedisCluster, lose: impl Fn(&mut RedisNod
     let alpha = redlock(&urls, "alpha");
     let beta = redlock(&urls, "beta");
     let lease = alpha.try_acquire().await.expect("alpha acquires");
+    wait_for_keys_everywhere(cluster);
     for index in [0, 1] {
         lose(cluster.node_mut(index));
     }
@@ -159,6 +173,7 @@ async fn a_short_ttl_contender_waits_out_the_longest_ttl_in_use() {
     let alpha = Redlock::new(config(&urls, "alpha", long), Arc::new(NoObserver)).expect("cfg");
     let beta = redlock(&urls, "beta");
     let lease = alpha.try_acquire().await.expect("alpha (ttl 4s) acquires");
+    wait_for_keys_everywhere(&cluster);
     // Two nodes lose everything, the max-ttl register included; the third remembers it.
     cluster.node(0).command(&["FLUSHALL"]);
     cluster.node(1).command(&["FLUSHALL"]);
