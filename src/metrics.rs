@@ -70,6 +70,9 @@ impl Metrics {
                 .const_label("lock", lock)
                 .buckets(LATENCY_BUCKETS.to_vec())
         };
+        // The `unwrap`s below cannot fail at run time: metric constructors reject only invalid
+        // names, label names and buckets, and those are constants here (the lock name is a
+        // label *value*, which any string may be). Every test that builds a sidecar runs them.
         let m = Metrics {
             is_leader: IntGauge::with_opts(opts(
                 "redlock_is_leader",

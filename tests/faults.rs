@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use redlock_sidecar::redlock::{quorum, Credentials, Lease, NodeSpec, Redlock, RedlockConfig};
+use redlock_sidecar::redlock::{quorum, Lease, Redlock, RedlockConfig};
 use support::checker::{self, analyse, Analysis, Mode, Row};
 use support::fenced::{FencedStore, Kind, Record, StoreServer};
 use support::{FaultProxy, Proc, RedisCluster, RedisNode};
@@ -65,16 +65,9 @@ fn ready_cluster(n: usize, ttl: Duration) -> RedisCluster {
 }
 
 fn lib_config(lock: &str, identity: &str, urls: &[String]) -> RedlockConfig {
-    let nodes = urls
-        .iter()
-        .enumerate()
-        .map(|(i, url)| NodeSpec::parse(i, url, &Credentials::default()).expect("valid url"))
-        .collect();
-    let mut cfg = RedlockConfig::new(lock, identity, nodes);
-    cfg.ttl = LIB_TTL;
+    let mut cfg = support::engine_config(urls, lock, identity, LIB_TTL);
     cfg.node_timeout = Duration::from_millis(50);
     cfg.connect_timeout = Duration::from_millis(250);
-    cfg.retry_delay = Duration::from_millis(10);
     cfg.retry_max = Duration::from_millis(100);
     cfg
 }
