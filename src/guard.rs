@@ -348,6 +348,8 @@ async fn run(cfg: &GuardConfig, signals: &mut Signals, children: &mut Children) 
 }
 
 /// Renews `lease` in the background; publishes not-leader as soon as renewals end.
+/// Leadership is published before it returns, so the caller's first look at the channel
+/// already has the step-down deadline its self-fencing timers need.
 fn spawn_holder(
     redlock: &Redlock,
     lease: Lease,
@@ -358,6 +360,7 @@ fn spawn_holder(
 ) -> JoinHandle<HoldEnd> {
     let (redlock, metrics, stop) = (redlock.clone(), metrics.clone(), stop.clone());
     let renewal = cfg.renewal;
+    lease::publish_leader(&tx, &lease, &renewal);
     tokio::spawn(async move {
         let end = lease::hold(&redlock, lease, renewal, &tx, &metrics, &stop).await;
         lease::publish_follower(&tx);

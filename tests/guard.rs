@@ -209,12 +209,14 @@ fn losing_the_quorum_kills_cmd_before_the_lock_can_expire_and_exits_76() {
     let mut cluster = ready_cluster(3);
     let dir = TempDir::new("lost");
     let pid_file = dir.path().join("pid");
-    let mut g = guard(
-        &cluster,
-        "holder",
-        &[],
-        &sh(&format!("echo $$ > {}; exec sleep 30", pid_file.display())),
+    let termed = dir.path().join("termed");
+    // CMD notes SIGTERM and runs on: only the SIGKILL at the step-down point ends it.
+    let script = format!(
+        "trap 'touch {}' TERM; echo $$ > {}; while true; do sleep 0.05; done",
+        termed.display(),
+        pid_file.display()
     );
+    let mut g = guard(&cluster, "holder", &[], &sh(&script));
     let cmd_pid = read_pid(&pid_file);
     // How long the key lives on the node that stays up: an upper bound on the lock's validity.
     // (The round was decided at quorum: the key may still be landing on node 2.)
@@ -237,6 +239,10 @@ fn losing_the_quorum_kills_cmd_before_the_lock_can_expire_and_exits_76() {
         stopped_at < key_expiry,
         "CMD stopped {:?} before the key could expire",
         key_expiry - stopped_at
+    );
+    assert!(
+        termed.exists(),
+        "CMD got SIGTERM --kill-grace before the SIGKILL"
     );
     assert_eq!(
         exit_code(&mut g, Duration::from_secs(10)),
@@ -616,19 +622,31 @@ fn a_lock_lost_during_min_hold_keeps_cmds_exit_code_and_is_counted() {
 
 #[test]
 fn waiting_for_a_cmd_that_ignores_sigterm_costs_no_cpu() {
-    let cluster = ready_cluster(3);
-    let mut g = guard(
+    let cluster = RedisCluster::start(3);
+    cluster.backdate_epochs(Duration::from_secs(30));
+    let dir = TempDir::new("grace-cpu");
+    let pid_file = dir.path().join("pid");
+    let mut g = guard_with_ttl(
         &cluster,
+        "30s",
         "holder",
-        &["--max-hold", "300ms", "--kill-grace", "1s"],
-        &sh("trap '' TERM; exec sleep 30"),
+        &["--max-hold", "1s", "--kill-grace", "10s"],
+        &sh(&format!(
+            "trap '' TERM; echo $$ > {}; exec sleep 30",
+            pid_file.display()
+        )),
     );
+    let cmd_pid = read_pid(&pid_file);
     g.wait_for_output("--max-hold reached", Duration::from_secs(10));
-    // A measurement window inside the grace period, not a synchronisation.
-    let window = Duration::from_millis(700);
+    // A measurement window inside the 10 s grace period, not a synchronisation.
+    let window = Duration::from_secs(1);
     let before = cpu_ticks(g.pid());
     std::thread::sleep(window);
     let used = cpu_ticks(g.pid()) - before;
+    assert!(
+        pid_alive(cmd_pid),
+        "CMD still runs in its grace period: the window measured guard waiting"
+    );
     // SAFETY: sysconf has no preconditions.
     let per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     let share = used as f64 / per_sec / window.as_secs_f64();
@@ -637,7 +655,6 @@ fn waiting_for_a_cmd_that_ignores_sigterm_costs_no_cpu() {
         "guard used {:.0} % of a core while CMD ignored SIGTERM",
         share * 100.0
     );
-    assert_eq!(exit_code(&mut g, Duration::from_secs(10)), 124);
 }
 
 #[test]
@@ -736,37 +753,53 @@ fn orphans_below_guard_are_reaped() {
 #[test]
 fn not_leader_is_published_before_the_release() {
     let cluster = RedisCluster::start(3);
-    cluster.wait_votes_count(Duration::from_secs(5));
+    cluster.backdate_epochs(Duration::from_secs(30));
+    let dir = TempDir::new("not-leader-first");
+    let (ready, go) = (dir.path().join("ready"), dir.path().join("go"));
     let (addr, listen) = admin_addr();
-    // ttl 5s: after --max-hold, CMD ignores SIGTERM for the 2 s kill grace, and the lock
-    // stays held (not renewed, not yet released) all that time.
+    // After --max-hold, CMD ignores SIGTERM until the test lets it go; the 10 s kill grace
+    // keeps the lock held (no longer renewed, not yet released) for all that time.
+    let script = format!(
+        "trap '' TERM; echo $$ > {0}.tmp; mv {0}.tmp {0}; while [ ! -e {1} ]; do sleep 0.05; done",
+        ready.display(),
+        go.display()
+    );
     let mut g = guard_with_ttl(
         &cluster,
-        "5s",
+        "30s",
         "holder",
         &[
             "--max-hold",
-            "500ms",
+            "3s",
             "--kill-grace",
-            "2s",
+            "10s",
             "--node-timeout",
             "250ms",
             "--listen",
             &listen,
         ],
-        &sh("trap '' TERM; exec sleep 30"),
+        &sh(&script),
     );
+    support::wait_until(Duration::from_secs(10), "CMD ignores SIGTERM", || {
+        ready.exists()
+    });
     support::wait_until(Duration::from_secs(10), "/leader says leader", || {
         http_get(addr, "/leader").is_some_and(|r| r.status == 200)
     });
-    support::wait_until(Duration::from_secs(5), "/leader says not leader", || {
+    support::wait_until(Duration::from_secs(10), "/leader says not leader", || {
         http_get(addr, "/leader").is_some_and(|r| r.status == 503)
     });
     let held = values(&cluster).iter().filter(|v| v.is_some()).count();
-    assert!(
-        held >= 2,
-        "not-leader came while the lock was still held on a quorum (not released yet)"
+    assert_eq!(
+        held, 3,
+        "not-leader is published while the lock is still held"
     );
+    let cmd_pid: i32 = std::fs::read_to_string(&ready)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(pid_alive(cmd_pid), "CMD runs on in its 10 s grace period");
     let metrics = http_get(addr, "/metrics").expect("metrics").body;
     assert!(
         metrics
@@ -774,6 +807,7 @@ fn not_leader_is_published_before_the_release() {
             .any(|l| l.starts_with("redlock_is_leader{") && l.ends_with(" 0")),
         "{metrics}"
     );
+    std::fs::write(&go, "").unwrap();
     assert_eq!(exit_code(&mut g, Duration::from_secs(10)), 124);
     assert_no_key(&cluster, "released at exit");
 }

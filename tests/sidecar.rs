@@ -31,18 +31,23 @@ impl Sidecar {
             &redis,
             "--ttl",
             TTL,
-            "--safety-margin",
-            "300ms",
-            "--retry-delay",
-            "50ms",
             "--listen",
             &listen,
             "--identity",
             name,
-            // Generous for a loaded 2-core test machine; the node timeout bounds each call.
-            "--node-timeout",
-            "250ms",
         ];
+        // Defaults a test may override through `extra`. The node timeout is generous for a
+        // loaded 2-core test machine; it bounds each call.
+        let defaults = [
+            ("--safety-margin", "300ms"),
+            ("--retry-delay", "50ms"),
+            ("--node-timeout", "250ms"),
+        ];
+        for (flag, value) in defaults {
+            if !extra.contains(&flag) {
+                args.extend([flag, value]);
+            }
+        }
         args.extend_from_slice(extra);
         let proc = Proc::spawn(&args, &[("REDLOCK_LOG", "debug")]);
         Sidecar {
@@ -231,7 +236,9 @@ async fn three_sidecars_elect_one_leader_and_hand_over_on_sigterm_sigkill_and_si
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn losing_the_quorum_flips_leader_to_503_before_validity_ends_then_recovers() {
     let mut cluster = ready_cluster(3).await;
-    let a = Sidecar::start("a", &cluster, &[]);
+    // A 1 s margin (of the 2 s ttl): the test sees the step-down late by the time its own
+    // polling takes, which on a loaded machine can exceed the default 300 ms.
+    let a = Sidecar::start("a", &cluster, &["--safety-margin", "1s"]);
     support::wait_until_async(Duration::from_secs(20), "a leads", || a.is_leader()).await;
     // Record when the lock's validity ends, as the leader reports it.
     let seen = Instant::now();

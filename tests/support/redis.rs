@@ -684,6 +684,25 @@ impl RedisNode {
         Some(Duration::ZERO)
     }
 
+    /// Stamps the epoch marker as if this node had kept its data for `age` already: a node that
+    /// has been up for a while, without a test waiting that long for it.
+    pub fn backdate_epoch(&self, age: Duration) {
+        let info = self.command(&["INFO", "server"]);
+        let run_id = info
+            .lines()
+            .find_map(|l| l.strip_prefix("run_id:"))
+            .expect("INFO server has a run_id")
+            .trim();
+        let px = (votes::EPOCH_LIFETIME_MS - age.as_millis() as u64).to_string();
+        self.command(&[
+            "SET",
+            redlock_sidecar::redlock::EPOCH_KEY,
+            run_id,
+            "PX",
+            &px,
+        ]);
+    }
+
     /// Waits until this node's grants count for a lock of `ttl`: its epoch marker is at least
     /// ttl + drift old. Fresh, restarted and flushed nodes do not vote before that.
     pub fn wait_votes_count(&self, ttl: Duration) {
@@ -701,6 +720,14 @@ impl RedisCluster {
     pub fn wait_votes_count(&self, ttl: Duration) {
         for node in self.iter() {
             node.wait_votes_count(ttl);
+        }
+    }
+
+    /// [`RedisNode::backdate_epoch`] for every node: their grants count for any ttl up to
+    /// `ttl` at once.
+    pub fn backdate_epochs(&self, ttl: Duration) {
+        for node in self.iter() {
+            node.backdate_epoch(votes::required_data_age(ttl));
         }
     }
 
