@@ -124,8 +124,7 @@ async fn next_session(
             .last_begin()
             .filter(|(at, who, _)| *at >= after && not.is_none_or(|n| n != who))
     };
-    support::wait_until_async(deadline, what, || async { found(store).is_some() }).await;
-    found(store).expect("just seen")
+    support::wait_for_async(deadline, what, || found(store)).await
 }
 
 /// Waits (bounded) until a session is open (begun, neither ended nor gone) and returns it.
@@ -139,8 +138,7 @@ async fn open_session(
             .last_begin()
             .filter(|(_, who, token)| store.is_open(who, *token))
     };
-    support::wait_until_async(deadline, what, || async { found(store).is_some() }).await;
-    found(store).expect("just seen")
+    support::wait_for_async(deadline, what, || found(store)).await
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -1038,11 +1036,11 @@ async fn kill_guard_holder(
 /// Kills (SIGKILL) the `run` sidecar that leads, and checks its successor came no sooner than its
 /// key expired on a quorum. A new sidecar replaces it (the pod restarts).
 async fn kill_run_leader(run: &mut RunFleet, cluster: &RedisCluster) -> Instant {
-    support::wait_until_async(PROC_TTL + TAKEOVER_SLACK, "a run sidecar leads", || async {
-        run.leader().is_some()
-    })
-    .await;
-    let (i, who, _) = run.leader().expect("just seen");
+    let (i, who, _) =
+        support::wait_for_async(PROC_TTL + TAKEOVER_SLACK, "a run sidecar leads", || {
+            run.leader()
+        })
+        .await;
     let crash = Instant::now();
     let code = run.remove(i, libc::SIGKILL).await;
     assert_eq!(code, 128 + libc::SIGKILL);
@@ -1068,11 +1066,11 @@ async fn kill_run_leader(run: &mut RunFleet, cluster: &RedisCluster) -> Instant 
 /// Stops the `run` leader gracefully (its app first, then SIGTERM: native sidecars stop after the
 /// app) and starts a replacement.
 async fn retire_run_leader(run: &mut RunFleet) {
-    support::wait_until_async(PROC_TTL + TAKEOVER_SLACK, "a run sidecar leads", || async {
-        run.leader().is_some()
-    })
-    .await;
-    let (i, who, _) = run.leader().expect("just seen");
+    let (i, who, _) =
+        support::wait_for_async(PROC_TTL + TAKEOVER_SLACK, "a run sidecar leads", || {
+            run.leader()
+        })
+        .await;
     let stopped = Instant::now();
     let code = run.remove(i, libc::SIGTERM).await;
     assert_eq!(code, 0, "{who} exits 0 on SIGTERM");
@@ -1323,11 +1321,11 @@ async fn a_holder_paused_past_its_ttl_is_caught_by_fencing() {
     let run_part = async {
         let mut run = RunFleet::start("pause-run", "run", &urls, 2);
         for _ in 0..rounds {
-            support::wait_until_async(PROC_TTL + TAKEOVER_SLACK, "a run sidecar leads", || async {
-                run.leader().is_some()
-            })
-            .await;
-            let (i, who, _) = run.leader().expect("just seen");
+            let (i, who, _) =
+                support::wait_for_async(PROC_TTL + TAKEOVER_SLACK, "a run sidecar leads", || {
+                    run.leader()
+                })
+                .await;
             let addr = run.members[i].addr;
             assert!(run.members[i].proc.sigstop());
             let paused = Instant::now();
@@ -1662,15 +1660,12 @@ async fn a_holder_cut_off_from_a_majority_stops_before_anyone_else_starts() {
     };
     let lib_part = async {
         for round in 0..rounds {
-            let (i, who, _) = {
-                support::wait_until_async(
-                    LIB_TTL + TAKEOVER_SLACK,
-                    "a library contender holds the lock",
-                    || async { fleet.holder().is_some() },
-                )
-                .await;
-                fleet.holder().expect("just seen")
-            };
+            let (i, who, _) = support::wait_for_async(
+                LIB_TTL + TAKEOVER_SLACK,
+                "a library contender holds the lock",
+                || fleet.holder(),
+            )
+            .await;
             cut_off(&lib_proxies[i], &[1, 2], round % 2 == 1);
             let cut = Instant::now();
             next_session(

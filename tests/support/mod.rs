@@ -89,6 +89,25 @@ where
     }
 }
 
+/// Polls `probe` until it yields a value, and returns that value: for conditions that can
+/// stop holding between a check and a second read.
+pub async fn wait_for_async<T>(
+    deadline: Duration,
+    what: &str,
+    mut probe: impl FnMut() -> Option<T>,
+) -> T {
+    let end = tokio::time::Instant::now() + deadline;
+    loop {
+        if let Some(value) = probe() {
+            return value;
+        }
+        if tokio::time::Instant::now() >= end {
+            panic!("timed out after {deadline:?} waiting for: {what}");
+        }
+        tokio::time::sleep(POLL_EVERY).await;
+    }
+}
+
 /// A loopback TCP port that was free a moment ago (bind 127.0.0.1:0, read the port, release it).
 /// Someone else may take it before you bind it: [`RedisNode::start`] retries on a new port.
 pub fn free_port() -> u16 {
