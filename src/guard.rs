@@ -23,7 +23,8 @@
 //! - guard and the supervisor are child subreapers: orphans below them are reaped, so
 //!   guard can be a container's PID 1.
 //! - When CMD exits, whatever is left of its tree is killed, the lock is kept until
-//!   `--min-hold` has passed since CMD started (a signal cuts this short), then released;
+//!   `--min-hold` has passed since CMD started (a signal, forwarded to CMD before or
+//!   received during the hold, cuts this short), then released;
 //!   guard exits with CMD's code (128+signal if a signal killed it). A lock lost during
 //!   `--min-hold` is logged, counted and reported as an Event; CMD's code stands.
 //! - `--max-hold`: renewals stop and CMD is stopped (SIGTERM, then SIGKILL); exit 124.
@@ -224,6 +225,8 @@ async fn run(cfg: &GuardConfig, signals: &mut Signals, children: &mut Children) 
     ));
     let mut hold_end: Option<HoldEnd> = None;
     let mut loss = Loss { reason: None };
+    // A signal forwarded to CMD asks the whole job to end: no --min-hold after it.
+    let mut forwarded = None;
     let max_hold_at = cfg.max_hold.map(|d| started + d);
     let code = loop {
         let step_down_at = match &rx.borrow().role {
@@ -242,6 +245,7 @@ async fn run(cfg: &GuardConfig, signals: &mut Signals, children: &mut Children) 
             sig = signals.recv() => {
                 info!(signal = sig, "forwarding signal to CMD");
                 cmd.signal(sig);
+                forwarded = Some(sig);
             }
             end = async { holder.as_mut().expect("polled only while running").await }, if holder.is_some() => {
                 holder = None;
@@ -283,7 +287,12 @@ async fn run(cfg: &GuardConfig, signals: &mut Signals, children: &mut Children) 
     children.kill_all_below().await;
 
     info!(exit_code = code, "CMD exited");
-    if cmd.stopping.is_none() {
+    if let Some(sig) = forwarded.filter(|_| !cfg.min_hold.is_zero()) {
+        info!(
+            signal = sig,
+            "CMD was signalled; releasing without waiting for --min-hold"
+        );
+    } else if cmd.stopping.is_none() {
         // Keep the lock for --min-hold after CMD started, still renewing.
         if let Some(running) = holder.as_mut() {
             tokio::select! {

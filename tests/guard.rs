@@ -263,7 +263,8 @@ fn signals_are_forwarded_and_cmds_exit_code_is_passed_through() {
         "trap 'echo got-term >> {0}; exit 7' TERM; echo ready >> {0}; while true; do sleep 0.05; done",
         marks.display()
     );
-    let mut g = guard(&cluster, "holder", &[], &sh(&script));
+    // A signal asks the whole job to end: no --min-hold after CMD exits from it.
+    let mut g = guard(&cluster, "holder", &["--min-hold", "60s"], &sh(&script));
     support::wait_until(Duration::from_secs(10), "CMD ready", || {
         std::fs::read_to_string(&marks).is_ok_and(|s| s.contains("ready"))
     });
@@ -1086,6 +1087,8 @@ fn thirty_guards_started_at_the_same_instant_run_cmd_exactly_once() {
         assert!(g.stderr_text().contains("lock busy"), "{}", g.output_text());
     }
     let winner = &mut winner.expect("one guard runs CMD");
+    // SIGTERM during --min-hold, not while CMD still runs (it would end the run with 143).
+    winner.wait_for_output("CMD exited", Duration::from_secs(10));
     winner.sigterm();
     assert_eq!(exit_code(winner, Duration::from_secs(10)), 0);
     let text = std::fs::read_to_string(&runs).unwrap_or_default();
