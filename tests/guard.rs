@@ -662,7 +662,10 @@ fn waiting_for_a_cmd_that_ignores_sigterm_costs_no_cpu() {
 
 #[test]
 fn sigkill_of_guards_process_group_kills_cmds_whole_tree_before_the_lock_can_expire() {
-    let cluster = ready_cluster(3);
+    // ttl 10 s: renewals keep the lock on a loaded machine until the kill, and the test's own
+    // polling is small beside the validity it is measured against.
+    let cluster = RedisCluster::start(3);
+    cluster.backdate_epochs(Duration::from_secs(10));
     let dir = TempDir::new("tree");
     let file = |name: &str| dir.path().join(name);
     let script = format!(
@@ -675,7 +678,13 @@ fn sigkill_of_guards_process_group_kills_cmds_whole_tree_before_the_lock_can_exp
     // SIGKILLed as a terminal or a process manager would.
     let bin = support::bin().display().to_string();
     let mut argv = vec![bin];
-    argv.extend(guard_argv(&cluster, "2s", "holder", &[], &sh(&script)));
+    argv.extend(guard_argv(
+        &cluster,
+        "10s",
+        "holder",
+        &["--node-timeout", "250ms"],
+        &sh(&script),
+    ));
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
     let g = Proc::spawn_program(Path::new("setsid"), &argv, &[]);
     let tree: Vec<i32> = ["sh", "child", "escaped"]
