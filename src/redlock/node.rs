@@ -2,7 +2,7 @@
 //!
 //! ## Behaviour
 //! - One multiplexed connection per node, made lazily (in the background, bounded by the
-//!   connect timeout) and remade after I/O errors, with connect and response timeouts set.
+//!   connect timeout) and remade after I/O errors.
 //! - On every new connection the node's [`NodeFacts`] (run id, eviction policy) are read
 //!   once; a restart always drops the connection, so the run id is never stale. The
 //!   eviction policy can change under a live connection: it is read again in the

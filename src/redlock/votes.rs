@@ -156,6 +156,17 @@ mod tests {
     }
 
     #[test]
+    fn the_scripts_stamp_the_marker_with_the_lifetime_the_age_is_read_against() {
+        let lifetime = EPOCH_LIFETIME_MS.to_string();
+        for script in [
+            crate::redlock::scripts::ACQUIRE,
+            crate::redlock::scripts::EXTEND,
+        ] {
+            assert_eq!(script.matches(lifetime.as_str()).count(), 3, "{script}");
+        }
+    }
+
+    #[test]
     fn an_evicting_node_counts_only_when_allowed() {
         let ttl = Duration::from_secs(1);
         let lru = facts("allkeys-lru");

@@ -667,11 +667,17 @@ impl RedisNode {
         })
     }
 
+    /// The server process' `run_id` from `INFO server`, if the node answers.
+    pub fn run_id(&self) -> Option<String> {
+        let info = self.try_command(&["INFO", "server"]).ok()?;
+        let run_id = info.lines().find_map(|l| l.strip_prefix("run_id:"))?;
+        Some(run_id.trim().to_owned())
+    }
+
     /// How long this node has provably kept its data for the engine: the age of its epoch
     /// marker, stamping the marker first (as the first contender to meet the node would).
     pub fn data_age(&self) -> Option<Duration> {
-        let info = self.try_command(&["INFO", "server"]).ok()?;
-        let run_id = info.lines().find_map(|l| l.strip_prefix("run_id:"))?.trim();
+        let run_id = &self.run_id()?;
         let key = redlock_sidecar::redlock::EPOCH_KEY;
         let marker = self.try_command(&["GET", key]).ok()?;
         let pttl: i64 = self.try_command(&["PTTL", key]).ok()?.parse().ok()?;
@@ -687,12 +693,9 @@ impl RedisNode {
     /// Stamps the epoch marker as if this node had kept its data for `age` already: a node that
     /// has been up for a while, without a test waiting that long for it.
     pub fn backdate_epoch(&self, age: Duration) {
-        let info = self.command(&["INFO", "server"]);
-        let run_id = info
-            .lines()
-            .find_map(|l| l.strip_prefix("run_id:"))
-            .expect("INFO server has a run_id")
-            .trim();
+        let run_id = &self
+            .run_id()
+            .expect("the node answers INFO server with a run_id");
         let px = (votes::EPOCH_LIFETIME_MS - age.as_millis() as u64).to_string();
         self.command(&[
             "SET",
