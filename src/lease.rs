@@ -8,6 +8,9 @@
 //!   can expire on any node. Losing is never fatal: the loop steps down and contends again.
 //! - **Contrary evidence.** An extend that finds a quorum of nodes holding another value or
 //!   no key ends leadership at once (reason `superseded`): no retry can bring the lease back.
+//! - **A lost lease keeps its promise.** Whatever ended it, the nodes we still hold are
+//!   released only once the validity last published has run out: an app may act on
+//!   `validity_ms` until then, so nobody else may lead before. Only SIGTERM releases at once.
 //! - All deadlines are on [`clock`]: a host suspend counts against them, so a resumed
 //!   process never believes it still leads.
 //! - **Pause detection.** If the task wakes much later than scheduled (process paused,
@@ -212,9 +215,20 @@ pub async fn run(
                 publish_follower(&tx);
                 metrics.lock_lost(reason);
                 warn!(lock = %lock, fencing_token = lease.fencing_token, reason, "stepped down: lock lost");
-                // Owner-checked, so harmless if someone else holds it now; it frees the
-                // nodes we still hold for the next contender.
+                // The app may still act on the validity its last answer reported: what we
+                // still hold keeps the lock from anyone else until then (nodes that lost our
+                // key do not vote before it either, see `redlock::votes`). A SIGTERM cuts
+                // the wait short, as it does a tenure: the app is stopped first.
+                tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => {}
+                    _ = clock::sleep_until(lease.valid_until) => {}
+                }
+                // Owner-checked, so harmless if someone else holds it now.
                 redlock.release(&lease).await;
+                if cancel.is_cancelled() {
+                    return;
+                }
             }
         }
     }

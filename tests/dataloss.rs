@@ -7,14 +7,14 @@
 //! Every test polls each sidecar's `/leader` all along, and reads each sidecar's log at the end.
 //! A tenure's extent is known from what the sidecar itself reported, not from catching two 200s
 //! in one poll: its claim began after the sidecar logged the acquisition of its fencing token
-//! (leadership is published right after; `leader_since` is the start of that round), lasted at
-//! least until the last 200 with that token was asked for, and ended at the latest when the
-//! sidecar logged its step-down or release (it stops claiming just before), at the next "not
-//! leader" answer, or when the validity its last answer reported ran out. A round that began
-//! before the previous holder stepped down but took the lock after it is a handoff, not an
+//! (leadership is published right after; `leader_since` is the start of that round). It lasts
+//! as an app sees it: until the validity the last 200 promised runs out (`validity_ms` from
+//! when it was asked), or until the sidecar logged its release on SIGTERM (the app is stopped
+//! first), whichever is first. Stepping down ends the answers "leader", not the promise. A round
+//! that began before the previous claim ended but took the lock after it is a handoff, not an
 //! overlap. The checks, per test:
-//! - no claim begins before the previous one has ended (at its latest bound), and fencing
-//!   tokens strictly increase from tenure to tenure;
+//! - no claim begins before the previous one has ended, and fencing tokens strictly increase
+//!   from tenure to tenure;
 //! - where a majority lost the key, the leader steps down within one renew interval, and nobody
 //!   leads again until a ttl after the loss;
 //! - where one node of the leader's bare majority lost it, nobody else leads before the leader
@@ -32,6 +32,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use redlock_sidecar::redlock::votes;
 use support::{http, FaultProxy, Proc, RedisCluster, RedisNode};
 use tokio::task::{block_in_place, JoinHandle};
 use tokio_util::sync::CancellationToken;
@@ -157,11 +158,23 @@ impl Contender {
 
 /// `redlock_node_vote_counted` of `node` at the sidecar at `addr`, if it answers.
 async fn vote_counted(addr: SocketAddr, node: &str) -> Option<i64> {
-    let label = format!("node=\"{node}\"");
+    metric(
+        addr,
+        "redlock_node_vote_counted",
+        &format!("node=\"{node}\""),
+    )
+    .await
+}
+
+/// The sample of `family` whose labels include `label`, at the sidecar at `addr`.
+async fn metric(addr: SocketAddr, family: &str, label: &str) -> Option<i64> {
     let text = http::get(addr, "/metrics").await.ok()?.body;
     text.lines()
-        .filter(|l| l.starts_with("redlock_node_vote_counted{"))
-        .find(|l| l.contains(&label))
+        .filter(|l| {
+            l.strip_prefix(family)
+                .is_some_and(|rest| rest.starts_with('{'))
+        })
+        .find(|l| l.contains(label))
         .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .map(|v| v as i64)
 }
@@ -206,17 +219,22 @@ struct Tenure {
     /// When the last answer saying "leader" with this token was asked for: it lasted at least
     /// until then.
     leading_at: SystemTime,
-    /// It ended at the latest here: when the sidecar logged its step-down or release (it
-    /// stops claiming just before), the first later "not leader" answer, or when the validity
-    /// its last answer reported ran out, whichever is first.
+    /// The sidecar stopped answering "leader" by here: when it logged its step-down or
+    /// release, the first later "not leader" answer, or when the validity its last answer
+    /// reported ran out, whichever is first.
+    stopped_by: SystemTime,
+    /// The claim ended here, as an app sees it: when the validity the last 200 promised ran
+    /// out (counted from when it was asked), or at the release the sidecar logged on SIGTERM.
     ended_by: SystemTime,
 }
 
-/// When a sidecar's log says each of its tenures (by fencing token) was acquired, and ended.
+/// When a sidecar's log says each of its tenures (by fencing token) was acquired, stepped
+/// down, and released on SIGTERM.
 #[derive(Default)]
 struct LogTimes {
     acquired: HashMap<u64, SystemTime>,
-    ended: HashMap<u64, SystemTime>,
+    stepped_down: HashMap<u64, SystemTime>,
+    released: HashMap<u64, SystemTime>,
 }
 
 /// Reads the sidecar's text log: a timestamp first, the message, `fencing_token=N`.
@@ -240,7 +258,10 @@ fn log_times(log: &str) -> LogTimes {
         if line.contains("acquired the lock") {
             times.acquired.insert(token, at);
         } else if line.contains("stepped down") || line.contains("released the lock") {
-            times.ended.entry(token).or_insert(at);
+            times.stepped_down.entry(token).or_insert(at);
+        }
+        if line.contains("released the lock") {
+            times.released.entry(token).or_insert(at);
         }
     }
     times
@@ -422,10 +443,13 @@ fn tenures(seen: &[Seen], names: &[String], logs: &[LogTimes]) -> Vec<Tenure> {
         let log = &logs[who];
         let mut close = |mut t: Tenure, bound: Option<SystemTime>| {
             if let Some(bound) = bound {
-                t.ended_by = t.ended_by.min(bound);
+                t.stopped_by = t.stopped_by.min(bound);
             }
-            if let Some(&ended) = log.ended.get(&t.token) {
-                t.ended_by = t.ended_by.min(ended);
+            if let Some(&stepped_down) = log.stepped_down.get(&t.token) {
+                t.stopped_by = t.stopped_by.min(stepped_down);
+            }
+            if let Some(&released) = log.released.get(&t.token) {
+                t.ended_by = t.ended_by.min(released);
             }
             out.push(t);
         };
@@ -438,10 +462,12 @@ fn tenures(seen: &[Seen], names: &[String], logs: &[LogTimes]) -> Vec<Tenure> {
                     validity,
                 } => {
                     let valid_end = s.received + validity;
+                    let promised = s.sent + validity;
                     match open.as_mut() {
                         Some(t) if t.token == token => {
                             t.leading_at = s.sent;
-                            t.ended_by = valid_end;
+                            t.stopped_by = valid_end;
+                            t.ended_by = t.ended_by.max(promised);
                         }
                         _ => {
                             if let Some(t) = open.take() {
@@ -454,7 +480,8 @@ fn tenures(seen: &[Seen], names: &[String], logs: &[LogTimes]) -> Vec<Tenure> {
                                 claimed_after: log.acquired.get(&token).copied().unwrap_or(since),
                                 first_seen: s.received,
                                 leading_at: s.sent,
-                                ended_by: valid_end,
+                                stopped_by: valid_end,
+                                ended_by: promised,
                             });
                         }
                     }
@@ -491,12 +518,13 @@ fn assert_one_leader_at_a_time(tenures: &[Tenure]) {
     let describe = |t: &Tenure| {
         format!(
             "{} (token {}, round began {:.1} ms, claimed after {:.1} ms, led at least until \
-             {:.1} ms, at most until {:.1} ms)",
+             {:.1} ms, stopped by {:.1} ms, claim ended {:.1} ms)",
             t.who,
             t.token,
             at(t.since),
             at(t.claimed_after),
             at(t.leading_at),
+            at(t.stopped_by),
             at(t.ended_by)
         )
     };
@@ -557,13 +585,19 @@ async fn key_is(node: &RedisNode, value: &str, what: &str) {
 }
 
 /// A takes the lock holding exactly nodes 0 and 1 (its proxy to node 2 refuses), then B, which
-/// reaches all three, joins and sees A hold it. Returns (A, B, A's tenure).
+/// reaches all three, joins and sees A hold it. Node 2 has been up for long (its votes count at
+/// once): B can win nodes 0 and 2 the moment A lets go of node 0. Returns (A, B, A's tenure).
 async fn a_holds_a_bare_majority(
-    nodes: &[SocketAddr],
+    cluster: &RedisCluster,
     watch: &mut Watch,
-    extra: &[&str],
 ) -> (Contender, Contender, Tenure) {
-    let a = Contender::start("a", nodes, &[2], extra, &[]).await;
+    let nodes = &cluster.addrs();
+    block_in_place(|| {
+        cluster
+            .node(2)
+            .backdate_epoch(votes::required_data_age(TTL))
+    });
+    let a = Contender::start("a", nodes, &[2], &[], &[]).await;
     watch.add(&a);
     let first = watch
         .next_tenure(
@@ -573,7 +607,7 @@ async fn a_holds_a_bare_majority(
             &[&a],
         )
         .await;
-    let b = Contender::start("b", nodes, &[], extra, &[]).await;
+    let b = Contender::start("b", nodes, &[], &[], &[]).await;
     watch.add(&b);
     support::wait_until_async(ELECTION, "b sees a hold the lock", || async {
         b.holder().await.as_deref() == Some("a")
@@ -607,9 +641,9 @@ async fn after_one_node_of_a_bare_majority_lost_it(
         .find(|t| t.who == held.who && t.token == held.token)
         .expect("a's tenure");
     assert!(
-        old.ended_by <= by + TTL,
+        old.stopped_by <= by + TTL,
         "a stops claiming the lock within its validity ({:.1} ms after the loss)",
-        ms_between(by, old.ended_by)
+        ms_between(by, old.stopped_by)
     );
     tenures
 }
@@ -684,11 +718,11 @@ async fn a_majority_loses_the_key(command: &str) {
         "the first leader still led when the data was lost"
     );
     assert!(
-        old.ended_by <= by + RENEW + STEP_DOWN_SLACK,
+        old.stopped_by <= by + RENEW + STEP_DOWN_SLACK,
         "{command} on a majority: {} steps down at its next renewal (within {RENEW:?}), \
          not {:.1} ms after the loss",
         old.who,
-        ms_between(by, old.ended_by)
+        ms_between(by, old.stopped_by)
     );
     let next = tenures
         .iter()
@@ -698,7 +732,7 @@ async fn a_majority_loses_the_key(command: &str) {
         "{command} on a majority: {} stepped down at most {:.0} ms after the loss; {} led {:.0} ms \
          after it (ttl {TTL:?}, renew interval {RENEW:?})",
         old.who,
-        ms_between(by, old.ended_by),
+        ms_between(by, old.stopped_by),
         next.who,
         ms_between(from, next.since)
     );
@@ -735,14 +769,46 @@ async fn flushdb_on_a_majority_ends_the_tenure_at_the_next_renewal_and_nobody_le
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_restarted_without_persistence_does_not_vote_for_another_leader() {
     let mut cluster = cluster();
-    let nodes = cluster.addrs();
     let mut watch = Watch::new();
-    let (a, b, held) = a_holds_a_bare_majority(&nodes, &mut watch, &[]).await;
+    let (a, b, held) = a_holds_a_bare_majority(&cluster, &mut watch).await;
     let from = SystemTime::now();
     block_in_place(|| cluster.node_mut(1).restart());
     let by = SystemTime::now();
     assert_eq!(block_in_place(|| cluster.node(1).command(&["DBSIZE"])), "0");
     after_one_node_of_a_bare_majority_lost_it(watch, &[&a, &b], &held, from, by).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+/// Node 1 of A's bare majority loses the key, and A's way to node 2 (which never had it)
+/// opens: A's next renewal finds its key gone from a quorum and steps down at once. The node
+/// it still holds must keep B out until the validity A last reported has run out (an app may
+/// act on it until then): B could win nodes 0 and 2 the moment A let go of node 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_superseded_by_a_data_loss_keeps_the_lock_from_others_until_its_validity_ends() {
+    let cluster = cluster();
+    let mut watch = Watch::new();
+    let (a, b, held) = a_holds_a_bare_majority(&cluster, &mut watch).await;
+    let from = SystemTime::now();
+    block_in_place(|| assert_eq!(cluster.node(1).command(&["FLUSHALL"]), "OK"));
+    a.proxies[2].refuse(false);
+    let by = SystemTime::now();
+    support::wait_until_async(ELECTION, "a steps down: superseded", || async {
+        metric(a.addr, "redlock_lock_lost_total", "reason=\"superseded\"").await == Some(1)
+    })
+    .await;
+    let tenures =
+        after_one_node_of_a_bare_majority_lost_it(watch, &[&a, &b], &held, from, by).await;
+    let old = tenures
+        .iter()
+        .find(|t| t.who == held.who && t.token == held.token)
+        .expect("a's tenure");
+    assert!(
+        old.stopped_by <= by + RENEW + STEP_DOWN_SLACK,
+        "superseded: a steps down at its next renewal (within {RENEW:?}), not {:.1} ms after \
+         the loss",
+        ms_between(by, old.stopped_by)
+    );
     a.stop().await;
     b.stop().await;
 }
@@ -767,7 +833,7 @@ async fn a_node_restored_from_a_snapshot_older_than_the_lock_does_not_vote_for_a
     warm_up(&nodes, &mut watch).await;
     key_is(cluster.node(1), "(nil)", "w's release reached node 1").await;
     block_in_place(|| cluster.node(1).save_snapshot());
-    let (a, b, held) = a_holds_a_bare_majority(&nodes, &mut watch, &[]).await;
+    let (a, b, held) = a_holds_a_bare_majority(&cluster, &mut watch).await;
     let from = SystemTime::now();
     block_in_place(|| cluster.node_mut(1).restart_from_snapshot());
     let by = SystemTime::now();
@@ -806,7 +872,7 @@ async fn a_failover_to_a_replica_that_missed_the_write_does_not_vote_for_another
         block_in_place(|| info_field(&replica, "replication", "master_link_status")) == "down"
     })
     .await;
-    let (a, b, held) = a_holds_a_bare_majority(&nodes, &mut watch, &[]).await;
+    let (a, b, held) = a_holds_a_bare_majority(&cluster, &mut watch).await;
     block_in_place(|| {
         assert!(cluster.node(1).command(&["GET", KEY]).starts_with("a:"));
         assert_eq!(
