@@ -5,7 +5,8 @@
 //!   refreshes the follower's view of the holder.
 //! - While holding, extends every renew interval. A failed extend is retried quickly;
 //!   leadership is given up at `valid_until − safety margin` at the latest, before the key
-//!   can expire on any node. Losing is never fatal: the loop steps down and contends again.
+//!   can expire on any node. Losing is never fatal: the loop steps down, lets the lost
+//!   lease's validity run out (below) and contends again.
 //! - **Contrary evidence.** An extend that finds a quorum of nodes holding another value or
 //!   no key ends leadership at once (reason `superseded`): no retry can bring the lease back.
 //! - **A lost lease keeps its promise.** Whatever ended it, the nodes we still hold are

@@ -749,6 +749,12 @@ impl RunFleet {
                     member.proc.output_text()
                 )
             });
+        // Shown only if the test fails: what the sidecar saw, for the checker's verdict.
+        println!(
+            "--- {} (exit {status}) ---\n{}",
+            member.identity,
+            member.proc.output_text()
+        );
         let code = exit_code(status);
         self.exits.push((member.identity, code));
         code
