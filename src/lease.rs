@@ -217,9 +217,10 @@ pub async fn run(
                 metrics.lock_lost(reason);
                 warn!(lock = %lock, fencing_token = lease.fencing_token, reason, "stepped down: lock lost");
                 // The app may still act on the validity its last answer reported: what we
-                // still hold keeps the lock from anyone else until then (nodes that lost our
-                // key do not vote before it either, see `redlock::votes`). A SIGTERM cuts
-                // the wait short, as it does a tenure: the app is stopped first.
+                // still hold keeps the lock from anyone else until then (a node of our last
+                // quorum that lost our key since does not vote before then either, see
+                // `redlock::votes`). A SIGTERM cuts the wait short, as it does a tenure: the
+                // app is stopped first.
                 tokio::select! {
                     biased;
                     _ = cancel.cancelled() => {}
