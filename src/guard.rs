@@ -147,7 +147,7 @@ async fn run(cfg: &GuardConfig, signals: &mut Signals, children: &mut Children) 
         info!(signal = sig, lock = %lock, "signal before CMD started; not running CMD");
         let token = match &acquired {
             Ok(lease) => {
-                release(&redlock, lease).await;
+                lease::release(&redlock, lease).await;
                 Some(lease.fencing_token)
             }
             Err(_) => None,
@@ -190,7 +190,7 @@ async fn run(cfg: &GuardConfig, signals: &mut Signals, children: &mut Children) 
         Ok(pid) => pid,
         Err(err) => {
             error!(command = %cfg.command[0], error = %err, "cannot start CMD");
-            release(&redlock, &lease).await;
+            lease::release(&redlock, &lease).await;
             metrics.guard_run("failed");
             let code = if err.kind() == std::io::ErrorKind::NotFound {
                 EXIT_NOT_FOUND
@@ -318,7 +318,7 @@ async fn run(cfg: &GuardConfig, signals: &mut Signals, children: &mut Children) 
     };
     // The hold task has published not-leader before returning.
     if let Some(HoldEnd::Cancelled(lease) | HoldEnd::Lost(_, lease)) = &hold_end {
-        release(&redlock, lease).await;
+        lease::release(&redlock, lease).await;
     }
     let held = |kind, exit_code| Outcome {
         kind,
@@ -397,11 +397,6 @@ impl Loss {
             warn!(lock = %lock, reason, "lock lost");
         }
     }
-}
-
-async fn release(redlock: &Redlock, lease: &Lease) {
-    let released = redlock.release(lease).await;
-    info!(lock = %redlock.config().lock, fencing_token = lease.fencing_token, nodes = released, "released the lock");
 }
 
 /// CMD's process group and the state of stopping it.

@@ -208,8 +208,7 @@ pub async fn run(
         match hold(&redlock, lease, renewal, &tx, &metrics, &cancel).await {
             HoldEnd::Cancelled(lease) => {
                 publish_follower(&tx);
-                let released = redlock.release(&lease).await;
-                info!(lock = %lock, fencing_token = lease.fencing_token, nodes = released, "released the lock");
+                release(&redlock, &lease).await;
                 return;
             }
             HoldEnd::Lost(reason, lease) => {
@@ -227,13 +226,20 @@ pub async fn run(
                     _ = clock::sleep_until(lease.valid_until) => {}
                 }
                 // Owner-checked, so harmless if someone else holds it now.
-                redlock.release(&lease).await;
+                release(&redlock, &lease).await;
                 if cancel.is_cancelled() {
                     return;
                 }
             }
         }
     }
+}
+
+/// Releases `lease` on every node (owner-checked, announced to waiters) and logs how many
+/// nodes still held it.
+pub async fn release(redlock: &Redlock, lease: &Lease) {
+    let released = redlock.release(lease).await;
+    info!(lock = %redlock.config().lock, fencing_token = lease.fencing_token, nodes = released, "released the lock");
 }
 
 /// The engine for `cfg`, reporting to a fresh metrics registry (which also carries the

@@ -60,6 +60,22 @@ const TIMING: [&str; 12] = [
     "--retry-delay",
     "50ms",
 ];
+/// A ttl whose validity outlasts any wait for a sidecar to exit, and timing flags with it.
+const LONG_TTL: Duration = Duration::from_secs(30);
+const LONG_TIMING: [&str; 12] = [
+    "--ttl",
+    "30s",
+    "--renew-interval",
+    "500ms",
+    "--safety-margin",
+    "1s",
+    "--node-timeout",
+    "250ms",
+    "--connect-timeout",
+    "500ms",
+    "--retry-delay",
+    "50ms",
+];
 /// After the renewal that sees the loss: the extend's own round trip, publishing, and the next
 /// poll on a busy machine.
 const STEP_DOWN_SLACK: Duration = Duration::from_millis(700);
@@ -81,12 +97,24 @@ struct Contender {
 }
 
 impl Contender {
-    /// Starts a sidecar named `name` on `nodes`; its proxies to the nodes in `cut` refuse every
-    /// connection from the start.
+    /// Starts a sidecar named `name` on `nodes` with [`TIMING`]; its proxies to the nodes in
+    /// `cut` refuse every connection from the start.
     async fn start(
         name: &str,
         nodes: &[SocketAddr],
         cut: &[usize],
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Contender {
+        Contender::start_with(name, nodes, cut, &TIMING, extra, env).await
+    }
+
+    /// [`Contender::start`] with other timing flags.
+    async fn start_with(
+        name: &str,
+        nodes: &[SocketAddr],
+        cut: &[usize],
+        timing: &[&str],
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Contender {
@@ -106,7 +134,7 @@ impl Contender {
             .expect("loopback address");
         let listen = addr.to_string();
         let mut args = vec!["run", "--lock", LOCK, "--redis", &redis];
-        args.extend(TIMING);
+        args.extend(timing);
         args.extend(["--listen", &listen, "--identity", name]);
         args.extend(["--kubernetes", "off"]);
         args.extend(extra);
@@ -811,6 +839,56 @@ async fn a_leader_superseded_by_a_data_loss_keeps_the_lock_from_others_until_its
     );
     a.stop().await;
     b.stop().await;
+}
+
+/// The same loss with a 30 s ttl, and no standby: the superseded leader still holds node 0
+/// long after it stepped down, and a SIGTERM during that wait releases it at once and exits
+/// (within [`Contender::stop`]'s 10 s, far less than the validity left).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_superseded_leader_keeps_the_node_it_holds_until_a_sigterm_releases_it() {
+    let cluster = cluster();
+    block_in_place(|| cluster.backdate_epochs(LONG_TTL));
+    let nodes = cluster.addrs();
+    let mut watch = Watch::new();
+    let a = Contender::start_with("a", &nodes, &[2], &LONG_TIMING, &[], &[]).await;
+    watch.add(&a);
+    let held = watch
+        .next_tenure(
+            SystemTime::UNIX_EPOCH,
+            Some("a"),
+            "a leads on nodes 0 and 1",
+            &[&a],
+        )
+        .await;
+    let value = block_in_place(|| cluster.node(0).command(&["GET", KEY]));
+    assert!(value.starts_with("a:"), "a holds node 0: {value}");
+    block_in_place(|| assert_eq!(cluster.node(1).command(&["FLUSHALL"]), "OK"));
+    a.proxies[2].refuse(false);
+    support::wait_until_async(ELECTION, "a steps down: superseded", || async {
+        metric(a.addr, "redlock_lock_lost_total", "reason=\"superseded\"").await == Some(1)
+    })
+    .await;
+    let answer = http::get(a.addr, "/leader").await.expect("a answers");
+    assert_eq!(answer.status, 503, "a no longer claims the lock");
+    // The same value: neither released nor taken again (nodes 0 and 2 would grant it).
+    let kept = block_in_place(|| cluster.node(0).command(&["GET", KEY]));
+    assert_eq!(
+        kept, value,
+        "a keeps node 0 while the validity it reported runs"
+    );
+    let sigterm = SystemTime::now();
+    let log = a.stop().await;
+    key_is(cluster.node(0), "(nil)", "a released node 0 on SIGTERM").await;
+    let released = log_times(&log).released;
+    assert_eq!(
+        released.keys().collect::<Vec<_>>(),
+        [&held.token],
+        "one release, of the superseded tenure:\n{log}"
+    );
+    assert!(
+        released[&held.token] >= sigterm,
+        "a released the lock on SIGTERM, not when it stepped down:\n{log}"
+    );
 }
 
 /// A first sidecar takes the lock on every node and releases it (SIGTERM): the nodes now carry
