@@ -625,16 +625,7 @@ async fn a_holds_a_bare_majority(
             .node(2)
             .backdate_epoch(votes::required_data_age(TTL))
     });
-    let a = Contender::start("a", nodes, &[2], &[], &[]).await;
-    watch.add(&a);
-    let first = watch
-        .next_tenure(
-            SystemTime::UNIX_EPOCH,
-            Some("a"),
-            "a leads on nodes 0 and 1",
-            &[&a],
-        )
-        .await;
+    let (a, first) = a_leads_on_nodes_0_and_1(nodes, &TIMING, watch).await;
     let b = Contender::start("b", nodes, &[], &[], &[]).await;
     watch.add(&b);
     support::wait_until_async(ELECTION, "b sees a hold the lock", || async {
@@ -644,15 +635,48 @@ async fn a_holds_a_bare_majority(
     (a, b, first)
 }
 
+/// Starts A with `timing`, its proxy to node 2 refusing, and waits for its tenure.
+async fn a_leads_on_nodes_0_and_1(
+    nodes: &[SocketAddr],
+    timing: &[&str],
+    watch: &mut Watch,
+) -> (Contender, Tenure) {
+    let a = Contender::start_with("a", nodes, &[2], timing, &[], &[]).await;
+    watch.add(&a);
+    let tenure = watch
+        .next_tenure(
+            SystemTime::UNIX_EPOCH,
+            Some("a"),
+            "a leads on nodes 0 and 1",
+            &[&a],
+        )
+        .await;
+    (a, tenure)
+}
+
+/// Node 1 of A's bare majority loses the key and A's way to node 2 (which never had it)
+/// opens; waits until A's next renewal finds its key gone from a quorum and steps down.
+/// Returns when the loss was complete.
+async fn supersede(cluster: &RedisCluster, a: &Contender) -> SystemTime {
+    block_in_place(|| assert_eq!(cluster.node(1).command(&["FLUSHALL"]), "OK"));
+    a.proxies[2].refuse(false);
+    let by = SystemTime::now();
+    support::wait_until_async(ELECTION, "a steps down: superseded", || async {
+        metric(a.addr, "redlock_lock_lost_total", "reason=\"superseded\"").await == Some(1)
+    })
+    .await;
+    by
+}
+
 /// After one node of A's bare majority lost the key between `from` and `by`: someone leads
-/// again, never while A still did (checked by [`Watch::finish`]).
+/// again, never while A still did (checked by [`Watch::finish`]). Returns A's tenure.
 async fn after_one_node_of_a_bare_majority_lost_it(
     watch: Watch,
     running: &[&Contender],
     held: &Tenure,
     from: SystemTime,
     by: SystemTime,
-) -> Vec<Tenure> {
+) -> Tenure {
     let next = watch
         .next_tenure(
             from,
@@ -665,7 +689,7 @@ async fn after_one_node_of_a_bare_majority_lost_it(
     watch.lasted(&next, RENEW * 3).await;
     let tenures = watch.finish(running).await;
     let old = tenures
-        .iter()
+        .into_iter()
         .find(|t| t.who == held.who && t.token == held.token)
         .expect("a's tenure");
     assert!(
@@ -673,7 +697,7 @@ async fn after_one_node_of_a_bare_majority_lost_it(
         "a stops claiming the lock within its validity ({:.1} ms after the loss)",
         ms_between(by, old.stopped_by)
     );
-    tenures
+    old
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -818,19 +842,8 @@ async fn a_leader_superseded_by_a_data_loss_keeps_the_lock_from_others_until_its
     let mut watch = Watch::new();
     let (a, b, held) = a_holds_a_bare_majority(&cluster, &mut watch).await;
     let from = SystemTime::now();
-    block_in_place(|| assert_eq!(cluster.node(1).command(&["FLUSHALL"]), "OK"));
-    a.proxies[2].refuse(false);
-    let by = SystemTime::now();
-    support::wait_until_async(ELECTION, "a steps down: superseded", || async {
-        metric(a.addr, "redlock_lock_lost_total", "reason=\"superseded\"").await == Some(1)
-    })
-    .await;
-    let tenures =
-        after_one_node_of_a_bare_majority_lost_it(watch, &[&a, &b], &held, from, by).await;
-    let old = tenures
-        .iter()
-        .find(|t| t.who == held.who && t.token == held.token)
-        .expect("a's tenure");
+    let by = supersede(&cluster, &a).await;
+    let old = after_one_node_of_a_bare_majority_lost_it(watch, &[&a, &b], &held, from, by).await;
     assert!(
         old.stopped_by <= by + RENEW + STEP_DOWN_SLACK,
         "superseded: a steps down at its next renewal (within {RENEW:?}), not {:.1} ms after \
@@ -850,24 +863,10 @@ async fn a_superseded_leader_keeps_the_node_it_holds_until_a_sigterm_releases_it
     block_in_place(|| cluster.backdate_epochs(LONG_TTL));
     let nodes = cluster.addrs();
     let mut watch = Watch::new();
-    let a = Contender::start_with("a", &nodes, &[2], &LONG_TIMING, &[], &[]).await;
-    watch.add(&a);
-    let held = watch
-        .next_tenure(
-            SystemTime::UNIX_EPOCH,
-            Some("a"),
-            "a leads on nodes 0 and 1",
-            &[&a],
-        )
-        .await;
+    let (a, held) = a_leads_on_nodes_0_and_1(&nodes, &LONG_TIMING, &mut watch).await;
     let value = block_in_place(|| cluster.node(0).command(&["GET", KEY]));
     assert!(value.starts_with("a:"), "a holds node 0: {value}");
-    block_in_place(|| assert_eq!(cluster.node(1).command(&["FLUSHALL"]), "OK"));
-    a.proxies[2].refuse(false);
-    support::wait_until_async(ELECTION, "a steps down: superseded", || async {
-        metric(a.addr, "redlock_lock_lost_total", "reason=\"superseded\"").await == Some(1)
-    })
-    .await;
+    supersede(&cluster, &a).await;
     let answer = http::get(a.addr, "/leader").await.expect("a answers");
     assert_eq!(answer.status, 503, "a no longer claims the lock");
     // The same value: neither released nor taken again (nodes 0 and 2 would grant it).
