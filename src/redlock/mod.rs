@@ -138,6 +138,9 @@ pub struct RedlockConfig {
     /// How long a fencing counter is kept after its last use; then the Unix-ms floor of the
     /// next token takes over (see [`fencing`]).
     pub fence_retention: Duration,
+    /// The name of the node set recorded beside the lock; `None`: the fingerprint of `nodes`
+    /// (see [`votes::node_set_fingerprint`]).
+    pub node_set: Option<String>,
     /// Count votes of nodes whose `maxmemory-policy` may evict lock keys (unsafe).
     pub allow_evicting_nodes: bool,
     /// Tests only: pretend this client's wall clock is off by this many milliseconds, to
@@ -164,6 +167,7 @@ impl RedlockConfig {
             ttl: Duration::from_secs(10),
             max_ttl: None,
             fence_retention: DEFAULT_FENCE_RETENTION,
+            node_set: None,
             allow_evicting_nodes: false,
             wall_clock_skew_ms: 0,
             node_timeout: Duration::from_millis(50),
@@ -209,6 +213,16 @@ impl RedlockConfig {
                     ),
                 ));
             }
+        }
+        if self
+            .node_set
+            .as_ref()
+            .is_some_and(|name| name.is_empty() || name.len() > 200 || name.chars().any(char::is_control))
+        {
+            return Err(ConfigError::new(
+                "--node-set",
+                "must be 1 to 200 printable characters",
+            ));
         }
         if self.node_timeout.is_zero() {
             return Err(ConfigError::new("--node-timeout", "must be greater than 0"));
@@ -471,9 +485,11 @@ impl Redlock {
                 ttl_key: format!("redlock:{{{name}}}:ttl"),
                 node_set_key: format!("redlock:{{{name}}}:nodes"),
                 channel: format!("redlock:{{{name}}}:released"),
-                node_set: votes::node_set_fingerprint(
-                    &cfg.nodes.iter().map(NodeSpec::identity).collect::<Vec<_>>(),
-                ),
+                node_set: cfg.node_set.clone().unwrap_or_else(|| {
+                    votes::node_set_fingerprint(
+                        &cfg.nodes.iter().map(NodeSpec::identity).collect::<Vec<_>>(),
+                    )
+                }),
                 conflict_logged_at: std::sync::Mutex::new(None),
                 fence_seen: AtomicU64::new(0),
                 max_ttl_seen: AtomicU64::new(0),
