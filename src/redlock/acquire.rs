@@ -10,7 +10,10 @@
 //!   retries then, also past its deadline (never longer than the longest ttl plus drift).
 //! - Any answer that shows a live node-set record of another node list (another contender of
 //!   this lock lists other nodes) makes the round refuse to lead:
-//!   [`LockError::NodeSetConflict`], logged (at most once a minute) and counted.
+//!   [`LockError::NodeSetConflict`], logged (at most once a minute) and counted. A round won on
+//!   nodes that carry no record at all (the lock unused for twice its ttl) hears every node
+//!   first (each bounded by the node timeout), since the other list's record may stand on a
+//!   node that answers last.
 //! - A node reporting a fencing counter at or above 2^53 (beyond what Lua compares exactly)
 //!   is a protocol error for that node, not a number to build on.
 
@@ -94,6 +97,8 @@ struct Judged {
     /// For a grant that does not count only because the node's data age is short: how long
     /// until it would.
     ready_in: Option<Duration>,
+    /// A grant from a node that carried no node-set record.
+    unrecorded: bool,
 }
 
 impl Judged {
@@ -103,6 +108,7 @@ impl Judged {
             stored: false,
             pending: None,
             ready_in: None,
+            unrecorded: false,
         }
     }
 }
@@ -150,18 +156,14 @@ impl Redlock {
             ));
         }
         let settled = matches!(proof.data_age, DataAge::Proven(age) if age >= super::votes::settled_data_age());
+        let unrecorded = reply.7.is_empty();
         match self.judge(index, &facts, proof) {
-            Ok(()) if settled => Judged {
-                vote: Vote::Granted,
-                stored: reply.4 == 1,
-                pending: None,
-                ready_in: None,
-            },
             Ok(()) => Judged {
                 vote: Vote::Granted,
                 stored: reply.4 == 1,
-                pending: Some((facts, proof)),
+                pending: (!settled).then_some((facts, proof)),
                 ready_in: None,
+                unrecorded,
             },
             Err(NotCounted { why, ready_in }) => Judged {
                 ready_in,
@@ -199,9 +201,12 @@ impl Redlock {
         let mut pending = Vec::new();
         // Per node: how long until a grant that does not count yet would.
         let mut ready_in: Vec<Option<Duration>> = vec![None; n];
+        // Whether a grant came from a node without a node-set record.
+        let mut unrecorded = false;
         while let Some((index, answer)) = answers.recv().await {
             let judged = self.acquire_vote(index, answer, &mut seen, false);
             ready_in[index] = judged.ready_in;
+            unrecorded |= judged.unrecorded;
             if let Some((facts, proof)) = judged.pending {
                 pending.push((index, facts, proof, judged.stored));
                 continue;
@@ -227,13 +232,21 @@ impl Redlock {
                 tally.record(index, vote);
             }
         }
+        let granted = tally.granted();
+        let quorum_granted = tally.won();
+        let mut votes = tally.votes;
+        if quorum_granted && unrecorded {
+            // Nodes of the quorum carry no node-set record: another node list's record may
+            // stand on a node that has not answered yet, so every answer is heard first.
+            while let Some((index, answer)) = answers.recv().await {
+                votes[index] = Some(self.acquire_vote(index, answer, &mut seen, true).vote);
+            }
+        }
         // Nodes may have stored the candidate even if this round fails: start above it next time.
         self.inner
             .fence_seen
             .fetch_max(seen.fence.max(candidate), Ordering::Relaxed);
-        let won = tally.won() && seen.foreign_node_set.is_none();
-        let granted = tally.granted();
-        let mut votes = tally.votes;
+        let won = quorum_granted && seen.foreign_node_set.is_none();
         if !won {
             // The remaining answers (each bounded by the node timeout) complete the report,
             // so followers see the holder most nodes agree on, and show where to clean up.

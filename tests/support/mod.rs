@@ -24,7 +24,7 @@ pub use self::http::Response;
 #[allow(unused_imports)]
 pub use self::process::{bin, Proc};
 #[allow(unused_imports)]
-pub use self::proxy::FaultProxy;
+pub use self::proxy::{FaultProxy, KeepingProxy};
 #[allow(unused_imports)]
 pub use self::redis::{
     command_at, command_at_async, command_at_timeout, RawConn, RedisCluster, RedisNode, Resp,
