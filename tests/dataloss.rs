@@ -1017,12 +1017,7 @@ async fn a_node_that_resyncs_from_an_old_copy_of_itself_does_not_vote_for_anothe
         cluster.node(1).replicate(copy.addr());
     });
     key_is(cluster.node(1), "(nil)", "node 1 took the copy's data").await;
-    block_in_place(|| {
-        assert_eq!(
-            cluster.node(1).command(&["REPLICAOF", "NO", "ONE"]),
-            "OK"
-        )
-    });
+    block_in_place(|| assert_eq!(cluster.node(1).command(&["REPLICAOF", "NO", "ONE"]), "OK"));
     let by = SystemTime::now();
     after_one_node_of_a_bare_majority_lost_it(watch, &[&a, &b], &held, from, by).await;
     a.stop().await;
@@ -1034,14 +1029,18 @@ async fn a_node_that_resyncs_from_an_old_copy_of_itself_does_not_vote_for_anothe
 /// open connections. The replica holds node 1's epoch marker (replicated), and the connection
 /// was opened to node 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failover_behind_a_proxy_that_keeps_client_connections_does_not_vote_for_another_leader(
-) {
+async fn a_failover_behind_a_proxy_that_keeps_client_connections_does_not_vote_for_another_leader()
+{
     let mut cluster = cluster();
     let replica = block_in_place(RedisNode::start_replica);
     let link = FaultProxy::start(cluster.node(1).addr()).await;
     block_in_place(|| replica.replicate(link.addr()));
     let keeping = KeepingProxy::start(cluster.node(1).addr()).await;
-    let nodes = [cluster.node(0).addr(), keeping.addr(), cluster.node(2).addr()];
+    let nodes = [
+        cluster.node(0).addr(),
+        keeping.addr(),
+        cluster.node(2).addr(),
+    ];
     let mut watch = Watch::new();
     warm_up(&nodes, &mut watch).await;
     let marker = block_in_place(|| cluster.node(1).command(&["GET", EPOCH_KEY]));
@@ -1055,7 +1054,11 @@ async fn a_failover_behind_a_proxy_that_keeps_client_connections_does_not_vote_f
     let (a, b, held) = a_holds_a_bare_majority_of(&cluster, &nodes, &mut watch).await;
     block_in_place(|| {
         assert!(cluster.node(1).command(&["GET", KEY]).starts_with("a:"));
-        assert_eq!(replica.command(&["GET", KEY]), "(nil)", "the replica missed it");
+        assert_eq!(
+            replica.command(&["GET", KEY]),
+            "(nil)",
+            "the replica missed it"
+        );
     });
     let from = SystemTime::now();
     block_in_place(|| assert_eq!(replica.command(&["REPLICAOF", "NO", "ONE"]), "OK"));
@@ -1076,16 +1079,17 @@ async fn swapdb_on_a_node_does_not_vote_for_another_leader() {
     // are stamped now, and age while a takes its lock below.
     let urls: Vec<String> = cluster.iter().map(|n| format!("{}/1", n.url())).collect();
     let db1 = support::engine_config(&urls, "other", "other", TTL);
-    let other = redlock_sidecar::redlock::Redlock::new(
-        db1,
-        Arc::new(redlock_sidecar::redlock::NoObserver),
-    )
-    .expect("valid config");
+    let other =
+        redlock_sidecar::redlock::Redlock::new(db1, Arc::new(redlock_sidecar::redlock::NoObserver))
+            .expect("valid config");
     let _ = other.try_acquire().await;
     let stamped = block_in_place(|| {
-        cluster
-            .node(1)
-            .command(&["EVAL", "redis.call('SELECT', 1) return redis.call('GET', KEYS[1])", "1", EPOCH_KEY])
+        cluster.node(1).command(&[
+            "EVAL",
+            "redis.call('SELECT', 1) return redis.call('GET', KEYS[1])",
+            "1",
+            EPOCH_KEY,
+        ])
     });
     assert_ne!(stamped, "(nil)", "database 1 of node 1 has an epoch marker");
     drop(other);
@@ -1131,78 +1135,6 @@ async fn debug_reload_keeps_the_lock_with_its_holder() {
 }
 
 // ------------------------------------------------------------------------------------------------
-// Mixed ttls: the longest is known before a young node's vote counts, whatever the answer order
-// ------------------------------------------------------------------------------------------------
-
-/// L (ttl 12 s) holds all three nodes; nodes 1 and 2 are flushed while L is frozen (so no
-/// renewal teaches them its ttl again). X (ttl 2 s, no `--max-ttl`) reaches node 0, the only
-/// node still holding the 12 s register, 250 ms slower than the others: its grants on nodes 1
-/// and 2 would count 2 s after the flush, while L's validity runs for ten seconds more.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_shorter_ttl_waits_for_the_longest_register_however_late_it_answers() {
-    const LONG: [&str; 12] = [
-        "--ttl",
-        "12s",
-        "--renew-interval",
-        "500ms",
-        "--safety-margin",
-        "1s",
-        "--node-timeout",
-        "400ms",
-        "--connect-timeout",
-        "500ms",
-        "--retry-delay",
-        "50ms",
-    ];
-    const SHORT: [&str; 12] = [
-        "--ttl",
-        "2s",
-        "--renew-interval",
-        "500ms",
-        "--safety-margin",
-        "300ms",
-        "--node-timeout",
-        "400ms",
-        "--connect-timeout",
-        "500ms",
-        "--retry-delay",
-        "50ms",
-    ];
-    let cluster = cluster();
-    block_in_place(|| cluster.backdate_epochs(Duration::from_secs(12)));
-    let nodes = cluster.addrs();
-    let mut watch = Watch::new();
-    let mut l = Contender::start_with("l", &nodes, &[], &LONG, &[], &[]).await;
-    watch.add(&l);
-    let held = watch
-        .next_tenure(SystemTime::UNIX_EPOCH, Some("l"), "l leads", &[&l])
-        .await;
-    watch.lasted(&held, RENEW * 2).await;
-    let x = Contender::start_with("x", &nodes, &[], &SHORT, &[], &[]).await;
-    x.proxies[0].set_latency(Duration::from_millis(250), Duration::ZERO);
-    watch.add(&x);
-    support::wait_until_async(ELECTION, "x sees l hold the lock", || async {
-        x.holder().await.as_deref() == Some("l")
-    })
-    .await;
-    block_in_place(|| {
-        l.proc.sigstop();
-        for i in [1, 2] {
-            assert_eq!(cluster.node(i).command(&["FLUSHALL"]), "OK");
-        }
-    });
-    // X leads once l's key and promise are gone (at most a ttl of 12 s after its last renewal).
-    let next = watch
-        .next_tenure(held.since, Some("x"), "x leads after l's validity", &[&l, &x])
-        .await;
-    block_in_place(|| l.proc.sigcont());
-    watch.lasted(&next, RENEW * 2).await;
-    watch.finish(&[&l, &x]).await;
-    x.stop().await;
-    l.stop().await;
-}
-
-// ------------------------------------------------------------------------------------------------
 // Contenders on different node sets
 // ------------------------------------------------------------------------------------------------
 
@@ -1234,7 +1166,10 @@ async fn contenders_that_list_other_nodes_refuse_to_lead() {
     p.proxies[0].drop_connections();
     support::wait_until_async(ELECTION, "p's key and record on A are gone", || async {
         block_in_place(|| {
-            cluster.node(0).command(&["EXISTS", KEY, "redlock:{dataloss}:nodes"]) == "0"
+            cluster
+                .node(0)
+                .command(&["EXISTS", KEY, "redlock:{dataloss}:nodes"])
+                == "0"
         })
     })
     .await;

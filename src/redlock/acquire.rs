@@ -140,6 +140,8 @@ impl Redlock {
             data_age: DataAge::from_script(reply.2),
             max_ttl: Duration::from_millis(reply.3),
         };
+        // Every answer carries the node's max-ttl register, busy ones too.
+        self.learn_max_ttl(proof.max_ttl);
         if let Some(holder) = seen.add(&reply, &self.inner.node_set) {
             return Judged::vote(Vote::HeldBy(holder));
         }
@@ -224,7 +226,10 @@ impl Redlock {
                         candidate_stored += usize::from(stored);
                         Vote::Granted
                     }
-                    Err(NotCounted { why, ready_in: wait }) => {
+                    Err(NotCounted {
+                        why,
+                        ready_in: wait,
+                    }) => {
                         ready_in[index] = wait;
                         Vote::NotCounted(why)
                     }

@@ -179,7 +179,9 @@ pub enum LockError {
     /// Another contender of this lock lists other Redis nodes (its node-set record is live on
     /// a node we reached): contenders on different node sets could both get a quorum, so we
     /// refuse to lead until its record expires.
-    #[error("lock {lock:?}: another contender lists other Redis nodes; refusing to lead [{votes}]")]
+    #[error(
+        "lock {lock:?}: another contender lists other Redis nodes; refusing to lead [{votes}]"
+    )]
     NodeSetConflict {
         /// The lock name.
         lock: String,

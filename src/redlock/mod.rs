@@ -214,11 +214,9 @@ impl RedlockConfig {
                 ));
             }
         }
-        if self
-            .node_set
-            .as_ref()
-            .is_some_and(|name| name.is_empty() || name.len() > 200 || name.chars().any(char::is_control))
-        {
+        if self.node_set.as_ref().is_some_and(|name| {
+            name.is_empty() || name.len() > 200 || name.chars().any(char::is_control)
+        }) {
             return Err(ConfigError::new(
                 "--node-set",
                 "must be 1 to 200 printable characters",
@@ -358,7 +356,6 @@ struct Inner {
     _stop_on_drop: DropGuard,
 }
 
-
 /// `{status, epoch_age_ms, max_ttl_ms}`.
 type ExtendReply = (i64, i64, u64);
 
@@ -392,7 +389,6 @@ impl<T: Send + 'static> Drop for Answers<T> {
         }
     }
 }
-
 
 /// How a call is ordered against the others that touch our key on the same node.
 ///
@@ -831,11 +827,9 @@ fn lost_answer() -> NodeError {
     }
 }
 
-
 /// The identity part of a lock value (`identity:random`).
 fn identity_of(value: &str) -> &str {
     value
         .rsplit_once(':')
         .map_or(value, |(identity, _)| identity)
 }
-

@@ -140,14 +140,14 @@ pub fn judge(
     }
     let age = match proof.data_age {
         DataAge::Proven(age) => age,
-        DataAge::NoLineage => {
-            return Err(NotCounted::never(
-                "the node's INFO shows no run_id or master_replid, so it cannot prove it kept its data"
-                    .to_owned(),
-            ))
-        }
+        DataAge::NoLineage => return Err(NotCounted::never(
+            "the node's INFO shows no run_id or master_replid, so it cannot prove it kept its data"
+                .to_owned(),
+        )),
         DataAge::NotProven => {
-            return Err(NotCounted::never("no data-age proof in the answer".to_owned()))
+            return Err(NotCounted::never(
+                "no data-age proof in the answer".to_owned(),
+            ))
         }
     };
     let needed = required_data_age(max_ttl);
@@ -191,22 +191,26 @@ impl Redlock {
         facts: &NodeFacts,
         proof: Proof,
     ) -> Result<(), NotCounted> {
-        let reported = u64::try_from(proof.max_ttl.as_millis()).unwrap_or(u64::MAX);
-        let seen = self
-            .inner
-            .max_ttl_seen
-            .fetch_max(reported, Ordering::Relaxed)
-            .max(reported);
-        let longest = self
-            .inner
-            .cfg
-            .longest_ttl()
-            .max(Duration::from_millis(seen));
+        let longest = self.learn_max_ttl(proof.max_ttl);
         let verdict = self
             .same_server_as(index, facts)
             .and_then(|()| judge(facts, proof, longest, self.inner.cfg.allow_evicting_nodes));
         self.inner.observer.node_counted(index, verdict.is_ok());
         verdict
+    }
+
+    /// Takes a node's max-ttl register into account; returns the longest ttl known now.
+    pub(super) fn learn_max_ttl(&self, reported: Duration) -> Duration {
+        let reported = u64::try_from(reported.as_millis()).unwrap_or(u64::MAX);
+        let seen = self
+            .inner
+            .max_ttl_seen
+            .fetch_max(reported, Ordering::Relaxed)
+            .max(reported);
+        self.inner
+            .cfg
+            .longest_ttl()
+            .max(Duration::from_millis(seen))
     }
 
     /// Refuses a node whose connection reports an empty run id, or the run id of a node
@@ -261,7 +265,9 @@ mod tests {
         let ttl = Duration::from_secs(10);
         let safe = facts("noeviction");
         assert_eq!(
-            judge(&safe, proof(10_001), ttl, false).unwrap_err().ready_in,
+            judge(&safe, proof(10_001), ttl, false)
+                .unwrap_err()
+                .ready_in,
             Some(Duration::from_millis(101)),
             "a young node's grant will count once it has kept its data long enough"
         );
@@ -270,7 +276,10 @@ mod tests {
             data_age: DataAge::NoLineage,
             max_ttl: Duration::ZERO,
         };
-        assert_eq!(judge(&safe, no_lineage, ttl, false).unwrap_err().ready_in, None);
+        assert_eq!(
+            judge(&safe, no_lineage, ttl, false).unwrap_err().ready_in,
+            None
+        );
     }
 
     #[test]
@@ -288,12 +297,19 @@ mod tests {
         ] {
             assert_eq!(data_age(&stamped, left, &other), None, "{other}");
         }
-        assert_eq!(data_age(&stamped, -1, &stamped), None, "no expiry: not our stamp");
+        assert_eq!(
+            data_age(&stamped, -1, &stamped),
+            None,
+            "no expiry: not our stamp"
+        );
     }
 
     #[test]
     fn the_script_age_codes_decode() {
-        assert_eq!(DataAge::from_script(5), DataAge::Proven(Duration::from_millis(5)));
+        assert_eq!(
+            DataAge::from_script(5),
+            DataAge::Proven(Duration::from_millis(5))
+        );
         assert_eq!(DataAge::from_script(-1), DataAge::NotProven);
         assert_eq!(DataAge::from_script(-2), DataAge::NoLineage);
     }
@@ -302,8 +318,14 @@ mod tests {
     fn node_set_fingerprints_ignore_order_and_see_every_node() {
         let id = |a: &str| (a.to_owned(), 0);
         let abc = node_set_fingerprint(&[id("a:1"), id("b:1"), id("c:1")]);
-        assert_eq!(abc, node_set_fingerprint(&[id("c:1"), id("a:1"), id("b:1")]));
-        assert_ne!(abc, node_set_fingerprint(&[id("a:1"), id("b:1"), id("d:1")]));
+        assert_eq!(
+            abc,
+            node_set_fingerprint(&[id("c:1"), id("a:1"), id("b:1")])
+        );
+        assert_ne!(
+            abc,
+            node_set_fingerprint(&[id("a:1"), id("b:1"), id("d:1")])
+        );
         assert_ne!(abc, node_set_fingerprint(&[id("a:1"), id("b:1")]));
         assert_eq!(abc.len(), 16);
     }

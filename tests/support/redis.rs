@@ -677,7 +677,9 @@ impl RedisNode {
     /// The server's `master_replid` from `INFO replication`, if the node answers.
     pub fn replid(&self) -> Option<String> {
         let info = self.try_command(&["INFO", "replication"]).ok()?;
-        let replid = info.lines().find_map(|l| l.strip_prefix("master_replid:"))?;
+        let replid = info
+            .lines()
+            .find_map(|l| l.strip_prefix("master_replid:"))?;
         Some(replid.trim().to_owned())
     }
 
