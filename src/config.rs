@@ -178,6 +178,11 @@ pub struct LockArgs {
     /// Who we are (written into the lock value). Default: $POD_NAME, then the host name.
     #[arg(long, env = "REDLOCK_IDENTITY")]
     pub identity: Option<String>,
+    /// Name of the node set, recorded beside the lock so that contenders listing other nodes
+    /// refuse to lead. Default: a fingerprint of the --redis list (host, port, db). Set the same
+    /// name everywhere only when contenders reach the same nodes under different addresses.
+    #[arg(long, env = "REDLOCK_NODE_SET")]
+    pub node_set: Option<String>,
     #[command(flatten)]
     pub redis: RedisArgs,
 }
@@ -362,6 +367,7 @@ impl LockArgs {
         cfg.ttl = self.ttl;
         cfg.max_ttl = self.max_ttl;
         cfg.fence_retention = self.fence_retention;
+        cfg.node_set = self.node_set.clone();
         cfg.allow_evicting_nodes = self.redis.allow_evicting_nodes;
         cfg.node_timeout = self.redis.node_timeout;
         cfg.connect_timeout = self.redis.connect_timeout;

@@ -50,6 +50,7 @@ pub struct Metrics {
     node_errors: IntCounterVec,
     node_vote_counted: IntGaugeVec,
     guard_runs: IntCounterVec,
+    node_set_conflicts: IntCounter,
     ttl: Gauge,
     renew_interval: Gauge,
     safety_margin: Gauge,
@@ -185,6 +186,11 @@ impl Metrics {
                 &["result"],
             )
             .unwrap(),
+            node_set_conflicts: IntCounter::with_opts(opts(
+                "redlock_node_set_conflicts_total",
+                "Rounds that refused to lead because another contender of the lock lists other Redis nodes",
+            ))
+            .unwrap(),
             ttl: Gauge::with_opts(opts(
                 "redlock_ttl_seconds",
                 "Configured lock ttl (--ttl); 0 until set",
@@ -236,6 +242,7 @@ impl Metrics {
             Box::new(self.node_errors.clone()),
             Box::new(self.node_vote_counted.clone()),
             Box::new(self.guard_runs.clone()),
+            Box::new(self.node_set_conflicts.clone()),
             Box::new(self.ttl.clone()),
             Box::new(self.renew_interval.clone()),
             Box::new(self.safety_margin.clone()),
@@ -407,6 +414,10 @@ impl Observer for Metrics {
         self.node_vote_counted
             .with_label_values(&[self.node_label(index)])
             .set(i64::from(counted));
+    }
+
+    fn node_set_conflict(&self) {
+        self.node_set_conflicts.inc();
     }
 }
 

@@ -35,11 +35,12 @@ impl NodeReport {
     pub fn verdict(&self, max_ttl: Duration, allow_evicting: bool) -> Result<(), String> {
         let Some(data_age) = self.data_age else {
             if self.facts.may_evict() && !allow_evicting {
-                return votes::judge(&self.facts, proof(Duration::ZERO), max_ttl, false);
+                return votes::judge(&self.facts, proof(Duration::ZERO), max_ttl, false)
+                    .map_err(|e| e.why);
             }
             return Err("no epoch marker yet: the first contender stamps it".to_owned());
         };
-        votes::judge(&self.facts, proof(data_age), max_ttl, allow_evicting)
+        votes::judge(&self.facts, proof(data_age), max_ttl, allow_evicting).map_err(|e| e.why)
     }
 
     /// Why this node could break mutual exclusion, if it could.
@@ -68,7 +69,7 @@ impl NodeReport {
 
 fn proof(data_age: Duration) -> Proof {
     Proof {
-        data_age,
+        data_age: votes::DataAge::Proven(data_age),
         max_ttl: Duration::ZERO,
     }
 }
@@ -110,9 +111,10 @@ pub async fn node_report(node: &Node, timeout: Duration) -> Result<NodeReport, N
     let pttl: i64 = node
         .command(redis::cmd("PTTL").arg(EPOCH_KEY), timeout)
         .await?;
+    let lineage = votes::lineage(&facts.run_id, &field("master_replid"), node.db());
     let data_age = marker
         .as_deref()
-        .and_then(|marker| votes::data_age(marker, pttl, &facts.run_id));
+        .and_then(|marker| votes::data_age(marker, pttl, &lineage));
     Ok(NodeReport {
         rtt,
         version: field("redis_version"),

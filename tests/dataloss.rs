@@ -32,8 +32,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use redlock_sidecar::redlock::votes;
-use support::{http, FaultProxy, Proc, RedisCluster, RedisNode};
+use redlock_sidecar::redlock::{votes, EPOCH_KEY};
+use support::{http, FaultProxy, KeepingProxy, Proc, RedisCluster, RedisNode};
 use tokio::task::{block_in_place, JoinHandle};
 use tokio_util::sync::CancellationToken;
 
@@ -619,7 +619,16 @@ async fn a_holds_a_bare_majority(
     cluster: &RedisCluster,
     watch: &mut Watch,
 ) -> (Contender, Contender, Tenure) {
-    let nodes = &cluster.addrs();
+    a_holds_a_bare_majority_of(cluster, &cluster.addrs(), watch).await
+}
+
+/// [`a_holds_a_bare_majority`] with the sidecars reaching the nodes at `nodes` (e.g. node 1
+/// behind a proxy).
+async fn a_holds_a_bare_majority_of(
+    cluster: &RedisCluster,
+    nodes: &[SocketAddr],
+    watch: &mut Watch,
+) -> (Contender, Contender, Tenure) {
     block_in_place(|| {
         cluster
             .node(2)
@@ -971,6 +980,216 @@ async fn a_failover_to_a_replica_that_missed_the_write_does_not_vote_for_another
     after_one_node_of_a_bare_majority_lost_it(watch, &[&a, &b], &held, from, by).await;
     a.stop().await;
     b.stop().await;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Data replaced inside a running server: a resync and failback, a failover behind a proxy that
+// keeps client connections, SWAPDB, DEBUG RELOAD
+// ------------------------------------------------------------------------------------------------
+
+/// Waits until `node`'s epoch marker is `marker`.
+async fn marker_is(node: &RedisNode, marker: &str, what: &str) {
+    let key = redlock_sidecar::redlock::EPOCH_KEY;
+    support::wait_until_async(ELECTION, what, || async {
+        block_in_place(|| node.try_command(&["GET", key])).is_ok_and(|v| v == marker)
+    })
+    .await;
+}
+
+/// Node 1 resyncs from a copy of its own data taken before a's lock, then is promoted back
+/// (an operator's `REPLICAOF` and `REPLICAOF NO ONE`, a restore by replication, a failback):
+/// the same server process, holding its own epoch marker from before, minus a's key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_resyncs_from_an_old_copy_of_itself_does_not_vote_for_another_leader() {
+    let cluster = cluster();
+    let nodes = cluster.addrs();
+    let copy = block_in_place(RedisNode::start_replica);
+    block_in_place(|| copy.replicate(cluster.node(1).addr()));
+    let mut watch = Watch::new();
+    warm_up(&nodes, &mut watch).await;
+    let marker = block_in_place(|| cluster.node(1).command(&["GET", EPOCH_KEY]));
+    marker_is(&copy, &marker, "the copy holds node 1's epoch marker").await;
+    block_in_place(|| assert_eq!(copy.command(&["REPLICAOF", "NO", "ONE"]), "OK"));
+    let (a, b, held) = a_holds_a_bare_majority(&cluster, &mut watch).await;
+    let from = SystemTime::now();
+    block_in_place(|| {
+        assert!(cluster.node(1).command(&["GET", KEY]).starts_with("a:"));
+        cluster.node(1).replicate(copy.addr());
+    });
+    key_is(cluster.node(1), "(nil)", "node 1 took the copy's data").await;
+    block_in_place(|| assert_eq!(cluster.node(1).command(&["REPLICAOF", "NO", "ONE"]), "OK"));
+    let by = SystemTime::now();
+    after_one_node_of_a_bare_majority_lost_it(watch, &[&a, &b], &held, from, by).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+/// Node 1 is reached through a proxy that keeps client connections across a failover: its
+/// replica, which missed a's key, is promoted and the proxy re-dials it under the sidecars'
+/// open connections. The replica holds node 1's epoch marker (replicated), and the connection
+/// was opened to node 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_behind_a_proxy_that_keeps_client_connections_does_not_vote_for_another_leader()
+{
+    let mut cluster = cluster();
+    let replica = block_in_place(RedisNode::start_replica);
+    let link = FaultProxy::start(cluster.node(1).addr()).await;
+    block_in_place(|| replica.replicate(link.addr()));
+    let keeping = KeepingProxy::start(cluster.node(1).addr()).await;
+    let nodes = [
+        cluster.node(0).addr(),
+        keeping.addr(),
+        cluster.node(2).addr(),
+    ];
+    let mut watch = Watch::new();
+    warm_up(&nodes, &mut watch).await;
+    let marker = block_in_place(|| cluster.node(1).command(&["GET", EPOCH_KEY]));
+    marker_is(&replica, &marker, "the replica holds node 1's epoch marker").await;
+    link.refuse(true);
+    link.drop_connections();
+    support::wait_until_async(ELECTION, "the replica sees its link down", || async {
+        block_in_place(|| info_field(&replica, "replication", "master_link_status")) == "down"
+    })
+    .await;
+    let (a, b, held) = a_holds_a_bare_majority_of(&cluster, &nodes, &mut watch).await;
+    block_in_place(|| {
+        assert!(cluster.node(1).command(&["GET", KEY]).starts_with("a:"));
+        assert_eq!(
+            replica.command(&["GET", KEY]),
+            "(nil)",
+            "the replica missed it"
+        );
+    });
+    let from = SystemTime::now();
+    block_in_place(|| assert_eq!(replica.command(&["REPLICAOF", "NO", "ONE"]), "OK"));
+    keeping.switch(replica.addr());
+    block_in_place(|| cluster.node_mut(1).stop());
+    let by = SystemTime::now();
+    after_one_node_of_a_bare_majority_lost_it(watch, &[&a, &b], &held, from, by).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+/// `SWAPDB 0 1` on node 1: database 0 now holds what database 1 held, including an epoch
+/// marker stamped there (by another lock user of database 1) long enough ago to count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn swapdb_on_a_node_does_not_vote_for_another_leader() {
+    let cluster = cluster();
+    // Another user of database 1 takes and releases a lock there: the markers of database 1
+    // are stamped now, and age while a takes its lock below.
+    let urls: Vec<String> = cluster.iter().map(|n| format!("{}/1", n.url())).collect();
+    let db1 = support::engine_config(&urls, "other", "other", TTL);
+    let other =
+        redlock_sidecar::redlock::Redlock::new(db1, Arc::new(redlock_sidecar::redlock::NoObserver))
+            .expect("valid config");
+    let _ = other.try_acquire().await;
+    let stamped = block_in_place(|| {
+        cluster.node(1).command(&[
+            "EVAL",
+            "redis.call('SELECT', 1) return redis.call('GET', KEYS[1])",
+            "1",
+            EPOCH_KEY,
+        ])
+    });
+    assert_ne!(stamped, "(nil)", "database 1 of node 1 has an epoch marker");
+    drop(other);
+    let mut watch = Watch::new();
+    let (a, b, held) = a_holds_a_bare_majority(&cluster, &mut watch).await;
+    let from = SystemTime::now();
+    block_in_place(|| {
+        assert_eq!(cluster.node(1).command(&["SWAPDB", "0", "1"]), "OK");
+        assert_eq!(cluster.node(1).command(&["GET", KEY]), "(nil)");
+        assert_eq!(cluster.node(1).command(&["GET", EPOCH_KEY]), stamped);
+    });
+    let by = SystemTime::now();
+    after_one_node_of_a_bare_majority_lost_it(watch, &[&a, &b], &held, from, by).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+/// `DEBUG RELOAD` (save, then load what was saved) loses nothing: the leader keeps the lock,
+/// nobody else leads, and its key is still on node 1. (`DEBUG RELOAD NOSAVE`, loading an older
+/// file, is listed in docs/reliability.md as data loss a client cannot see.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debug_reload_keeps_the_lock_with_its_holder() {
+    let mut cluster = cluster();
+    cluster.nodes[1] = block_in_place(|| RedisNode::start_with(&["--enable-debug-command", "yes"]));
+    let mut watch = Watch::new();
+    let (a, b, held) = a_holds_a_bare_majority(&cluster, &mut watch).await;
+    let value = block_in_place(|| cluster.node(1).command(&["GET", KEY]));
+    block_in_place(|| assert_eq!(cluster.node(1).command(&["DEBUG", "RELOAD"]), "OK"));
+    assert_eq!(
+        block_in_place(|| cluster.node(1).command(&["GET", KEY])),
+        value,
+        "the reload kept a's key"
+    );
+    watch.lasted(&held, TTL * 2).await;
+    let tenures = watch.finish(&[&a, &b]).await;
+    assert_eq!(
+        tenures.len(),
+        1,
+        "a kept the lock through the reload: {tenures:?}"
+    );
+    a.stop().await;
+    b.stop().await;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Contenders on different node sets
+// ------------------------------------------------------------------------------------------------
+
+/// P lists nodes {A, B, C}, Q lists {A, B, D} (a rolling update that replaced a node). P leads;
+/// then P loses its way to A, where its key expires: Q could win A and D, a quorum of its own
+/// list, while P holds B and C. Q sees P's node-set record and refuses to lead, with one log
+/// line and a metric.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contenders_that_list_other_nodes_refuse_to_lead() {
+    let cluster = block_in_place(|| RedisCluster::start(4));
+    block_in_place(|| cluster.backdate_epochs(TTL));
+    let all = cluster.addrs();
+    let fingerprints = [("REDLOCK_NODE_SET", "")];
+    let mut watch = Watch::new();
+    let p = Contender::start("p", &all[..3], &[], &[], &fingerprints).await;
+    watch.add(&p);
+    let held = watch
+        .next_tenure(SystemTime::UNIX_EPOCH, Some("p"), "p leads", &[&p])
+        .await;
+    let q = Contender::start("q", &[all[0], all[1], all[3]], &[], &[], &fingerprints).await;
+    watch.add(&q);
+    support::wait_until_async(ELECTION, "q counts a node-set conflict", || async {
+        metric(q.addr, "redlock_node_set_conflicts_total", "lock=").await >= Some(1)
+    })
+    .await;
+    // P's key on A expires (a ttl), then its record there (twice the ttl): from then on, only
+    // the record on B, where P's key stands, keeps Q from winning A and D.
+    p.proxies[0].refuse(true);
+    p.proxies[0].drop_connections();
+    support::wait_until_async(ELECTION, "p's key and record on A are gone", || async {
+        block_in_place(|| {
+            cluster
+                .node(0)
+                .command(&["EXISTS", KEY, "redlock:{dataloss}:nodes"])
+                == "0"
+        })
+    })
+    .await;
+    watch.lasted(&held, since(held.since) + RENEW * 4).await;
+    let tenures = watch.finish(&[&p, &q]).await;
+    assert!(
+        tenures.iter().all(|t| t.who == "p"),
+        "q never leads while p does: {tenures:?}"
+    );
+    let log = q.stop().await;
+    assert!(
+        log.contains("another contender of this lock lists other Redis nodes"),
+        "q says why it does not lead:\n{log}"
+    );
+    p.stop().await;
+}
+
+/// How long ago `at` was.
+fn since(at: SystemTime) -> Duration {
+    SystemTime::now().duration_since(at).unwrap_or_default()
 }
 
 // ------------------------------------------------------------------------------------------------

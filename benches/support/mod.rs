@@ -117,13 +117,16 @@ impl RedisServer {
     pub fn data_age(&self) -> Duration {
         let info = self.cmd(&["INFO", "server"]);
         let run_id = info_field(&info, "run_id").unwrap_or_default();
+        let info = self.cmd(&["INFO", "replication"]);
+        let replid = info_field(&info, "master_replid").unwrap_or_default();
+        let lineage = votes::lineage(run_id, replid, 0);
         let marker = self.cmd(&["GET", EPOCH_KEY]);
         let pttl: i64 = self.cmd(&["PTTL", EPOCH_KEY]).parse().unwrap_or(-2);
-        if let Some(age) = votes::data_age(&marker, pttl, run_id) {
+        if let Some(age) = votes::data_age(&marker, pttl, &lineage) {
             return age;
         }
         let lifetime = votes::EPOCH_LIFETIME_MS.to_string();
-        self.cmd(&["SET", EPOCH_KEY, run_id, "PX", &lifetime]);
+        self.cmd(&["SET", EPOCH_KEY, &lineage, "PX", &lifetime]);
         Duration::ZERO
     }
 

@@ -29,6 +29,7 @@
 //! - Nothing here panics on what a node answers: garbage, wrong passwords, dead hosts
 //!   and hung nodes all end as typed [`Vote::Failed`] entries within the node timeout.
 
+mod acquire;
 mod error;
 pub mod fencing;
 mod node;
@@ -36,14 +37,13 @@ mod scripts;
 pub mod timing;
 pub mod votes;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
 use futures_util::StreamExt;
-use rand::Rng;
 use redis::Script;
 use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -55,11 +55,11 @@ pub use node::{
     ClientCert, ConnectSettings, Credentials, Node, NodeError, NodeErrorKind, NodeFacts, NodeSpec,
     FACTS_MAX_AGE,
 };
-use timing::CLOCK_DRIFT_FLOOR;
 pub use timing::{drift, quorum, validity};
 use votes::Proof;
 
-/// The key of each node's epoch marker (see [`votes`]): `<server ms>:<run id>`.
+/// The key of each node's epoch marker (see [`votes`]): the lineage `<run id>:<replication
+/// id>:<db>`, stamped with an expiry its age is read from.
 pub const EPOCH_KEY: &str = "redlock:epoch";
 
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::ACQUIRE));
@@ -114,6 +114,8 @@ pub trait Observer: Send + Sync + 'static {
     }
     /// Node `index`'s vote was or was not counted in an acquire round.
     fn node_counted(&self, _index: usize, _counted: bool) {}
+    /// A round refused to lead: another contender of the lock lists other nodes.
+    fn node_set_conflict(&self) {}
 }
 
 /// An observer that records nothing.
@@ -136,6 +138,9 @@ pub struct RedlockConfig {
     /// How long a fencing counter is kept after its last use; then the Unix-ms floor of the
     /// next token takes over (see [`fencing`]).
     pub fence_retention: Duration,
+    /// The name of the node set recorded beside the lock; `None`: the fingerprint of `nodes`
+    /// (see [`votes::node_set_fingerprint`]).
+    pub node_set: Option<String>,
     /// Count votes of nodes whose `maxmemory-policy` may evict lock keys (unsafe).
     pub allow_evicting_nodes: bool,
     /// Tests only: pretend this client's wall clock is off by this many milliseconds, to
@@ -162,6 +167,7 @@ impl RedlockConfig {
             ttl: Duration::from_secs(10),
             max_ttl: None,
             fence_retention: DEFAULT_FENCE_RETENTION,
+            node_set: None,
             allow_evicting_nodes: false,
             wall_clock_skew_ms: 0,
             node_timeout: Duration::from_millis(50),
@@ -208,6 +214,14 @@ impl RedlockConfig {
                 ));
             }
         }
+        if self.node_set.as_ref().is_some_and(|name| {
+            name.is_empty() || name.len() > 200 || name.chars().any(char::is_control)
+        }) {
+            return Err(ConfigError::new(
+                "--node-set",
+                "must be 1 to 200 printable characters",
+            ));
+        }
         if self.node_timeout.is_zero() {
             return Err(ConfigError::new("--node-timeout", "must be greater than 0"));
         }
@@ -223,6 +237,17 @@ impl RedlockConfig {
                     humantime::format_duration(drift)
                 ),
             ));
+        }
+        for (flag, ttl) in [("--ttl", Some(self.ttl)), ("--max-ttl", self.max_ttl)] {
+            if ttl.is_some_and(|ttl| ttl > timing::MAX_TTL) {
+                return Err(ConfigError::new(
+                    flag,
+                    format!(
+                        "must be at most {} (nodes kept their data that long count at once)",
+                        humantime::format_duration(timing::MAX_TTL)
+                    ),
+                ));
+            }
         }
         if let Some(max_ttl) = self.max_ttl.filter(|max| *max < self.ttl) {
             return Err(ConfigError::new(
@@ -310,8 +335,13 @@ struct Inner {
     key: String,
     fence_key: String,
     ttl_key: String,
+    node_set_key: String,
     channel: String,
     nodes: Vec<Node>,
+    /// The fingerprint of our node list, recorded beside the lock (see `votes`).
+    node_set: String,
+    /// When a node-set conflict was last logged.
+    conflict_logged_at: std::sync::Mutex<Option<Instant>>,
     /// The highest fencing counter seen, so the next candidate token starts above it.
     fence_seen: AtomicU64,
     /// The longest ttl (ms) any node's max-ttl register ever reported for this lock.
@@ -326,11 +356,8 @@ struct Inner {
     _stop_on_drop: DropGuard,
 }
 
-/// `{granted, fence, epoch_age_ms, max_ttl_ms, candidate_stored, holder_value, holder_pttl}`.
-type AcquireReply = (i64, u64, u64, u64, i64, String, i64);
-
 /// `{status, epoch_age_ms, max_ttl_ms}`.
-type ExtendReply = (i64, u64, u64);
+type ExtendReply = (i64, i64, u64);
 
 /// One node's answer to a script, with the facts of the connection it came on.
 type Answer<T> = (usize, Result<(T, Arc<NodeFacts>), NodeError>);
@@ -360,46 +387,6 @@ impl<T: Send + 'static> Drop for Answers<T> {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move { while calls.next().await.is_some() {} });
         }
-    }
-}
-
-/// What the acquire answers of one round say about the lock besides the votes.
-#[derive(Default)]
-struct Seen {
-    /// The highest fencing counter any node reported.
-    fence: u64,
-    /// The shortest remaining ttl of another holder's key.
-    holder_ttl: Option<Duration>,
-    /// Other holders' lock values and on how many nodes each was seen.
-    holders: Vec<(String, usize)>,
-}
-
-impl Seen {
-    /// Takes one answer into account; returns the holder's identity if the key was taken.
-    fn add(&mut self, reply: &AcquireReply) -> Option<String> {
-        let (granted, fence, _, _, _, holder_value, pttl) = reply;
-        self.fence = self.fence.max(*fence);
-        if *granted == 1 {
-            return None;
-        }
-        if let Ok(ms) = u64::try_from(*pttl) {
-            let ttl = Duration::from_millis(ms);
-            self.holder_ttl = Some(self.holder_ttl.map_or(ttl, |t| t.min(ttl)));
-        }
-        match self.holders.iter_mut().find(|(v, _)| v == holder_value) {
-            Some((_, nodes)) => *nodes += 1,
-            None => self.holders.push((holder_value.clone(), 1)),
-        }
-        Some(identity_of(holder_value).to_owned())
-    }
-
-    /// On how many nodes the most widespread other holder was seen.
-    fn most_held(&self) -> usize {
-        self.holders
-            .iter()
-            .map(|(_, nodes)| *nodes)
-            .max()
-            .unwrap_or(0)
     }
 }
 
@@ -444,8 +431,14 @@ impl Drop for KeyWrite {
 
 impl Inner {
     /// The keys every script gets, in the order `scripts` documents.
-    fn keys(&self) -> [&str; 4] {
-        [&self.key, &self.fence_key, &self.ttl_key, EPOCH_KEY]
+    fn keys(&self) -> [&str; 5] {
+        [
+            &self.key,
+            &self.fence_key,
+            &self.ttl_key,
+            EPOCH_KEY,
+            &self.node_set_key,
+        ]
     }
 
     /// Arguments 4 on of the scripts that keep the fencing counter: its retention in ms.
@@ -486,7 +479,14 @@ impl Redlock {
                 key: format!("redlock:{{{name}}}"),
                 fence_key: format!("redlock:{{{name}}}:fence"),
                 ttl_key: format!("redlock:{{{name}}}:ttl"),
+                node_set_key: format!("redlock:{{{name}}}:nodes"),
                 channel: format!("redlock:{{{name}}}:released"),
+                node_set: cfg.node_set.clone().unwrap_or_else(|| {
+                    votes::node_set_fingerprint(
+                        &cfg.nodes.iter().map(NodeSpec::identity).collect::<Vec<_>>(),
+                    )
+                }),
+                conflict_logged_at: std::sync::Mutex::new(None),
                 fence_seen: AtomicU64::new(0),
                 max_ttl_seen: AtomicU64::new(0),
                 key_writes: (0..nodes.len()).map(|_| watch::channel(0).0).collect(),
@@ -574,255 +574,6 @@ impl Redlock {
         Answers { calls }
     }
 
-    /// The vote in node `index`'s acquire answer, and whether it stored our candidate token.
-    /// `decided` marks answers that came after the round was decided: a grant then is too late.
-    fn acquire_vote(
-        &self,
-        index: usize,
-        answer: Result<(AcquireReply, Arc<NodeFacts>), NodeError>,
-        seen: &mut Seen,
-        decided: bool,
-    ) -> (Vote, bool) {
-        let (reply, facts) = match answer {
-            Ok(answer) => answer,
-            Err(err) => return (Vote::Failed(err), false),
-        };
-        let proof = Proof {
-            data_age: Duration::from_millis(reply.2),
-            max_ttl: Duration::from_millis(reply.3),
-        };
-        let counts = self.judge(index, &facts, proof);
-        match (seen.add(&reply), counts) {
-            (Some(holder), _) => (Vote::HeldBy(holder), false),
-            (None, _) if decided => (
-                Vote::NotCounted("granted after the round was decided".to_owned()),
-                false,
-            ),
-            (None, Ok(())) => (Vote::Granted, reply.4 == 1),
-            (None, Err(why)) => (Vote::NotCounted(why), false),
-        }
-    }
-
-    /// One acquisition round: `Ok` with a lease, or why not. Never waits or retries.
-    pub async fn try_acquire(&self) -> Result<Lease, LockError> {
-        let cfg = &self.inner.cfg;
-        let n = self.inner.nodes.len();
-        let needed = quorum(n);
-        let value = format!("{}:{}", cfg.identity, random_hex());
-        let candidate = self.next_token(self.inner.fence_seen.load(Ordering::Relaxed));
-        let start = clock::now();
-        let since = SystemTime::now();
-        let mut answers = self.fan_out::<AcquireReply>(
-            Op::Acquire,
-            Order::MayWrite,
-            &ACQUIRE,
-            vec![
-                value.clone(),
-                cfg.ttl.as_millis().to_string(),
-                candidate.to_string(),
-                self.inner.retention_ms(),
-            ],
-        );
-        let mut tally = Tally::new(n);
-        let mut seen = Seen::default();
-        // Counted grants whose node stored our candidate token (its counter was lower).
-        let mut candidate_stored = 0;
-        while let Some((index, answer)) = answers.recv().await {
-            let (vote, stored) = self.acquire_vote(index, answer, &mut seen, false);
-            candidate_stored += usize::from(stored);
-            if tally.record(index, vote) {
-                break;
-            }
-        }
-        // Nodes may have stored the candidate even if this round fails: start above it next time.
-        self.inner
-            .fence_seen
-            .fetch_max(seen.fence.max(candidate), Ordering::Relaxed);
-        let won = tally.won();
-        let mut votes = tally.votes;
-        if !won {
-            // The remaining answers (each bounded by the node timeout) complete the report,
-            // so followers see the holder most nodes agree on, and show where to clean up.
-            while let Some((index, answer)) = answers.recv().await {
-                votes[index] = Some(self.acquire_vote(index, answer, &mut seen, true).0);
-            }
-            self.inner
-                .fence_seen
-                .fetch_max(seen.fence, Ordering::Relaxed);
-            // Our key may stand wherever a node did not answer "held by someone else".
-            self.clean_up(
-                &value,
-                |vote| !matches!(vote, Some(Vote::HeldBy(_))),
-                &votes,
-            )
-            .await;
-            let holder = most_common_holder(&votes);
-            let answered = votes
-                .iter()
-                .filter(|v| matches!(v, Some(v) if !matches!(v, Vote::Failed(_))))
-                .count();
-            let votes = self.label_votes(votes);
-            // Not even the nodes that did not answer could give any one holder a quorum:
-            // a split among contenders, who all clean up. Not busy: nobody holds the lock.
-            let split = seen.most_held() + (n - answered) < needed;
-            return Err(if holder.is_some() && answered >= needed && split {
-                LockError::Contended {
-                    lock: cfg.lock.clone(),
-                    votes,
-                }
-            } else if holder.is_some() && answered >= needed {
-                LockError::Busy {
-                    lock: cfg.lock.clone(),
-                    holder,
-                    holder_ttl: seen.holder_ttl,
-                    holder_fence: seen.fence,
-                    votes,
-                }
-            } else {
-                LockError::QuorumUnreachable {
-                    lock: cfg.lock.clone(),
-                    needed,
-                    votes,
-                }
-            });
-        }
-        // Answers after the quorum still carry counters (the next candidate starts above
-        // them) and tell whether their node's vote counts, so every node's report stays current.
-        let this = self.clone();
-        tokio::spawn(async move {
-            let mut late = Seen::default();
-            while let Some((index, answer)) = answers.recv().await {
-                this.acquire_vote(index, answer, &mut late, true);
-            }
-            this.inner
-                .fence_seen
-                .fetch_max(late.fence, Ordering::Relaxed);
-        });
-        let elapsed = || clock::now().saturating_duration_since(start);
-        let too_short = || LockError::ValidityTooShort {
-            lock: cfg.lock.clone(),
-            elapsed: elapsed(),
-            ttl: cfg.ttl,
-        };
-        if validity(cfg.ttl, elapsed()).is_none() {
-            self.clean_up(&value, |_| true, &votes).await;
-            return Err(too_short());
-        }
-        // The candidate is safe once a quorum stored it; otherwise a node already had a
-        // counter at least as high, and a write-back round mints the next token.
-        let fencing_token = if candidate_stored >= needed {
-            candidate
-        } else {
-            match self
-                .raise_fence(self.next_token(seen.fence.max(candidate)))
-                .await
-            {
-                Ok(token) => token,
-                Err(votes_fence) => {
-                    self.clean_up(&value, |_| true, &votes).await;
-                    return Err(LockError::QuorumUnreachable {
-                        lock: cfg.lock.clone(),
-                        needed,
-                        votes: votes_fence,
-                    });
-                }
-            }
-        };
-        self.inner
-            .fence_seen
-            .fetch_max(fencing_token, Ordering::Relaxed);
-        let Some(valid) = validity(cfg.ttl, elapsed()) else {
-            self.clean_up(&value, |_| true, &votes).await;
-            return Err(too_short());
-        };
-        Ok(Lease {
-            value,
-            fencing_token,
-            acquired_at: start,
-            since,
-            valid_until: start + valid,
-        })
-    }
-
-    /// Waits for the lock: retries with growing random delays, and at once when a
-    /// holder announces a release, until `deadline` (then the last error) or `cancel`.
-    ///
-    /// `on_attempt` sees every round's outcome and duration (to publish who holds the lock).
-    pub async fn acquire(
-        &self,
-        deadline: Option<Instant>,
-        cancel: &CancellationToken,
-        mut on_attempt: impl FnMut(&Result<Lease, LockError>, Duration),
-    ) -> Result<Lease, LockError> {
-        self.listen_for_releases();
-        let cfg = &self.inner.cfg;
-        let mut released = self.inner.released.subscribe();
-        let mut attempt = 0u32;
-        let mut collisions = 0u32;
-        let mut woken = false;
-        loop {
-            released.borrow_and_update();
-            // A started round is never abandoned half-way: it is short (node timeout) and
-            // dropping it could leave keys behind until their ttl.
-            let round = Instant::now();
-            let result = self.try_acquire().await;
-            on_attempt(&result, round.elapsed());
-            let err = match result {
-                Ok(lease) => return Ok(lease),
-                Err(err) => err,
-            };
-            // Counts rounds lost right after a release announcement: other waiters heard it too.
-            collisions = if woken {
-                collisions.saturating_add(1)
-            } else {
-                0
-            };
-            let mut delay = match &err {
-                // Held: poll about once per `retry_max` (a release announcement wakes us
-                // sooner), but never past the moment the holder's key expires, so a crashed
-                // holder is replaced promptly.
-                LockError::Busy {
-                    holder_ttl: Some(left),
-                    ..
-                } => {
-                    let poll = cfg.retry_max
-                        + timing::retry_delay(cfg.retry_delay, cfg.retry_delay, 0) / 2;
-                    poll.min(*left + CLOCK_DRIFT_FLOOR)
-                }
-                // Otherwise random and growing, so a struggling fleet is not hammered.
-                _ => timing::retry_delay(cfg.retry_delay, cfg.retry_max, attempt),
-            };
-            if let Some(deadline) = deadline {
-                // A split round says nothing about a holder: retry it past the deadline,
-                // for up to one ttl (by then every key of that round has expired).
-                let deadline = match err {
-                    LockError::Contended { .. } => deadline + cfg.ttl,
-                    _ => deadline,
-                };
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(err);
-                }
-                delay = delay.min(left);
-            }
-            woken = tokio::select! {
-                biased;
-                _ = cancel.cancelled() => return Err(LockError::Cancelled),
-                _ = released.changed() => true,
-                _ = tokio::time::sleep(delay) => false,
-            };
-            if woken && collisions > 0 {
-                // Every waiter hears the same release. A lone waiter retries at once; after
-                // a collision, a random pause that grows with each one spreads them out.
-                let spread =
-                    (Duration::from_micros(250) * (1 << collisions.min(10))).min(cfg.retry_delay);
-                let pause = rand::rng().random_range(Duration::ZERO..=spread);
-                tokio::time::sleep(pause).await;
-            }
-            attempt = attempt.saturating_add(1);
-        }
-    }
-
     /// Extends `lease` to a fresh ttl on a quorum, within its remaining validity.
     ///
     /// Returns the lease with its new validity. Nodes that lost our key get it back only
@@ -843,6 +594,7 @@ impl Redlock {
             cfg.ttl.as_millis().to_string(),
             lease.fencing_token.to_string(),
             self.inner.retention_ms(),
+            self.inner.node_set.clone(),
         ];
         // An answer "key missing" calls for a restore: each node counts as writing our key
         // until its answer has been handled.
@@ -918,7 +670,7 @@ impl Redlock {
         match answer {
             Ok(((status, age, max_ttl), facts)) => {
                 let proof = Proof {
-                    data_age: Duration::from_millis(age),
+                    data_age: votes::DataAge::from_script(age),
                     max_ttl: Duration::from_millis(max_ttl),
                 };
                 let _ = self.judge(index, &facts, proof);
@@ -1075,32 +827,9 @@ fn lost_answer() -> NodeError {
     }
 }
 
-/// The identity that holds the key on the most nodes among `votes`.
-fn most_common_holder(votes: &[Option<Vote>]) -> Option<String> {
-    let mut counts: Vec<(&str, usize)> = Vec::new();
-    for vote in votes.iter().flatten() {
-        if let Vote::HeldBy(identity) = vote {
-            match counts.iter_mut().find(|(id, _)| id == identity) {
-                Some((_, n)) => *n += 1,
-                None => counts.push((identity, 1)),
-            }
-        }
-    }
-    counts
-        .into_iter()
-        .max_by_key(|(_, n)| *n)
-        .map(|(id, _)| id.to_owned())
-}
-
 /// The identity part of a lock value (`identity:random`).
 fn identity_of(value: &str) -> &str {
     value
         .rsplit_once(':')
         .map_or(value, |(identity, _)| identity)
-}
-
-/// 128 random bits as hex.
-fn random_hex() -> String {
-    let bytes: [u8; 16] = rand::rng().random();
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -140,9 +140,10 @@ impl NodeSpec {
         &self.label
     }
 
-    /// The identity used to refuse duplicates: address and database.
+    /// The identity used to refuse duplicates and to fingerprint the node set: address
+    /// (host lower-cased) and database.
     pub fn identity(&self) -> (String, i64) {
-        (self.label.clone(), self.info.redis_settings().db())
+        (self.label.to_lowercase(), self.info.redis_settings().db())
     }
 
     fn password(&self) -> Option<&str> {
@@ -368,6 +369,19 @@ impl Node {
         self.spec.label()
     }
 
+    /// The database index the node's URL selects.
+    pub fn db(&self) -> i64 {
+        self.spec.info.redis_settings().db()
+    }
+
+    /// The facts of the live connection, if there is one (no I/O).
+    pub fn facts(&self) -> Option<Arc<NodeFacts>> {
+        match &*self.link.borrow() {
+            Link::Up(_, facts, _, _) => Some(facts.clone()),
+            _ => None,
+        }
+    }
+
     /// The live connection and its facts, connecting first if needed (within `timeout`).
     async fn connection(
         &self,
@@ -487,8 +501,8 @@ impl Node {
     }
 
     /// Runs `script` with `keys` and `args`, bounded by `timeout` (connecting included).
-    /// The connection's run id is appended as the last argument, and its facts are
-    /// returned with the answer, so that scripts and votes judge the node that answered.
+    /// The node's database index is appended as the last argument (the scripts' data-age proof
+    /// names it), and the connection's facts are returned with the answer.
     pub async fn eval<T: FromRedisValue>(
         &self,
         script: &Script,
@@ -505,7 +519,7 @@ impl Node {
         for arg in args {
             invocation.arg(*arg);
         }
-        invocation.arg(facts.run_id.as_str());
+        invocation.arg(self.spec.info.redis_settings().db());
         match tokio::time::timeout_at(deadline, invocation.invoke_async(&mut conn)).await {
             Ok(Ok(value)) => Ok((value, facts)),
             Ok(Err(e)) => {

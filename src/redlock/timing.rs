@@ -12,6 +12,11 @@ pub const CLOCK_DRIFT_FACTOR: f64 = 0.01;
 /// Fixed drift added for timer granularity on the nodes.
 pub const CLOCK_DRIFT_FLOOR: Duration = Duration::from_millis(2);
 
+/// The longest `--ttl` or `--max-ttl` any contender may use. A node that has kept its data
+/// for longer than this (plus drift) counts whatever ttl anyone uses, so its grant can be
+/// counted before the other nodes have answered (see `votes`).
+pub const MAX_TTL: Duration = Duration::from_secs(3600);
+
 /// Votes needed among `nodes`: a strict majority.
 pub fn quorum(nodes: usize) -> usize {
     nodes / 2 + 1

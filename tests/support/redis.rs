@@ -674,18 +674,32 @@ impl RedisNode {
         Some(run_id.trim().to_owned())
     }
 
+    /// The server's `master_replid` from `INFO replication`, if the node answers.
+    pub fn replid(&self) -> Option<String> {
+        let info = self.try_command(&["INFO", "replication"]).ok()?;
+        let replid = info
+            .lines()
+            .find_map(|l| l.strip_prefix("master_replid:"))?;
+        Some(replid.trim().to_owned())
+    }
+
+    /// The lineage the engine's scripts stamp into the epoch marker of database 0.
+    pub fn lineage(&self) -> Option<String> {
+        Some(votes::lineage(&self.run_id()?, &self.replid()?, 0))
+    }
+
     /// How long this node has provably kept its data for the engine: the age of its epoch
     /// marker, stamping the marker first (as the first contender to meet the node would).
     pub fn data_age(&self) -> Option<Duration> {
-        let run_id = &self.run_id()?;
+        let lineage = &self.lineage()?;
         let key = redlock_sidecar::redlock::EPOCH_KEY;
         let marker = self.try_command(&["GET", key]).ok()?;
         let pttl: i64 = self.try_command(&["PTTL", key]).ok()?.parse().ok()?;
-        if let Some(age) = votes::data_age(&marker, pttl, run_id) {
+        if let Some(age) = votes::data_age(&marker, pttl, lineage) {
             return Some(age);
         }
         let lifetime = votes::EPOCH_LIFETIME_MS.to_string();
-        self.try_command(&["SET", key, run_id, "PX", &lifetime])
+        self.try_command(&["SET", key, lineage, "PX", &lifetime])
             .ok()?;
         Some(Duration::ZERO)
     }
@@ -693,14 +707,14 @@ impl RedisNode {
     /// Stamps the epoch marker as if this node had kept its data for `age` already: a node that
     /// has been up for a while, without a test waiting that long for it.
     pub fn backdate_epoch(&self, age: Duration) {
-        let run_id = &self
-            .run_id()
-            .expect("the node answers INFO server with a run_id");
+        let lineage = &self
+            .lineage()
+            .expect("the node answers INFO with a run_id and a master_replid");
         let px = (votes::EPOCH_LIFETIME_MS - age.as_millis() as u64).to_string();
         self.command(&[
             "SET",
             redlock_sidecar::redlock::EPOCH_KEY,
-            run_id,
+            lineage,
             "PX",
             &px,
         ]);
