@@ -208,6 +208,8 @@ impl RedlockConfig {
                 ));
             }
         }
+        // Bounded before any rule below computes with them.
+        timing::check_bounds(self)?;
         if self.node_timeout.is_zero() {
             return Err(ConfigError::new("--node-timeout", "must be greater than 0"));
         }
