@@ -369,11 +369,17 @@ impl Kube {
         flush_timeout: Duration,
     ) {
         let mut observer = Observer::new(self);
+        let flush_deadline = || {
+            TokioInstant::from_std(crate::clock::saturating_add(
+                TokioInstant::now().into_std(),
+                flush_timeout,
+            ))
+        };
         let (mut sender_gone, deadline) = loop {
             // A state published just before the sender was dropped is a final state: let the
             // flush below apply it (so a release reads as `LockReleased`, not a loss).
             if rx.has_changed().is_err() {
-                break (true, TokioInstant::now() + flush_timeout);
+                break (true, flush_deadline());
             }
             let leadership = rx.borrow_and_update().clone();
             {
@@ -387,7 +393,7 @@ impl Kube {
                 if cancelled {
                     // Finish the call in flight (so its outcome is recorded), within the
                     // shutdown deadline.
-                    let deadline = TokioInstant::now() + flush_timeout;
+                    let deadline = flush_deadline();
                     if tokio::time::timeout_at(deadline, pass).await.is_err() {
                         warn!(timeout = ?flush_timeout, "kubernetes state not flushed in time");
                         return;
@@ -398,9 +404,9 @@ impl Kube {
             let wake = observer.next_wake(&leadership);
             tokio::select! {
                 biased;
-                _ = cancel.cancelled() => break (false, TokioInstant::now() + flush_timeout),
+                _ = cancel.cancelled() => break (false, flush_deadline()),
                 changed = rx.changed() => if changed.is_err() {
-                    break (true, TokioInstant::now() + flush_timeout);
+                    break (true, flush_deadline());
                 },
                 _ = sleep_until(wake) => {}
             }

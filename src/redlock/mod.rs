@@ -214,6 +214,8 @@ impl RedlockConfig {
                 ));
             }
         }
+        // Bounded before any rule below computes with them.
+        timing::check_bounds(self)?;
         if self.node_set.as_ref().is_some_and(|name| {
             name.is_empty() || name.len() > 200 || name.chars().any(char::is_control)
         }) {
@@ -237,17 +239,6 @@ impl RedlockConfig {
                     humantime::format_duration(drift)
                 ),
             ));
-        }
-        for (flag, ttl) in [("--ttl", Some(self.ttl)), ("--max-ttl", self.max_ttl)] {
-            if ttl.is_some_and(|ttl| ttl > timing::MAX_TTL) {
-                return Err(ConfigError::new(
-                    flag,
-                    format!(
-                        "must be at most {} (nodes kept their data that long count at once)",
-                        humantime::format_duration(timing::MAX_TTL)
-                    ),
-                ));
-            }
         }
         if let Some(max_ttl) = self.max_ttl.filter(|max| *max < self.ttl) {
             return Err(ConfigError::new(
