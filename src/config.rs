@@ -11,6 +11,7 @@
 //!   `--shutdown-timeout` at most an hour; `--wait`, `--min-hold`, `--max-hold` at most
 //!   [`MAX_GUARD_DURATION`]. With these, every deadline the process computes (`now + x`,
 //!   `x × n`) stays far inside what `Instant` and `Duration` can represent.
+//! - Files are read up to a bound (password 64 KiB, PEM 4 MiB): a device never hangs start-up.
 //! - `Debug` of every type here shows no password: node URLs print as `host:port`.
 
 use std::fmt;
