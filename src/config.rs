@@ -11,6 +11,7 @@
 //!   `--shutdown-timeout` at most an hour; `--wait`, `--min-hold`, `--max-hold` at most
 //!   [`MAX_GUARD_DURATION`]. With these, every deadline the process computes (`now + x`,
 //!   `x × n`) stays far inside what `Instant` and `Duration` can represent.
+//! - Files are read up to a bound (password 64 KiB, PEM 4 MiB): a device never hangs start-up.
 //! - `Debug` of every type here shows no password: node URLs print as `host:port`.
 
 use std::fmt;
@@ -470,10 +471,8 @@ impl RedisArgs {
         let ca_pem = read_pem("--redis-ca-file", self.redis_ca_file.as_ref())?;
         let client_cert = match (&self.redis_client_cert, &self.redis_client_key) {
             (Some(cert), Some(key)) => Some(ClientCert {
-                cert_pem: std::fs::read(cert)
-                    .map_err(|e| unreadable("--redis-client-cert", cert, e))?,
-                key_pem: std::fs::read(key)
-                    .map_err(|e| unreadable("--redis-client-key", key, e))?,
+                cert_pem: read_bounded("--redis-client-cert", cert, MAX_PEM_BYTES)?,
+                key_pem: read_bounded("--redis-client-key", key, MAX_PEM_BYTES)?,
             }),
             _ => None,
         };
@@ -712,14 +711,41 @@ fn is_label_key(key: &str) -> bool {
 }
 
 fn read_pem(flag: &'static str, path: Option<&PathBuf>) -> Result<Option<Vec<u8>>, ConfigError> {
-    path.map(|path| std::fs::read(path).map_err(|e| unreadable(flag, path, e)))
+    path.map(|path| read_bounded(flag, path, MAX_PEM_BYTES))
         .transpose()
+}
+
+/// Largest PEM file read (a CA bundle of a few hundred certificates fits).
+const MAX_PEM_BYTES: u64 = 4 << 20;
+/// Largest password file read.
+const MAX_PASSWORD_BYTES: u64 = 64 << 10;
+
+/// The contents of `path`, refused beyond `max` bytes (a device like `/dev/zero` never ends).
+fn read_bounded(
+    flag: &'static str,
+    path: &std::path::Path,
+    max: u64,
+) -> Result<Vec<u8>, ConfigError> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|file| file.take(max + 1).read_to_end(&mut bytes))
+        .map_err(|e| unreadable(flag, path, e))?;
+    if bytes.len() as u64 > max {
+        return Err(ConfigError::new(
+            flag,
+            format!("{} is larger than {max} bytes", path.display()),
+        ));
+    }
+    Ok(bytes)
 }
 
 /// The password in `path`, without its trailing line break; never echoed in an error.
 fn read_password(path: &std::path::Path) -> Result<String, ConfigError> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| unreadable("--redis-password-file", path, e))?;
+    let flag = "--redis-password-file";
+    let bytes = read_bounded(flag, path, MAX_PASSWORD_BYTES)?;
+    let text = String::from_utf8(bytes)
+        .map_err(|_| ConfigError::new(flag, format!("{} is not UTF-8 text", path.display())))?;
     let password = text.trim_end_matches(['\n', '\r']);
     if password.is_empty() {
         return Err(ConfigError::new(
@@ -928,6 +954,15 @@ mod tests {
         }
         let err = run_config(&["--leader-label", "not a label"]).unwrap_err();
         assert_eq!(err.flag, "--leader-label");
+    }
+
+    #[test]
+    fn a_file_that_never_ends_is_refused_not_read_forever() {
+        let err = run_config(&["--redis-password-file", "/dev/zero"]).unwrap_err();
+        assert_eq!(err.flag, "--redis-password-file");
+        assert!(err.reason.contains("larger than"), "{err}");
+        let err = run_config(&["--redis-ca-file", "/dev/zero"]).unwrap_err();
+        assert_eq!(err.flag, "--redis-ca-file");
     }
 
     #[test]
