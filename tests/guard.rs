@@ -1427,3 +1427,78 @@ fn jobs_of_three_validity_windows_at_ttl_2s_keep_the_lock_and_cmds_exit_code() {
         5,
     );
 }
+
+#[test]
+fn cmd_gets_the_lock_variables_but_none_of_guards_own_settings_or_credentials() {
+    // Three nodes that admit only the ACL user alice: guard reaches node 0 with the
+    // credentials inline in its URL, the others with REDLOCK_REDIS_USERNAME/PASSWORD.
+    let (user, password) = ("alice", "alice-pw-4417");
+    let acl = format!("user default off\nuser {user} on >{password} ~* &* +@all\n");
+    let mut cluster = RedisCluster {
+        nodes: (0..3)
+            .map(|_| support::RedisNode::start_with_config(&acl))
+            .collect(),
+    };
+    for i in 0..3 {
+        cluster.node_mut(i).set_auth(Some(user), password);
+    }
+    cluster.backdate_epochs(TTL_SECS);
+    let mut urls = cluster.urls();
+    urls[0] = urls[0].replace("redis://", &format!("redis://{user}:{password}@"));
+    let redis = urls.join(",");
+    let dir = TempDir::new("cmd-env");
+    let (env_file, _) = file_arg(&dir, "env");
+    let mut g = Proc::spawn(
+        &[
+            "guard",
+            "--lock",
+            "nightly",
+            "--ttl",
+            "2s",
+            "--identity",
+            "env-test",
+            "--",
+            "sh",
+            "-c",
+            &format!("env > {}", env_file.display()),
+        ],
+        &[
+            ("REDLOCK_REDIS", &redis),
+            ("REDLOCK_REDIS_USERNAME", user),
+            ("REDLOCK_REDIS_PASSWORD", password),
+            ("REDLOCK_WAIT", "5s"),
+            ("JOB_SETTING", "kept"),
+        ],
+    );
+    assert_eq!(
+        exit_code(&mut g, Duration::from_secs(10)),
+        0,
+        "guard reached the nodes with those credentials: {}",
+        g.output_text()
+    );
+    let env = std::fs::read_to_string(&env_file).expect("CMD wrote its environment");
+    let vars: Vec<(&str, &str)> = env.lines().filter_map(|l| l.split_once('=')).collect();
+    let get = |name: &str| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| *v);
+    assert_eq!(get("REDLOCK_LOCK"), Some("nightly"), "{env}");
+    assert_eq!(get("REDLOCK_HOLDER"), Some("env-test"), "{env}");
+    assert!(
+        get("REDLOCK_FENCING_TOKEN").is_some_and(|t| t.parse::<u64>().is_ok_and(|t| t > 0)),
+        "{env}"
+    );
+    assert_eq!(
+        get("JOB_SETTING"),
+        Some("kept"),
+        "the rest is inherited: {env}"
+    );
+    let redlock: Vec<&str> = vars
+        .iter()
+        .map(|(k, _)| *k)
+        .filter(|k| k.starts_with("REDLOCK_"))
+        .collect();
+    assert_eq!(
+        redlock.len(),
+        3,
+        "only the three lock variables, none of guard's settings: {redlock:?}"
+    );
+    assert!(!env.contains(password), "no credential reaches CMD: {env}");
+}

@@ -1,7 +1,12 @@
 //! guard's side of its children: the supervisor it starts CMD under, CMD's process group,
 //! and orphans re-parented to guard (it is a child subreaper, e.g. as a container's PID 1).
+//!
+//! CMD's environment is guard's, without guard's own settings (every `REDLOCK_*` variable:
+//! `REDLOCK_REDIS` may carry passwords inline, `REDLOCK_REDIS_PASSWORD` is one), plus
+//! `REDLOCK_LOCK`, `REDLOCK_FENCING_TOKEN` and `REDLOCK_HOLDER`.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::time::Duration;
 
@@ -11,6 +16,9 @@ use tracing::{debug, warn};
 
 use super::{supervisor, tree};
 use crate::config::GuardConfig;
+
+/// The prefix of guard's own settings, none of which CMD inherits.
+const PRIVATE_PREFIX: &str = "REDLOCK_";
 
 /// CMD's process group (CMD leads it).
 pub struct CmdGroup {
@@ -53,6 +61,12 @@ impl Children {
     ) -> std::io::Result<CmdGroup> {
         let (read, write) = pipe()?;
         let mut command = std::process::Command::new("/proc/self/exe");
+        // The supervisor passes its environment on to CMD.
+        for (name, _) in std::env::vars_os() {
+            if name.as_bytes().starts_with(PRIVATE_PREFIX.as_bytes()) {
+                command.env_remove(name);
+            }
+        }
         command
             .arg("supervise")
             .arg("--parent")
