@@ -9,14 +9,19 @@
 //! - Takes the lock (waiting up to `--wait`); if it is busy, skips (exit 0) or fails
 //!   (exit 75) as `--on-busy` says; without a quorum, exits 69. A round that nobody won
 //!   (split votes among contenders) is not "busy": the engine retries it.
-//! - Runs CMD without a shell in its own process group, with `REDLOCK_LOCK`,
-//!   `REDLOCK_FENCING_TOKEN` and `REDLOCK_HOLDER` in its environment, below a small
-//!   supervisor process ([`supervisor`]), and renews the lock in the background.
+//! - Runs CMD without a shell in its own process group, below a small supervisor process
+//!   ([`supervisor`]), and renews the lock in the background. CMD's environment is guard's
+//!   without any `REDLOCK_*` variable (guard's own settings, among them the Redis URLs and
+//!   credentials), plus `REDLOCK_LOCK`, `REDLOCK_FENCING_TOKEN` and `REDLOCK_HOLDER`.
 //! - **Self-fencing.** CMD's process group gets SIGTERM `--kill-grace` before the lease's
-//!   step-down point, and SIGKILL at it, unless a renewal moved that point; both come
-//!   before the lock's validity ends. A renewal that shows a quorum holding another value
-//!   or no key (the lease is superseded) gets CMD SIGTERM and SIGKILL at once. guard then
-//!   exits 76.
+//!   step-down point and SIGKILL at it, both before the lock's validity ends. The schedule
+//!   follows every renewal: each one publishes a later step-down point and moves both
+//!   signals with it, so CMD runs for as long as renewals succeed, however long that is.
+//!   Renewals that give up before (guard woke too late to prove it still holds the lock, or
+//!   the lease ran out during a renewal) get CMD SIGTERM at once, SIGKILL `--kill-grace` later
+//!   but never after the step-down point; a renewal that shows a quorum holding another
+//!   value or no key (the lease is superseded) gets CMD SIGTERM and SIGKILL at once. guard
+//!   then exits 76.
 //! - If guard itself dies (even by SIGKILL), the supervisor kills every process of
 //!   CMD's tree, including those that left CMD's process group. Both need `/proc`: the
 //!   supervisor is started from `/proc/self/exe`, the tree is read from `/proc`.
@@ -27,12 +32,17 @@
 //!   received during the hold, cuts this short), then released;
 //!   guard exits with CMD's code (128+signal if a signal killed it). A lock lost during
 //!   `--min-hold` is logged, counted and reported as an Event; CMD's code stands.
-//! - `--max-hold`: renewals stop and CMD is stopped (SIGTERM, then SIGKILL); exit 124.
+//! - `--max-hold`, counted from CMD's start and of any length: CMD gets SIGTERM and renewals
+//!   stop; SIGKILL follows `--kill-grace` later, never after the step-down point; exit 124.
 //! - Whenever renewals end, not-leader is published (`/leader` 503,
 //!   `redlock_is_leader` 0) before the lock is released.
 //! - `--listen`: the admin endpoint (`/healthz`, `/leader`, `/metrics`) while guard runs,
 //!   so a scrape of a running job sees `redlock_guard_runs_total` and the lock metrics.
 //! - `--outcome-file`: one line at exit, see [`outcome`].
+//!
+//! Where: `acquire` takes the lock; `holder` starts CMD (`children`) and carries out
+//! `schedule`, the pure decision of what to do next and when; `report` counts and records
+//! how the run went.
 
 mod acquire;
 mod children;
