@@ -152,7 +152,6 @@ pub struct RedisArgs {
     #[arg(long, env = "REDLOCK_REDIS_PASSWORD", hide_env_values = true)]
     pub redis_password: Option<String>,
     /// File holding that password, e.g. a mounted Secret (a trailing newline is ignored).
-    /// Unlike the environment variable, it is not inherited by guard's CMD.
     #[arg(
         long,
         env = "REDLOCK_REDIS_PASSWORD_FILE",
