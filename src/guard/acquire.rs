@@ -64,7 +64,8 @@ pub async fn acquire(
     }
     match acquired {
         Ok(lease) => Ok(lease),
-        Err(err) if err.kind() == "busy" => {
+        // Another contender of the lock on other nodes is as good as a holder: not ours to run.
+        Err(err) if matches!(err.kind(), "busy" | "node_set_conflict") => {
             let skip = cfg.on_busy == OnBusy::Skip;
             info!(lock = %lock, error = %err, on_busy = if skip { "skip" } else { "fail" }, "lock busy; not running CMD");
             report.run("skipped");
