@@ -130,5 +130,14 @@ async fn run(cfg: &GuardConfig, signals: &mut Signals, children: &mut Children) 
         Ok(lease) => lease,
         Err(outcome) => return outcome,
     };
-    holder::run_cmd(cfg, &redlock, lease, tx, rx, signals, children, &mut report).await
+    holder::run_cmd(
+        cfg,
+        &redlock,
+        lease,
+        (tx, rx),
+        signals,
+        children,
+        &mut report,
+    )
+    .await
 }

@@ -23,19 +23,18 @@ use crate::leadership::{LeadershipRx, LeadershipTx, Role};
 use crate::lease::{self, HoldEnd};
 use crate::redlock::{Lease, Redlock};
 
-/// Runs CMD under `lease` until it is done; returns the run's outcome. `tx` and `rx` are the
-/// leadership channel the renewals publish on.
-#[allow(clippy::too_many_arguments)]
+/// Runs CMD under `lease` until it is done; returns the run's outcome. `leadership` is the
+/// channel the renewals publish on, and the loop reads.
 pub async fn run_cmd(
     cfg: &GuardConfig,
     redlock: &Redlock,
     lease: Lease,
-    tx: LeadershipTx,
-    mut rx: LeadershipRx,
+    leadership: (LeadershipTx, LeadershipRx),
     signals: &mut Signals,
     children: &mut Children,
     report: &mut Report,
 ) -> Outcome {
+    let (tx, mut rx) = leadership;
     let lock = &cfg.redlock.lock;
     let token = lease.fencing_token;
     info!(lock = %lock, fencing_token = token, validity_ms = lease.remaining_at(clock::now()).as_millis() as u64, "acquired the lock; starting CMD");
