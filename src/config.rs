@@ -22,10 +22,11 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::k8s::KubeMode;
+use crate::redlock::secrets::SecretFiles;
 use crate::redlock::timing::{
     self, MAX_CONNECT_TIMEOUT, MAX_FENCE_RETENTION, MAX_NODE_TIMEOUT, MAX_RETRY_DELAY, MAX_TTL,
 };
-use crate::redlock::{drift, ClientCert, ConfigError, Credentials, NodeSpec, RedlockConfig};
+use crate::redlock::{drift, ConfigError, Credentials, NodeSpec, RedlockConfig};
 
 /// Exit codes, shared by `--help` and README.
 pub const EXIT_CODES: &str = "\
@@ -467,23 +468,22 @@ impl LockArgs {
 impl RedisArgs {
     /// Parses every URL; errors name the node by position, never print the URL.
     pub fn nodes(&self) -> Result<Vec<NodeSpec>, ConfigError> {
-        let ca_pem = read_pem("--redis-ca-file", self.redis_ca_file.as_ref())?;
-        let client_cert = match (&self.redis_client_cert, &self.redis_client_key) {
-            (Some(cert), Some(key)) => Some(ClientCert {
-                cert_pem: read_bounded("--redis-client-cert", cert, MAX_PEM_BYTES)?,
-                key_pem: read_bounded("--redis-client-key", key, MAX_PEM_BYTES)?,
-            }),
-            _ => None,
+        let files = SecretFiles {
+            password: self.redis_password_file.clone(),
+            ca: self.redis_ca_file.clone(),
+            client_cert: self
+                .redis_client_cert
+                .clone()
+                .zip(self.redis_client_key.clone()),
         };
-        let password = match &self.redis_password_file {
-            Some(path) => Some(read_password(path)?),
-            None => self.redis_password.clone(),
-        };
+        // Read once now (a bad file is a configuration error), and again by every connection.
+        let loaded = files.load()?;
         let creds = Credentials {
             username: self.redis_username.clone(),
-            password,
-            ca_pem,
-            client_cert,
+            password: loaded.password.or_else(|| self.redis_password.clone()),
+            ca_pem: loaded.ca_pem,
+            client_cert: loaded.client_cert,
+            files,
         };
         let urls: Vec<&str> = self
             .redis
@@ -707,56 +707,6 @@ fn is_label_key(key: &str) -> bool {
             })
     });
     name_ok && prefix_ok
-}
-
-fn read_pem(flag: &'static str, path: Option<&PathBuf>) -> Result<Option<Vec<u8>>, ConfigError> {
-    path.map(|path| read_bounded(flag, path, MAX_PEM_BYTES))
-        .transpose()
-}
-
-/// Largest PEM file read (a CA bundle of a few hundred certificates fits).
-const MAX_PEM_BYTES: u64 = 4 << 20;
-/// Largest password file read.
-const MAX_PASSWORD_BYTES: u64 = 64 << 10;
-
-/// The contents of `path`, refused beyond `max` bytes (a device like `/dev/zero` never ends).
-fn read_bounded(
-    flag: &'static str,
-    path: &std::path::Path,
-    max: u64,
-) -> Result<Vec<u8>, ConfigError> {
-    use std::io::Read;
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|file| file.take(max + 1).read_to_end(&mut bytes))
-        .map_err(|e| unreadable(flag, path, e))?;
-    if bytes.len() as u64 > max {
-        return Err(ConfigError::new(
-            flag,
-            format!("{} is larger than {max} bytes", path.display()),
-        ));
-    }
-    Ok(bytes)
-}
-
-/// The password in `path`, without its trailing line break; never echoed in an error.
-fn read_password(path: &std::path::Path) -> Result<String, ConfigError> {
-    let flag = "--redis-password-file";
-    let bytes = read_bounded(flag, path, MAX_PASSWORD_BYTES)?;
-    let text = String::from_utf8(bytes)
-        .map_err(|_| ConfigError::new(flag, format!("{} is not UTF-8 text", path.display())))?;
-    let password = text.trim_end_matches(['\n', '\r']);
-    if password.is_empty() {
-        return Err(ConfigError::new(
-            "--redis-password-file",
-            format!("{} is empty", path.display()),
-        ));
-    }
-    Ok(password.to_owned())
-}
-
-fn unreadable(flag: &'static str, path: &std::path::Path, err: std::io::Error) -> ConfigError {
-    ConfigError::new(flag, format!("cannot read {}: {err}", path.display()))
 }
 
 fn fmt(d: Duration) -> humantime::FormattedDuration {

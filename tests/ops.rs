@@ -5,7 +5,8 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
-use support::{free_port, Proc, RedisCluster, RedisNode, TempDir};
+use support::tls::{make_certs, tls_node};
+use support::{Proc, RedisCluster, RedisNode, TempDir};
 
 fn run(args: &[&str]) -> (i32, String, String) {
     let mut proc = Proc::spawn(args, &[]);
@@ -95,47 +96,6 @@ fn the_password_can_come_from_a_file_and_is_never_shown() {
         ],
         "--redis-password-file",
     );
-}
-
-/// A CA, a server certificate for 127.0.0.1 and a client certificate, made with openssl.
-fn make_certs(dir: &TempDir) {
-    let sh = |script: &str| {
-        let status = Command::new("sh")
-            .arg("-c")
-            .arg(script)
-            .current_dir(dir.path())
-            .output()
-            .expect("sh runs");
-        assert!(
-            status.status.success(),
-            "{script}: {}",
-            String::from_utf8_lossy(&status.stderr)
-        );
-    };
-    sh("openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 1 -subj /CN=redlock-test-ca");
-    sh("openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=127.0.0.1");
-    sh("printf 'subjectAltName=IP:127.0.0.1\\n' > san.ext && openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out server.crt -days 1 -extfile san.ext");
-    sh("openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr -subj /CN=redlock-client");
-    sh("printf 'extendedKeyUsage=clientAuth\\n' > client.ext && openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out client.crt -days 1 -extfile client.ext");
-}
-
-/// A Redis node serving TLS only, with the certificates of [`make_certs`].
-fn tls_node(dir: &TempDir, auth_clients: &str) -> (RedisNode, String) {
-    let tls_port = free_port().to_string();
-    let path = |f: &str| dir.path().join(f).display().to_string();
-    let node = RedisNode::start_with(&[
-        "--tls-port",
-        &tls_port,
-        "--tls-cert-file",
-        &path("server.crt"),
-        "--tls-key-file",
-        &path("server.key"),
-        "--tls-ca-cert-file",
-        &path("ca.crt"),
-        "--tls-auth-clients",
-        auth_clients,
-    ]);
-    (node, format!("rediss://127.0.0.1:{tls_port}"))
 }
 
 #[test]

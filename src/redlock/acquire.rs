@@ -218,24 +218,23 @@ impl Redlock {
                 break;
             }
         }
-        if !tally.decided() {
-            // Every node has answered or timed out: every reachable register is known now.
-            for (index, facts, proof, stored) in pending {
-                let vote = match self.judge(index, &facts, proof) {
-                    Ok(()) => {
-                        candidate_stored += usize::from(stored);
-                        Vote::Granted
-                    }
-                    Err(NotCounted {
-                        why,
-                        ready_in: wait,
-                    }) => {
-                        ready_in[index] = wait;
-                        Vote::NotCounted(why)
-                    }
-                };
-                tally.record(index, vote);
-            }
+        // Unless the round was decided without them, every node has answered or timed out:
+        // every reachable register is known now. (Decided, they only complete the report.)
+        for (index, facts, proof, stored) in pending {
+            let vote = match self.judge(index, &facts, proof) {
+                Ok(()) => {
+                    candidate_stored += usize::from(stored);
+                    Vote::Granted
+                }
+                Err(NotCounted {
+                    why,
+                    ready_in: wait,
+                }) => {
+                    ready_in[index] = wait;
+                    Vote::NotCounted(why)
+                }
+            };
+            tally.record(index, vote);
         }
         let granted = tally.granted();
         let quorum_granted = tally.won();

@@ -34,6 +34,7 @@ mod error;
 pub mod fencing;
 mod node;
 mod scripts;
+pub mod secrets;
 pub mod timing;
 pub mod votes;
 

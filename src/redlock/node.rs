@@ -27,6 +27,7 @@ use redis::{
 use tokio::sync::watch;
 
 use super::error::ConfigError;
+use super::secrets::SecretFiles;
 
 /// Credentials and TLS settings applied to every node URL that does not carry its own.
 #[derive(Clone, Default)]
@@ -40,6 +41,9 @@ pub struct Credentials {
     /// Client certificate (PEM chain) and private key (PEM) for `rediss://` nodes that
     /// authenticate clients (`tls-auth-clients yes`); the key is never printed.
     pub client_cert: Option<ClientCert>,
+    /// Files the password, CA and client certificate come from, read again for every new
+    /// connection (see [`super::secrets`]); what they held at start-up is in the fields above.
+    pub files: SecretFiles,
 }
 
 /// A TLS client certificate and its key, both PEM.
@@ -61,6 +65,7 @@ impl fmt::Debug for Credentials {
                 "client_cert",
                 &self.client_cert.as_ref().map(|_| "<redacted>"),
             )
+            .field("files", &self.files)
             .finish()
     }
 }
@@ -73,6 +78,9 @@ pub struct NodeSpec {
     tls: bool,
     ca_pem: Option<Vec<u8>>,
     client_cert: Option<ClientCert>,
+    /// Read again for every new connection; the URL's own password wins over the file's.
+    files: SecretFiles,
+    url_has_password: bool,
 }
 
 impl NodeSpec {
@@ -96,6 +104,7 @@ impl NodeSpec {
             _ => return Err(bad("unsupported address type")),
         };
         let mut settings = info.redis_settings().clone();
+        let url_has_password = settings.password().is_some();
         if settings.password().is_none() {
             if let Some(password) = &creds.password {
                 settings = settings.set_password(password);
@@ -115,6 +124,8 @@ impl NodeSpec {
             tls,
             ca_pem: creds.ca_pem.clone(),
             client_cert: creds.client_cert.clone(),
+            files: creds.files.clone(),
+            url_has_password,
         };
         // Unparsable PEM is a configuration error now, not a connection error on every call.
         if tls {
@@ -148,6 +159,37 @@ impl NodeSpec {
 
     fn password(&self) -> Option<&str> {
         self.info.redis_settings().password()
+    }
+
+    /// This spec with the credential files read again (rotated secrets), or as it is when
+    /// none comes from a file.
+    fn current(&self) -> Result<NodeSpec, ConfigError> {
+        if !self.files.any() {
+            return Ok(self.clone());
+        }
+        let loaded = self.files.load()?;
+        let mut spec = self.clone();
+        if let (Some(password), false) = (loaded.password, self.url_has_password) {
+            let settings = spec.info.redis_settings().clone().set_password(password);
+            spec.info = spec.info.set_redis_settings(settings);
+        }
+        spec.ca_pem = loaded.ca_pem.or(spec.ca_pem);
+        spec.client_cert = loaded.client_cert.or(spec.client_cert);
+        Ok(spec)
+    }
+
+    /// A client for the credentials as they are now (see [`NodeSpec::current`]), and the
+    /// password it uses (to scrub it from error texts).
+    fn fresh_client(&self) -> Result<(Client, Option<String>), NodeError> {
+        let spec = self.current().map_err(|err| NodeError {
+            kind: NodeErrorKind::Auth,
+            message: err.to_string(),
+        })?;
+        let password = spec.password().map(str::to_owned);
+        let client = spec
+            .client()
+            .map_err(|e| NodeError::from_redis(&e, password.as_deref()))?;
+        Ok((client, password))
     }
 
     fn client(&self) -> Result<Client, RedisError> {
@@ -330,7 +372,8 @@ enum Link {
 /// A live node: its address and its self-reconnecting connection.
 pub struct Node {
     spec: NodeSpec,
-    client: Client,
+    /// The password of the latest connection (rotated passwords included), to scrub errors.
+    password: Arc<std::sync::Mutex<Option<String>>>,
     settings: ConnectSettings,
     link: Arc<watch::Sender<Link>>,
     connections: Arc<AtomicU64>,
@@ -351,12 +394,11 @@ impl fmt::Debug for Node {
 impl Node {
     /// Prepares the connection; nothing is sent until the first call.
     pub fn new(spec: NodeSpec, settings: ConnectSettings) -> Result<Node, NodeError> {
-        let client = spec
-            .client()
+        spec.client()
             .map_err(|e| NodeError::from_redis(&e, spec.password()))?;
         Ok(Node {
+            password: Arc::new(std::sync::Mutex::new(spec.password().map(str::to_owned))),
             spec,
-            client,
             settings,
             link: Arc::new(watch::channel(Link::Idle).0),
             connections: Arc::new(AtomicU64::new(0)),
@@ -430,9 +472,17 @@ impl Node {
     /// Connects and reads the node's facts, bounded by the connect timeout; publishes the
     /// result on the link.
     fn connect_in_background(&self) {
-        let client = self.client.clone();
-        let password = self.spec.password().map(str::to_owned);
         let link = self.link.clone();
+        // Credentials from files are read again for every connection: a rotation is used
+        // from the next one on.
+        let (client, password) = match self.spec.fresh_client() {
+            Ok(fresh) => fresh,
+            Err(err) => {
+                link.send_replace(Link::Down(err));
+                return;
+            }
+        };
+        *self.password.lock().unwrap_or_else(|e| e.into_inner()) = password.clone();
         let settings = self.settings;
         let id = self.connections.fetch_add(1, Ordering::Relaxed) + 1;
         let connect = async move {
@@ -524,10 +574,16 @@ impl Node {
             Ok(Ok(value)) => Ok((value, facts)),
             Ok(Err(e)) => {
                 self.drop_if_broken(id, &e);
-                Err(NodeError::from_redis(&e, self.spec.password()))
+                Err(self.error(&e))
             }
             Err(_) => Err(NodeError::timeout(timeout)),
         }
+    }
+
+    /// `err` as a [`NodeError`], scrubbed of the password in use.
+    fn error(&self, err: &RedisError) -> NodeError {
+        let password = self.password.lock().unwrap_or_else(|e| e.into_inner());
+        NodeError::from_redis(err, password.as_deref())
     }
 
     /// Runs one plain command, bounded by `timeout` (used by the operator commands).
@@ -542,7 +598,7 @@ impl Node {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => {
                 self.drop_if_broken(id, &e);
-                Err(NodeError::from_redis(&e, self.spec.password()))
+                Err(self.error(&e))
             }
             Err(_) => Err(NodeError::timeout(timeout)),
         }
@@ -550,8 +606,9 @@ impl Node {
 
     /// A dedicated pub/sub connection (pub/sub cannot share the multiplexed one).
     pub async fn pubsub(&self, timeout: Duration) -> Result<redis::aio::PubSub, NodeError> {
-        match tokio::time::timeout(timeout, self.client.get_async_pubsub()).await {
-            Ok(result) => result.map_err(|e| NodeError::from_redis(&e, self.spec.password())),
+        let (client, password) = self.spec.fresh_client()?;
+        match tokio::time::timeout(timeout, client.get_async_pubsub()).await {
+            Ok(result) => result.map_err(|e| NodeError::from_redis(&e, password.as_deref())),
             Err(_) => Err(NodeError::timeout(timeout)),
         }
     }
