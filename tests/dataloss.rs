@@ -709,6 +709,20 @@ async fn after_one_node_of_a_bare_majority_lost_it(
     old
 }
 
+/// [`after_one_node_of_a_bare_majority_lost_it`], then both sidecars are stopped.
+async fn a_bare_majority_lost_it_and_nobody_else_led_while_a_did(
+    watch: Watch,
+    a: Contender,
+    b: Contender,
+    held: &Tenure,
+    from: SystemTime,
+    by: SystemTime,
+) {
+    after_one_node_of_a_bare_majority_lost_it(watch, &[&a, &b], held, from, by).await;
+    a.stop().await;
+    b.stop().await;
+}
+
 // ------------------------------------------------------------------------------------------------
 // A majority loses the key: FLUSHALL, FLUSHDB
 // ------------------------------------------------------------------------------------------------
@@ -836,9 +850,7 @@ async fn a_node_restarted_without_persistence_does_not_vote_for_another_leader()
     block_in_place(|| cluster.node_mut(1).restart());
     let by = SystemTime::now();
     assert_eq!(block_in_place(|| cluster.node(1).command(&["DBSIZE"])), "0");
-    after_one_node_of_a_bare_majority_lost_it(watch, &[&a, &b], &held, from, by).await;
-    a.stop().await;
-    b.stop().await;
+    a_bare_majority_lost_it_and_nobody_else_led_while_a_did(watch, a, b, &held, from, by).await;
 }
 
 /// Node 1 of A's bare majority loses the key, and A's way to node 2 (which never had it)
@@ -935,9 +947,7 @@ async fn a_node_restored_from_a_snapshot_older_than_the_lock_does_not_vote_for_a
             "the snapshot is older than a's lock"
         );
     });
-    after_one_node_of_a_bare_majority_lost_it(watch, &[&a, &b], &held, from, by).await;
-    a.stop().await;
-    b.stop().await;
+    a_bare_majority_lost_it_and_nobody_else_led_while_a_did(watch, a, b, &held, from, by).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -977,9 +987,7 @@ async fn a_failover_to_a_replica_that_missed_the_write_does_not_vote_for_another
         c.proxies[1].set_upstream(replica.addr());
     }
     let by = SystemTime::now();
-    after_one_node_of_a_bare_majority_lost_it(watch, &[&a, &b], &held, from, by).await;
-    a.stop().await;
-    b.stop().await;
+    a_bare_majority_lost_it_and_nobody_else_led_while_a_did(watch, a, b, &held, from, by).await;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -1019,9 +1027,7 @@ async fn a_node_that_resyncs_from_an_old_copy_of_itself_does_not_vote_for_anothe
     key_is(cluster.node(1), "(nil)", "node 1 took the copy's data").await;
     block_in_place(|| assert_eq!(cluster.node(1).command(&["REPLICAOF", "NO", "ONE"]), "OK"));
     let by = SystemTime::now();
-    after_one_node_of_a_bare_majority_lost_it(watch, &[&a, &b], &held, from, by).await;
-    a.stop().await;
-    b.stop().await;
+    a_bare_majority_lost_it_and_nobody_else_led_while_a_did(watch, a, b, &held, from, by).await;
 }
 
 /// Node 1 is reached through a proxy that keeps client connections across a failover: its
@@ -1065,9 +1071,7 @@ async fn a_failover_behind_a_proxy_that_keeps_client_connections_does_not_vote_f
     keeping.switch(replica.addr());
     block_in_place(|| cluster.node_mut(1).stop());
     let by = SystemTime::now();
-    after_one_node_of_a_bare_majority_lost_it(watch, &[&a, &b], &held, from, by).await;
-    a.stop().await;
-    b.stop().await;
+    a_bare_majority_lost_it_and_nobody_else_led_while_a_did(watch, a, b, &held, from, by).await;
 }
 
 /// `SWAPDB 0 1` on node 1: database 0 now holds what database 1 held, including an epoch
@@ -1102,9 +1106,7 @@ async fn swapdb_on_a_node_does_not_vote_for_another_leader() {
         assert_eq!(cluster.node(1).command(&["GET", EPOCH_KEY]), stamped);
     });
     let by = SystemTime::now();
-    after_one_node_of_a_bare_majority_lost_it(watch, &[&a, &b], &held, from, by).await;
-    a.stop().await;
-    b.stop().await;
+    a_bare_majority_lost_it_and_nobody_else_led_while_a_did(watch, a, b, &held, from, by).await;
 }
 
 /// `DEBUG RELOAD` (save, then load what was saved) loses nothing: the leader keeps the lock,
