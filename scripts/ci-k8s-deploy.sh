@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Deployment checks of the chart, sourced by scripts/ci-k8s.sh (uses its check, refute,
-# expect_failure, WORK, CHART, K8S_VERSIONS): names under a 53-character release name, exact RBAC,
-# the token in the sidecar container only, the CronJob's failure policy and render-time checks,
-# the bundled Redis' protections, the attach Component and the checkov scan.
+# expect_failure, WORK, CHART, K8S_VERSIONS, REQ): names under a 53-character release name, exact
+# RBAC, the token in the sidecar container only, the CronJob's failure policy and render-time
+# checks, the bundled Redis' protections and its readiness probe against a real server, the attach
+# Components, the admission policy's CEL, the helm test pod, image and architecture, service mesh
+# and NetworkPolicy ports, the example's PodDisruptionBudget, and the checkov scan.
 
 LONG_RELEASE="a-release-name-of-fifty-three-characters-for-the-ci-x"   # Helm's own limit is 53
 PY="${TOOLS_DIR}/venv/bin/python"

@@ -3,7 +3,8 @@
 # manifests, the Grafana dashboard and the Prometheus alerts.
 #
 # Runs on a fresh Debian machine as root; installs what it needs into target/ci-tools
-# (see scripts/ci-tools.sh) and is idempotent. Prints one PASS/FAIL line per check and
+# (see scripts/ci-tools.sh) and is idempotent. Builds the debug binary (cargo; a no-op after
+# `cargo test`) to compare the chart's timing checks with the sidecar's own. Prints one PASS/FAIL line per check and
 # exits non-zero if any check failed.
 set -euo pipefail
 
