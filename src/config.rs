@@ -251,6 +251,10 @@ pub struct RunArgs {
     /// Mirror the holder into a coordination.k8s.io Lease named after the lock.
     #[arg(long, env = "REDLOCK_MIRROR_LEASE", default_value_t = false)]
     pub mirror_lease: bool,
+    /// The workload this sidecar runs in (e.g. its Deployment), exported as
+    /// `redlock_info{workload}`: alerts then see two locks led at once within one workload.
+    #[arg(long, env = "REDLOCK_WORKLOAD", default_value = "")]
+    pub workload: String,
 }
 
 #[derive(Args, Debug)]
@@ -417,6 +421,8 @@ pub struct RunConfig {
     pub ready_when: ReadyWhen,
     pub shutdown_timeout: Duration,
     pub kubernetes: crate::k8s::KubeSettings,
+    /// `--workload` (empty: not set).
+    pub workload: String,
 }
 
 /// Everything `guard` needs.
@@ -574,11 +580,18 @@ impl RunArgs {
                  characters of A-Z a-z 0-9 - _ . starting and ending alphanumeric",
             ));
         }
+        if self.workload.len() > 253 || self.workload.chars().any(char::is_control) {
+            return Err(ConfigError::new(
+                "--workload",
+                "must be at most 253 characters without control characters",
+            ));
+        }
         let kubernetes = crate::k8s::KubeSettings {
             mode: self.kubernetes,
             label_key: self.leader_label.clone(),
             mirror_lease: self.mirror_lease,
             pod_name: env_nonempty("POD_NAME"),
+            pod_uid: env_nonempty("POD_UID"),
             namespace: env_nonempty("POD_NAMESPACE"),
             renew_interval: renewal.interval,
         };
@@ -589,6 +602,7 @@ impl RunArgs {
             ready_when: self.ready_when,
             shutdown_timeout: self.shutdown_timeout,
             kubernetes,
+            workload: self.workload.clone(),
         })
     }
 }
@@ -651,6 +665,7 @@ impl GuardArgs {
                 label_key: String::new(),
                 mirror_lease: false,
                 pod_name: env_nonempty("POD_NAME"),
+                pod_uid: env_nonempty("POD_UID"),
                 namespace: env_nonempty("POD_NAMESPACE"),
                 renew_interval: renewal.interval,
             },

@@ -51,7 +51,10 @@
 //!     verbs: ["create"]
 //! ```
 //! The pod needs `POD_NAME` from the downward API (`fieldRef: metadata.name`); the namespace
-//! defaults to the service account's namespace (the client's default namespace).
+//! defaults to the service account's namespace (the client's default namespace). `POD_UID`
+//! (`fieldRef: metadata.uid`) puts the pod's uid on Events from the first one on, so that
+//! `kubectl describe pod` lists them; without it only Events after the first label patch
+//! carry it (guard never patches the label).
 
 use std::fmt;
 use std::future::Future;
@@ -131,6 +134,10 @@ pub struct KubeSettings {
     pub mirror_lease: bool,
     /// This pod's name (from `POD_NAME`); without it the integration is off.
     pub pod_name: Option<String>,
+    /// This pod's uid (from `POD_UID`, the downward API's `metadata.uid`), for the Events'
+    /// `involvedObject`. Without it the uid is learnt from the first label patch, which guard
+    /// never makes.
+    pub pod_uid: Option<String>,
     /// This pod's namespace; defaults to the service account's namespace.
     pub namespace: Option<String>,
     /// How often the leader rewrites the mirrored Lease; its duration is three of these.
@@ -268,7 +275,7 @@ pub struct Kube {
     namespace: String,
     settings: KubeSettings,
     errors: IntCounterVec,
-    /// The pod's uid, learnt from the first label patch response.
+    /// The pod's uid: from the settings, else learnt from the first label patch response.
     pod_uid: Arc<OnceLock<String>>,
 }
 
@@ -338,13 +345,17 @@ impl Kube {
             .namespace
             .clone()
             .unwrap_or_else(|| client.default_namespace().to_owned());
+        let pod_uid = Arc::new(OnceLock::new());
+        if let Some(uid) = settings.pod_uid.clone() {
+            let _ = pod_uid.set(uid);
+        }
         Kube {
             client,
             pod,
             namespace,
             settings,
             errors,
-            pod_uid: Arc::default(),
+            pod_uid,
         }
     }
 

@@ -334,6 +334,7 @@ const DOCUMENTED_METRICS: &[&str] = &[
     "redlock_ttl_seconds",
     "redlock_renew_interval_seconds",
     "redlock_safety_margin_seconds",
+    "redlock_info",
     "process_resident_memory_bytes",
     "process_cpu_seconds_total",
 ];
@@ -369,7 +370,7 @@ async fn metrics_are_valid_exposition_with_every_documented_name_and_move_on_han
     let cluster = ready_cluster(3).await;
     let mut a = Sidecar::start("a", &cluster, &[]);
     support::wait_until_async(Duration::from_secs(20), "a leads", || a.is_leader()).await;
-    let b = Sidecar::start("b", &cluster, &[]);
+    let b = Sidecar::start("b", &cluster, &["--workload", "jobs-runner"]);
     b.wait_serving().await;
     let text = http::get(b.addr, "/metrics").await.unwrap();
     assert_eq!(text.status, 200);
@@ -398,6 +399,7 @@ async fn metrics_are_valid_exposition_with_every_documented_name_and_move_on_han
                 "reason",
                 "direction",
                 "version",
+                "workload",
                 "le"
             ]
             .contains(&k.as_str()),
@@ -419,6 +421,16 @@ async fn metrics_are_valid_exposition_with_every_documented_name_and_move_on_han
         (TTL_SECS / 3).as_secs_f64()
     );
     assert_eq!(sample(&before, "redlock_safety_margin_seconds", None), 0.3);
+    // One info series, naming the workload (alerts join it to tell locks of one workload apart).
+    let info: Vec<_> = before
+        .samples
+        .iter()
+        .filter(|s| s.metric == "redlock_info")
+        .collect();
+    assert_eq!(info.len(), 1, "one redlock_info series");
+    assert_eq!(info[0].labels.get("workload"), Some("jobs-runner"));
+    assert_eq!(info[0].labels.get("lock"), Some("jobs"));
+    assert_eq!(sample(&before, "redlock_info", None), 1.0);
     let handover = unix_now();
     a.proc.sigterm();
     support::wait_until_async(Duration::from_secs(5), "b leads", || b.is_leader()).await;
