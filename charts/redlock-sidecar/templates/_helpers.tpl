@@ -572,8 +572,9 @@ Environment shared by `run` and `guard`: pod identity, Redis nodes and credentia
 
 {{/*
 Mounts and volumes of the Redis password file and TLS files (CA, client certificate and key), for
-every container that connects to Redis. Files, not environment variables: guard's CMD inherits
-the environment.
+every container that connects to Redis. Files, not environment variables: a rotated Secret is
+read again by every new connection, and guard's CMD, which runs as the same user, could read
+guard's environment from /proc.
 */}}
 {{- define "redlock-sidecar.redisClientVolumeMounts" -}}
 {{- if (include "redlock-sidecar.redisSecret" .) }}
