@@ -4,9 +4,11 @@
 //! - One multiplexed connection per node, made lazily (in the background, bounded by the
 //!   connect timeout) and remade after I/O errors.
 //! - On every new connection the node's [`NodeFacts`] (run id, eviction policy) are read
-//!   once; a restart always drops the connection, so the run id is never stale. The
-//!   eviction policy can change under a live connection: it is read again in the
-//!   background once it is older than [`FACTS_MAX_AGE`].
+//!   once. The run id serves "one server, one vote" and `check`; the data-age proof does not
+//!   rely on it (a proxy may keep a connection while it re-dials another server): the scripts
+//!   read the server's lineage themselves. The eviction policy can change under a live
+//!   connection: it is read again in the background once it is older than [`FACTS_MAX_AGE`].
+//! - Credentials kept in files are read again for every new connection (see `secrets`).
 //! - Every call is bounded by the caller's timeout: a hung node costs at most that.
 //! - Scripts go by `EVALSHA`, falling back to `EVAL` when the node does not know them
 //!   (after a restart, say).
@@ -325,8 +327,8 @@ pub struct ConnectSettings {
     pub connect_timeout: Duration,
 }
 
-/// What a node says about itself, read once per connection: a restart always drops the
-/// connection, so these facts stay true for as long as it lives.
+/// What a node says about itself, read once per connection (behind a proxy that keeps
+/// connections, the server may change under it: nothing safety-critical rests on these).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeFacts {
     /// The server process' id (`INFO server`): new with every restart.
@@ -381,8 +383,7 @@ pub struct Node {
 }
 
 /// How old a connection's eviction policy may get before it is read again in the background
-/// (one `INFO memory`): the run id cannot change under a live connection, but the policy can
-/// (`CONFIG SET`). 30 s keeps an idle standby under one command per node per second.
+/// (one `INFO memory`): the policy can change under a live connection (`CONFIG SET`). 30 s keeps an idle standby under one command per node per second.
 pub const FACTS_MAX_AGE: Duration = Duration::from_secs(30);
 
 impl fmt::Debug for Node {
