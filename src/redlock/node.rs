@@ -327,8 +327,9 @@ pub struct ConnectSettings {
     pub connect_timeout: Duration,
 }
 
-/// What a node says about itself, read once per connection (behind a proxy that keeps
-/// connections, the server may change under it: nothing safety-critical rests on these).
+/// What a node says about itself, read once per connection (the policy again every
+/// [`FACTS_MAX_AGE`]). Behind a proxy that keeps connections the server may change under it,
+/// so the data-age proof does not rest on the run id: the scripts read the lineage themselves.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeFacts {
     /// The server process' id (`INFO server`): new with every restart.
