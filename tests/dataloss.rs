@@ -298,6 +298,8 @@ fn log_times(log: &str) -> LogTimes {
 /// Polls every added sidecar's `/leader` until stopped.
 struct Watch {
     names: Vec<String>,
+    /// Each added sidecar's stderr file, for failure messages.
+    log_files: Vec<std::path::PathBuf>,
     /// The logs of sidecars that have exited, by name.
     logs: HashMap<String, String>,
     seen: Arc<Mutex<Vec<Seen>>>,
@@ -309,6 +311,7 @@ impl Watch {
     fn new() -> Watch {
         Watch {
             names: Vec::new(),
+            log_files: Vec::new(),
             logs: HashMap::new(),
             seen: Arc::default(),
             stop: CancellationToken::new(),
@@ -320,6 +323,7 @@ impl Watch {
     fn add(&mut self, c: &Contender) {
         let who = self.names.len();
         self.names.push(c.name.clone());
+        self.log_files.push(c.proc.stderr_path());
         self.tasks.push(tokio::spawn(poll_leader(
             who,
             c.addr,
@@ -377,6 +381,21 @@ impl Watch {
         }
     }
 
+    /// The logs of every added sidecar so far, labelled.
+    fn logs_so_far(&self) -> String {
+        self.names
+            .iter()
+            .zip(&self.log_files)
+            .map(|(name, file)| {
+                format!(
+                    "--- {name} ---\n{}",
+                    std::fs::read_to_string(file).unwrap_or_default()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     /// Waits until the tenure `t` has lasted `long` by its answers.
     async fn lasted(&self, t: &Tenure, long: Duration) {
         let lasted = || {
@@ -384,8 +403,18 @@ impl Watch {
                 .iter()
                 .any(|u| u.who == t.who && u.token == t.token && u.leading_at >= t.since + long)
         };
-        let what = format!("{} leads for {long:?}", t.who);
-        support::wait_until_async(ELECTION, &what, || async { lasted() }).await;
+        let end = tokio::time::Instant::now() + ELECTION;
+        while !lasted() {
+            if tokio::time::Instant::now() >= end {
+                panic!(
+                    "timed out after {ELECTION:?} waiting for: {} leads for {long:?}\ntenures: {:?}\n{}",
+                    t.who,
+                    self.tenures(),
+                    self.logs_so_far()
+                );
+            }
+            tokio::time::sleep(POLL).await;
+        }
     }
 
     /// Stops polling and returns every tenure seen, checked: never two at once, tokens growing.

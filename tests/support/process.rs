@@ -147,7 +147,13 @@ impl Proc {
     }
 
     pub fn stderr_text(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("stderr")).unwrap_or_default()
+        std::fs::read_to_string(self.stderr_path()).unwrap_or_default()
+    }
+
+    /// Where the child's stderr is written (readable after the `Proc` is gone, while its
+    /// directory lives).
+    pub fn stderr_path(&self) -> std::path::PathBuf {
+        self.dir.path().join("stderr")
     }
 
     /// Both streams, labelled, for failure messages.
