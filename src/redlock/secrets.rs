@@ -63,7 +63,11 @@ impl SecretFiles {
             }),
             None => None,
         };
-        let password = self.password.as_deref().map(read_password).transpose()?;
+        let password = self
+            .password
+            .as_deref()
+            .map(|path| read_password("--redis-password-file", path))
+            .transpose()?;
         Ok(Loaded {
             password,
             ca_pem,
@@ -87,9 +91,9 @@ fn read_bounded(flag: &'static str, path: &Path, max: u64) -> Result<Vec<u8>, Co
     Ok(bytes)
 }
 
-/// The password in `path`, without its trailing line break; never echoed in an error.
-fn read_password(path: &Path) -> Result<String, ConfigError> {
-    let flag = "--redis-password-file";
+/// The password in `path` (given by `flag`), without its trailing line break; never echoed in
+/// an error.
+pub fn read_password(flag: &'static str, path: &Path) -> Result<String, ConfigError> {
     let bytes = read_bounded(flag, path, MAX_PASSWORD_BYTES)?;
     let text = String::from_utf8(bytes)
         .map_err(|_| ConfigError::new(flag, format!("{} is not UTF-8 text", path.display())))?;
