@@ -136,7 +136,9 @@ pub enum OnBusy {
 /// How to reach the Redis nodes. `Debug` shows each node as `host:port` and no password.
 #[derive(Args, Clone)]
 pub struct RedisArgs {
-    /// Redis master URL (redis:// or rediss://), repeat for each node; N = 1, 3, 5, ...
+    /// Redis node URL, repeat for each node; N = 1, 3, 5, ... A node is a master
+    /// (redis://, rediss://) or a Sentinel group followed across failovers
+    /// (redis+sentinel://[user:pass@]s1[:26379],s2,.../MASTER[/DB]; rediss+sentinel:// for TLS).
     #[arg(
         long = "redis",
         env = "REDLOCK_REDIS",
@@ -158,6 +160,20 @@ pub struct RedisArgs {
         conflicts_with = "redis_password"
     )]
     pub redis_password_file: Option<PathBuf>,
+    /// ACL user for the Sentinels of redis+sentinel:// nodes (the URL's user is the master's).
+    #[arg(long, env = "REDLOCK_SENTINEL_USERNAME")]
+    pub sentinel_username: Option<String>,
+    /// Password for the Sentinels of redis+sentinel:// nodes, if they require one (a
+    /// Sentinel's requirepass is its own; the URL's password is the master's).
+    #[arg(long, env = "REDLOCK_SENTINEL_PASSWORD", hide_env_values = true)]
+    pub sentinel_password: Option<String>,
+    /// File holding the Sentinels' password (a trailing newline is ignored).
+    #[arg(
+        long,
+        env = "REDLOCK_SENTINEL_PASSWORD_FILE",
+        conflicts_with = "sentinel_password"
+    )]
+    pub sentinel_password_file: Option<PathBuf>,
     /// PEM file of CA certificates for rediss:// nodes with a private CA.
     #[arg(long, env = "REDLOCK_REDIS_CA_FILE")]
     pub redis_ca_file: Option<PathBuf>,
@@ -326,12 +342,11 @@ fn duration_at_most(
 impl fmt::Debug for RedisArgs {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // A URL may carry a password: show only what `NodeSpec` shows, `host:port`.
-        let nodes: Vec<String> = self
-            .redis
+        let nodes: Vec<String> = node_urls(&self.redis)
             .iter()
             .enumerate()
             .map(
-                |(i, url)| match NodeSpec::parse(i, url.trim(), &Credentials::default()) {
+                |(i, url)| match NodeSpec::parse(i, url, &Credentials::default()) {
                     Ok(node) => node.label().to_owned(),
                     Err(_) => "<not a valid URL>".to_owned(),
                 },
@@ -345,6 +360,12 @@ impl fmt::Debug for RedisArgs {
                 &self.redis_password.as_ref().map(|_| "<redacted>"),
             )
             .field("redis_password_file", &self.redis_password_file)
+            .field("sentinel_username", &self.sentinel_username)
+            .field(
+                "sentinel_password",
+                &self.sentinel_password.as_ref().map(|_| "<redacted>"),
+            )
+            .field("sentinel_password_file", &self.sentinel_password_file)
             .field("redis_ca_file", &self.redis_ca_file)
             .field("redis_client_cert", &self.redis_client_cert)
             .field("redis_client_key", &self.redis_client_key)
@@ -476,21 +497,22 @@ impl RedisArgs {
             _ => None,
         };
         let password = match &self.redis_password_file {
-            Some(path) => Some(read_password(path)?),
+            Some(path) => Some(read_password("--redis-password-file", path)?),
             None => self.redis_password.clone(),
+        };
+        let sentinel_password = match &self.sentinel_password_file {
+            Some(path) => Some(read_password("--sentinel-password-file", path)?),
+            None => self.sentinel_password.clone(),
         };
         let creds = Credentials {
             username: self.redis_username.clone(),
             password,
             ca_pem,
             client_cert,
+            sentinel_username: self.sentinel_username.clone(),
+            sentinel_password,
         };
-        let urls: Vec<&str> = self
-            .redis
-            .iter()
-            .map(|u| u.trim())
-            .filter(|u| !u.is_empty())
-            .collect();
+        let urls = node_urls(&self.redis);
         if urls.is_empty() {
             return Err(ConfigError::new("--redis", "at least one node is required"));
         }
@@ -740,19 +762,41 @@ fn read_bounded(
 }
 
 /// The password in `path`, without its trailing line break; never echoed in an error.
-fn read_password(path: &std::path::Path) -> Result<String, ConfigError> {
-    let flag = "--redis-password-file";
+fn read_password(flag: &'static str, path: &std::path::Path) -> Result<String, ConfigError> {
     let bytes = read_bounded(flag, path, MAX_PASSWORD_BYTES)?;
     let text = String::from_utf8(bytes)
         .map_err(|_| ConfigError::new(flag, format!("{} is not UTF-8 text", path.display())))?;
     let password = text.trim_end_matches(['\n', '\r']);
     if password.is_empty() {
         return Err(ConfigError::new(
-            "--redis-password-file",
+            flag,
             format!("{} is empty", path.display()),
         ));
     }
     Ok(password.to_owned())
+}
+
+/// The node URLs of `--redis`, trimmed, empty ones dropped. The list is split at commas, and
+/// so are a Sentinel URL's hosts (`redis+sentinel://s1,s2/master`): a piece without a scheme
+/// that follows a Sentinel URL whose master is not named yet is joined back onto it.
+fn node_urls(list: &[String]) -> Vec<String> {
+    let mut urls: Vec<String> = Vec::new();
+    for piece in list.iter().map(|u| u.trim()).filter(|u| !u.is_empty()) {
+        match urls.last_mut() {
+            Some(last)
+                if !piece.contains("://")
+                    && crate::redlock::sentinel::is_sentinel_url(last)
+                    && !last
+                        .split_once("://")
+                        .is_some_and(|(_, rest)| rest.contains('/')) =>
+            {
+                last.push(',');
+                last.push_str(piece);
+            }
+            _ => urls.push(piece.to_owned()),
+        }
+    }
+    urls
 }
 
 fn unreadable(flag: &'static str, path: &std::path::Path, err: std::io::Error) -> ConfigError {
