@@ -11,6 +11,7 @@ pub mod http;
 pub mod process;
 pub mod proxy;
 pub mod redis;
+pub mod tenures;
 
 use std::future::Future;
 use std::net::{Ipv4Addr, TcpListener};
