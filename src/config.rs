@@ -849,6 +849,45 @@ mod tests {
     }
 
     #[test]
+    fn sentinel_urls_survive_the_comma_split_of_the_node_list() {
+        let Command::Check(check) = parse(&[
+            "check",
+            "--redis",
+            "redis+sentinel://:pw@s1,s2:26380,s3/mymaster,redis://h:1,rediss+sentinel://t1,t2/other/2",
+        ])
+        .unwrap()
+        .command
+        else {
+            unreachable!()
+        };
+        let nodes = check.redis.nodes().expect("valid");
+        let labels: Vec<&str> = nodes.iter().map(|n| n.label()).collect();
+        assert_eq!(
+            labels,
+            [
+                "mymaster@s1:26379,s2:26380,s3:26379",
+                "h:1",
+                "other@t1:26379,t2:26379"
+            ]
+        );
+        assert_eq!(nodes[2].identity().1, 2);
+        assert!(!format!("{:?}", check.redis).contains("pw"));
+        // The same group, its Sentinels listed in another order, is one node listed twice.
+        let err = run_config(&[
+            "--redis",
+            "redis+sentinel://s2,s1/m,redis+sentinel://s1,s2/m",
+        ])
+        .unwrap_err();
+        assert_eq!(err.flag, "--redis");
+        assert!(err.reason.contains("listed twice"), "{err}");
+        let err = run_config(&["--redis", "redis+sentinel://s1,s2"]).unwrap_err();
+        assert!(
+            err.reason.contains("node #2: the master's name is missing"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn defaults_give_a_valid_timing_model() {
         let cfg = run_config(&[]).expect("valid");
         assert_eq!(cfg.renewal.interval, Duration::from_secs(10) / 3);

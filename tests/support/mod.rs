@@ -11,6 +11,7 @@ pub mod http;
 pub mod process;
 pub mod proxy;
 pub mod redis;
+pub mod sentinel;
 pub mod tenures;
 
 use std::future::Future;
