@@ -314,7 +314,7 @@ Redis nodes
 {{- end }}
 {{- else }}
 {{- range .Values.redis.urls }}
-{{- $urls = append $urls (ternary (regexReplaceAll "^redis://" . "rediss://") . $.Values.redis.tls.enabled) }}
+{{- $urls = append $urls (ternary (regexReplaceAll "^redis(\\+sentinel)?://" . "rediss${1}://") . $.Values.redis.tls.enabled) }}
 {{- end }}
 {{- end }}
 {{- join "," $urls }}
