@@ -392,6 +392,14 @@ mod tests {
         assert_eq!(r.server, "valkey 8.1.1");
     }
 
+    proptest::proptest! {
+        #[test]
+        fn any_info_text_gives_a_report_without_panicking(info in "(?s).{0,300}", port in 0u32..70000) {
+            let r = NodeReport::from_info(&info, Duration::ZERO, dialled(&format!("h:{port}")));
+            let _ = (r.standing(TTL, false), r.kind(TTL), r.hazards(true), r.fails_over());
+        }
+    }
+
     #[test]
     fn persistence_comes_from_info_persistence() {
         let aof = report(&MASTER.replace("aof_enabled:0", "aof_enabled:1"));

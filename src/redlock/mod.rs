@@ -131,7 +131,8 @@ pub struct RedlockConfig {
     pub lock: String,
     /// Who we are, written into the lock value so others can see the holder.
     pub identity: String,
-    /// The Redis masters. They must be independent (no replication between them).
+    /// The voters: independent Redis masters (no replication between them), or Sentinel
+    /// groups, each followed to its current master.
     pub nodes: Vec<NodeSpec>,
     /// How long a key lives without renewal.
     pub ttl: Duration,
