@@ -22,7 +22,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::k8s::KubeMode;
-use crate::redlock::secrets::SecretFiles;
+use crate::redlock::secrets::{self, SecretFiles};
 use crate::redlock::timing::{
     self, MAX_CONNECT_TIMEOUT, MAX_FENCE_RETENTION, MAX_NODE_TIMEOUT, MAX_RETRY_DELAY, MAX_TTL,
 };
@@ -137,7 +137,9 @@ pub enum OnBusy {
 /// How to reach the Redis nodes. `Debug` shows each node as `host:port` and no password.
 #[derive(Args, Clone)]
 pub struct RedisArgs {
-    /// Redis master URL (redis:// or rediss://), repeat for each node; N = 1, 3, 5, ...
+    /// Redis node URL, repeat for each node; N = 1, 3, 5, ... A node is a master
+    /// (redis://, rediss://) or a Sentinel group followed across failovers
+    /// (redis+sentinel://[user:pass@]s1[:26379],s2,.../MASTER[/DB]; rediss+sentinel:// for TLS).
     #[arg(
         long = "redis",
         env = "REDLOCK_REDIS",
@@ -159,6 +161,20 @@ pub struct RedisArgs {
         conflicts_with = "redis_password"
     )]
     pub redis_password_file: Option<PathBuf>,
+    /// ACL user for the Sentinels of redis+sentinel:// nodes (the URL's user is the master's).
+    #[arg(long, env = "REDLOCK_SENTINEL_USERNAME")]
+    pub sentinel_username: Option<String>,
+    /// Password for the Sentinels of redis+sentinel:// nodes, if they require one (a
+    /// Sentinel's requirepass is its own; the URL's password is the master's).
+    #[arg(long, env = "REDLOCK_SENTINEL_PASSWORD", hide_env_values = true)]
+    pub sentinel_password: Option<String>,
+    /// File holding the Sentinels' password (a trailing newline is ignored).
+    #[arg(
+        long,
+        env = "REDLOCK_SENTINEL_PASSWORD_FILE",
+        conflicts_with = "sentinel_password"
+    )]
+    pub sentinel_password_file: Option<PathBuf>,
     /// PEM file of CA certificates for rediss:// nodes with a private CA.
     #[arg(long, env = "REDLOCK_REDIS_CA_FILE")]
     pub redis_ca_file: Option<PathBuf>,
@@ -331,12 +347,11 @@ fn duration_at_most(
 impl fmt::Debug for RedisArgs {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // A URL may carry a password: show only what `NodeSpec` shows, `host:port`.
-        let nodes: Vec<String> = self
-            .redis
+        let nodes: Vec<String> = node_urls(&self.redis)
             .iter()
             .enumerate()
             .map(
-                |(i, url)| match NodeSpec::parse(i, url.trim(), &Credentials::default()) {
+                |(i, url)| match NodeSpec::parse(i, url, &Credentials::default()) {
                     Ok(node) => node.label().to_owned(),
                     Err(_) => "<not a valid URL>".to_owned(),
                 },
@@ -350,6 +365,12 @@ impl fmt::Debug for RedisArgs {
                 &self.redis_password.as_ref().map(|_| "<redacted>"),
             )
             .field("redis_password_file", &self.redis_password_file)
+            .field("sentinel_username", &self.sentinel_username)
+            .field(
+                "sentinel_password",
+                &self.sentinel_password.as_ref().map(|_| "<redacted>"),
+            )
+            .field("sentinel_password_file", &self.sentinel_password_file)
             .field("redis_ca_file", &self.redis_ca_file)
             .field("redis_client_cert", &self.redis_client_cert)
             .field("redis_client_key", &self.redis_client_key)
@@ -484,19 +505,20 @@ impl RedisArgs {
         };
         // Read once now (a bad file is a configuration error), and again by every connection.
         let loaded = files.load()?;
+        let sentinel_password = match &self.sentinel_password_file {
+            Some(path) => Some(secrets::read_password("--sentinel-password-file", path)?),
+            None => self.sentinel_password.clone(),
+        };
         let creds = Credentials {
             username: self.redis_username.clone(),
             password: loaded.password.or_else(|| self.redis_password.clone()),
             ca_pem: loaded.ca_pem,
             client_cert: loaded.client_cert,
             files,
+            sentinel_username: self.sentinel_username.clone(),
+            sentinel_password,
         };
-        let urls: Vec<&str> = self
-            .redis
-            .iter()
-            .map(|u| u.trim())
-            .filter(|u| !u.is_empty())
-            .collect();
+        let urls = node_urls(&self.redis);
         if urls.is_empty() {
             return Err(ConfigError::new("--redis", "at least one node is required"));
         }
@@ -724,6 +746,29 @@ fn is_label_key(key: &str) -> bool {
     name_ok && prefix_ok
 }
 
+/// The node URLs of `--redis`, trimmed, empty ones dropped. The list is split at commas, and
+/// so are a Sentinel URL's hosts (`redis+sentinel://s1,s2/master`): a piece without a scheme
+/// that follows a Sentinel URL whose master is not named yet is joined back onto it.
+fn node_urls(list: &[String]) -> Vec<String> {
+    let mut urls: Vec<String> = Vec::new();
+    for piece in list.iter().map(|u| u.trim()).filter(|u| !u.is_empty()) {
+        match urls.last_mut() {
+            Some(last)
+                if !piece.contains("://")
+                    && crate::redlock::sentinel::is_sentinel_url(last)
+                    && !last
+                        .split_once("://")
+                        .is_some_and(|(_, rest)| rest.contains('/')) =>
+            {
+                last.push(',');
+                last.push_str(piece);
+            }
+            _ => urls.push(piece.to_owned()),
+        }
+    }
+    urls
+}
+
 fn fmt(d: Duration) -> humantime::FormattedDuration {
     humantime::format_duration(Duration::from_millis(d.as_millis() as u64))
 }
@@ -767,6 +812,45 @@ mod tests {
             Command::Run(run) => run.config(),
             _ => unreachable!(),
         }
+    }
+
+    #[test]
+    fn sentinel_urls_survive_the_comma_split_of_the_node_list() {
+        let Command::Check(check) = parse(&[
+            "check",
+            "--redis",
+            "redis+sentinel://:pw@s1,s2:26380,s3/mymaster,redis://h:1,rediss+sentinel://t1,t2/other/2",
+        ])
+        .unwrap()
+        .command
+        else {
+            unreachable!()
+        };
+        let nodes = check.redis.nodes().expect("valid");
+        let labels: Vec<&str> = nodes.iter().map(|n| n.label()).collect();
+        assert_eq!(
+            labels,
+            [
+                "mymaster@s1:26379,s2:26380,s3:26379",
+                "h:1",
+                "other@t1:26379,t2:26379"
+            ]
+        );
+        assert_eq!(nodes[2].identity().1, 2);
+        assert!(!format!("{:?}", check.redis).contains("pw"));
+        // The same group, its Sentinels listed in another order, is one node listed twice.
+        let err = run_config(&[
+            "--redis",
+            "redis+sentinel://s2,s1/m,redis+sentinel://s1,s2/m",
+        ])
+        .unwrap_err();
+        assert_eq!(err.flag, "--redis");
+        assert!(err.reason.contains("listed twice"), "{err}");
+        let err = run_config(&["--redis", "redis+sentinel://s1,s2"]).unwrap_err();
+        assert!(
+            err.reason.contains("node #2: the master's name is missing"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -35,6 +35,7 @@ pub mod fencing;
 mod node;
 mod scripts;
 pub mod secrets;
+pub mod sentinel;
 pub mod timing;
 pub mod votes;
 
@@ -53,8 +54,8 @@ use crate::clock;
 use error::Tally;
 pub use error::{ConfigError, LockError, Vote, Votes};
 pub use node::{
-    ClientCert, ConnectSettings, Credentials, Node, NodeError, NodeErrorKind, NodeFacts, NodeSpec,
-    FACTS_MAX_AGE,
+    info_field, ClientCert, ConnectSettings, Credentials, Node, NodeError, NodeErrorKind,
+    NodeFacts, NodeSpec, FACTS_MAX_AGE,
 };
 pub use timing::{drift, quorum, validity};
 use votes::Proof;
@@ -70,6 +71,7 @@ static RESTORE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::RESTORE
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::RELEASE));
 static CLEANUP: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::CLEANUP));
 static READ: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::READ));
+static PROBE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::PROBE));
 
 /// The kind of request sent to a node (a metric label).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -130,7 +132,8 @@ pub struct RedlockConfig {
     pub lock: String,
     /// Who we are, written into the lock value so others can see the holder.
     pub identity: String,
-    /// The Redis masters. They must be independent (no replication between them).
+    /// The voters: independent Redis masters (no replication between them), or Sentinel
+    /// groups, each followed to its current master.
     pub nodes: Vec<NodeSpec>,
     /// How long a key lives without renewal.
     pub ttl: Duration,
@@ -314,6 +317,17 @@ pub struct NodeView {
     pub pttl: Option<Duration>,
     /// The fencing counter.
     pub fence: u64,
+}
+
+/// What a node's ACL lets this client run of what the engine needs (see [`Redlock::probe_access`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Access {
+    /// Denied commands without which no vote can be given (`evalsha`, `info`, a lock key...).
+    pub denied: Vec<String>,
+    /// Denied commands that only slow hand-overs (the release announcement).
+    pub denied_optional: Vec<String>,
+    /// False when the server cannot tell (before Redis 7): nothing is known.
+    pub checked: bool,
 }
 
 /// A Redlock client for one lock name. Cheap to clone; clones share connections.
@@ -756,6 +770,34 @@ impl Redlock {
                 )
             })
             .collect()
+    }
+
+    /// Asks node `index` which commands the engine needs its ACL user may not run, with this
+    /// lock's own keys and channel (see `scripts::PROBE`); writes nothing. A user who may not
+    /// run scripts at all is told by the node's `NOPERM`, reported as denied `evalsha`.
+    pub async fn probe_access(&self, index: usize, timeout: Duration) -> Result<Access, NodeError> {
+        let inner = &self.inner;
+        let answer = inner.nodes[index]
+            .eval::<(Vec<String>, Vec<String>, i64)>(
+                &PROBE,
+                &inner.keys(),
+                &[&inner.channel],
+                timeout,
+            )
+            .await;
+        match answer {
+            Ok(((denied, denied_optional, checked), _)) => Ok(Access {
+                denied,
+                denied_optional,
+                checked: checked == 1,
+            }),
+            Err(err) if err.is_acl_denial() => Ok(Access {
+                denied: vec![err.message],
+                denied_optional: Vec::new(),
+                checked: true,
+            }),
+            Err(err) => Err(err),
+        }
     }
 
     /// Starts, once, one task per node that listens for release announcements.

@@ -240,3 +240,35 @@ return 0
 pub const READ: &str = r#"
 return {redis.call('GET', KEYS[1]) or '', redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or '0'}
 "#;
+
+/// Which commands the engine needs may this connection's ACL user not run? Asked by `check` and
+/// at startup; it writes nothing. `redis.acl_check_cmd` (Redis 7+, Valkey) checks each command
+/// with the lock's own keys and release channel (ARGV[1]). Reached through `EVALSHA` and
+/// `SCRIPT LOAD` like every script, so a user who may not run scripts gets `NOPERM` instead.
+///
+/// Returns `{essential, optional, checked}`: the denied commands that stop every vote (a
+/// grant or renewal could not run), those that only slow hand-overs (the release announcement),
+/// and 0 when the server cannot tell (no `acl_check_cmd`).
+pub const PROBE: &str = r#"
+if not redis.acl_check_cmd then return {{}, {}, 0} end
+local essential, optional = {}, {}
+local function need(list, ...)
+  local ok, allowed = pcall(redis.acl_check_cmd, ...)
+  if not ok or not allowed then table.insert(list, table.concat({...}, ' ')) end
+end
+need(essential, 'info', 'server')
+need(essential, 'info', 'replication')
+need(essential, 'info', 'memory')
+need(essential, 'evalsha', '0000000000000000000000000000000000000000', '0')
+need(essential, 'script', 'load', 'return 1')
+for i = 1, #KEYS do
+  need(essential, 'get', KEYS[i])
+  need(essential, 'set', KEYS[i], 'v', 'PX', '1')
+  need(essential, 'pttl', KEYS[i])
+  need(essential, 'pexpire', KEYS[i], '1')
+end
+need(essential, 'del', KEYS[1])
+need(optional, 'publish', ARGV[1], 'v')
+need(optional, 'subscribe', ARGV[1])
+return {essential, optional, 1}
+"#;

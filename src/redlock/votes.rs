@@ -250,6 +250,7 @@ mod tests {
         NodeFacts {
             run_id: "r".into(),
             maxmemory_policy: policy.into(),
+            ..NodeFacts::default()
         }
     }
 

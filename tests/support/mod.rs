@@ -11,6 +11,8 @@ pub mod http;
 pub mod process;
 pub mod proxy;
 pub mod redis;
+pub mod sentinel;
+pub mod tenures;
 pub mod tls;
 
 use std::future::Future;

@@ -22,7 +22,20 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 /// The reply deadline of [`RedisNode::is_running`].
 pub const ALIVE_TIMEOUT: Duration = Duration::from_millis(200);
 
-const INSTALL_HINT: &str = "`redis-server` is not on PATH. Install it (Debian/Ubuntu package \
+/// The environment variable naming the server binary the tests start, e.g. a `valkey-server`:
+/// the whole suite then runs against that server (Sentinels too, as `SERVER CONF --sentinel`).
+pub const SERVER_ENV: &str = "REDLOCK_TEST_REDIS_SERVER";
+
+/// The server binary the tests start: `$REDLOCK_TEST_REDIS_SERVER`, else `redis-server`.
+pub fn server_binary() -> String {
+    std::env::var(SERVER_ENV)
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "redis-server".to_owned())
+}
+
+const INSTALL_HINT: &str = "`redis-server` is not on PATH (or $REDLOCK_TEST_REDIS_SERVER does not \
+name a server binary). Install it (Debian/Ubuntu package \
 `redis-server`, 7.0 or newer): `apt-get update && apt-get install -y redis-server`";
 
 // ---------------------------------------------------------------------------------------------
@@ -363,7 +376,7 @@ impl RedisNode {
         let log2 = log
             .try_clone()
             .map_err(|e| StartError::Failed(e.to_string()))?;
-        let mut cmd = Command::new("redis-server");
+        let mut cmd = Command::new(server_binary());
         if let Some(conf) = &self.config {
             cmd.arg(conf);
         }

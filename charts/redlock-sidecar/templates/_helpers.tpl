@@ -475,7 +475,7 @@ goes into its pods' controller-revision-hash label, name + 11).
 {{- end }}
 {{- else }}
 {{- range .Values.redis.urls }}
-{{- $urls = append $urls (ternary (regexReplaceAll "^redis://" . "rediss://") . $.Values.redis.tls.enabled) }}
+{{- $urls = append $urls (ternary (regexReplaceAll "^redis(\\+sentinel)?://" . "rediss${1}://") . $.Values.redis.tls.enabled) }}
 {{- end }}
 {{- end }}
 {{- join "," $urls }}
