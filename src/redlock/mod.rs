@@ -30,6 +30,7 @@
 //!   and hung nodes all end as typed [`Vote::Failed`] entries within the node timeout.
 
 mod acquire;
+pub mod cluster;
 mod error;
 pub mod fencing;
 mod node;
@@ -470,6 +471,7 @@ impl Redlock {
         cfg.validate()?;
         let settings = ConnectSettings {
             connect_timeout: cfg.connect_timeout,
+            slot: cluster::key_slot(&format!("redlock:{{{}}}", cfg.lock)),
         };
         let nodes = cfg
             .nodes
