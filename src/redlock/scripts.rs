@@ -2,7 +2,8 @@
 //!
 //! Keys: `KEYS[1]` is the lock key, `KEYS[2]` the lock's fencing counter (kept for the
 //! fence retention after its last use), `KEYS[3]` the lock's max-ttl register, `KEYS[4]` the
-//! node's epoch marker (one per node and database, shared by all locks), `KEYS[5]` the lock's
+//! node's epoch marker (one per node and database, shared by all locks; in cluster mode one
+//! per hash slot, see `cluster`), `KEYS[5]` the lock's
 //! node-set record (the fingerprint of the node list of whoever holds or renewed the lock).
 //!
 //! Arguments, in this order wherever a script takes them: value, ttl in ms, fencing token,
