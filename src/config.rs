@@ -137,7 +137,8 @@ pub enum OnBusy {
 #[derive(Args, Clone)]
 pub struct RedisArgs {
     /// Redis node URL, repeat for each node; N = 1, 3, 5, ... A node is a master
-    /// (redis://, rediss://) or a Sentinel group followed across failovers
+    /// (redis://, rediss://; any node of a cluster-mode deployment stands for the cluster) or
+    /// a Sentinel group followed across failovers
     /// (redis+sentinel://[user:pass@]s1[:26379],s2,.../MASTER[/DB]; rediss+sentinel:// for TLS).
     #[arg(
         long = "redis",
