@@ -686,6 +686,7 @@ impl CheckArgs {
     pub fn config(&self) -> Result<RedlockConfig, ConfigError> {
         let nodes = self.redis.nodes()?;
         let mut cfg = RedlockConfig::new("check", "check", nodes);
+        cfg.stamp_cluster_markers = false;
         cfg.ttl = self.ttl;
         cfg.allow_evicting_nodes = self.redis.allow_evicting_nodes;
         cfg.node_timeout = self.redis.node_timeout;
@@ -698,7 +699,9 @@ impl CheckArgs {
 impl StatusArgs {
     /// The engine config `status` reads with, validated.
     pub fn config(&self) -> Result<RedlockConfig, ConfigError> {
-        self.lock.redlock()
+        let mut cfg = self.lock.redlock()?;
+        cfg.stamp_cluster_markers = false;
+        Ok(cfg)
     }
 }
 

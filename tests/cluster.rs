@@ -53,6 +53,27 @@ async fn a_cluster_is_one_voter_whose_scripts_stay_in_the_lock_slot_and_new_name
     let ttl = Duration::from_secs(1);
     // The URL names master 0; the first lock lives on master 1: the engine is routed there.
     let url = cluster.masters[0].url();
+    // `check` sees a cluster shard, a voter like any other, and writes nothing: no marker yet.
+    let mut check = Proc::spawn(&["check", "--redis", &url, "--ttl", "1s"], &[]);
+    let status = block_in_place(|| check.wait_exit(Duration::from_secs(20))).expect("exits");
+    let out = check.output_text();
+    assert_eq!(status.code(), Some(0), "{out}");
+    let owner = cluster
+        .master_of(slot_of("check"))
+        .expect("an owner")
+        .port();
+    assert!(
+        out.contains(&format!(
+            "cluster shard: master 127.0.0.1:{owner} of the lock's slot {} with 0 replicas",
+            slot_of("check")
+        )),
+        "{out}"
+    );
+    assert!(!out.contains("vote does not count"), "{out}");
+    for master in &cluster.masters {
+        assert_eq!(master.command(&["DBSIZE"]), "0", "check wrote nothing");
+    }
+
     let first_name = name_on_master(1, 0);
     let first = Redlock::new(
         engine_config(std::slice::from_ref(&url), &first_name, "a", ttl),
@@ -115,24 +136,6 @@ async fn a_cluster_is_one_voter_whose_scripts_stay_in_the_lock_slot_and_new_name
             .unwrap_or_else(|e| panic!("{name} (slot {}) on its first round: {e}", slot_of(&name)));
         assert_eq!(lock.release(&lease).await, 1);
     }
-
-    // `check` sees a cluster shard, a voter like any other.
-    let mut check = Proc::spawn(&["check", "--redis", &url, "--ttl", "1s"], &[]);
-    let status = block_in_place(|| check.wait_exit(Duration::from_secs(20))).expect("exits");
-    let out = check.output_text();
-    assert_eq!(status.code(), Some(0), "{out}");
-    let owner = cluster
-        .master_of(slot_of("check"))
-        .expect("an owner")
-        .port();
-    assert!(
-        out.contains(&format!(
-            "cluster shard: master 127.0.0.1:{owner} of the lock's slot {} with 0 replicas",
-            slot_of("check")
-        )),
-        "{out}"
-    );
-    assert!(!out.contains("vote does not count"), "{out}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

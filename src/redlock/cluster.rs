@@ -237,6 +237,9 @@ const STAMP_BATCH: usize = 256;
 /// Stamps the slot markers of every master in `ranges` (see the module docs), a batch at a
 /// time; best effort.
 async fn stamp_every_master(spec: NodeSpec, ranges: Vec<SlotRange>, settings: ConnectSettings) {
+    if !settings.stamp_slots {
+        return;
+    }
     for (host, port) in masters(&ranges) {
         let keys: Vec<String> = ranges
             .iter()
@@ -295,6 +298,7 @@ pub(super) async fn ask<T: FromRedisValue>(
     let settings = ConnectSettings {
         connect_timeout: std::time::Duration::from_secs(60),
         slot: 0,
+        stamp_slots: false,
     };
     let (mut conn, _) = open_at(spec, &host, port, settings).await?;
     script.load_async(&mut conn).await.map_err(scrub)?;

@@ -412,6 +412,8 @@ pub struct ConnectSettings {
     pub connect_timeout: Duration,
     /// The hash slot of the lock's keys: a cluster-mode node is reached at the master serving it.
     pub slot: u16,
+    /// Whether connecting to a cluster stamps every slot's epoch marker (see `cluster`).
+    pub stamp_slots: bool,
 }
 
 /// What a node says about itself, read once per connection: a restart always drops the
