@@ -1073,7 +1073,10 @@ mod tests {
         const IN_URL: &str = "UrlSecret-4711";
         const IN_FLAG: &str = "FlagSecret-4712";
         const IN_FILE: &str = "FileSecret-4713";
-        let url = format!("redis://user:{IN_URL}@127.0.0.1:1,redis://127.0.0.1:2");
+        let url = format!(
+            "redis://user:{IN_URL}@127.0.0.1:1,redis://127.0.0.1:2,\
+             redis+sentinel://user:{IN_URL}@127.0.0.1:3,127.0.0.1:4/m"
+        );
         let file = std::env::temp_dir().join(format!("redlock-debug-test-{}", std::process::id()));
         std::fs::write(&file, format!("{IN_FILE}\n")).unwrap();
         let file = file.to_str().unwrap().to_owned();
@@ -1081,6 +1084,8 @@ mod tests {
         for secret_flags in [
             ["--redis-password", IN_FLAG],
             ["--redis-password-file", file.as_str()],
+            ["--sentinel-password", IN_FLAG],
+            ["--sentinel-password-file", file.as_str()],
         ] {
             let lock = ["--lock", "l", "--identity", "me", "--redis", url.as_str()];
             let args = |cmd: &'static str| {
@@ -1189,6 +1194,7 @@ mod tests {
             .prop_map(str::to_owned),
             "-?[0-9]{1,30}",
             "[a-z0-9:/@.,_ -]{0,40}",
+            "rediss?(\\+sentinel)?://[a-z0-9:/@.,\\[\\]_-]{0,40}",
             any::<String>(),
         ]
     }
@@ -1204,6 +1210,9 @@ mod tests {
         "--redis-username",
         "--redis-password",
         "--redis-password-file",
+        "--sentinel-username",
+        "--sentinel-password",
+        "--sentinel-password-file",
         "--redis-ca-file",
         "--redis-client-cert",
         "--redis-client-key",
@@ -1236,6 +1245,9 @@ mod tests {
         "--redis-username",
         "--redis-password",
         "--redis-password-file",
+        "--sentinel-username",
+        "--sentinel-password",
+        "--sentinel-password-file",
         "--node-timeout",
         "--connect-timeout",
         "--allow-evicting-nodes",
