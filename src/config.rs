@@ -138,7 +138,8 @@ pub enum OnBusy {
 #[derive(Args, Clone)]
 pub struct RedisArgs {
     /// Redis node URL, repeat for each node; N = 1, 3, 5, ... A node is a master
-    /// (redis://, rediss://) or a Sentinel group followed across failovers
+    /// (redis://, rediss://; any node of a cluster-mode deployment stands for the cluster) or
+    /// a Sentinel group followed across failovers
     /// (redis+sentinel://[user:pass@]s1[:26379],s2,.../MASTER[/DB]; rediss+sentinel:// for TLS).
     #[arg(
         long = "redis",
@@ -700,6 +701,7 @@ impl CheckArgs {
     pub fn config(&self) -> Result<RedlockConfig, ConfigError> {
         let nodes = self.redis.nodes()?;
         let mut cfg = RedlockConfig::new("check", "check", nodes);
+        cfg.stamp_cluster_markers = false;
         cfg.ttl = self.ttl;
         cfg.allow_evicting_nodes = self.redis.allow_evicting_nodes;
         cfg.node_timeout = self.redis.node_timeout;
@@ -712,7 +714,9 @@ impl CheckArgs {
 impl StatusArgs {
     /// The engine config `status` reads with, validated.
     pub fn config(&self) -> Result<RedlockConfig, ConfigError> {
-        self.lock.redlock()
+        let mut cfg = self.lock.redlock()?;
+        cfg.stamp_cluster_markers = false;
+        Ok(cfg)
     }
 }
 
@@ -1035,7 +1039,10 @@ mod tests {
         const IN_URL: &str = "UrlSecret-4711";
         const IN_FLAG: &str = "FlagSecret-4712";
         const IN_FILE: &str = "FileSecret-4713";
-        let url = format!("redis://user:{IN_URL}@127.0.0.1:1,redis://127.0.0.1:2");
+        let url = format!(
+            "redis://user:{IN_URL}@127.0.0.1:1,redis://127.0.0.1:2,\
+             redis+sentinel://user:{IN_URL}@127.0.0.1:3,127.0.0.1:4/m"
+        );
         let file = std::env::temp_dir().join(format!("redlock-debug-test-{}", std::process::id()));
         std::fs::write(&file, format!("{IN_FILE}\n")).unwrap();
         let file = file.to_str().unwrap().to_owned();
@@ -1043,6 +1050,8 @@ mod tests {
         for secret_flags in [
             ["--redis-password", IN_FLAG],
             ["--redis-password-file", file.as_str()],
+            ["--sentinel-password", IN_FLAG],
+            ["--sentinel-password-file", file.as_str()],
         ] {
             let lock = ["--lock", "l", "--identity", "me", "--redis", url.as_str()];
             let args = |cmd: &'static str| {
@@ -1151,6 +1160,7 @@ mod tests {
             .prop_map(str::to_owned),
             "-?[0-9]{1,30}",
             "[a-z0-9:/@.,_ -]{0,40}",
+            "rediss?(\\+sentinel)?://[a-z0-9:/@.,\\[\\]_-]{0,40}",
             any::<String>(),
         ]
     }
@@ -1166,6 +1176,9 @@ mod tests {
         "--redis-username",
         "--redis-password",
         "--redis-password-file",
+        "--sentinel-username",
+        "--sentinel-password",
+        "--sentinel-password-file",
         "--redis-ca-file",
         "--redis-client-cert",
         "--redis-client-key",
@@ -1198,6 +1211,9 @@ mod tests {
         "--redis-username",
         "--redis-password",
         "--redis-password-file",
+        "--sentinel-username",
+        "--sentinel-password",
+        "--sentinel-password-file",
         "--node-timeout",
         "--connect-timeout",
         "--allow-evicting-nodes",

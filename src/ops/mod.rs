@@ -6,7 +6,7 @@
 //!   read-only ACL probe (`Redlock::probe_access`); never `CONFIG`, which managed services
 //!   refuse, and nothing that writes.
 //! - Each node gets a kind (independent master, primary with replicas, Sentinel group,
-//!   replica, cluster shard, a Sentinel dialled as a node), whether its vote counts and why
+//!   cluster shard, replica, a Sentinel dialled as a node), whether its vote counts and why
 //!   not, and warnings; the set gets one verdict line ([`verdict::overall`]).
 //! - At startup the same report is logged as warnings for every node whose vote does not
 //!   count or that could break mutual exclusion.
@@ -24,7 +24,7 @@ pub use report::{Dialled, NodeReport, Standing};
 pub use verdict::{overall, Voter};
 
 use crate::redlock::votes::required_data_age;
-use crate::redlock::{quorum, Access, NodeError, NodeErrorKind, Redlock, EPOCH_KEY};
+use crate::redlock::{quorum, Access, NodeError, NodeErrorKind, Redlock};
 
 /// Reads the report of node `index`, each call bounded by `timeout`. Read-only: it never
 /// stamps the epoch marker.
@@ -44,16 +44,21 @@ pub async fn node_report(
             .map_or_else(|| node.label().to_owned(), |f| f.address.clone()),
         sentinel_group: node.sentinel_master().map(str::to_owned),
         tls: node.is_tls(),
+        cluster_slot: None,
     };
     let mut report = NodeReport::from_info(&info, rtt, dialled);
-    if report.mode == "sentinel" || report.cluster {
+    if report.mode == "sentinel" {
         return Ok(report);
     }
+    if report.cluster {
+        report.dialled.cluster_slot = Some(node.slot());
+    }
+    let epoch_key = node.epoch_key();
     let marker: Option<String> = node
-        .command(redis::cmd("GET").arg(EPOCH_KEY), timeout)
+        .command(redis::cmd("GET").arg(&epoch_key), timeout)
         .await?;
     let pttl: i64 = node
-        .command(redis::cmd("PTTL").arg(EPOCH_KEY), timeout)
+        .command(redis::cmd("PTTL").arg(&epoch_key), timeout)
         .await?;
     report.set_marker(marker.as_deref(), pttl, node.db());
     report.access = match redlock.probe_access(index, timeout).await {
@@ -106,7 +111,7 @@ fn unsafe_because(report: &NodeReport, allow_evicting: bool) -> Option<String> {
             report.facts.maxmemory_policy
         ));
     }
-    if report.fails_over() && !report.min_replicas_to_write {
+    if report.fails_over() && !report.min_replicas_to_write && !report.cluster {
         return Some(
             "under a network partition, a failover can leave a cut-off leader renewing on the \
              old master (min-replicas-to-write is 0; see docs/redis.md)"

@@ -16,6 +16,8 @@ pub struct Dialled {
     pub sentinel_group: Option<String>,
     /// Over TLS: `INFO` shows no TLS port to compare with.
     pub tls: bool,
+    /// In cluster mode: the lock's hash slot, served by the master reached.
+    pub cluster_slot: Option<u16>,
 }
 
 /// What `INFO` and the node's epoch marker tell about one node.
@@ -127,13 +129,6 @@ impl NodeReport {
                     .to_owned(),
             );
         }
-        if self.cluster {
-            return Standing::Never(
-                "cluster mode: the lock's keys and the node's epoch marker are in different \
-                 hash slots (CROSSSLOT); use independent masters or a Sentinel group"
-                    .to_owned(),
-            );
-        }
         if let Some(master) = &self.master_of {
             return Standing::Never(format!(
                 "a replica (of {master}) refuses writes: list its master, or its Sentinel group"
@@ -184,7 +179,16 @@ impl NodeReport {
             return "a Sentinel process, not a data node".to_owned();
         }
         if self.cluster {
-            return "a cluster-mode shard".to_owned();
+            let slot = self
+                .dialled
+                .cluster_slot
+                .map_or(String::new(), |slot| format!(" of the lock's slot {slot}"));
+            return format!(
+                "cluster shard: master {}{slot} with {}; after a failover the new master \
+                 abstains for {abstain}",
+                self.dialled.address,
+                replicas(self.replicas)
+            );
         }
         if let Some(master) = &self.master_of {
             return format!("a replica of {master}");
@@ -218,7 +222,13 @@ impl NodeReport {
                 }
             ));
         }
-        if self.fails_over() && !self.min_replicas_to_write && self.master_of.is_none() {
+        // A cluster master cut off from the majority of masters stops taking writes after the
+        // cluster's node timeout, before a replica can be elected on the other side.
+        if self.fails_over()
+            && !self.min_replicas_to_write
+            && self.master_of.is_none()
+            && !self.cluster
+        {
             hazards.push(
                 "the master takes writes without any replica (min-replicas-to-write 0): if a \
                  network partition cuts it off and a replica is promoted, a leader cut off with \
@@ -321,7 +331,7 @@ mod tests {
     }
 
     #[test]
-    fn replicas_sentinels_cluster_shards_and_denied_acls_never_count() {
+    fn replicas_sentinels_and_denied_acls_never_count() {
         let replica = report(&MASTER.replace(
             "role:master",
             "role:slave\r\nmaster_host:10.0.0.1\r\nmaster_port:6380",
@@ -333,10 +343,6 @@ mod tests {
         let sentinel = report(&MASTER.replace("redis_mode:standalone", "redis_mode:sentinel"));
         assert!(
             matches!(sentinel.standing(TTL, false), Standing::Never(why) if why.contains("redis+sentinel://"))
-        );
-        let shard = report(&MASTER.replace("cluster_enabled:0", "cluster_enabled:1"));
-        assert!(
-            matches!(shard.standing(TTL, false), Standing::Never(why) if why.contains("cluster"))
         );
         let mut denied = report(MASTER);
         denied.data_age = Some(Duration::from_secs(3600));
@@ -366,6 +372,27 @@ mod tests {
         assert!(group
             .kind(TTL)
             .starts_with("Sentinel group mymaster: master h:6379"));
+    }
+
+    #[test]
+    fn a_cluster_shard_is_a_voter_that_can_fail_over_and_fences_itself() {
+        let mut shard = report(
+            &MASTER
+                .replace("cluster_enabled:0", "cluster_enabled:1")
+                .replace("connected_slaves:0", "connected_slaves:1"),
+        );
+        shard.dialled.cluster_slot = Some(16287);
+        shard.data_age = Some(Duration::from_secs(3600));
+        assert_eq!(shard.standing(TTL, false), Standing::Counts);
+        assert!(shard.fails_over());
+        assert!(shard
+            .kind(TTL)
+            .starts_with("cluster shard: master h:6379 of the lock's slot 16287 with 1 replica"));
+        assert!(
+            shard.hazards(false).is_empty(),
+            "{:?}",
+            shard.hazards(false)
+        );
     }
 
     #[test]

@@ -30,6 +30,7 @@
 //!   and hung nodes all end as typed [`Vote::Failed`] entries within the node timeout.
 
 mod acquire;
+pub mod cluster;
 mod error;
 pub mod fencing;
 mod node;
@@ -147,6 +148,9 @@ pub struct RedlockConfig {
     pub node_set: Option<String>,
     /// Count votes of nodes whose `maxmemory-policy` may evict lock keys (unsafe).
     pub allow_evicting_nodes: bool,
+    /// Whether connecting to a cluster-mode node stamps the epoch markers of every slot (see
+    /// [`cluster`]); the operator commands, which never write, turn it off.
+    pub stamp_cluster_markers: bool,
     /// Tests only: pretend this client's wall clock is off by this many milliseconds, to
     /// check the fencing guarantee under clock skew.
     #[doc(hidden)]
@@ -173,6 +177,7 @@ impl RedlockConfig {
             fence_retention: DEFAULT_FENCE_RETENTION,
             node_set: None,
             allow_evicting_nodes: false,
+            stamp_cluster_markers: true,
             wall_clock_skew_ms: 0,
             node_timeout: Duration::from_millis(50),
             connect_timeout: Duration::from_secs(1),
@@ -471,6 +476,8 @@ impl Redlock {
         cfg.validate()?;
         let settings = ConnectSettings {
             connect_timeout: cfg.connect_timeout,
+            slot: cluster::key_slot(&format!("redlock:{{{}}}", cfg.lock)),
+            stamp_slots: cfg.stamp_cluster_markers,
         };
         let nodes = cfg
             .nodes

@@ -32,6 +32,7 @@ use redis::{
 use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use super::cluster;
 use super::error::ConfigError;
 use super::secrets::SecretFiles;
 use super::sentinel::{self, Group, SentinelUrl};
@@ -254,6 +255,39 @@ impl NodeSpec {
         Ok(spec)
     }
 
+    /// The password to scrub from error texts.
+    pub(super) fn password_for_errors(&self) -> Option<&str> {
+        self.password()
+    }
+
+    /// The database index the URL selects.
+    pub(super) fn db(&self) -> i64 {
+        self.info.redis_settings().db()
+    }
+
+    /// This node's connection info (credentials, db, TLS) for the server at `host:port`.
+    pub(super) fn info_at(&self, host: &str, port: u16) -> Result<ConnectionInfo, NodeError> {
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        let host = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host.to_owned()
+        };
+        let addr = format!("{scheme}://{host}:{port}")
+            .into_connection_info()
+            .map_err(|_| NodeError {
+                kind: NodeErrorKind::Protocol,
+                message: format!("{host}:{port} is not an address to dial"),
+            })?;
+        Ok(self.info.clone().set_addr(addr.addr().clone()))
+    }
+
+    /// A client for the server at `host:port`, with this node's credentials and TLS settings.
+    pub(super) fn client_at(&self, host: &str, port: u16) -> Result<Client, NodeError> {
+        self.client_for(&self.info_at(host, port)?)
+            .map_err(|e| NodeError::from_redis(&e, self.password()))
+    }
+
     /// A client for the server `info` names, with this node's TLS settings.
     fn client_for(&self, info: &ConnectionInfo) -> Result<Client, RedisError> {
         if !self.tls || (self.ca_pem.is_none() && self.client_cert.is_none()) {
@@ -411,6 +445,10 @@ pub struct ConnectSettings {
     /// Bound on establishing a connection (TCP, TLS, AUTH). Each request is bounded by its
     /// caller's timeout instead (one timer per call, not two).
     pub connect_timeout: Duration,
+    /// The hash slot of the lock's keys: a cluster-mode node is reached at the master serving it.
+    pub slot: u16,
+    /// Whether connecting to a cluster stamps every slot's epoch marker (see `cluster`).
+    pub stamp_slots: bool,
 }
 
 /// What a node says about itself, read once per connection: a restart always drops the
@@ -423,8 +461,12 @@ pub struct NodeFacts {
     pub maxmemory_policy: String,
     /// `role` (`INFO replication`): `master`, or `slave` for a replica.
     pub role: String,
-    /// The `host:port` the connection reaches: the URL's, or the master a Sentinel named.
+    /// The `host:port` the connection reaches: the URL's, the master a Sentinel named, or the
+    /// cluster master serving the lock's slot.
     pub address: String,
+    /// `cluster_enabled:1` (`INFO cluster`): the connection reaches the master of the lock's
+    /// slot, and the epoch marker is that slot's (see `cluster`).
+    pub cluster: bool,
 }
 
 impl NodeFacts {
@@ -441,6 +483,7 @@ impl NodeFacts {
             maxmemory_policy: info_field(memory, "maxmemory_policy"),
             role: info_field(replication, "role"),
             address: String::new(),
+            cluster: false,
         }
     }
 }
@@ -477,6 +520,9 @@ pub struct Node {
     refreshing: Arc<AtomicBool>,
     /// Set once the Sentinel group's `+switch-master` subscription runs.
     following: AtomicBool,
+    /// Cluster mode: the masters the last `CLUSTER SLOTS` listed, dialled when the URL's node
+    /// does not answer.
+    seeds: Arc<std::sync::Mutex<Vec<(String, u16)>>>,
     stop: CancellationToken,
     _stop_on_drop: DropGuard,
 }
@@ -511,17 +557,7 @@ impl Dial {
             }
             Dial::Sentinel(group) => {
                 let (host, port) = group.resolve(timeout).await?;
-                let info = group
-                    .url()
-                    .master_info(&host, port)
-                    .map(|info| {
-                        let settings = spec.info.redis_settings().clone();
-                        info.set_redis_settings(settings)
-                    })
-                    .map_err(|message| NodeError {
-                        kind: NodeErrorKind::Protocol,
-                        message,
-                    })?;
+                let info = spec.info_at(&host, port)?;
                 let client = spec
                     .client_for(&info)
                     .map_err(|e| NodeError::from_redis(&e, spec.password()))?;
@@ -573,6 +609,7 @@ impl Node {
             connections: Arc::new(AtomicU64::new(0)),
             refreshing: Arc::new(AtomicBool::new(false)),
             following: AtomicBool::new(false),
+            seeds: Arc::default(),
             _stop_on_drop: stop.clone().drop_guard(),
             stop,
         })
@@ -660,18 +697,22 @@ impl Node {
         let link = self.link.clone();
         let settings = self.settings;
         let id = self.connections.fetch_add(1, Ordering::Relaxed) + 1;
+        let seeds = self.seeds.clone();
         let connect = async move {
             let (client, address) = dial.client(&spec, settings.connect_timeout).await?;
-            let scrub = |e: RedisError| NodeError::from_redis(&e, spec.password());
-            let config = AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(settings.connect_timeout))
-                .set_response_timeout(None);
-            let mut conn = client
-                .get_multiplexed_async_connection_with_config(&config)
-                .await
-                .map_err(scrub)?;
-            let mut facts = read_facts(&mut conn).await.map_err(scrub)?;
-            facts.address = address;
+            let (conn, mut facts) = match open(&spec, &client, settings).await {
+                Ok(opened) => opened,
+                // A cluster node that is down: another master of the cluster will do.
+                Err(err) => open_any(&spec, &seeds, settings).await.ok_or(err)?,
+            };
+            if facts.address.is_empty() {
+                facts.address = address;
+            }
+            let (conn, facts) = if facts.cluster {
+                cluster::route(&spec, conn, facts, settings, &seeds).await?
+            } else {
+                (conn, facts)
+            };
             if let Some(group) = spec.sentinel_master() {
                 if facts.role != "master" {
                     return Err(NodeError {
@@ -752,10 +793,11 @@ impl Node {
     }
 
     /// Forgets connection `id` after an error that means it is broken, or that the server is
-    /// no longer a master (`READONLY`, `MASTERDOWN`); the next call reconnects (for a Sentinel
-    /// group: to the master named then) and reads the node's facts again.
+    /// no longer the master to ask (`READONLY`, `MASTERDOWN`, `MOVED`); the next call
+    /// reconnects (for a Sentinel group: to the master named then; in cluster mode: to the
+    /// slot's master then) and reads the node's facts again.
     fn drop_if_broken(&self, id: u64, err: &RedisError) {
-        let demoted = matches!(err.code(), Some("READONLY" | "MASTERDOWN"));
+        let demoted = matches!(err.code(), Some("READONLY" | "MASTERDOWN" | "MOVED"));
         if demoted
             || err.is_io_error()
             || err.is_connection_dropped()
@@ -773,7 +815,9 @@ impl Node {
 
     /// Runs `script` with `keys` and `args`, bounded by `timeout` (connecting included).
     /// The node's database index is appended as the last argument (the scripts' data-age proof
-    /// names it), and the connection's facts are returned with the answer.
+    /// names it), and the connection's facts are returned with the answer. In cluster mode the
+    /// epoch marker among `keys` is replaced by the lock slot's, a `MOVED` answer is retried
+    /// once on the new owner, and an `ASK` answer is followed for this call.
     pub async fn eval<T: FromRedisValue>(
         &self,
         script: &Script,
@@ -782,23 +826,62 @@ impl Node {
         timeout: Duration,
     ) -> Result<(T, Arc<NodeFacts>), NodeError> {
         let deadline = tokio::time::Instant::now() + timeout;
-        let (mut conn, facts, id) = self.connection(timeout).await?;
-        let mut invocation = script.prepare_invoke();
-        for key in keys {
-            invocation.key(*key);
-        }
-        for arg in args {
-            invocation.arg(*arg);
-        }
-        invocation.arg(self.spec.info.redis_settings().db());
-        match tokio::time::timeout_at(deadline, invocation.invoke_async(&mut conn)).await {
-            Ok(Ok(value)) => Ok((value, facts)),
-            Ok(Err(e)) => {
-                self.drop_if_broken(id, &e);
-                Err(NodeError::from_redis(&e, self.spec.password()))
+        let mut retried = false;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let (mut conn, facts, id) = self.connection(left).await?;
+            let slot_marker = facts
+                .cluster
+                .then(|| cluster::epoch_key(self.settings.slot));
+            let keys: Vec<&str> = keys
+                .iter()
+                .map(|key| match &slot_marker {
+                    Some(marker) if *key == super::EPOCH_KEY => marker.as_str(),
+                    _ => key,
+                })
+                .collect();
+            let mut invocation = script.prepare_invoke();
+            for key in &keys {
+                invocation.key(*key);
             }
-            Err(_) => Err(NodeError::timeout(timeout)),
+            for arg in args {
+                invocation.arg(*arg);
+            }
+            invocation.arg(self.db());
+            match tokio::time::timeout_at(deadline, invocation.invoke_async(&mut conn)).await {
+                Ok(Ok(value)) => return Ok((value, facts)),
+                Ok(Err(e)) if e.code() == Some("ASK") => {
+                    let asked = cluster::ask(&self.spec, &e, script, &keys, args, self.db());
+                    return match tokio::time::timeout_at(deadline, asked).await {
+                        Ok(result) => result.map(|value| (value, facts)),
+                        Err(_) => Err(NodeError::timeout(timeout)),
+                    };
+                }
+                Ok(Err(e)) => {
+                    self.drop_if_broken(id, &e);
+                    if e.code() == Some("MOVED") && !retried {
+                        retried = true;
+                        continue;
+                    }
+                    return Err(NodeError::from_redis(&e, self.spec.password()));
+                }
+                Err(_) => return Err(NodeError::timeout(timeout)),
+            }
         }
+    }
+
+    /// The key of the epoch marker this node's scripts use: the node's, or in cluster mode the
+    /// lock slot's (known once connected).
+    pub fn epoch_key(&self) -> String {
+        match self.facts() {
+            Some(facts) if facts.cluster => cluster::epoch_key(self.settings.slot),
+            _ => super::EPOCH_KEY.to_owned(),
+        }
+    }
+
+    /// The hash slot of the lock's keys (used in cluster mode).
+    pub fn slot(&self) -> u16 {
+        self.settings.slot
     }
 
     /// Runs one plain command, bounded by `timeout` (used by the operator commands).
@@ -838,16 +921,69 @@ impl Node {
 
 /// Reads a node's [`NodeFacts`] on `conn`.
 async fn read_facts(conn: &mut MultiplexedConnection) -> Result<NodeFacts, RedisError> {
-    let (server, replication, memory): (String, String, String) = redis::pipe()
+    let (server, replication, memory, cluster): (String, String, String, String) = redis::pipe()
         .cmd("INFO")
         .arg("server")
         .cmd("INFO")
         .arg("replication")
         .cmd("INFO")
         .arg("memory")
+        .cmd("INFO")
+        .arg("cluster")
         .query_async(conn)
         .await?;
-    Ok(NodeFacts::parse(&server, &replication, &memory))
+    let mut facts = NodeFacts::parse(&server, &replication, &memory);
+    facts.cluster = info_field(&cluster, "cluster_enabled") == "1";
+    Ok(facts)
+}
+
+/// Connects with `client` (bounded by the connect timeout) and reads the node's facts.
+pub(super) async fn open(
+    spec: &NodeSpec,
+    client: &Client,
+    settings: ConnectSettings,
+) -> Result<(MultiplexedConnection, NodeFacts), NodeError> {
+    let scrub = |e: RedisError| NodeError::from_redis(&e, spec.password());
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(settings.connect_timeout))
+        .set_response_timeout(None);
+    let mut conn = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .map_err(scrub)?;
+    let facts = read_facts(&mut conn).await.map_err(scrub)?;
+    Ok((conn, facts))
+}
+
+/// Connects to `host:port` with `spec`'s credentials and TLS, and reads its facts; the facts'
+/// address is `host:port`.
+pub(super) async fn open_at(
+    spec: &NodeSpec,
+    host: &str,
+    port: u16,
+    settings: ConnectSettings,
+) -> Result<(MultiplexedConnection, NodeFacts), NodeError> {
+    // Credentials kept in files are read again for every connection.
+    let spec = &spec.current()?;
+    let client = spec.client_at(host, port)?;
+    let (conn, mut facts) = open(spec, &client, settings).await?;
+    facts.address = sentinel::addr_label(&spec.info_at(host, port)?);
+    Ok((conn, facts))
+}
+
+/// The first of `seeds` (a cluster's masters) that answers.
+async fn open_any(
+    spec: &NodeSpec,
+    seeds: &std::sync::Mutex<Vec<(String, u16)>>,
+    settings: ConnectSettings,
+) -> Option<(MultiplexedConnection, NodeFacts)> {
+    let seeds = seeds.lock().map(|s| s.clone()).unwrap_or_default();
+    for (host, port) in seeds {
+        if let Ok(opened) = open_at(spec, &host, port, settings).await {
+            return Some(opened);
+        }
+    }
+    None
 }
 
 #[cfg(test)]

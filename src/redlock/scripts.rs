@@ -2,7 +2,8 @@
 //!
 //! Keys: `KEYS[1]` is the lock key, `KEYS[2]` the lock's fencing counter (kept for the
 //! fence retention after its last use), `KEYS[3]` the lock's max-ttl register, `KEYS[4]` the
-//! node's epoch marker (one per node and database, shared by all locks), `KEYS[5]` the lock's
+//! node's epoch marker (one per node and database, shared by all locks; in cluster mode one
+//! per hash slot, see `cluster`), `KEYS[5]` the lock's
 //! node-set record (the fingerprint of the node list of whoever holds or renewed the lock).
 //!
 //! Arguments, in this order wherever a script takes them: value, ttl in ms, fencing token,
@@ -27,17 +28,9 @@
 /// [`EPOCH_LIFETIME_MS`]: super::votes::EPOCH_LIFETIME_MS
 macro_rules! epoch_age {
     () => {
-        r#"
-local server = redis.call('INFO', 'server')
-local replication = redis.call('INFO', 'replication')
-local function field(text, name)
-  local at = string.find(text, name .. ':', 1, true)
-  if not at then return '' end
-  return string.match(text, '^[^:]*:([%w]*)', at) or ''
-end
-local run_id = field(server, 'run_id')
-local replid = field(replication, 'master_replid')
-local age = -2
+        concat!(
+            read_lineage!(),
+            r#"local age = -2
 if run_id ~= '' and replid ~= '' then
   local lineage = run_id .. ':' .. replid .. ':' .. ARGV[#ARGV]
   age = -1
@@ -49,6 +42,24 @@ if run_id ~= '' and replid ~= '' then
     age = 0
   end
 end
+"#
+        )
+    };
+}
+
+/// Lua that reads the server's `run_id` and `master_replid` (empty when `INFO` lacks them).
+macro_rules! read_lineage {
+    () => {
+        r#"
+local server = redis.call('INFO', 'server')
+local replication = redis.call('INFO', 'replication')
+local function field(text, name)
+  local at = string.find(text, name .. ':', 1, true)
+  if not at then return '' end
+  return string.match(text, '^[^:]*:([%w]*)', at) or ''
+end
+local run_id = field(server, 'run_id')
+local replid = field(replication, 'master_replid')
 "#
     };
 }
@@ -272,3 +283,26 @@ need(optional, 'publish', ARGV[1], 'v')
 need(optional, 'subscribe', ARGV[1])
 return {essential, optional, 1}
 "#;
+
+/// Cluster mode: stamps the epoch markers of many slots this master serves, named in
+/// `ARGV[1..n-1]` (not declared as keys: they are in many slots, which only a script flagged
+/// `allow-cross-slot-keys` may touch, Redis 7+), with the server's lineage, where a marker is
+/// missing or names another lineage. A marker of the current lineage is left to age.
+///
+/// Returns how many markers it stamped, or −1 when `INFO` shows no lineage.
+pub const STAMP_SLOTS: &str = concat!(
+    "#!lua flags=allow-cross-slot-keys\n",
+    read_lineage!(),
+    r#"
+if run_id == '' or replid == '' then return -1 end
+local lineage = run_id .. ':' .. replid .. ':' .. ARGV[#ARGV]
+local stamped = 0
+for i = 1, #ARGV - 1 do
+  if redis.call('GET', ARGV[i]) ~= lineage then
+    redis.call('SET', ARGV[i], lineage, 'PX', 1000000000000)
+    stamped = stamped + 1
+  end
+end
+return stamped
+"#
+);

@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod checker;
+pub mod cluster_mode;
 pub mod fenced;
 pub mod http;
 pub mod process;
