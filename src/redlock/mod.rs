@@ -668,7 +668,7 @@ impl Redlock {
             }
         });
         Ok(Lease {
-            valid_until: start + valid,
+            valid_until: timing::renewed_until(lease.valid_until, start, valid),
             ..lease.clone()
         })
     }

@@ -3,7 +3,7 @@
 //! All durations are measured on the monotonic clock and combined with checked
 //! arithmetic: a validity that would be negative is `None`, never a wrapped number.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rand::Rng;
 
@@ -82,6 +82,16 @@ pub fn validity(ttl: Duration, elapsed: Duration) -> Option<Duration> {
         .filter(|left| !left.is_zero())
 }
 
+/// The end of validity after a renewal that started at `start` and proved `valid`: never
+/// earlier than `previous`. A slow renewal round (a pause in the middle of it) proves less
+/// than the round before it did, but the app may act on the end it was told before, and
+/// every key of that promise still stands (a renewal only pushes expiries later). Moving
+/// the end earlier would release the lock, after a loss, while that promise still runs.
+/// Found by the protocol model (tests/model).
+pub fn renewed_until(previous: Instant, start: Instant, valid: Duration) -> Instant {
+    (start + valid).max(previous)
+}
+
 /// A random delay before retry `attempt` (0-based): uniform in `[cap/2, cap]` where
 /// `cap = min(base × 2^attempt, max)`. Random so that contenders spread out; growing so
 /// that a struggling fleet is not hammered; bounded so that a waiter still notices.
@@ -94,6 +104,21 @@ pub fn retry_delay(base: Duration, max: Duration, attempt: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_slow_renewal_never_moves_the_end_of_validity_earlier() {
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(10);
+        let previous = t0 + ttl;
+        // Started 1 s later, but the round took 4 s: it proves only up to t0 + 7 s.
+        let slow = validity(ttl, Duration::from_secs(4)).unwrap();
+        let start = t0 + Duration::from_secs(1);
+        assert!(start + slow < previous);
+        assert_eq!(renewed_until(previous, start, slow), previous);
+        // A quick round moves it later.
+        let quick = validity(ttl, Duration::from_millis(5)).unwrap();
+        assert_eq!(renewed_until(previous, start, quick), start + quick);
+    }
 
     #[test]
     fn quorum_is_a_strict_majority() {
