@@ -46,6 +46,11 @@ impl RedisServer {
 
     /// [`RedisServer::start`], bound to `cpu` when given (see [`pinned_cpu`]).
     pub fn start_on(cpu: Option<usize>) -> RedisServer {
+        RedisServer::start_with(cpu, &[])
+    }
+
+    /// [`RedisServer::start_on`] with more `redis-server` arguments (`--maxclients N`, ...).
+    pub fn start_with(cpu: Option<usize>, extra: &[&str]) -> RedisServer {
         let port = free_port();
         let mut command = Command::new("redis-server");
         if let Some(cpu) = cpu {
@@ -71,6 +76,7 @@ impl RedisServer {
                 "--loglevel",
                 "warning",
             ])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -10,10 +10,32 @@
 //! fence retention in ms, node-set fingerprint. The node's database index is always appended
 //! as the last argument (`ARGV[#ARGV]`) by the connection.
 
+/// Lua that reads the lock's keys and the node's epoch marker in one `MGET`: `KEYS[i]` is
+/// `keys[i]` (`false` when missing). `MGET` answers nil for a key of another type where `GET`
+/// fails with `WRONGTYPE`, so each missing key from `KEYS[$first]` on is read again with `GET`
+/// (only when missing, which is rare): such garbage still fails the call, as it always did.
+macro_rules! read_keys {
+    ($first:literal) => {
+        concat!(
+            r#"
+local keys = redis.call('MGET', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+for i = "#,
+            $first,
+            r#", 5 do
+  if not keys[i] then redis.call('GET', KEYS[i]) end
+end
+local fence = tonumber(keys[2] or '0') or 0
+local max_ttl_before = tonumber(keys[3] or '0') or 0
+"#
+        )
+    };
+}
+
 /// Lua that proves how long the node has kept its data: the age (ms, on the node's own
 /// clock) of the node's epoch marker, a key holding the node's *lineage* that the first
 /// contender to meet the node stamps with an expiry of [`EPOCH_LIFETIME_MS`], so that its
-/// age is that lifetime minus its `PTTL`.
+/// age is that lifetime minus its `PTTL`. Needs `keys` ([`read_keys`]): the marker is
+/// `keys[4]`.
 ///
 /// The lineage is read here, inside the script, on every call: the server's `run_id`, its
 /// `master_replid` and the database index (the last argument). Any data loss deletes the marker
@@ -34,7 +56,7 @@ macro_rules! epoch_age {
 if run_id ~= '' and replid ~= '' then
   local lineage = run_id .. ':' .. replid .. ':' .. ARGV[#ARGV]
   age = -1
-  if redis.call('GET', KEYS[4]) == lineage then
+  if keys[4] == lineage then
     age = 1000000000000 - redis.call('PTTL', KEYS[4])
   end
   if age < 0 or age > 1000000000000 then
@@ -48,75 +70,81 @@ end
 }
 
 /// Lua that reads the server's `run_id` and `master_replid` (empty when `INFO` lacks them).
+/// One `INFO server replication` (Redis 7+) costs less Redis CPU than two `INFO` calls; a
+/// server that refuses two sections (Redis 6) is asked twice.
 macro_rules! read_lineage {
     () => {
         r#"
-local server = redis.call('INFO', 'server')
-local replication = redis.call('INFO', 'replication')
-local function field(text, name)
-  local at = string.find(text, name .. ':', 1, true)
-  if not at then return '' end
-  return string.match(text, '^[^:]*:([%w]*)', at) or ''
+local info = redis.pcall('INFO', 'server', 'replication')
+if type(info) ~= 'string' then
+  info = redis.call('INFO', 'server') .. '\r\n' .. redis.call('INFO', 'replication')
 end
-local run_id = field(server, 'run_id')
-local replid = field(replication, 'master_replid')
+local function field(name)
+  local at = string.find(info, '\n' .. name .. ':', 1, true)
+  if not at then return '' end
+  return string.match(info, '^[^:]*:([%w]*)', at + 1) or ''
+end
+local run_id = field('run_id')
+local replid = field('master_replid')
 "#
     };
 }
 
 /// Lua that records our ttl in the lock's max-ttl register (ARGV[2]); the register lives
 /// twice the longest ttl written, so it outlives every key written with that ttl. It only
-/// ever rises (or is refreshed at the same value).
+/// ever rises (or is refreshed at the same value). Needs `max_ttl_before`, the register as
+/// read before.
 macro_rules! record_ttl {
     () => {
         r#"
 local ttl = tonumber(ARGV[2])
-local max_ttl = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
-if max_ttl < ttl or (max_ttl == ttl and redis.call('PTTL', KEYS[3]) < ttl) then
+if max_ttl_before < ttl or (max_ttl_before == ttl and redis.call('PTTL', KEYS[3]) < ttl) then
   redis.call('SET', KEYS[3], ARGV[2], 'PX', 2 * ttl)
 end
 "#
     };
 }
 
-/// Lua that keeps `key` for at least `ms` from now: it never shortens an expiry another
-/// contender set (a longer fence retention wins).
-macro_rules! keep_at_least {
-    () => {
-        r#"
-local function keep_at_least(key, ms)
-  if redis.call('PTTL', key) < tonumber(ms) then redis.call('PEXPIRE', key, ms) end
-end
-"#
-    };
-}
-
-/// Lua that raises the fencing counter to `token` if lower, and keeps it for at least the
-/// retention time (ARGV[4]) from now either way.
+/// Lua that raises the fencing counter to `$want` (its text `$text`) if lower, and keeps it for
+/// at least the retention time (ARGV[4]) from now either way: it never shortens an expiry
+/// another contender set (a longer fence retention wins). Needs `fence`, the counter as read
+/// before; sets `stored` when it raised it.
 macro_rules! keep_fence {
-    ($token:literal) => {
+    ($want:literal, $text:literal) => {
         concat!(
-            keep_at_least!(),
             "local want = tonumber(",
-            $token,
+            $want,
             r#")
-if (tonumber(redis.call('GET', KEYS[2]) or '0') or 0) < want then
-  redis.call('SET', KEYS[2], string.format('%d', want), 'KEEPTTL')
+local stored = 0
+local short = redis.call('PTTL', KEYS[2]) < tonumber(ARGV[4])
+if fence < want then
+  if short then
+    redis.call('SET', KEYS[2], "#,
+            $text,
+            r#", 'PX', ARGV[4])
+  else
+    redis.call('SET', KEYS[2], "#,
+            $text,
+            r#", 'KEEPTTL')
+  end
+  stored = 1
+elseif short then
+  redis.call('PEXPIRE', KEYS[2], ARGV[4])
 end
-keep_at_least(KEYS[2], ARGV[4])
 "#
         )
     };
 }
 
 /// Lua that records our node-set fingerprint (ARGV[5]) beside the lock, for twice the longest
-/// ttl, unless another node set's record is live there (that one is left to expire).
+/// ttl, unless another node set's record is live there (that one is left to expire). Needs
+/// `keys[5]` (the record as read before) and `max_ttl_before`; runs after [`record_ttl`], so
+/// the register now holds the larger of `max_ttl_before` and our ttl.
 macro_rules! record_node_set {
     () => {
         r#"
-local set = redis.call('GET', KEYS[5])
-if not set or set == ARGV[5] then
-  local keep = 2 * math.max(tonumber(ARGV[2]), tonumber(redis.call('GET', KEYS[3]) or '0') or 0)
+if not keys[5] or keys[5] == ARGV[5] then
+  local keep = 2 * math.max(tonumber(ARGV[2]), max_ttl_before)
   redis.call('SET', KEYS[5], ARGV[5], 'PX', keep)
 end
 "#
@@ -131,17 +159,18 @@ end
 /// another node list is not granted (`granted` −1): contenders that list different nodes
 /// must not both lead.
 ///
+/// The lock key is not re-read when missing: `SET NX` refuses a key of another type, and the
+/// `GET` after it then fails as a read would have.
+///
 /// Returns `{granted, fence, epoch_age_ms, max_ttl_ms, candidate_stored, holder_value,
 /// holder_pttl, node_set}`, where `fence` is the counter and `max_ttl_ms` the register before
 /// this call; `epoch_age_ms` is −1 when no proof was made, −2 when the node cannot give one.
 pub const ACQUIRE: &str = concat!(
+    read_keys!("2"),
     r#"
-local fence = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-local max_ttl_before = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
-local node_set = redis.call('GET', KEYS[5]) or ''
-local holder = redis.call('GET', KEYS[1])
-if holder then
-  return {0, fence, -1, max_ttl_before, 0, holder, redis.call('PTTL', KEYS[1]), node_set}
+local node_set = keys[5] or ''
+if keys[1] then
+  return {0, fence, -1, max_ttl_before, 0, keys[1], redis.call('PTTL', KEYS[1]), node_set}
 end
 if node_set ~= '' and node_set ~= ARGV[5] then
   return {-1, fence, -1, max_ttl_before, 0, '', 0, node_set}
@@ -149,15 +178,11 @@ end
 "#,
     epoch_age!(),
     r#"
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-local stored = 0
-if fence < tonumber(ARGV[3]) then
-  redis.call('SET', KEYS[2], ARGV[3], 'KEEPTTL')
-  stored = 1
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return redis.call('GET', KEYS[1])
 end
 "#,
-    keep_at_least!(),
-    "keep_at_least(KEYS[2], ARGV[4])\n",
+    keep_fence!("ARGV[3]", "ARGV[3]"),
     record_ttl!(),
     record_node_set!(),
     r#"
@@ -170,8 +195,11 @@ return {1, fence, age, max_ttl_before, stored, '', 0, node_set}
 ///
 /// Returns the counter before the call: the token is ours on this node only if that was lower.
 pub const RAISE_FENCE: &str = concat!(
-    "local before = redis.call('GET', KEYS[2]) or '0'\n",
-    keep_fence!("ARGV[3]"),
+    r#"
+local before = redis.call('GET', KEYS[2]) or '0'
+local fence = tonumber(before) or 0
+"#,
+    keep_fence!("ARGV[3]", "string.format('%d', want)"),
     "return before\n"
 );
 
@@ -186,22 +214,19 @@ pub const RAISE_FENCE: &str = concat!(
 /// Returns `{status, epoch_age_ms, max_ttl_ms}`: status 1 if extended, 0 if another holder has
 /// the key, -1 if the key is gone (expired, or the node lost it).
 pub const EXTEND: &str = concat!(
+    read_keys!("1"),
     epoch_age!(),
-    r#"
-local max_ttl_before = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
-"#,
     record_ttl!(),
     r#"
-local cur = redis.call('GET', KEYS[1])
-if cur == ARGV[1] then
+if keys[1] == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 "#,
-    keep_fence!("ARGV[3]"),
+    keep_fence!("ARGV[3]", "string.format('%d', want)"),
     record_node_set!(),
     r#"
   return {1, age, max_ttl_before}
 end
-if cur then return {0, age, max_ttl_before} end
+if keys[1] then return {0, age, max_ttl_before} end
 return {-1, age, max_ttl_before}
 "#
 );
@@ -213,7 +238,8 @@ pub const RESTORE: &str = concat!(
     r#"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 "#,
-    keep_fence!("ARGV[3]"),
+    read_keys!("2"),
+    keep_fence!("ARGV[3]", "string.format('%d', want)"),
     record_ttl!(),
     record_node_set!(),
     r#"

@@ -1,0 +1,1054 @@
+//! Fleet benchmark: what many contenders cost the Redis nodes they share.
+//!
+//! `cargo bench --bench fleet` (a few minutes), or one size:
+//! `cargo bench --bench fleet -- --standbys 1000`, `-- --locks 1000`; `--secs N` sets the
+//! measurement window (default 10 s), `--warmup N` the warm-up before it (default 5 s).
+//! Prints markdown tables; asserts nothing about timing.
+//!
+//! Three local `redis-server` nodes (`--maxclients` raised to what `ulimit -n` allows). Two
+//! shapes, each with the engine's defaults (ttl 10 s, renewal every ttl/3, standby retry 1 s):
+//! - **S standbys on one lock**: S + 1 contenders of one lock; one wins and renews, S wait.
+//! - **L locks**: L locks with three contenders each (a leader and two standbys).
+//!
+//! Contenders are `Redlock` engines (the library API), hosted by worker processes this
+//! benchmark starts from its own binary (`--worker`): each engine holds one connection and one
+//! pub/sub connection per node, and one process may hold at most `ulimit -n` descriptors.
+//!
+//! Per size and node, over the window after the warm-up: client requests/s (`INFO
+//! commandstats`, scripts and other commands; the commands scripts run inside count apart),
+//! Redis CPU µs/s (`used_cpu_sys` + `used_cpu_user`, and the commandstats `usec` sum), memory
+//! (`used_memory`), clients. Then on lock 0: the takeover after a release (the holder releases;
+//! time until another contender holds it), and after a crash (the holder stops without
+//! releasing; time from the moment its key has expired on a quorum of nodes, read from their
+//! `PTTL`, until another contender holds it). Before the sizes, once: the floor (an idle
+//! node's CPU, a bare `GET` round trip and rate) and the Redis CPU per call of each script
+//! beside bare `SET NX PX`, `PEXPIRE` and `GET`.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use redis::aio::MultiplexedConnection;
+use redlock_sidecar::redlock::{
+    Credentials, LockError, NoObserver, NodeSpec, Redlock, RedlockConfig,
+};
+use support::{fmt_dur, RedisServer, Samples};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+const NODES: usize = 3;
+/// The engine's default ttl; renewals every third of it, as the sidecar's default.
+const TTL: Duration = Duration::from_secs(10);
+/// Engines per worker process: two connections per node each, 3 nodes, under 20,000 fds.
+const PER_WORKER: usize = 2_500;
+/// Descriptors a server keeps for itself beyond its clients (Redis reserves 32).
+const SERVER_RESERVED_FDS: u64 = 64;
+
+fn mono_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Raises this process' soft descriptor limit to the hard one; returns the new limit.
+fn raise_fd_limit() -> u64 {
+    // SAFETY: getrlimit/setrlimit on a struct we own.
+    unsafe {
+        let mut limit: libc::rlimit = std::mem::zeroed();
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+        limit.rlim_cur = limit.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        limit.rlim_cur
+    }
+}
+
+fn engine(urls: &[String], lock: &str, identity: &str) -> Redlock {
+    let nodes = urls
+        .iter()
+        .enumerate()
+        .map(|(i, url)| NodeSpec::parse(i, url, &Credentials::default()).expect("valid url"))
+        .collect();
+    let mut cfg = RedlockConfig::new(lock, identity, nodes);
+    cfg.ttl = TTL;
+    Redlock::new(cfg, Arc::new(NoObserver)).expect("valid config")
+}
+
+// ---------------------------------------------------------------------------------------
+// Worker: hosts contenders, reports on stdout, takes commands on stdin.
+// ---------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Cmd {
+    None,
+    Release,
+    Crash,
+}
+
+/// `--worker PREFIX URLS FIRST_LOCK LOCKS PER_LOCK`
+fn worker(args: &[String]) {
+    let [prefix, urls, first, locks, per_lock] = args else {
+        panic!("--worker PREFIX URLS FIRST_LOCK LOCKS PER_LOCK");
+    };
+    let urls: Vec<String> = urls.split(',').map(str::to_owned).collect();
+    let first: usize = first.parse().expect("FIRST_LOCK");
+    let locks: usize = locks.parse().expect("LOCKS");
+    let per_lock: usize = per_lock.parse().expect("PER_LOCK");
+    raise_fd_limit();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let out = Arc::new(std::sync::Mutex::new(std::io::stdout()));
+    let say = move |line: String| {
+        let mut out = out.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
+    };
+    runtime.block_on(async move {
+        let commands: Vec<watch::Sender<(u64, Cmd)>> = (0..locks)
+            .map(|_| watch::channel((0, Cmd::None)).0)
+            .collect();
+        let started = Arc::new(AtomicUsize::new(0));
+        let total = locks * per_lock;
+        let mut spawned = 0;
+        for l in 0..locks {
+            let lock = first + l;
+            for e in 0..per_lock {
+                let redlock = engine(
+                    &urls,
+                    &format!("{prefix}-{lock}"),
+                    &format!("w{first}-{l}-{e}"),
+                );
+                let rx = commands[l].subscribe();
+                tokio::spawn(contender(redlock, lock, rx, started.clone(), say.clone()));
+                spawned += 1;
+                // Paced: a batch's first rounds (and connections) before the next batch.
+                if spawned % 100 == 0 {
+                    while started.load(Ordering::Relaxed) + 20 < spawned {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                }
+            }
+        }
+        while started.load(Ordering::Relaxed) < total {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        say("READY".into());
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        std::thread::spawn(move || {
+            for line in std::io::stdin().lock().lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut seq = 0;
+        while let Some(line) = rx.recv().await {
+            let mut words = line.split_whitespace();
+            let cmd = match words.next() {
+                Some("RELEASE") => Cmd::Release,
+                Some("CRASH") => Cmd::Crash,
+                _ => continue,
+            };
+            let lock: usize = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
+            if let Some(slot) = lock.checked_sub(first).and_then(|i| commands.get(i)) {
+                seq += 1;
+                slot.send_replace((seq, cmd));
+            }
+        }
+        // stdin closed: the benchmark is done with this size.
+        std::process::exit(0);
+    });
+}
+
+/// One contender: waits for the lock (the engine's `acquire`), then renews every ttl/3 until
+/// told to release or to crash (stop without releasing: its key expires).
+async fn contender(
+    redlock: Redlock,
+    lock: usize,
+    mut commands: watch::Receiver<(u64, Cmd)>,
+    started: Arc<AtomicUsize>,
+    say: impl Fn(String) + Send + Sync + 'static,
+) {
+    let never = CancellationToken::new();
+    let mut first = true;
+    loop {
+        let result = redlock
+            .acquire(None, &never, |_, _| {
+                if std::mem::take(&mut first) {
+                    started.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+            .await;
+        let Ok(mut lease) = result else { return };
+        // Commands sent before this point were for an earlier holder.
+        commands.borrow_and_update();
+        say(format!("ACQUIRED {lock} {}", mono_ns()));
+        let mut next = tokio::time::Instant::now() + TTL / 3;
+        loop {
+            tokio::select! {
+                changed = commands.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let cmd = commands.borrow_and_update().1;
+                    match cmd {
+                        Cmd::Release => {
+                            say(format!("RELEASED {lock} {}", mono_ns()));
+                            redlock.release(&lease).await;
+                            return;
+                        }
+                        Cmd::Crash => {
+                            say(format!("CRASHED {lock} {}", mono_ns()));
+                            return;
+                        }
+                        Cmd::None => {}
+                    }
+                }
+                _ = tokio::time::sleep_until(next) => {
+                    match redlock.extend(&lease).await {
+                        Ok(renewed) => lease = renewed,
+                        Err(LockError::Superseded { .. }) | Err(LockError::Expired { .. }) => {
+                            say(format!("LOST {lock}"));
+                            break;
+                        }
+                        Err(_) => {}
+                    }
+                    next = tokio::time::Instant::now() + TTL / 3;
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Main: servers, floor, script costs, sizes.
+// ---------------------------------------------------------------------------------------
+
+struct Args {
+    standbys: Vec<usize>,
+    locks: Vec<usize>,
+    secs: u64,
+    warmup: u64,
+    costs_only: bool,
+}
+
+fn parse_args(args: &[String]) -> Args {
+    let mut parsed = Args {
+        standbys: Vec::new(),
+        locks: Vec::new(),
+        secs: 10,
+        warmup: 5,
+        costs_only: false,
+    };
+    let mut it = args.iter();
+    let number = |flag: &str, v: Option<&String>| -> u64 {
+        v.and_then(|v| v.replace(['_', ','], "").parse().ok())
+            .filter(|n| *n > 0)
+            .unwrap_or_else(|| panic!("{flag} needs a positive number"))
+    };
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--standbys" => parsed
+                .standbys
+                .push(number("--standbys", it.next()) as usize),
+            "--locks" => parsed.locks.push(number("--locks", it.next()) as usize),
+            "--secs" => parsed.secs = number("--secs", it.next()),
+            "--warmup" => parsed.warmup = number("--warmup", it.next()),
+            "--costs-only" => parsed.costs_only = true,
+            "--bench" => {}
+            other => {
+                panic!("unknown argument {other:?} (--standbys N, --locks N, --secs N, --warmup N)")
+            }
+        }
+    }
+    if parsed.standbys.is_empty() && parsed.locks.is_empty() {
+        parsed.standbys = vec![10, 100, 1_000];
+        parsed.locks = vec![100, 1_000];
+    }
+    parsed
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--worker") {
+        worker(&args[1..]);
+        return;
+    }
+    let args = parse_args(&args);
+    let fds = raise_fd_limit();
+    let maxclients = fds.saturating_sub(SERVER_RESERVED_FDS);
+    let bench_start = Instant::now();
+    let servers: Vec<RedisServer> = (0..NODES)
+        .map(|_| RedisServer::start_with(None, &["--maxclients", &maxclients.to_string()]))
+        .collect();
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    support::settle(&servers);
+    println!("## Fleet benchmark\n");
+    println!(
+        "Machine: {}. {NODES} local nodes, unpinned; engine defaults (ttl {} s, renewal every \
+         ttl/3, standby retry 1 s); window {} s after a {} s warm-up. `ulimit -n` {fds}, so \
+         `maxclients` {maxclients} per node and at most {PER_WORKER} engines per worker process.\n",
+        support::machine(),
+        TTL.as_secs(),
+        args.secs,
+        args.warmup
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(floor(&servers));
+    runtime.block_on(script_costs(&servers[0]));
+    if args.costs_only {
+        return;
+    }
+    let mut rows = Vec::new();
+    for &s in &args.standbys {
+        rows.push(run_size(
+            &servers,
+            &urls,
+            Shape::Standbys(s),
+            &args,
+            maxclients,
+        ));
+    }
+    for &l in &args.locks {
+        rows.push(run_size(
+            &servers,
+            &urls,
+            Shape::Locks(l),
+            &args,
+            maxclients,
+        ));
+    }
+    print_summary(&rows, &args);
+    println!("\nWhole run: {:.0} s.", bench_start.elapsed().as_secs_f64());
+}
+
+/// A node's counters at one moment.
+#[derive(Clone, Default)]
+struct Snapshot {
+    calls: BTreeMap<String, (u64, u64)>,
+    cpu_sec: f64,
+    used_memory: u64,
+    clients: u64,
+    at: Option<Instant>,
+}
+
+fn snapshot(server: &RedisServer) -> Snapshot {
+    let at = Instant::now();
+    let info = server.cmd(&["INFO", "commandstats", "cpu", "memory", "clients"]);
+    let mut calls = BTreeMap::new();
+    for line in info.lines() {
+        let Some((name, fields)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|l| l.split_once(':'))
+        else {
+            continue;
+        };
+        let field = |f: &str| -> u64 {
+            fields
+                .split(',')
+                .find_map(|x| x.strip_prefix(f))
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0)
+        };
+        calls.insert(name.to_owned(), (field("calls="), field("usec=")));
+    }
+    let num = |f: &str| -> f64 {
+        support::info_field(&info, f)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    Snapshot {
+        calls,
+        cpu_sec: num("used_cpu_sys") + num("used_cpu_user"),
+        used_memory: num("used_memory") as u64,
+        clients: num("connected_clients") as u64,
+        at: Some(at),
+    }
+}
+
+/// Commands a client sends itself (the rest in `INFO commandstats` run inside scripts).
+const CLIENT_COMMANDS: [&str; 10] = [
+    "evalsha",
+    "eval",
+    "script",
+    "info",
+    "ping",
+    "subscribe",
+    "hello",
+    "select",
+    "auth",
+    "client",
+];
+
+/// What one node spent between two snapshots, per second.
+#[derive(Clone, Default)]
+struct NodeCost {
+    scripts: f64,
+    other_requests: f64,
+    inside_scripts: f64,
+    cpu_usec: f64,
+    stats_usec: f64,
+    used_memory: u64,
+    clients: u64,
+    /// Client commands per second, by name.
+    detail: Vec<(String, f64)>,
+}
+
+fn cost(before: &Snapshot, after: &Snapshot) -> NodeCost {
+    let secs = after
+        .at
+        .zip(before.at)
+        .map_or(1.0, |(a, b)| a.duration_since(b).as_secs_f64());
+    let delta = |name: &str| -> (u64, u64) {
+        let (c1, u1) = after.calls.get(name).copied().unwrap_or_default();
+        let (c0, u0) = before.calls.get(name).copied().unwrap_or_default();
+        (c1.saturating_sub(c0), u1.saturating_sub(u0))
+    };
+    let (mut scripts, mut other, mut inside, mut usec) = (0u64, 0u64, 0u64, 0u64);
+    let mut detail = Vec::new();
+    for name in after.calls.keys() {
+        let (c, u) = delta(name);
+        usec += u;
+        if CLIENT_COMMANDS.contains(&name.as_str()) && c > 0 {
+            detail.push((name.clone(), c as f64 / secs));
+        }
+        if name == "evalsha" || name == "eval" {
+            scripts += c;
+        } else if CLIENT_COMMANDS.contains(&name.as_str()) {
+            other += c;
+        } else {
+            inside += c;
+        }
+    }
+    // The benchmark's own INFO (the first snapshot) is counted once.
+    other = other.saturating_sub(1);
+    NodeCost {
+        scripts: scripts as f64 / secs,
+        other_requests: other as f64 / secs,
+        inside_scripts: inside as f64 / secs,
+        cpu_usec: (after.cpu_sec - before.cpu_sec) * 1e6 / secs,
+        stats_usec: usec as f64 / secs,
+        used_memory: after.used_memory,
+        clients: after.clients,
+        detail,
+    }
+}
+
+/// An idle node's CPU, and a bare GET round trip and rate from one client.
+async fn floor(servers: &[RedisServer]) {
+    println!("### Floor (same run)\n");
+    let before: Vec<Snapshot> = servers.iter().map(snapshot).collect();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let idle: Vec<NodeCost> = servers
+        .iter()
+        .zip(&before)
+        .map(|(s, b)| cost(b, &snapshot(s)))
+        .collect();
+    let server = &servers[0];
+    let mut conn = connect(server).await;
+    let _: () = redis::cmd("SET")
+        .arg("fleet:floor")
+        .arg("x")
+        .query_async(&mut conn)
+        .await
+        .expect("SET");
+    server.cmd(&["CONFIG", "RESETSTAT"]);
+    let mut samples = Samples::default();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(2) {
+        let t = Instant::now();
+        let _: Option<String> = redis::cmd("GET")
+            .arg("fleet:floor")
+            .query_async(&mut conn)
+            .await
+            .expect("GET");
+        samples.push(t.elapsed());
+    }
+    let rate = samples.len() as f64 / start.elapsed().as_secs_f64();
+    let (calls, usec) = support::command_stats(server, "get");
+    println!("| measure | value |");
+    println!("|---|---|");
+    for (i, c) in idle.iter().enumerate() {
+        println!(
+            "| idle node {i}: Redis CPU | {:.0} µs/s ({:.3} % of a core), {:.1} MB |",
+            c.cpu_usec,
+            c.cpu_usec / 1e4,
+            c.used_memory as f64 / 1e6
+        );
+    }
+    println!(
+        "| bare `GET`, one client, sequential | round trip p50 {}, p99 {}; {rate:.0} GET/s |",
+        fmt_dur(samples.pct(50.0)),
+        fmt_dur(samples.pct(99.0))
+    );
+    println!(
+        "| bare `GET`, Redis CPU | {:.2} µs per call |",
+        usec as f64 / calls.max(1) as f64
+    );
+    println!();
+}
+
+async fn connect(server: &RedisServer) -> MultiplexedConnection {
+    redis::Client::open(server.url())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect")
+}
+
+/// Runs `$body` in [`BATCHES`] batches of [`PER_BATCH`], resetting the stats before each:
+/// `(lowest, median)` µs per call of each of `$commands` over the batches (the lowest is the
+/// least disturbed by whatever else runs on the machine).
+macro_rules! measure {
+    ($server:expr, [$($command:literal),+], $body:block) => {{
+        let commands = [$($command),+];
+        let mut per: Vec<Vec<f64>> = commands.iter().map(|_| Vec::new()).collect();
+        for _ in 0..BATCHES {
+            $server.cmd(&["CONFIG", "RESETSTAT"]);
+            for _ in 0..PER_BATCH $body
+            for (i, command) in commands.iter().enumerate() {
+                let (calls, usec) = support::command_stats($server, command);
+                per[i].push(usec as f64 / calls.max(1) as f64);
+            }
+        }
+        per.into_iter()
+            .map(|mut v| {
+                v.sort_by(f64::total_cmp);
+                (v[0], v[v.len() / 2])
+            })
+            .collect::<Vec<(f64, f64)>>()
+    }};
+}
+
+const BATCHES: usize = 10;
+const PER_BATCH: usize = 300;
+
+/// Redis CPU per call of each script against bare commands, on one node (`INFO commandstats`).
+async fn script_costs(server: &RedisServer) {
+    let urls = [server.url()];
+    let mut conn = connect(server).await;
+    let mut rows: Vec<(String, (f64, f64))> = Vec::new();
+
+    // Granted acquire: the engine's round; a plain DEL frees the lock again.
+    let granted = engine(&urls, "fleet-cost-granted", "cost");
+    for _ in 0..50 {
+        granted.try_acquire().await.expect("warm-up acquire");
+        del(&mut conn, "redlock:{fleet-cost-granted}").await;
+    }
+    let m = measure!(server, ["evalsha"], {
+        granted.try_acquire().await.expect("uncontended acquire");
+        del(&mut conn, "redlock:{fleet-cost-granted}").await;
+    });
+    rows.push(("acquire script, granted".into(), m[0]));
+
+    // Busy acquire: the lock is held by another engine (so its fencing counter, ttl register
+    // and node-set record exist, as they do wherever a standby waits).
+    let other = engine(&urls, "fleet-cost-busy", "other");
+    let held = other.try_acquire().await.expect("acquire");
+    let busy = engine(&urls, "fleet-cost-busy", "cost");
+    for _ in 0..50 {
+        let _ = busy.try_acquire().await;
+    }
+    let m = measure!(server, ["evalsha"], {
+        let r = busy.try_acquire().await;
+        assert!(matches!(r, Err(LockError::Busy { .. })), "held elsewhere");
+    });
+    rows.push(("acquire script, busy (a standby's round)".into(), m[0]));
+    other.release(&held).await;
+
+    // Extend: our own lease, renewed.
+    let holder = engine(&urls, "fleet-cost-extend", "cost");
+    let mut lease = holder.try_acquire().await.expect("acquire");
+    for _ in 0..50 {
+        lease = holder.extend(&lease).await.expect("extend");
+    }
+    let m = measure!(server, ["evalsha"], {
+        lease = holder.extend(&lease).await.expect("extend");
+    });
+    rows.push(("extend script".into(), m[0]));
+    holder.release(&lease).await;
+
+    // Bare commands.
+    let m = measure!(server, ["set", "pexpire", "get"], {
+        let _: Option<String> = redis::cmd("SET")
+            .arg("fleet:bare")
+            .arg("v")
+            .arg("NX")
+            .arg("PX")
+            .arg(10_000)
+            .query_async(&mut conn)
+            .await
+            .expect("SET");
+        let _: i64 = redis::cmd("PEXPIRE")
+            .arg("fleet:bare")
+            .arg(10_000)
+            .query_async(&mut conn)
+            .await
+            .expect("PEXPIRE");
+        let _: Option<String> = redis::cmd("GET")
+            .arg("fleet:bare")
+            .query_async(&mut conn)
+            .await
+            .expect("GET");
+        del(&mut conn, "fleet:bare").await;
+    });
+    rows.push(("bare `SET key value NX PX ttl`".into(), m[0]));
+    rows.push(("bare `PEXPIRE key ttl`".into(), m[1]));
+    rows.push(("bare `GET key`".into(), m[2]));
+    // The pieces of a script: an empty one, and the lineage read alone.
+    for (name, lua) in [
+        ("empty script (`return 1`)", "return 1"),
+        (
+            "script reading `INFO server replication` only",
+            "redis.call('INFO', 'server', 'replication') return 1",
+        ),
+        (
+            "script reading `INFO server` and `INFO replication`",
+            "redis.call('INFO', 'server') redis.call('INFO', 'replication') return 1",
+        ),
+    ] {
+        let script = redis::Script::new(lua);
+        let _: i64 = script.invoke_async(&mut conn).await.expect("script");
+        let m = measure!(server, ["evalsha"], {
+            let _: i64 = script.invoke_async(&mut conn).await.expect("script");
+        });
+        rows.push((name.into(), m[0]));
+    }
+    println!(
+        "### Redis CPU per call (`INFO commandstats` `usec_per_call`, one node, {BATCHES} batches of {PER_BATCH} calls)\n"
+    );
+    println!("| call | µs per call, lowest batch | median batch |");
+    println!("|---|---|---|");
+    for (name, (low, median)) in rows {
+        println!("| {name} | {low:.2} | {median:.2} |");
+    }
+    println!();
+}
+
+async fn del(conn: &mut MultiplexedConnection, key: &str) {
+    let _: i64 = redis::cmd("DEL")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .expect("DEL");
+}
+
+#[derive(Clone, Copy)]
+enum Shape {
+    /// S standbys (and one holder) on one lock.
+    Standbys(usize),
+    /// L locks, three contenders each.
+    Locks(usize),
+}
+
+impl Shape {
+    fn name(self) -> String {
+        match self {
+            Shape::Standbys(s) => format!("S = {s} standbys on one lock"),
+            Shape::Locks(l) => format!("L = {l} locks × (leader + 2 standbys)"),
+        }
+    }
+    fn locks(self) -> usize {
+        match self {
+            Shape::Standbys(_) => 1,
+            Shape::Locks(l) => l,
+        }
+    }
+    fn per_lock(self) -> usize {
+        match self {
+            Shape::Standbys(s) => s + 1,
+            Shape::Locks(_) => 3,
+        }
+    }
+}
+
+struct Row {
+    shape: Shape,
+    skipped: Option<String>,
+    nodes: Vec<NodeCost>,
+    client_cpu_usec: f64,
+    takeover_release: Option<Duration>,
+    takeover_crash: Option<Duration>,
+    crash_wait: Option<Duration>,
+    leaders_changed: usize,
+    setup: Duration,
+}
+
+struct Workers {
+    children: Vec<(Child, ChildStdin)>,
+    lines: mpsc::Receiver<(String, u64)>,
+}
+
+impl Workers {
+    fn send(&mut self, line: &str) {
+        for (_, stdin) in &mut self.children {
+            let _ = writeln!(stdin, "{line}");
+            let _ = stdin.flush();
+        }
+    }
+
+    /// The next line from any worker within `timeout`: (text, arrival in mono ns).
+    fn next(&self, timeout: Duration) -> Option<(String, u64)> {
+        self.lines.recv_timeout(timeout).ok()
+    }
+
+    /// utime + stime of every worker, in µs.
+    fn cpu_usec(&self) -> f64 {
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        self.children
+            .iter()
+            .filter_map(|(child, _)| {
+                let stat = std::fs::read_to_string(format!("/proc/{}/stat", child.id())).ok()?;
+                let rest = stat.rsplit_once(')')?.1;
+                let fields: Vec<&str> = rest.split_whitespace().collect();
+                let utime: f64 = fields.get(11)?.parse().ok()?;
+                let stime: f64 = fields.get(12)?.parse().ok()?;
+                Some((utime + stime) / hz * 1e6)
+            })
+            .sum()
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for (child, stdin) in self.children.drain(..) {
+            drop(stdin);
+            let mut child = child;
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn spawn_workers(urls: &[String], prefix: &str, shape: Shape) -> Workers {
+    let exe = std::env::current_exe().expect("own binary");
+    let (tx, rx) = mpsc::channel();
+    // Each worker: (first lock, locks, engines per lock).
+    let mut plan = Vec::new();
+    match shape {
+        Shape::Standbys(_) => {
+            let mut left = shape.per_lock();
+            while left > 0 {
+                let n = left.min(PER_WORKER);
+                plan.push((0, 1, n));
+                left -= n;
+            }
+        }
+        Shape::Locks(l) => {
+            let per = PER_WORKER / 3;
+            let mut first = 0;
+            while first < l {
+                let n = (l - first).min(per);
+                plan.push((first, n, 3));
+                first += n;
+            }
+        }
+    }
+    let joined = urls.join(",");
+    let children = plan
+        .into_iter()
+        .map(|(first, locks, per_lock)| {
+            let mut child = Command::new(&exe)
+                .args([
+                    "--worker",
+                    prefix,
+                    &joined,
+                    &first.to_string(),
+                    &locks.to_string(),
+                    &per_lock.to_string(),
+                ])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("start a worker");
+            let stdout = child.stdout.take().expect("stdout");
+            let stdin = child.stdin.take().expect("stdin");
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines() {
+                    let Ok(line) = line else { break };
+                    if tx.send((line, mono_ns())).is_err() {
+                        break;
+                    }
+                }
+            });
+            (child, stdin)
+        })
+        .collect();
+    Workers {
+        children,
+        lines: rx,
+    }
+}
+
+/// Reads a timestamp field: `WORD LOCK NS`.
+fn stamp(line: &str, word: &str, lock: usize) -> Option<u64> {
+    let mut it = line.split_whitespace();
+    (it.next()? == word && it.next()?.parse::<usize>().ok()? == lock)
+        .then(|| it.next()?.parse().ok())
+        .flatten()
+}
+
+fn run_size(
+    servers: &[RedisServer],
+    urls: &[String],
+    shape: Shape,
+    args: &Args,
+    maxclients: u64,
+) -> Row {
+    let engines = shape.locks() * shape.per_lock();
+    let mut row = Row {
+        shape,
+        skipped: None,
+        nodes: Vec::new(),
+        client_cpu_usec: 0.0,
+        takeover_release: None,
+        takeover_crash: None,
+        crash_wait: None,
+        leaders_changed: 0,
+        setup: Duration::ZERO,
+    };
+    println!("### {}\n", shape.name());
+    // Each engine: one connection and one pub/sub connection per node.
+    let per_node = engines as u64 * 2;
+    if per_node + 16 > maxclients {
+        let why = format!(
+            "not run: {engines} engines need {per_node} connections per node (one plus one \
+             pub/sub per engine), over `maxclients` {maxclients} (`ulimit -n` hard limit)"
+        );
+        println!("{why}\n");
+        row.skipped = Some(why);
+        return row;
+    }
+    let prefix = format!("fleet-{}", mono_ns() % 1_000_000);
+    let setup_start = Instant::now();
+    let mut workers = spawn_workers(urls, &prefix, shape);
+    let mut ready = 0;
+    let mut acquired = 0usize;
+    let setup_deadline = Instant::now() + Duration::from_secs(60 + engines as u64 / 50);
+    while ready < workers.children.len() {
+        let left = setup_deadline.saturating_duration_since(Instant::now());
+        match workers.next(left) {
+            Some((line, _)) if line == "READY" => ready += 1,
+            Some((line, _)) if line.starts_with("ACQUIRED") => acquired += 1,
+            Some(_) => {}
+            None => panic!("{}: workers not ready within the deadline", shape.name()),
+        }
+    }
+    row.setup = setup_start.elapsed();
+    eprintln!(
+        "fleet: {} — {engines} engines up in {:.1} s",
+        shape.name(),
+        row.setup.as_secs_f64()
+    );
+    // Warm-up, then the window.
+    let drain = |workers: &Workers, until: Instant, acquired: &mut usize| {
+        while let Some((line, _)) = workers.next(until.saturating_duration_since(Instant::now())) {
+            if line.starts_with("ACQUIRED") || line.starts_with("LOST") {
+                *acquired += 1;
+            }
+            if Instant::now() >= until {
+                break;
+            }
+        }
+    };
+    drain(
+        &workers,
+        Instant::now() + Duration::from_secs(args.warmup),
+        &mut acquired,
+    );
+    let before: Vec<Snapshot> = servers.iter().map(snapshot).collect();
+    let cpu_before = workers.cpu_usec();
+    let window_start = Instant::now();
+    drain(
+        &workers,
+        window_start + Duration::from_secs(args.secs),
+        &mut acquired,
+    );
+    let cpu_after = workers.cpu_usec();
+    row.nodes = servers
+        .iter()
+        .zip(&before)
+        .map(|(s, b)| cost(b, &snapshot(s)))
+        .collect();
+    row.client_cpu_usec = (cpu_after - cpu_before) / window_start.elapsed().as_secs_f64();
+    row.leaders_changed = acquired.saturating_sub(shape.locks());
+
+    // Takeover after a release, on lock 0.
+    workers.send("RELEASE 0");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut released = None;
+    while Instant::now() < deadline && row.takeover_release.is_none() {
+        let Some((line, _)) = workers.next(Duration::from_millis(100)) else {
+            continue;
+        };
+        if let Some(t) = stamp(&line, "RELEASED", 0) {
+            released = Some(t);
+        } else if let (Some(t), Some(r)) = (stamp(&line, "ACQUIRED", 0), released) {
+            row.takeover_release = Some(Duration::from_nanos(t.saturating_sub(r)));
+        }
+    }
+    // Takeover after a crash: from the moment the key is gone on a quorum of nodes.
+    workers.send("CRASH 0");
+    let deadline = Instant::now() + TTL * 3;
+    let mut free_at = None;
+    let mut crashed_at = None;
+    let key = format!("redlock:{{{prefix}-0}}");
+    while Instant::now() < deadline && row.takeover_crash.is_none() {
+        let Some((line, _)) = workers.next(Duration::from_millis(100)) else {
+            continue;
+        };
+        if let Some(t) = stamp(&line, "CRASHED", 0) {
+            crashed_at = Some(t);
+            let mut expiries: Vec<u64> = servers
+                .iter()
+                .filter_map(|s| {
+                    let read_at = mono_ns();
+                    let pttl: i64 = s.cmd(&["PTTL", &key]).parse().ok()?;
+                    Some(read_at + pttl.max(0) as u64 * 1_000_000)
+                })
+                .collect();
+            expiries.sort_unstable();
+            free_at = expiries.get(NODES / 2).copied();
+        } else if let (Some(t), Some(free), Some(c)) =
+            (stamp(&line, "ACQUIRED", 0), free_at, crashed_at)
+        {
+            row.takeover_crash = Some(Duration::from_nanos(t.saturating_sub(free)));
+            row.crash_wait = Some(Duration::from_nanos(t.saturating_sub(c)));
+        }
+    }
+    drop(workers);
+    for server in servers {
+        server.cmd(&["FLUSHALL"]);
+    }
+    support::settle(servers);
+    print_row(&row, args);
+    row
+}
+
+fn pct_core(usec_per_sec: f64) -> f64 {
+    usec_per_sec / 1e4
+}
+
+fn print_row(row: &Row, args: &Args) {
+    println!(
+        "Set-up {:.1} s; window {} s. Contenders' own CPU (all worker processes): {:.0} µs/s \
+         ({:.1} % of a core).\n",
+        row.setup.as_secs_f64(),
+        args.secs,
+        row.client_cpu_usec,
+        pct_core(row.client_cpu_usec)
+    );
+    println!(
+        "| node | scripts/s | other requests/s | commands inside scripts/s | Redis CPU µs/s (`used_cpu_*`) | % of a core | commandstats µs/s | used_memory | clients |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (i, n) in row.nodes.iter().enumerate() {
+        println!(
+            "| {i} | {:.1} | {:.1} | {:.1} | {:.0} | {:.2} % | {:.0} | {:.1} MB | {} |",
+            n.scripts,
+            n.other_requests,
+            n.inside_scripts,
+            n.cpu_usec,
+            pct_core(n.cpu_usec),
+            n.stats_usec,
+            n.used_memory as f64 / 1e6,
+            n.clients
+        );
+    }
+    for (i, n) in row.nodes.iter().enumerate() {
+        let detail: Vec<String> = n
+            .detail
+            .iter()
+            .map(|(name, rate)| format!("{name} {rate:.2}/s"))
+            .collect();
+        println!("\n- node {i} client commands: {}", detail.join(", "));
+    }
+    println!(
+        "\nTakeover after release: {}; after a crash: {} after the key expired on a quorum \
+         ({} after the crash). Leadership changes during warm-up and window: {}.\n",
+        row.takeover_release.map_or("none".into(), fmt_dur),
+        row.takeover_crash.map_or("none".into(), fmt_dur),
+        row.crash_wait.map_or("–".into(), fmt_dur),
+        row.leaders_changed
+    );
+}
+
+fn print_summary(rows: &[Row], args: &Args) {
+    println!("### Summary (mean over the {NODES} nodes, per node)\n");
+    println!(
+        "| size | requests/s | Redis CPU µs/s | % of a core | per contender: requests/s, µs/s | used_memory | takeover after release | after crash (past expiry) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for row in rows {
+        if let Some(why) = &row.skipped {
+            println!("| {} | {why} ||||||| ", row.shape.name());
+            continue;
+        }
+        let n = row.nodes.len().max(1) as f64;
+        let requests = row
+            .nodes
+            .iter()
+            .map(|c| c.scripts + c.other_requests)
+            .sum::<f64>()
+            / n;
+        let cpu = row.nodes.iter().map(|c| c.cpu_usec).sum::<f64>() / n;
+        let memory = row.nodes.iter().map(|c| c.used_memory).sum::<u64>() as f64 / n;
+        let contenders = (row.shape.locks() * row.shape.per_lock()) as f64;
+        println!(
+            "| {} | {requests:.0} | {cpu:.0} | {:.2} % | {:.3}, {:.2} | {:.1} MB | {} | {} |",
+            row.shape.name(),
+            pct_core(cpu),
+            requests / contenders,
+            cpu / contenders,
+            memory / 1e6,
+            row.takeover_release.map_or("none".into(), fmt_dur),
+            row.takeover_crash.map_or("none".into(), fmt_dur),
+        );
+    }
+    println!("\nGoals (per node): 10,000 idle standbys on one lock ≤ 1 % of a core; 10,000 locks with a leader and two standbys each ≤ 10 % of a core, renewals included.");
+    for row in rows {
+        if row.skipped.is_some() {
+            continue;
+        }
+        let worst = row.nodes.iter().map(|c| c.cpu_usec).fold(0.0, f64::max);
+        let (goal_at, goal, size) = match row.shape {
+            Shape::Standbys(s) => (10_000.0, 1.0, s as f64),
+            Shape::Locks(l) => (10_000.0, 10.0, l as f64),
+        };
+        // Linear in the number of contenders: the cost this size would have at the goal's size.
+        let scaled = pct_core(worst) * goal_at / size;
+        println!(
+            "- {}: busiest node {:.2} % of a core; scaled linearly to {goal_at:.0}: {scaled:.1} % (goal {goal} %: {})",
+            row.shape.name(),
+            pct_core(worst),
+            if scaled <= goal { "met" } else { "MISSED" }
+        );
+    }
+    let _ = args;
+}
