@@ -121,7 +121,7 @@ fn worker(args: &[String]) {
         let started = Arc::new(AtomicUsize::new(0));
         let total = locks * per_lock;
         let mut spawned = 0;
-        for l in 0..locks {
+        for (l, command) in commands.iter().enumerate() {
             let lock = first + l;
             for e in 0..per_lock {
                 let redlock = engine(
@@ -129,7 +129,7 @@ fn worker(args: &[String]) {
                     &format!("{prefix}-{lock}"),
                     &format!("w{first}-{l}-{e}"),
                 );
-                let rx = commands[l].subscribe();
+                let rx = command.subscribe();
                 tokio::spawn(contender(redlock, lock, rx, started.clone(), say.clone()));
                 spawned += 1;
                 // Paced: a batch's first rounds (and connections) before the next batch.
