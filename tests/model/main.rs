@@ -67,15 +67,18 @@ fn two_clients() -> Config {
     }
 }
 
-/// Client 0 takes the lock once with ttl 12 (validity up to 10 ticks); client 1 uses ttl 4
-/// and was not told of the longer one (`--max-ttl` unset), so it learns it only from the
-/// registers. One node may lose its data.
+/// Client 0 takes the lock once with ttl 12 (validity up to 10 ticks); client 1 tries once
+/// with ttl 4 and was not told of the longer one (`--max-ttl` unset), so it learns it only
+/// from the registers. One node may lose its data, one request may be lost, 11 ticks.
 fn mixed_ttls() -> Config {
     let mut long = client(12, &[0, 1, 2], 3);
     long.attempts = 1;
+    let mut short = client(4, &[0, 1, 2], 0);
+    short.attempts = 1;
     Config {
-        clients: vec![long, client(4, &[0, 1, 2], 0)],
+        clients: vec![long, short],
         faults: vec![Fault::Flush],
+        losses: 1,
         horizon: 11,
         ..two_clients()
     }
@@ -131,13 +134,7 @@ fn run(label: &str, cfg: Config, to_first_failure: bool) -> Run {
         .checker()
         .threads(2)
         .target_state_count(max_states());
-    if to_first_failure && std::env::var("DFS").is_ok() {
-        let checker = builder
-            .finish_when(HasDiscoveries::AnyFailures)
-            .spawn_dfs()
-            .join();
-        report(label, cfg, started, checker)
-    } else if to_first_failure {
+    if to_first_failure {
         let checker = builder
             .finish_when(HasDiscoveries::AnyFailures)
             .spawn_bfs()
@@ -227,21 +224,31 @@ fn the_rules_hold_for_3_nodes_and_2_clients_under_any_one_data_loss() {
 }
 
 #[test]
-fn the_rules_hold_for_3_nodes_and_2_clients_under_lost_requests_pauses_and_sigterm() {
+fn the_rules_hold_for_3_nodes_and_2_clients_when_two_requests_are_lost() {
     let cfg = Config {
         faults: vec![],
         fault_budget: 0,
         losses: 2,
+        ..two_clients()
+    };
+    holds("two lost requests", cfg, HANDOFF);
+}
+
+#[test]
+fn the_rules_hold_for_3_nodes_and_2_clients_with_a_pause_and_a_sigterm() {
+    let cfg = Config {
+        faults: vec![],
+        fault_budget: 0,
         pauses: 1,
         resigns: 1,
         ..two_clients()
     };
-    holds("two lost requests, a pause, a SIGTERM", cfg, HANDOFF);
+    holds("a pause and a SIGTERM", cfg, HANDOFF);
 }
 
 #[test]
-fn the_rules_hold_for_mixed_ttls_when_a_node_is_flushed() {
-    holds("mixed ttls, a node flushed", mixed_ttls(), HANDOFF);
+fn the_rules_hold_for_mixed_ttls_when_a_node_is_flushed_and_a_request_lost() {
+    holds("mixed ttls", mixed_ttls(), HANDOFF);
 }
 
 #[test]
@@ -353,8 +360,13 @@ fn without_the_drift_margin_clock_error_lets_a_paused_holder_overlap_its_success
 
 #[test]
 fn the_drift_margin_is_needed_only_because_clocks_err() {
+    // With the finding below fixed: without it, the drift margin also happens to keep a
+    // renewal from ending sooner than the one before, at these tick sizes.
     let cfg = without(
-        |r| r.drift_margin = false,
+        |r| {
+            r.drift_margin = false;
+            r.longest_promise = true;
+        },
         Config {
             faults: vec![],
             fault_budget: 0,
@@ -398,22 +410,31 @@ fn without_the_fingerprint_rule_a_mismatched_node_set_leads_beside_the_holder() 
 // Limits the rules do not cover (documented), found by the model
 // ---------------------------------------------------------------------------------------
 
-/// Both nodes that hold the long-ttl holder's key (and so its register) lose their data.
+/// Both nodes that hold the long-ttl holder's key (and so its register) lose their data; the
+/// short-ttl client may try twice (its first round races the holder for a node).
 fn register_lost_everywhere() -> Config {
-    Config {
+    let mut cfg = Config {
         fault_budget: 2,
+        losses: 0,
         ..mixed_ttls()
-    }
+    };
+    cfg.clients[1].attempts = 2;
+    cfg
 }
 
 #[test]
 fn limit_a_register_lost_on_every_node_lets_a_short_ttl_contender_in_without_max_ttl() {
-    let actions = violates("register lost everywhere", register_lost_everywhere(), EXCLUSION);
+    let actions = violates(
+        "register lost everywhere",
+        register_lost_everywhere(),
+        EXCLUSION,
+    );
     assert_eq!(faults(&actions), [Fault::Flush, Fault::Flush]);
 }
 
 #[test]
-fn limit_closed_by_max_ttl_when_the_register_is_lost_on_every_node() {
+#[ignore = "long: scripts/model-check.sh"]
+fn long_limit_closed_by_max_ttl_when_the_register_is_lost_on_every_node() {
     let mut cfg = register_lost_everywhere();
     cfg.clients[1].max_ttl = Some(12);
     holds("register lost everywhere, --max-ttl given", cfg, HANDOFF);
@@ -483,8 +504,13 @@ fn counters_lost() -> Config {
 }
 
 #[test]
-fn tokens_grow_after_a_majority_lost_its_counters_when_clocks_agree_within_the_wait() {
-    holds("counters lost, clocks 3 ticks apart", counters_lost(), HANDOFF);
+#[ignore = "long: scripts/model-check.sh"]
+fn long_tokens_grow_after_a_majority_lost_its_counters_when_clocks_agree_within_the_wait() {
+    holds(
+        "counters lost, clocks 3 ticks apart",
+        counters_lost(),
+        HANDOFF,
+    );
 }
 
 #[test]
@@ -495,41 +521,80 @@ fn limit_tokens_go_backwards_when_a_clock_is_behind_by_more_than_the_wait() {
     assert_eq!(faults(&actions), [Fault::Flush, Fault::Flush]);
 }
 
+// ---------------------------------------------------------------------------------------
+// Longer runs (release build, scripts/model-check.sh)
+// ---------------------------------------------------------------------------------------
+
 #[test]
-#[ignore]
-fn size() {
-    let env = |k: &str, d: u8| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
-    let mut cfg = match env("BASE", 0) {
-        0 => two_clients(),
-        1 => mixed_ttls(),
-        _ => mismatched_sets(),
+#[ignore = "long: scripts/model-check.sh"]
+fn long_the_rules_hold_under_a_data_loss_and_a_lost_request() {
+    let cfg = Config {
+        losses: 1,
+        ..two_clients()
     };
-    cfg.horizon = env("H", cfg.horizon);
-    cfg.fault_budget = env("F", cfg.fault_budget);
-    cfg.losses = env("L", cfg.losses);
-    cfg.pauses = env("P", cfg.pauses);
-    cfg.resigns = env("R", cfg.resigns);
-    cfg.clients[0].attempts = env("A0", 2);
-    cfg.clients[1].attempts = env("A1", 2);
-    if env("FK", 9) != 9 {
-        cfg.faults = vec![DATA_FAULTS[env("FK", 0) as usize]];
-    }
-    if env("T0", 0) != 0 {
-        cfg.clients[0].ttl = env("T0", 0);
-        cfg.clients[1].ttl = env("T0", 0);
-    }
-    if env("MAXTTL", 0) != 0 {
-        cfg.clients[1].max_ttl = Some(env("MAXTTL", 0));
-    }
-    cfg.rules.longest_promise = env("LP", 0) == 1;
-    let r = run("size", cfg, false);
-    if let Some((name, path)) = &r.failure {
-        println!("{name}:\n{}", trace(&r.cfg, path));
-    }
+    holds("a data-loss fault and a lost request", cfg, HANDOFF);
 }
+
 #[test]
-#[ignore]
-fn sizes_of() {
-    use protocol::*;
-    println!("State {} Node {} Data {} Client {} Phase {} Msg {} Op {} Ans {}", std::mem::size_of::<State>(), std::mem::size_of::<Node>(), std::mem::size_of::<Data>(), std::mem::size_of::<Client>(), std::mem::size_of::<Phase>(), std::mem::size_of::<Msg>(), std::mem::size_of::<Op>(), std::mem::size_of::<Ans>());
+#[ignore = "long: scripts/model-check.sh"]
+fn long_the_rules_hold_under_two_data_losses_or_snapshots() {
+    let mut cfg = Config {
+        fault_budget: 2,
+        ..two_clients()
+    };
+    cfg.faults.push(Fault::Snapshot);
+    holds("two data-loss faults or snapshots", cfg, HANDOFF);
+}
+
+#[test]
+#[ignore = "long: scripts/model-check.sh"]
+fn long_the_rules_hold_under_lost_requests_a_pause_and_a_sigterm() {
+    let cfg = Config {
+        faults: vec![],
+        fault_budget: 0,
+        losses: 2,
+        pauses: 1,
+        resigns: 1,
+        ..two_clients()
+    };
+    holds("two lost requests, a pause, a SIGTERM", cfg, HANDOFF);
+}
+
+/// A third client with its own wall clock.
+fn three_clients() -> Config {
+    let mut cfg = two_clients();
+    cfg.clients.push(client(6, &[0, 1, 2], 1));
+    cfg
+}
+
+#[test]
+#[ignore = "long: scripts/model-check.sh"]
+fn long_the_rules_hold_for_3_clients_under_a_lost_request() {
+    let cfg = Config {
+        faults: vec![],
+        fault_budget: 0,
+        losses: 1,
+        ..three_clients()
+    };
+    holds("3 clients, a lost request", cfg, HANDOFF);
+}
+
+#[test]
+#[ignore = "long: scripts/model-check.sh"]
+fn long_the_rules_hold_for_3_clients_under_any_one_data_loss() {
+    holds("3 clients, a data-loss fault", three_clients(), HANDOFF);
+}
+
+#[test]
+#[ignore = "long: scripts/model-check.sh"]
+fn long_the_rules_hold_for_mixed_ttls_with_two_attempts_each() {
+    let mut cfg = mixed_ttls();
+    cfg.clients[0].attempts = 2;
+    cfg.clients[1].attempts = 2;
+    cfg.clients[1].max_ttl = Some(12);
+    holds(
+        "mixed ttls, two attempts each, --max-ttl given",
+        cfg,
+        HANDOFF,
+    );
 }

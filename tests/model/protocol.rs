@@ -218,13 +218,29 @@ pub struct Node {
 /// A request on its way to a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
-    Acquire { nonce: u8, cand: u16 },
+    Acquire {
+        nonce: u8,
+        cand: u16,
+    },
     /// `won`: the round was won, so a late "missing" calls for a restore.
-    Extend { nonce: u8, token: u16, won: bool },
-    Restore { nonce: u8, token: u16 },
-    Raise { token: u16 },
-    Release { nonce: u8 },
-    Cleanup { nonce: u8 },
+    Extend {
+        nonce: u8,
+        token: u16,
+        won: bool,
+    },
+    Restore {
+        nonce: u8,
+        token: u16,
+    },
+    Raise {
+        token: u16,
+    },
+    Release {
+        nonce: u8,
+    },
+    Cleanup {
+        nonce: u8,
+    },
 }
 
 impl Op {
@@ -262,7 +278,10 @@ pub enum Ans {
     /// Timed out: never executed, or its answer was lost.
     NoAnswer,
     /// Acquire: granted, with the data age proven and whether the candidate token was stored.
-    Granted { age: Age, stored: bool },
+    Granted {
+        age: Age,
+        stored: bool,
+    },
     /// Acquire or extend: another value holds the key.
     Held,
     /// Acquire: no grant under a live foreign node-set record.
@@ -824,7 +843,10 @@ impl Config {
             for n in 0..self.nodes {
                 let client = &mut s.clients[c];
                 if client.pending[n].is_none() {
-                    if let Some(op) = client.restores[n].take().or_else(|| client.queued[n].take()) {
+                    if let Some(op) = client.restores[n]
+                        .take()
+                        .or_else(|| client.queued[n].take())
+                    {
                         client.pending[n] = Some(Msg {
                             op,
                             deadline: s.now + self.node_timeout,
@@ -986,11 +1008,9 @@ impl Config {
                             lose(s);
                         } else if extended >= q {
                             let ttl = self.clients[c].ttl;
-                            let Some(valid) = engine::validity_ticks(
-                                ttl,
-                                now - started,
-                                self.rules.drift_margin,
-                            ) else {
+                            let Some(valid) =
+                                engine::validity_ticks(ttl, now - started, self.rules.drift_margin)
+                            else {
                                 return lose(s);
                             };
                             let new_end = self.cap_end(started + valid + self.client_clock_slow);
@@ -1018,8 +1038,7 @@ impl Config {
                             };
                             // Nodes that lost our key get it back, now the quorum is proven.
                             self.send_all(s, c, |n| {
-                                (answers[n] == Ans::Missing)
-                                    .then_some(Op::Restore { nonce, token })
+                                (answers[n] == Ans::Missing).then_some(Op::Restore { nonce, token })
                             });
                         } else if extended + pending < q {
                             if contrary >= q {
