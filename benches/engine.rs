@@ -461,7 +461,7 @@ fn main() {
         .collect();
     let urls: Vec<String> = servers.iter().map(|s| s.url()).collect();
     let wait = Instant::now();
-    support::wait_votes_count(&servers, TTL);
+    support::settle(&servers);
     let uptime_wait = wait.elapsed();
     eprintln!(
         "engine bench: {} nodes up; waited {:.1} s for restart-safe votes (ttl {TTL:?}); \

@@ -183,7 +183,7 @@ fn main() {
     let size = env_usize("BENCH_HERD", 30);
     let herds = env_usize("BENCH_HERDS", 5);
     let servers = support::start_servers(nodes);
-    support::wait_votes_count(&servers, TTL);
+    support::settle(&servers);
     println!("## Thundering herd: {size} guards on one lock, {nodes} nodes, {herds} herds\n");
     println!("{}\n", support::machine());
     let mut decisions = Samples::default();

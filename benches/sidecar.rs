@@ -592,7 +592,7 @@ fn main() {
         .map(RedisServer::url)
         .collect::<Vec<_>>()
         .join(",");
-    support::wait_votes_count(&servers, TTL);
+    support::settle(&servers);
     let started = Instant::now();
     eprintln!("sidecar bench: {nodes} nodes up and old enough; measuring startup");
 

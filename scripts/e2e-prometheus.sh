@@ -11,8 +11,10 @@
 #   the leader killed (SIGKILL)     -> no page
 #   one Redis node down             -> exactly one RedlockRedisNodeUnavailable
 #   a majority of Redis nodes down  -> RedlockNoQuorum (and not RedlockNoLeader)
-# The rules are dashboards/alerts.yaml with every `for:` and range shortened 15-fold (5m -> 20s),
-# so a story takes seconds; the expressions are otherwise the installed ones.
+#   the nodes back, and a new pod of the same workload on a renamed lock (a rollout that renamed
+#   it)                             -> RedlockLeadersAcrossLocks
+# The rules are dashboards/alerts.yaml with every `for:`, `keep_firing_for:` and range shortened
+# 15-fold (5m -> 20s), so a story takes seconds; the expressions are otherwise the installed ones.
 #
 # Needs: cargo (builds the debug binary wherever Cargo's target directory is), and Debian's
 # redis-server and prometheus (installed when missing). Every process it starts is stopped on exit.
@@ -35,6 +37,7 @@ ALLOWED_EMPTY_VARIABLES="cluster|cronjob"
 TIME_SCALE=15      # rules' `for:` and ranges are divided by this
 SCRAPE_INTERVAL=1s
 RATE_INTERVAL=4s   # what Grafana's $__rate_interval gives for a 1s scrape interval (4 x scrape)
+BAR_INTERVAL=4s    # $__interval of the bar panels here (their minimum interval, 1m, scaled down like the rules)
 DEADLINE=60        # seconds any single wait may take
 
 BIN="$(cargo_target_dir)/debug/redlock-sidecar"
@@ -102,10 +105,10 @@ log "3 redis-server up on ports ${REDIS_PORTS[*]}"
 
 # --- Sidecars x3 ------------------------------------------------------------------------------
 SIDECAR_PIDS=()
-start_sidecar() { # start_sidecar I
-  local i="$1"
-  "${BIN}" run --lock demo --redis "${REDIS_URLS}" --listen "127.0.0.1:${SIDECAR_PORTS[$i]}" \
-    --identity "sidecar-${i}" --kubernetes off --log-format text \
+start_sidecar() { # start_sidecar I [LOCK]: sidecar I of the workload demo-app, on lock demo by default
+  local i="$1" lock="${2:-demo}"
+  "${BIN}" run --lock "${lock}" --redis "${REDIS_URLS}" --listen "127.0.0.1:${SIDECAR_PORTS[$i]}" \
+    --identity "sidecar-${i}" --kubernetes off --log-format text --workload demo-app \
     >>"${WORK}/sidecar-${i}.log" 2>&1 &
   SIDECAR_PIDS[i]=$!
   PIDS+=($!)
@@ -122,11 +125,11 @@ import re, sys
 src, dst, scale = sys.argv[1], sys.argv[2], int(sys.argv[3])
 UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 def shorter(m):
-    seconds = max(2, int(m.group(1)) * UNIT[m.group(2)] // scale)
-    return f"{m.group(0)[0]}{seconds}s" if m.group(0)[0] == "[" else f"for: {seconds}s"
+    seconds = max(2, int(m.group(2)) * UNIT[m.group(3)] // scale)
+    return f"[{seconds}s" if m.group(1) == "[" else f"{m.group(1)}{seconds}s"
 text = open(src).read()
-text = re.sub(r"for: (\d+)([smhd])\b", shorter, text)
-text = re.sub(r"\[(\d+)([smhd])\]", lambda m: shorter(m) + "]", text)
+text = re.sub(r"((?:keep_firing_)?for: )(\d+)([smhd])\b", shorter, text)
+text = re.sub(r"(\[)(\d+)([smhd])\]", lambda m: shorter(m) + "]", text)
 open(dst, "w").write(text)
 PY
 promtool check rules "${WORK}/alerts.yaml" >/dev/null
@@ -203,10 +206,10 @@ T_QUERY_END="$(date +%s)"
 
 # --- Queries ------------------------------------------------------------------------------------
 log "evaluating the dashboard's queries and the alerts over the last $((T_QUERY_END - T_QUERY_START))s"
-python3 - "${PROM}" "${T_QUERY_START}" "${T_QUERY_END}" "${RATE_INTERVAL}" \
+python3 - "${PROM}" "${T_QUERY_START}" "${T_QUERY_END}" "${RATE_INTERVAL}" "${BAR_INTERVAL}" \
   "${ALLOWED_EMPTY}" "${ALLOWED_EMPTY_VARIABLES}" dashboards/redlock.json dashboards/alerts.yaml <<'PY'
 import json, math, re, sys, urllib.parse, urllib.request
-prom, start, end, rate_interval, allowed_empty, allowed_empty_vars, dash_file, alerts_file = sys.argv[1:]
+prom, start, end, rate_interval, bar_interval, allowed_empty, allowed_empty_vars, dash_file, alerts_file = sys.argv[1:]
 allowed_empty = set(allowed_empty.split("|"))
 allowed_empty_vars = set(allowed_empty_vars.split("|"))
 
@@ -223,7 +226,7 @@ def substitute(expr):
     # give them: the .* regex also matches the absent namespace/pod labels of a local run.
     for var in ("cluster", "namespace", "pod", "lock", "cronjob"):
         expr = expr.replace(f"${var}", ".*").replace("${" + var + "}", ".*")
-    return expr.replace("$__rate_interval", rate_interval)
+    return expr.replace("$__rate_interval", rate_interval).replace("$__interval", bar_interval)
 
 def has_data(result):
     # Some sample of some series that is a number (histogram_quantile over no events is NaN).
@@ -398,4 +401,28 @@ done
 fires RedlockNoQuorum || { log "FAIL: RedlockNoQuorum stopped firing"; exit 1; }
 firing | sed 's/^/    /'
 log "story 4: Redis nodes 1 and 2 down: RedlockNoQuorum fires, RedlockNoLeader does not (checked for ${QUIET}s)"
+
+# Story 5: a rollout that renamed the lock. The nodes come back; the workload's leader takes its
+# lock again once the restarted nodes' votes count (ttl + drift). A new pod of the same workload
+# (demo-app) on lock "demo-v2" leads that lock at the same time: RedlockLeadersAcrossLocks, which
+# RedlockMultipleLeaders cannot see (one leader per lock label).
+for i in 1 2; do
+  redis-server --port "${REDIS_PORTS[$i]}" --bind 127.0.0.1 --save '' --appendonly no \
+    --dir "${WORK}/redis-${i}" --maxmemory-policy noeviction >>"${WORK}/redis-${i}.log" 2>&1 &
+  REDIS_PIDS[i]=$!
+  PIDS+=($!)
+done
+for i in 1 2; do wait_until "redis ${i} back" redis-cli -p "${REDIS_PORTS[$i]}" ping; done
+wait_until "a leader of demo again" one_leader
+OLD_DEMO="$(leaders)"
+NEW="$(( (OLD_DEMO + 1) % 3 ))"
+kill "${SIDECAR_PIDS[$NEW]}"; wait "${SIDECAR_PIDS[$NEW]}" 2>/dev/null || true
+start_sidecar "${NEW}" demo-v2
+wait_until "sidecar-${NEW} to lead demo-v2" curl -fsS "$(sidecar_url "${NEW}")/leader"
+DEADLINE=60
+wait_until "RedlockLeadersAcrossLocks to fire" fires RedlockLeadersAcrossLocks
+firing RedlockLeadersAcrossLocks | sed 's/^/    /'
+grep -q '"workload": "demo-app"' <<<"$(firing RedlockLeadersAcrossLocks)" || { log "FAIL: the alert does not name the workload"; exit 1; }
+fires RedlockMultipleLeaders && { log "FAIL: RedlockMultipleLeaders fires for two different locks"; exit 1; }
+log "story 5: sidecar-${OLD_DEMO} leads demo, sidecar-${NEW} leads demo-v2 (workload demo-app): RedlockLeadersAcrossLocks fires"
 log "e2e-prometheus: dashboard queries, rules and failure stories passed"

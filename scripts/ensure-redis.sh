@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Makes sure redis-server (and openssl, which the TLS test uses) are on PATH: installs the
 # Debian packages when we can (root), else says exactly what to install. Sourced by the demo
-# and the test script.
+# and the test script. The Sentinel and cluster-mode tests need nothing more: they run the same
+# binary as `redis-server CONF --sentinel` and build clusters with CLUSTER commands (no
+# redis-sentinel or redis-cli). REDLOCK_TEST_REDIS_SERVER names another server binary to test
+# against (e.g. valkey-server); this script does not install it.
 ensure_redis() {
   local missing=()
   command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)

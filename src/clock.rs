@@ -42,6 +42,20 @@ pub fn now() -> Instant {
     instant + boottime().saturating_sub(boot)
 }
 
+/// `start + duration`, saturating: if the sum is past what an `Instant` can hold, the latest
+/// instant within reach (a deadline that never comes) instead of a panic. Deadlines built
+/// from user input use it; the command line also bounds every duration (see `config`).
+pub fn saturating_add(start: Instant, duration: Duration) -> Instant {
+    let mut duration = duration;
+    loop {
+        if let Some(at) = start.checked_add(duration) {
+            return at;
+        }
+        // Halving ends: `start + 0` always fits.
+        duration /= 2;
+    }
+}
+
 /// Sleeps until [`now`] reaches `deadline`, counting suspended time.
 pub async fn sleep_until(deadline: Instant) {
     let (instant, boot) = *ORIGIN;
@@ -103,6 +117,19 @@ mod tests {
         let (a, b) = (Instant::now(), now());
         let diff = if b > a { b - a } else { a - b };
         assert!(diff < Duration::from_millis(50), "{diff:?}");
+    }
+
+    #[test]
+    fn saturating_add_adds_and_never_overflows() {
+        let start = now();
+        let second = Duration::from_secs(1);
+        assert_eq!(saturating_add(start, second), start + second);
+        let far = saturating_add(start, Duration::MAX);
+        assert!(
+            far > start + Duration::from_secs(100 * 365 * 24 * 3600),
+            "{far:?}"
+        );
+        assert!(far.checked_add(Duration::MAX).is_none());
     }
 
     #[tokio::test]

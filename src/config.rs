@@ -2,7 +2,19 @@
 //!
 //! Every flag has an environment variable. Invalid input ends the process with exit
 //! code 2 and one line naming the flag and the rule it breaks, before anything connects.
+//!
+//! ## Behaviour
+//! - Every duration has an upper bound, checked as it is parsed (the message names the
+//!   bound): `--ttl`, `--max-ttl`, `--renew-interval`, `--safety-margin`, `--kill-grace` at
+//!   most [`MAX_TTL`]; `--node-timeout` and `--connect-timeout` at most a minute;
+//!   `--retry-delay` at most a minute; `--fence-retention` at most a year;
+//!   `--shutdown-timeout` at most an hour; `--wait`, `--min-hold`, `--max-hold` at most
+//!   [`MAX_GUARD_DURATION`]. With these, every deadline the process computes (`now + x`,
+//!   `x × n`) stays far inside what `Instant` and `Duration` can represent.
+//! - Files are read up to a bound (password 64 KiB, PEM 4 MiB): a device never hangs start-up.
+//! - `Debug` of every type here shows no password: node URLs print as `host:port`.
 
+use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -10,7 +22,11 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::k8s::KubeMode;
-use crate::redlock::{drift, ClientCert, ConfigError, Credentials, NodeSpec, RedlockConfig};
+use crate::redlock::secrets::{self, SecretFiles};
+use crate::redlock::timing::{
+    self, MAX_CONNECT_TIMEOUT, MAX_FENCE_RETENTION, MAX_NODE_TIMEOUT, MAX_RETRY_DELAY, MAX_TTL,
+};
+use crate::redlock::{drift, ConfigError, Credentials, NodeSpec, RedlockConfig};
 
 /// Exit codes, shared by `--help` and README.
 pub const EXIT_CODES: &str = "\
@@ -31,6 +47,15 @@ Exit codes:
 const DEFAULT_SAFETY_MARGIN: Duration = Duration::from_secs(1);
 /// `--kill-grace` when the ttl leaves room for it.
 const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(2);
+
+/// Longest `--wait`, `--min-hold` and `--max-hold`: 30 days. Every deadline `guard` computes is
+/// then at most "now + 30 days + a few ttls" (`--ttl` is at most [`MAX_TTL`]), far from the
+/// overflow of `Instant` arithmetic.
+pub const MAX_GUARD_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
+/// Longest `--shutdown-timeout`: an hour (a release takes at most twice the node timeout).
+pub const MAX_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(3600);
+/// Longest `--identity`, in bytes (a DNS name's length; pod and host names fit).
+pub const MAX_IDENTITY_LEN: usize = 253;
 
 /// Default admin port for `run`.
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:9707";
@@ -109,10 +134,13 @@ pub enum OnBusy {
     Fail,
 }
 
-/// How to reach the Redis nodes.
-#[derive(Args, Debug, Clone)]
+/// How to reach the Redis nodes. `Debug` shows each node as `host:port` and no password.
+#[derive(Args, Clone)]
 pub struct RedisArgs {
-    /// Redis master URL (redis:// or rediss://), repeat for each node; N = 1, 3, 5, ...
+    /// Redis node URL, repeat for each node; N = 1, 3, 5, ... A node is a master
+    /// (redis://, rediss://; any node of a cluster-mode deployment stands for the cluster) or
+    /// a Sentinel group followed across failovers
+    /// (redis+sentinel://[user:pass@]s1[:26379],s2,.../MASTER[/DB]; rediss+sentinel:// for TLS).
     #[arg(
         long = "redis",
         env = "REDLOCK_REDIS",
@@ -128,13 +156,26 @@ pub struct RedisArgs {
     #[arg(long, env = "REDLOCK_REDIS_PASSWORD", hide_env_values = true)]
     pub redis_password: Option<String>,
     /// File holding that password, e.g. a mounted Secret (a trailing newline is ignored).
-    /// Unlike the environment variable, it is not inherited by guard's CMD.
     #[arg(
         long,
         env = "REDLOCK_REDIS_PASSWORD_FILE",
         conflicts_with = "redis_password"
     )]
     pub redis_password_file: Option<PathBuf>,
+    /// ACL user for the Sentinels of redis+sentinel:// nodes (the URL's user is the master's).
+    #[arg(long, env = "REDLOCK_SENTINEL_USERNAME")]
+    pub sentinel_username: Option<String>,
+    /// Password for the Sentinels of redis+sentinel:// nodes, if they require one (a
+    /// Sentinel's requirepass is its own; the URL's password is the master's).
+    #[arg(long, env = "REDLOCK_SENTINEL_PASSWORD", hide_env_values = true)]
+    pub sentinel_password: Option<String>,
+    /// File holding the Sentinels' password (a trailing newline is ignored).
+    #[arg(
+        long,
+        env = "REDLOCK_SENTINEL_PASSWORD_FILE",
+        conflicts_with = "sentinel_password"
+    )]
+    pub sentinel_password_file: Option<PathBuf>,
     /// PEM file of CA certificates for rediss:// nodes with a private CA.
     #[arg(long, env = "REDLOCK_REDIS_CA_FILE")]
     pub redis_ca_file: Option<PathBuf>,
@@ -145,10 +186,10 @@ pub struct RedisArgs {
     #[arg(long, env = "REDLOCK_REDIS_CLIENT_KEY", requires = "redis_client_cert")]
     pub redis_client_key: Option<PathBuf>,
     /// Bound on each request to each node.
-    #[arg(long, env = "REDLOCK_NODE_TIMEOUT", value_parser = parse_duration, default_value = "50ms")]
+    #[arg(long, env = "REDLOCK_NODE_TIMEOUT", value_parser = duration_at_most(MAX_NODE_TIMEOUT), default_value = "50ms")]
     pub node_timeout: Duration,
     /// Bound on connecting to a node (TCP, TLS, AUTH).
-    #[arg(long, env = "REDLOCK_CONNECT_TIMEOUT", value_parser = parse_duration, default_value = "1s")]
+    #[arg(long, env = "REDLOCK_CONNECT_TIMEOUT", value_parser = duration_at_most(MAX_CONNECT_TIMEOUT), default_value = "1s")]
     pub connect_timeout: Duration,
     /// Count the votes of nodes whose maxmemory-policy may evict lock keys. UNSAFE: an
     /// evicted key lets a second holder in; use only if memory can never run out.
@@ -163,21 +204,26 @@ pub struct LockArgs {
     #[arg(long, env = "REDLOCK_LOCK")]
     pub lock: String,
     /// How long the lock lives on a node without renewal.
-    #[arg(long, env = "REDLOCK_TTL", value_parser = parse_duration, default_value = "10s")]
+    #[arg(long, env = "REDLOCK_TTL", value_parser = duration_at_most(MAX_TTL), default_value = "10s")]
     pub ttl: Duration,
     /// The longest ttl any contender of this lock uses, if ttls differ. Default: --ttl.
     /// Contenders also learn it from the nodes; this covers nodes that lost it.
-    #[arg(long, env = "REDLOCK_MAX_TTL", value_parser = parse_duration)]
+    #[arg(long, env = "REDLOCK_MAX_TTL", value_parser = duration_at_most(MAX_TTL))]
     pub max_ttl: Option<Duration>,
     /// How long a lock's fencing counter stays on the nodes after its last use.
-    #[arg(long, env = "REDLOCK_FENCE_RETENTION", value_parser = parse_duration, default_value = "24h")]
+    #[arg(long, env = "REDLOCK_FENCE_RETENTION", value_parser = duration_at_most(MAX_FENCE_RETENTION), default_value = "24h")]
     pub fence_retention: Duration,
     /// First delay before retrying a failed attempt (random, growing up to 1s).
-    #[arg(long, env = "REDLOCK_RETRY_DELAY", value_parser = parse_duration, default_value = "200ms")]
+    #[arg(long, env = "REDLOCK_RETRY_DELAY", value_parser = duration_at_most(MAX_RETRY_DELAY), default_value = "200ms")]
     pub retry_delay: Duration,
     /// Who we are (written into the lock value). Default: $POD_NAME, then the host name.
     #[arg(long, env = "REDLOCK_IDENTITY")]
     pub identity: Option<String>,
+    /// Name of the node set, recorded beside the lock so that contenders listing other nodes
+    /// refuse to lead. Default: a fingerprint of the --redis list (host, port, db). Set the same
+    /// name everywhere only when contenders reach the same nodes under different addresses.
+    #[arg(long, env = "REDLOCK_NODE_SET")]
+    pub node_set: Option<String>,
     #[command(flatten)]
     pub redis: RedisArgs,
 }
@@ -186,11 +232,11 @@ pub struct LockArgs {
 #[derive(Args, Debug, Clone)]
 pub struct RenewArgs {
     /// How often the held lock is extended. Default: ttl/3.
-    #[arg(long, env = "REDLOCK_RENEW_INTERVAL", value_parser = parse_duration)]
+    #[arg(long, env = "REDLOCK_RENEW_INTERVAL", value_parser = duration_at_most(MAX_TTL))]
     pub renew_interval: Option<Duration>,
     /// Stop claiming the lock this long before its validity ends. Default: 1s, or midway
     /// between its bounds when 1s does not fit the ttl.
-    #[arg(long, env = "REDLOCK_SAFETY_MARGIN", value_parser = parse_duration)]
+    #[arg(long, env = "REDLOCK_SAFETY_MARGIN", value_parser = duration_at_most(MAX_TTL))]
     pub safety_margin: Option<Duration>,
 }
 
@@ -207,7 +253,7 @@ pub struct RunArgs {
     #[arg(long, env = "REDLOCK_READY_WHEN", value_enum, default_value_t = ReadyWhen::Quorum)]
     pub ready_when: ReadyWhen,
     /// Bound on the graceful release at SIGTERM; keep it below terminationGracePeriodSeconds.
-    #[arg(long, env = "REDLOCK_SHUTDOWN_TIMEOUT", value_parser = parse_duration, default_value = "10s")]
+    #[arg(long, env = "REDLOCK_SHUTDOWN_TIMEOUT", value_parser = duration_at_most(MAX_SHUTDOWN_TIMEOUT), default_value = "10s")]
     pub shutdown_timeout: Duration,
     /// Kubernetes integration: auto (on when in a cluster), on, off.
     #[arg(long, env = "REDLOCK_KUBERNETES", default_value = "auto")]
@@ -222,6 +268,10 @@ pub struct RunArgs {
     /// Mirror the holder into a coordination.k8s.io Lease named after the lock.
     #[arg(long, env = "REDLOCK_MIRROR_LEASE", default_value_t = false)]
     pub mirror_lease: bool,
+    /// The workload this sidecar runs in (e.g. its Deployment), exported as
+    /// `redlock_info{workload}`: alerts then see two locks led at once within one workload.
+    #[arg(long, env = "REDLOCK_WORKLOAD", default_value = "")]
+    pub workload: String,
 }
 
 #[derive(Args, Debug)]
@@ -231,20 +281,20 @@ pub struct GuardArgs {
     #[command(flatten)]
     pub renew: RenewArgs,
     /// How long to wait for the lock; 0 = one attempt.
-    #[arg(long, env = "REDLOCK_WAIT", value_parser = parse_duration, default_value = "0")]
+    #[arg(long, env = "REDLOCK_WAIT", value_parser = duration_at_most(MAX_GUARD_DURATION), default_value = "0")]
     pub wait: Duration,
     /// What to do when the lock is still held elsewhere after --wait.
     #[arg(long, env = "REDLOCK_ON_BUSY", value_enum, default_value_t = OnBusy::Skip)]
     pub on_busy: OnBusy,
     /// Keep the lock at least this long after CMD starts, even if CMD ends sooner.
-    #[arg(long, env = "REDLOCK_MIN_HOLD", value_parser = parse_duration, default_value = "0")]
+    #[arg(long, env = "REDLOCK_MIN_HOLD", value_parser = duration_at_most(MAX_GUARD_DURATION), default_value = "0")]
     pub min_hold: Duration,
     /// Stop renewing and stop CMD after this long (exit 124).
-    #[arg(long, env = "REDLOCK_MAX_HOLD", value_parser = parse_duration)]
+    #[arg(long, env = "REDLOCK_MAX_HOLD", value_parser = duration_at_most(MAX_GUARD_DURATION))]
     pub max_hold: Option<Duration>,
     /// Time between SIGTERM and SIGKILL when CMD must be stopped. Default: 2s, or half the
     /// room the ttl leaves when 2s does not fit.
-    #[arg(long, env = "REDLOCK_KILL_GRACE", value_parser = parse_duration)]
+    #[arg(long, env = "REDLOCK_KILL_GRACE", value_parser = duration_at_most(MAX_TTL))]
     pub kill_grace: Option<Duration>,
     /// Serve /healthz, /leader and /metrics here while guard runs (off by default).
     #[arg(long, env = "REDLOCK_LISTEN")]
@@ -266,7 +316,7 @@ pub struct CheckArgs {
     pub redis: RedisArgs,
     /// The longest ttl of the locks on these nodes: a node must prove it kept its data
     /// this long (plus drift) for its votes to count.
-    #[arg(long, env = "REDLOCK_TTL", value_parser = parse_duration, default_value = "10s")]
+    #[arg(long, env = "REDLOCK_TTL", value_parser = duration_at_most(MAX_TTL), default_value = "10s")]
     pub ttl: Duration,
 }
 
@@ -284,6 +334,54 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|e| format!("{e} (use e.g. 500ms, 10s, 2m)"))
 }
 
+/// [`parse_duration`], refusing durations above `max` (the message names the bound).
+fn duration_at_most(
+    max: Duration,
+) -> impl Fn(&str) -> Result<Duration, String> + Clone + Send + Sync + 'static {
+    move |text| {
+        let duration = parse_duration(text)?;
+        timing::at_most(duration, max)?;
+        Ok(duration)
+    }
+}
+
+impl fmt::Debug for RedisArgs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // A URL may carry a password: show only what `NodeSpec` shows, `host:port`.
+        let nodes: Vec<String> = node_urls(&self.redis)
+            .iter()
+            .enumerate()
+            .map(
+                |(i, url)| match NodeSpec::parse(i, url, &Credentials::default()) {
+                    Ok(node) => node.label().to_owned(),
+                    Err(_) => "<not a valid URL>".to_owned(),
+                },
+            )
+            .collect();
+        f.debug_struct("RedisArgs")
+            .field("redis", &nodes)
+            .field("redis_username", &self.redis_username)
+            .field(
+                "redis_password",
+                &self.redis_password.as_ref().map(|_| "<redacted>"),
+            )
+            .field("redis_password_file", &self.redis_password_file)
+            .field("sentinel_username", &self.sentinel_username)
+            .field(
+                "sentinel_password",
+                &self.sentinel_password.as_ref().map(|_| "<redacted>"),
+            )
+            .field("sentinel_password_file", &self.sentinel_password_file)
+            .field("redis_ca_file", &self.redis_ca_file)
+            .field("redis_client_cert", &self.redis_client_cert)
+            .field("redis_client_key", &self.redis_client_key)
+            .field("node_timeout", &self.node_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("allow_evicting_nodes", &self.allow_evicting_nodes)
+            .finish()
+    }
+}
+
 /// Parses the command line; on error prints one line and exits 2 (help and version exit 0).
 pub fn parse_or_exit() -> Cli {
     match Cli::try_parse() {
@@ -296,10 +394,24 @@ pub fn parse_or_exit() -> Cli {
     }
 }
 
-/// Prints `redlock-sidecar: <message>` and exits 2.
+/// Prints `redlock-sidecar: <message>` on one line (see [`invalid_line`]) and exits 2.
 pub fn exit_invalid(message: &str) -> ! {
-    eprintln!("redlock-sidecar: {message}");
+    eprintln!("{}", invalid_line(message));
     std::process::exit(2)
+}
+
+/// The line [`exit_invalid`] prints: control characters a value may carry (a path with a
+/// line break) are escaped, so the message stays one line.
+pub fn invalid_line(message: &str) -> String {
+    let mut line = String::from("redlock-sidecar: ");
+    for c in message.chars() {
+        if c.is_control() {
+            line.extend(c.escape_default());
+        } else {
+            line.push(c);
+        }
+    }
+    line
 }
 
 /// Folds clap's multi-line message into one line without usage boilerplate.
@@ -331,6 +443,8 @@ pub struct RunConfig {
     pub ready_when: ReadyWhen,
     pub shutdown_timeout: Duration,
     pub kubernetes: crate::k8s::KubeSettings,
+    /// `--workload` (empty: not set).
+    pub workload: String,
 }
 
 /// Everything `guard` needs.
@@ -358,10 +472,17 @@ impl LockArgs {
             Some(identity) => identity.clone(),
             None => default_identity(),
         };
+        if identity.len() > MAX_IDENTITY_LEN {
+            return Err(ConfigError::new(
+                "--identity",
+                format!("must be at most {MAX_IDENTITY_LEN} bytes"),
+            ));
+        }
         let mut cfg = RedlockConfig::new(self.lock.clone(), identity, nodes);
         cfg.ttl = self.ttl;
         cfg.max_ttl = self.max_ttl;
         cfg.fence_retention = self.fence_retention;
+        cfg.node_set = self.node_set.clone();
         cfg.allow_evicting_nodes = self.redis.allow_evicting_nodes;
         cfg.node_timeout = self.redis.node_timeout;
         cfg.connect_timeout = self.redis.connect_timeout;
@@ -375,32 +496,30 @@ impl LockArgs {
 impl RedisArgs {
     /// Parses every URL; errors name the node by position, never print the URL.
     pub fn nodes(&self) -> Result<Vec<NodeSpec>, ConfigError> {
-        let ca_pem = read_pem("--redis-ca-file", self.redis_ca_file.as_ref())?;
-        let client_cert = match (&self.redis_client_cert, &self.redis_client_key) {
-            (Some(cert), Some(key)) => Some(ClientCert {
-                cert_pem: std::fs::read(cert)
-                    .map_err(|e| unreadable("--redis-client-cert", cert, e))?,
-                key_pem: std::fs::read(key)
-                    .map_err(|e| unreadable("--redis-client-key", key, e))?,
-            }),
-            _ => None,
+        let files = SecretFiles {
+            password: self.redis_password_file.clone(),
+            ca: self.redis_ca_file.clone(),
+            client_cert: self
+                .redis_client_cert
+                .clone()
+                .zip(self.redis_client_key.clone()),
         };
-        let password = match &self.redis_password_file {
-            Some(path) => Some(read_password(path)?),
-            None => self.redis_password.clone(),
+        // Read once now (a bad file is a configuration error), and again by every connection.
+        let loaded = files.load()?;
+        let sentinel_password = match &self.sentinel_password_file {
+            Some(path) => Some(secrets::read_password("--sentinel-password-file", path)?),
+            None => self.sentinel_password.clone(),
         };
         let creds = Credentials {
             username: self.redis_username.clone(),
-            password,
-            ca_pem,
-            client_cert,
+            password: loaded.password.or_else(|| self.redis_password.clone()),
+            ca_pem: loaded.ca_pem,
+            client_cert: loaded.client_cert,
+            files,
+            sentinel_username: self.sentinel_username.clone(),
+            sentinel_password,
         };
-        let urls: Vec<&str> = self
-            .redis
-            .iter()
-            .map(|u| u.trim())
-            .filter(|u| !u.is_empty())
-            .collect();
+        let urls = node_urls(&self.redis);
         if urls.is_empty() {
             return Err(ConfigError::new("--redis", "at least one node is required"));
         }
@@ -477,10 +596,17 @@ impl RunArgs {
                 ),
             ));
         }
-        if self.leader_label.is_empty() || self.leader_label.len() > 316 {
+        if !is_label_key(&self.leader_label) {
             return Err(ConfigError::new(
                 "--leader-label",
-                "must be a valid label key",
+                "must be a Kubernetes label key: [DNS-subdomain/]name, the name at most 63 \
+                 characters of A-Z a-z 0-9 - _ . starting and ending alphanumeric",
+            ));
+        }
+        if self.workload.len() > 253 || self.workload.chars().any(char::is_control) {
+            return Err(ConfigError::new(
+                "--workload",
+                "must be at most 253 characters without control characters",
             ));
         }
         let kubernetes = crate::k8s::KubeSettings {
@@ -488,6 +614,7 @@ impl RunArgs {
             label_key: self.leader_label.clone(),
             mirror_lease: self.mirror_lease,
             pod_name: env_nonempty("POD_NAME"),
+            pod_uid: env_nonempty("POD_UID"),
             namespace: env_nonempty("POD_NAMESPACE"),
             renew_interval: renewal.interval,
         };
@@ -498,6 +625,7 @@ impl RunArgs {
             ready_when: self.ready_when,
             shutdown_timeout: self.shutdown_timeout,
             kubernetes,
+            workload: self.workload.clone(),
         })
     }
 }
@@ -560,6 +688,7 @@ impl GuardArgs {
                 label_key: String::new(),
                 mirror_lease: false,
                 pod_name: env_nonempty("POD_NAME"),
+                pod_uid: env_nonempty("POD_UID"),
                 namespace: env_nonempty("POD_NAMESPACE"),
                 renew_interval: renewal.interval,
             },
@@ -567,27 +696,81 @@ impl GuardArgs {
     }
 }
 
-fn read_pem(flag: &'static str, path: Option<&PathBuf>) -> Result<Option<Vec<u8>>, ConfigError> {
-    path.map(|path| std::fs::read(path).map_err(|e| unreadable(flag, path, e)))
-        .transpose()
-}
-
-/// The password in `path`, without its trailing line break; never echoed in an error.
-fn read_password(path: &std::path::Path) -> Result<String, ConfigError> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| unreadable("--redis-password-file", path, e))?;
-    let password = text.trim_end_matches(['\n', '\r']);
-    if password.is_empty() {
-        return Err(ConfigError::new(
-            "--redis-password-file",
-            format!("{} is empty", path.display()),
-        ));
+impl CheckArgs {
+    /// The engine config `check` runs with, validated (the lock name is a placeholder).
+    pub fn config(&self) -> Result<RedlockConfig, ConfigError> {
+        let nodes = self.redis.nodes()?;
+        let mut cfg = RedlockConfig::new("check", "check", nodes);
+        cfg.stamp_cluster_markers = false;
+        cfg.ttl = self.ttl;
+        cfg.allow_evicting_nodes = self.redis.allow_evicting_nodes;
+        cfg.node_timeout = self.redis.node_timeout;
+        cfg.connect_timeout = self.redis.connect_timeout;
+        cfg.validate()?;
+        Ok(cfg)
     }
-    Ok(password.to_owned())
 }
 
-fn unreadable(flag: &'static str, path: &std::path::Path, err: std::io::Error) -> ConfigError {
-    ConfigError::new(flag, format!("cannot read {}: {err}", path.display()))
+impl StatusArgs {
+    /// The engine config `status` reads with, validated.
+    pub fn config(&self) -> Result<RedlockConfig, ConfigError> {
+        let mut cfg = self.lock.redlock()?;
+        cfg.stamp_cluster_markers = false;
+        Ok(cfg)
+    }
+}
+
+/// A Kubernetes label key: an optional DNS-subdomain prefix and `/`, then a name of at most
+/// 63 characters `[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?`.
+fn is_label_key(key: &str) -> bool {
+    let (prefix, name) = match key.split_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    let alnum = |c: char| c.is_ascii_alphanumeric();
+    let name_ok = !name.is_empty()
+        && name.len() <= 63
+        && name.starts_with(alnum)
+        && name.ends_with(alnum)
+        && name
+            .chars()
+            .all(|c| alnum(c) || matches!(c, '-' | '_' | '.'));
+    let prefix_ok = prefix.is_none_or(|p| {
+        !p.is_empty()
+            && p.len() <= 253
+            && p.split('.').all(|part| {
+                let lower = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+                !part.is_empty()
+                    && part.len() <= 63
+                    && part.starts_with(lower)
+                    && part.ends_with(lower)
+                    && part.chars().all(|c| lower(c) || c == '-')
+            })
+    });
+    name_ok && prefix_ok
+}
+
+/// The node URLs of `--redis`, trimmed, empty ones dropped. The list is split at commas, and
+/// so are a Sentinel URL's hosts (`redis+sentinel://s1,s2/master`): a piece without a scheme
+/// that follows a Sentinel URL whose master is not named yet is joined back onto it.
+fn node_urls(list: &[String]) -> Vec<String> {
+    let mut urls: Vec<String> = Vec::new();
+    for piece in list.iter().map(|u| u.trim()).filter(|u| !u.is_empty()) {
+        match urls.last_mut() {
+            Some(last)
+                if !piece.contains("://")
+                    && crate::redlock::sentinel::is_sentinel_url(last)
+                    && !last
+                        .split_once("://")
+                        .is_some_and(|(_, rest)| rest.contains('/')) =>
+            {
+                last.push(',');
+                last.push_str(piece);
+            }
+            _ => urls.push(piece.to_owned()),
+        }
+    }
+    urls
 }
 
 fn fmt(d: Duration) -> humantime::FormattedDuration {
@@ -633,6 +816,45 @@ mod tests {
             Command::Run(run) => run.config(),
             _ => unreachable!(),
         }
+    }
+
+    #[test]
+    fn sentinel_urls_survive_the_comma_split_of_the_node_list() {
+        let Command::Check(check) = parse(&[
+            "check",
+            "--redis",
+            "redis+sentinel://:pw@s1,s2:26380,s3/mymaster,redis://h:1,rediss+sentinel://t1,t2/other/2",
+        ])
+        .unwrap()
+        .command
+        else {
+            unreachable!()
+        };
+        let nodes = check.redis.nodes().expect("valid");
+        let labels: Vec<&str> = nodes.iter().map(|n| n.label()).collect();
+        assert_eq!(
+            labels,
+            [
+                "mymaster@s1:26379,s2:26380,s3:26379",
+                "h:1",
+                "other@t1:26379,t2:26379"
+            ]
+        );
+        assert_eq!(nodes[2].identity().1, 2);
+        assert!(!format!("{:?}", check.redis).contains("pw"));
+        // The same group, its Sentinels listed in another order, is one node listed twice.
+        let err = run_config(&[
+            "--redis",
+            "redis+sentinel://s2,s1/m,redis+sentinel://s1,s2/m",
+        ])
+        .unwrap_err();
+        assert_eq!(err.flag, "--redis");
+        assert!(err.reason.contains("listed twice"), "{err}");
+        let err = run_config(&["--redis", "redis+sentinel://s1,s2"]).unwrap_err();
+        assert!(
+            err.reason.contains("node #2: the master's name is missing"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -724,6 +946,419 @@ mod tests {
         assert!(!line.contains('\n'));
         assert!(line.contains("--ttl"), "{line}");
     }
+
+    #[test]
+    fn every_duration_flag_names_its_bound() {
+        let cases: &[(&str, &str, &str)] = &[
+            ("--ttl", "61m", "1h"),
+            ("--max-ttl", "2h", "1h"),
+            ("--node-timeout", "61s", "1m"),
+            ("--connect-timeout", "18446744073709551615s", "1m"),
+            ("--retry-delay", "2m", "1m"),
+            ("--fence-retention", "366d", "1year"),
+            ("--fence-retention", "1y 1s", "1year"),
+            ("--renew-interval", "2h", "1h"),
+            ("--safety-margin", "2h", "1h"),
+            ("--shutdown-timeout", "2h", "1h"),
+        ];
+        for (flag, value, bound) in cases {
+            let err = parse(&["run", "--lock", "l", "--redis", "redis://h", flag, value])
+                .expect_err(flag);
+            let line = one_line(&err.to_string());
+            assert!(line.contains(flag), "{line}");
+            assert!(line.contains(&format!("must be at most {bound}")), "{line}");
+        }
+        for flag in ["--wait", "--min-hold", "--max-hold", "--kill-grace"] {
+            let args = ["guard", "--lock", "l", "--redis", "redis://h", flag, "31d"];
+            let err = parse(&[&args[..], &["--", "true"]].concat()).expect_err(flag);
+            let line = one_line(&err.to_string());
+            assert!(
+                line.contains(flag) && line.contains("must be at most"),
+                "{line}"
+            );
+        }
+        // At the bound itself: accepted.
+        let cfg = guard_config(&["--ttl", "1h", "--max-ttl", "1h", "--wait", "30d"]).unwrap();
+        assert_eq!(cfg.redlock.ttl, MAX_TTL);
+        assert_eq!(cfg.wait, MAX_GUARD_DURATION);
+    }
+
+    #[test]
+    fn leader_label_must_be_a_kubernetes_label_key() {
+        for good in ["redlock.io/leader", "leader", "a", "x.y-z/A_b.c-9", "L1"] {
+            assert!(is_label_key(good), "{good}");
+        }
+        let long_name = "a".repeat(64);
+        for bad in [
+            "",
+            "/x",
+            "x/",
+            "é",
+            "a b",
+            "-a",
+            "a-",
+            "Redlock.io/leader",
+            "a..b/c",
+            "a/b/c",
+            long_name.as_str(),
+        ] {
+            assert!(!is_label_key(bad), "{bad:?}");
+        }
+        let err = run_config(&["--leader-label", "not a label"]).unwrap_err();
+        assert_eq!(err.flag, "--leader-label");
+    }
+
+    #[test]
+    fn a_file_that_never_ends_is_refused_not_read_forever() {
+        let err = run_config(&["--redis-password-file", "/dev/zero"]).unwrap_err();
+        assert_eq!(err.flag, "--redis-password-file");
+        assert!(err.reason.contains("larger than"), "{err}");
+        let err = run_config(&["--redis-ca-file", "/dev/zero"]).unwrap_err();
+        assert_eq!(err.flag, "--redis-ca-file");
+    }
+
+    #[test]
+    fn an_error_line_stays_one_line_whatever_the_value_holds() {
+        let err = run_config(&["--redis-password-file", "/nonexistent/a\nb\r"]).unwrap_err();
+        assert!(
+            err.to_string().contains('\n'),
+            "the raw message has the path's line break"
+        );
+        let line = invalid_line(&err.to_string());
+        assert_eq!(line.lines().count(), 1, "{line}");
+        assert!(
+            line.starts_with("redlock-sidecar: --redis-password-file: "),
+            "{line}"
+        );
+    }
+
+    /// Each public config type, formatted with `{:?}`, from flags carrying passwords in a node
+    /// URL and as `--redis-password`, and from `--redis-password-file`: no password shows.
+    #[test]
+    fn debug_output_never_shows_a_password() {
+        const IN_URL: &str = "UrlSecret-4711";
+        const IN_FLAG: &str = "FlagSecret-4712";
+        const IN_FILE: &str = "FileSecret-4713";
+        let url = format!(
+            "redis://user:{IN_URL}@127.0.0.1:1,redis://127.0.0.1:2,\
+             redis+sentinel://user:{IN_URL}@127.0.0.1:3,127.0.0.1:4/m"
+        );
+        let file = std::env::temp_dir().join(format!("redlock-debug-test-{}", std::process::id()));
+        std::fs::write(&file, format!("{IN_FILE}\n")).unwrap();
+        let file = file.to_str().unwrap().to_owned();
+        let mut printed = Vec::new();
+        for secret_flags in [
+            ["--redis-password", IN_FLAG],
+            ["--redis-password-file", file.as_str()],
+            ["--sentinel-password", IN_FLAG],
+            ["--sentinel-password-file", file.as_str()],
+        ] {
+            let lock = ["--lock", "l", "--identity", "me", "--redis", url.as_str()];
+            let args = |cmd: &'static str| {
+                let mut args = vec![cmd];
+                args.extend(lock);
+                args.extend(secret_flags);
+                args
+            };
+            let cli = parse(&args("run")).unwrap();
+            printed.push(format!("{cli:?}"));
+            let Command::Run(run) = cli.command else {
+                unreachable!()
+            };
+            printed.push(format!("{run:?} {:?} {:?}", run.lock, run.lock.redis));
+            let cfg = run.config().unwrap();
+            printed.push(format!("{cfg:?} {:?} {:?}", cfg.redlock, cfg.redlock.nodes));
+
+            let mut guard = args("guard");
+            guard.extend(["--", "true"]);
+            let Command::Guard(guard) = parse(&guard).unwrap().command else {
+                unreachable!()
+            };
+            printed.push(format!("{guard:?} {:?}", guard.config().unwrap()));
+
+            let Command::Status(status) = parse(&args("status")).unwrap().command else {
+                unreachable!()
+            };
+            printed.push(format!("{status:?} {:?}", status.config().unwrap()));
+
+            let check = ["check", "--redis", url.as_str()];
+            let Command::Check(check) = parse(&[&check[..], &secret_flags[..]].concat())
+                .unwrap()
+                .command
+            else {
+                unreachable!()
+            };
+            printed.push(format!("{check:?} {:?}", check.config().unwrap()));
+            let creds = Credentials {
+                password: check.redis.redis_password.clone().or(Some(IN_FILE.into())),
+                ..Credentials::default()
+            };
+            printed.push(format!("{creds:?} {:?}", check.redis));
+        }
+        std::fs::remove_file(&file).ok();
+        for text in &printed {
+            for secret in [IN_URL, IN_FLAG, IN_FILE] {
+                assert!(!text.contains(secret), "{secret} shows in {text}");
+            }
+            assert!(text.contains("127.0.0.1:1"), "the nodes still show: {text}");
+        }
+        assert!(printed.iter().any(|t| t.contains("<redacted>")));
+    }
+
+    /// Values a user (or a fuzzer) may put after any flag.
+    fn any_value() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let units = prop::sample::select(vec![
+            "", "ns", "us", "ms", "s", "sec", "m", "min", "h", "d", "days", "w", "M", "y", "x",
+        ]);
+        prop_oneof![
+            // Durations of every size and unit, in and far out of bounds.
+            (any::<u64>(), units.clone()).prop_map(|(n, u)| format!("{n}{u}")),
+            (0u64..5_000, units.clone()).prop_map(|(n, u)| format!("{n}{u}")),
+            (0u64..100, units.clone(), 0u64..1000, units)
+                .prop_map(|(a, u, b, v)| format!("{a}{u} {b}{v}")),
+            prop::sample::select(vec![
+                "18446744073709551615s",
+                "18446744073709551616s",
+                "18446744073709551615ns",
+                "99999999999999999999999999h",
+                "9223372036854775807s",
+                "-1s",
+                "-0",
+                "0",
+                "",
+                " ",
+                "1e9s",
+                "0x10s",
+                "1.5s",
+                "NaN",
+                "inf",
+                "∞s",
+                "１０s",
+                "10s\n",
+                "\u{0}",
+                "redis://127.0.0.1:1",
+                "redis://:pw@127.0.0.1:2",
+                "rediss://h:6380/0",
+                "a/b",
+                "auto",
+                "on",
+                "off",
+                "quorum",
+                "leader",
+                "skip",
+                "fail",
+                "json",
+                "text",
+                "127.0.0.1:0",
+                "[::1]:65535",
+                "0.0.0.0:65536",
+                "--",
+                "-",
+                "--ttl",
+            ])
+            .prop_map(str::to_owned),
+            "-?[0-9]{1,30}",
+            "[a-z0-9:/@.,_ -]{0,40}",
+            "rediss?(\\+sentinel)?://[a-z0-9:/@.,\\[\\]_-]{0,40}",
+            any::<String>(),
+        ]
+    }
+
+    const LOCK_FLAGS: &[&str] = &[
+        "--lock",
+        "--ttl",
+        "--max-ttl",
+        "--fence-retention",
+        "--retry-delay",
+        "--identity",
+        "--redis",
+        "--redis-username",
+        "--redis-password",
+        "--redis-password-file",
+        "--sentinel-username",
+        "--sentinel-password",
+        "--sentinel-password-file",
+        "--redis-ca-file",
+        "--redis-client-cert",
+        "--redis-client-key",
+        "--node-timeout",
+        "--connect-timeout",
+        "--allow-evicting-nodes",
+        "--log-format",
+    ];
+    const RENEW_FLAGS: &[&str] = &["--renew-interval", "--safety-margin"];
+    const RUN_FLAGS: &[&str] = &[
+        "--listen",
+        "--ready-when",
+        "--shutdown-timeout",
+        "--kubernetes",
+        "--leader-label",
+        "--mirror-lease",
+    ];
+    const GUARD_FLAGS: &[&str] = &[
+        "--wait",
+        "--on-busy",
+        "--min-hold",
+        "--max-hold",
+        "--kill-grace",
+        "--listen",
+        "--outcome-file",
+        "--kubernetes",
+    ];
+    const CHECK_FLAGS: &[&str] = &[
+        "--redis",
+        "--redis-username",
+        "--redis-password",
+        "--redis-password-file",
+        "--sentinel-username",
+        "--sentinel-password",
+        "--sentinel-password-file",
+        "--node-timeout",
+        "--connect-timeout",
+        "--allow-evicting-nodes",
+        "--ttl",
+        "--log-format",
+    ];
+
+    /// The flags of `command`.
+    fn flags_of(command: &str) -> Vec<&'static str> {
+        match command {
+            "run" => [LOCK_FLAGS, RENEW_FLAGS, RUN_FLAGS].concat(),
+            "guard" => [LOCK_FLAGS, RENEW_FLAGS, GUARD_FLAGS].concat(),
+            "check" => CHECK_FLAGS.to_vec(),
+            _ => LOCK_FLAGS.to_vec(),
+        }
+    }
+
+    /// A command line: one subcommand, maybe its required flags, then flags with arbitrary
+    /// values (as `--flag value`, `--flag=value`, or the flag alone), maybe a CMD.
+    fn any_command_line() -> impl proptest::strategy::Strategy<Value = Vec<String>> {
+        use proptest::prelude::*;
+        let command = prop::sample::select(vec!["run", "guard", "check", "status"]);
+        command.prop_flat_map(|command| {
+            let flags = flags_of(command);
+            let pair = (prop::sample::select(flags), any_value(), 0u8..4);
+            (
+                any::<bool>(),
+                prop::collection::vec(pair, 1..5),
+                any::<bool>(),
+            )
+                .prop_map(move |(base, pairs, cmd)| {
+                    let mut args = vec![command.to_owned()];
+                    if base {
+                        args.extend(["--redis", "redis://127.0.0.1:1"].map(String::from));
+                        if command != "check" {
+                            args.extend(["--lock", "l"].map(String::from));
+                        }
+                    }
+                    for (flag, value, form) in pairs {
+                        match form {
+                            0 => args.push(format!("{flag}={value}")),
+                            1 => args.push(flag.to_owned()),
+                            _ => args.extend([flag.to_owned(), value]),
+                        }
+                    }
+                    if command == "guard" && cmd {
+                        args.extend(["--", "true"].map(String::from));
+                    }
+                    args
+                })
+        })
+    }
+
+    /// What `main` does before anything starts: parse, then validate the chosen command.
+    /// `Ok(true)` for a valid config; `Err(line)` with the line it prints before exit 2.
+    fn validate_like_main(args: &[String]) -> Result<bool, String> {
+        let cli = Cli::try_parse_from(
+            std::iter::once("redlock-sidecar".to_owned()).chain(args.iter().cloned()),
+        );
+        let cli = match cli {
+            Ok(cli) => cli,
+            Err(err) if !err.use_stderr() => return Ok(false), // --help, --version: exit 0
+            Err(err) => return Err(invalid_line(&one_line(&err.to_string()))),
+        };
+        let checked = match &cli.command {
+            Command::Run(run) => run
+                .config()
+                .map(|cfg| assert_deadlines_fit(&cfg.redlock, &[cfg.shutdown_timeout])),
+            Command::Guard(guard) => guard.config().map(|cfg| {
+                let holds = [
+                    cfg.wait,
+                    cfg.min_hold,
+                    cfg.max_hold.unwrap_or_default(),
+                    cfg.kill_grace,
+                ];
+                assert_deadlines_fit(&cfg.redlock, &holds)
+            }),
+            Command::Check(check) => check.config().map(|cfg| assert_deadlines_fit(&cfg, &[])),
+            Command::Status(status) => status.config().map(|cfg| assert_deadlines_fit(&cfg, &[])),
+            _ => unreachable!("only run, guard, check and status are generated"),
+        };
+        checked
+            .map(|()| true)
+            .map_err(|err| invalid_line(&err.to_string()))
+    }
+
+    /// Every duration of a valid config, summed as deadlines would sum them (several ttls,
+    /// timeouts, waits and holds at once), stays far from what an `Instant` can hold.
+    fn assert_deadlines_fit(cfg: &RedlockConfig, more: &[Duration]) {
+        let parts = [
+            cfg.longest_ttl() * 4,
+            cfg.node_timeout * 4,
+            cfg.connect_timeout * 4,
+            cfg.retry_delay * 4,
+            cfg.retry_max * 4,
+            cfg.fence_retention,
+        ];
+        let total: Duration = parts.iter().chain(more).sum();
+        let century = Duration::from_secs(100 * 365 * 24 * 3600);
+        assert!(total < century / 10, "{total:?} from {cfg:?} and {more:?}");
+        assert!(std::time::Instant::now().checked_add(century).is_some());
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config {
+            cases: 2000,
+            failure_persistence: None,
+            ..proptest::test_runner::Config::default()
+        })]
+
+        /// No command line panics: it parses and validates, or it fails with one line.
+        #[test]
+        fn any_command_line_is_valid_or_refused_in_one_line(args in any_command_line()) {
+            match validate_like_main(&args) {
+                Ok(_) => {}
+                Err(line) => {
+                    proptest::prop_assert_eq!(line.lines().count(), 1, "{:?}: {}", args, line);
+                    proptest::prop_assert!(line.len() > "redlock-sidecar: ".len(), "{:?}", args);
+                }
+            }
+        }
+
+        /// A value out of bounds, or not a duration, is refused naming the flag.
+        #[test]
+        fn a_bad_duration_names_its_flag(
+            flag in prop::sample::select(vec![
+                "--ttl", "--max-ttl", "--fence-retention", "--retry-delay", "--node-timeout",
+                "--connect-timeout", "--renew-interval", "--safety-margin", "--wait",
+                "--min-hold", "--max-hold", "--kill-grace",
+            ]),
+            value in any_value(),
+        ) {
+            let mut args: Vec<String> = ["guard", "--lock", "l", "--redis", "redis://127.0.0.1:1"]
+                .map(String::from)
+                .to_vec();
+            // `--flag=value`: a value starting with `-` is still this flag's value.
+            args.extend([format!("{flag}={value}"), "--".into(), "true".into()]);
+            if parse_duration(&value).is_err() {
+                let line = validate_like_main(&args).expect_err("refused");
+                proptest::prop_assert!(line.contains(flag), "{}", line);
+            }
+        }
+    }
+
+    use proptest::prelude::prop;
 
     #[test]
     fn zero_parses_as_a_duration() {

@@ -10,25 +10,53 @@
 //!
 //! Unknown paths answer 404, other methods 405; request bodies are limited to 1 KiB.
 //! No route changes any state.
+//!
+//! ## Behaviour
+//! The port is meant for probes and scrapers next to the pod; the limits keep a slow or
+//! hostile client from holding it (HTTP/1.1 only):
+//! - At most [`MAX_CONNECTIONS`] connections are served at once; further ones wait in the
+//!   kernel's accept queue until one closes.
+//! - A request's head must arrive within [`HEADER_READ_TIMEOUT`] of the connection opening
+//!   (or of the previous response, on a kept-alive connection), else the connection is
+//!   closed: this also bounds how long an idle kept-alive connection holds its slot.
+//! - At most [`MAX_WATCHERS`] `/leader/watch` streams at once; one more answers 503.
+//! - A connection, event streams included, lives at most [`MAX_CONNECTION_AGE`]: then the
+//!   stream ends (an SSE client reconnects), the connection is closed after the response in
+//!   flight, and dropped if that takes more than [`CLOSE_GRACE`] (a client that stopped reading).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, Request, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{Json, Router};
-use futures_util::{Stream, StreamExt};
+use axum::{Extension, Json, Router};
+use futures_util::StreamExt;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::Serialize;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_stream::wrappers::WatchStream;
 use tokio_util::sync::CancellationToken;
+use tracing::warn;
 
 use crate::config::ReadyWhen;
 use crate::leadership::{Leadership, LeadershipRx};
 use crate::metrics::Metrics;
+
+/// Most connections served at once.
+pub const MAX_CONNECTIONS: usize = 64;
+/// Longest wait for a request's head.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most `/leader/watch` streams at once.
+pub const MAX_WATCHERS: usize = 16;
+/// Longest life of one connection (and of an event stream on it).
+pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(600);
+/// How long a closing connection may take to finish its response before it is dropped.
+pub const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
 /// What the handlers read.
 #[derive(Clone)]
@@ -99,6 +127,14 @@ fn rfc3339(at: SystemTime) -> String {
     humantime::format_rfc3339_millis(at).to_string()
 }
 
+/// The slots for `/leader/watch` streams (one set per router).
+#[derive(Clone)]
+struct Watchers(Arc<Semaphore>);
+
+/// Fires when the connection a request came on starts closing (age, or shutdown).
+#[derive(Clone)]
+struct ConnectionEnding(CancellationToken);
+
 /// The router for the admin endpoint.
 pub fn router(state: AdminState) -> Router {
     Router::new()
@@ -109,15 +145,87 @@ pub fn router(state: AdminState) -> Router {
         .route("/metrics", get(metrics))
         .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
         .layer(DefaultBodyLimit::max(1024))
+        .layer(Extension(Watchers(Arc::new(Semaphore::new(MAX_WATCHERS)))))
         .with_state(state)
 }
 
-/// Serves the admin endpoint on `listener` until `shutdown` fires.
-pub async fn serve(listener: tokio::net::TcpListener, state: AdminState) -> std::io::Result<()> {
+/// Serves the admin endpoint on `listener` until `shutdown` fires, within the limits in the
+/// module doc; then lets the open connections close (each within [`CLOSE_GRACE`]).
+pub async fn serve(listener: TcpListener, state: AdminState) -> std::io::Result<()> {
     let shutdown = state.shutdown.clone();
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
+    let app = router(state);
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        // A slot first: while all are taken, new connections wait in the accept queue.
+        let slot = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => break,
+            slot = slots.clone().acquire_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => break,
+            },
+        };
+        let stream = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(err) => {
+                    accept_failed(err).await;
+                    continue;
+                }
+            },
+        };
+        let ending = shutdown.child_token();
+        tokio::spawn(serve_connection(stream, app.clone(), ending, slot));
+    }
+    // Every slot back means every connection has closed.
+    let _ = slots.acquire_many(MAX_CONNECTIONS as u32).await;
+    Ok(())
+}
+
+/// After a failed accept: at once for a connection that died in the queue; after a pause
+/// for anything else (e.g. out of file descriptors), so the loop does not spin.
+async fn accept_failed(err: std::io::Error) {
+    use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
+    if !matches!(
+        err.kind(),
+        ConnectionAborted | ConnectionRefused | ConnectionReset
+    ) {
+        warn!(error = %err, "admin endpoint cannot accept a connection");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Serves one connection: HTTP/1.1 with the header timeout, closed at [`MAX_CONNECTION_AGE`]
+/// or when `ending` fires. The slot is given back when this returns.
+async fn serve_connection(
+    stream: TcpStream,
+    app: Router,
+    ending: CancellationToken,
+    _slot: OwnedSemaphorePermit,
+) {
+    let tag = ConnectionEnding(ending.clone());
+    let service = hyper::service::service_fn(move |mut request: Request<hyper::body::Incoming>| {
+        request.extensions_mut().insert(tag.clone());
+        let mut app = app.clone();
+        async move { tower_service::Service::call(&mut app, request).await }
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    let conn = builder.serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => return,
+        _ = tokio::time::sleep(MAX_CONNECTION_AGE) => {}
+        _ = ending.cancelled() => {}
+    }
+    // End this connection's event stream, finish the response in flight, then close.
+    ending.cancel();
+    conn.as_mut().graceful_shutdown();
+    let _ = tokio::time::timeout(CLOSE_GRACE, conn).await;
 }
 
 /// Binds the admin address (before anything else starts, so a busy port fails fast).
@@ -167,7 +275,18 @@ async fn metrics(State(state): State<AdminState>) -> Response {
 
 async fn watch(
     State(state): State<AdminState>,
-) -> Sse<impl Stream<Item = Result<Event, std::convert::Infallible>>> {
+    Extension(watchers): Extension<Watchers>,
+    ending: Option<Extension<ConnectionEnding>>,
+) -> Response {
+    let Ok(slot) = watchers.0.try_acquire_owned() else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("too many /leader/watch streams (at most {MAX_WATCHERS})\n"),
+        )
+            .into_response();
+    };
+    // The connection's own signal is a child of the shutdown token: it fires on both.
+    let end = ending.map_or_else(|| state.shutdown.clone(), |Extension(e)| e.0);
     let changes = WatchStream::new(state.leadership.clone())
         .map(|leadership| LeaderBody::new(&leadership, crate::clock::now()))
         .scan(
@@ -185,8 +304,15 @@ async fn watch(
             let data = serde_json::to_string(&body).unwrap_or_default();
             Ok(Event::default().event("leadership").data(data))
         })
-        .take_until(state.shutdown.cancelled_owned());
-    Sse::new(changes).keep_alive(KeepAlive::default())
+        .take_until(end.cancelled_owned())
+        .map(move |event: Result<Event, std::convert::Infallible>| {
+            // The stream owns its slot: dropping the stream frees it.
+            let _slot: &OwnedSemaphorePermit = &slot;
+            event
+        });
+    Sse::new(changes)
+        .keep_alive(KeepAlive::default())
+        .into_response()
 }
 
 #[cfg(test)]
@@ -234,6 +360,79 @@ mod tests {
             ReadyWhen::Leader,
             now + Duration::from_millis(11)
         ));
+    }
+
+    /// A server on a loopback port for `state`, and the sender that keeps its channel open.
+    async fn server(
+        shutdown: CancellationToken,
+    ) -> (
+        SocketAddr,
+        crate::leadership::LeadershipTx,
+        tokio::task::JoinHandle<std::io::Result<()>>,
+    ) {
+        let (tx, rx) = tokio::sync::watch::channel(Leadership::new("jobs", "pod-a"));
+        let state = AdminState {
+            leadership: rx,
+            metrics: Metrics::new("jobs", &["n1".to_owned()], None),
+            ready_when: ReadyWhen::Quorum,
+            shutdown,
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        (addr, tx, tokio::spawn(serve(listener, state)))
+    }
+
+    /// Opens `/leader/watch` and reads until the server closes the connection.
+    async fn watch_until_closed(addr: SocketAddr) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream
+            .write_all(b"GET /leader/watch HTTP/1.1\r\nHost: t\r\n\r\n")
+            .await
+            .unwrap();
+        let mut text = Vec::new();
+        stream.read_to_end(&mut text).await.unwrap();
+        String::from_utf8_lossy(&text).into_owned()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_event_stream_ends_and_its_connection_closes_at_the_maximum_age() {
+        let (addr, _tx, _server) = server(CancellationToken::new()).await;
+        let opened = tokio::time::Instant::now();
+        let text = tokio::time::timeout(
+            MAX_CONNECTION_AGE + CLOSE_GRACE + Duration::from_secs(60),
+            watch_until_closed(addr),
+        )
+        .await
+        .expect("the connection is closed");
+        assert!(
+            opened.elapsed() >= MAX_CONNECTION_AGE,
+            "{:?}",
+            opened.elapsed()
+        );
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        assert!(text.contains("event: leadership"), "{text}");
+        // The stream ended cleanly (last chunk), not cut off.
+        assert!(text.ends_with("\r\n0\r\n\r\n"), "{text:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_ends_the_event_streams_and_the_server() {
+        let shutdown = CancellationToken::new();
+        let (addr, _tx, server) = server(shutdown.clone()).await;
+        let stream = tokio::spawn(watch_until_closed(addr));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        shutdown.cancel();
+        let text = tokio::time::timeout(Duration::from_secs(1), stream)
+            .await
+            .expect("closed at once")
+            .unwrap();
+        assert!(text.ends_with("\r\n0\r\n\r\n"), "{text:?}");
+        tokio::time::timeout(Duration::from_secs(1), server)
+            .await
+            .expect("the server returns once its connections are closed")
+            .unwrap()
+            .unwrap();
     }
 
     #[test]

@@ -51,7 +51,10 @@
 //!     verbs: ["create"]
 //! ```
 //! The pod needs `POD_NAME` from the downward API (`fieldRef: metadata.name`); the namespace
-//! defaults to the service account's namespace (the client's default namespace).
+//! defaults to the service account's namespace (the client's default namespace). `POD_UID`
+//! (`fieldRef: metadata.uid`) puts the pod's uid on Events from the first one on, so that
+//! `kubectl describe pod` lists them; without it only Events after the first label patch
+//! carry it (guard never patches the label).
 
 use std::fmt;
 use std::future::Future;
@@ -131,6 +134,10 @@ pub struct KubeSettings {
     pub mirror_lease: bool,
     /// This pod's name (from `POD_NAME`); without it the integration is off.
     pub pod_name: Option<String>,
+    /// This pod's uid (from `POD_UID`, the downward API's `metadata.uid`), for the Events'
+    /// `involvedObject`. Without it the uid is learnt from the first label patch, which guard
+    /// never makes.
+    pub pod_uid: Option<String>,
     /// This pod's namespace; defaults to the service account's namespace.
     pub namespace: Option<String>,
     /// How often the leader rewrites the mirrored Lease; its duration is three of these.
@@ -268,7 +275,7 @@ pub struct Kube {
     namespace: String,
     settings: KubeSettings,
     errors: IntCounterVec,
-    /// The pod's uid, learnt from the first label patch response.
+    /// The pod's uid: from the settings, else learnt from the first label patch response.
     pod_uid: Arc<OnceLock<String>>,
 }
 
@@ -338,13 +345,17 @@ impl Kube {
             .namespace
             .clone()
             .unwrap_or_else(|| client.default_namespace().to_owned());
+        let pod_uid = Arc::new(OnceLock::new());
+        if let Some(uid) = settings.pod_uid.clone() {
+            let _ = pod_uid.set(uid);
+        }
         Kube {
             client,
             pod,
             namespace,
             settings,
             errors,
-            pod_uid: Arc::default(),
+            pod_uid,
         }
     }
 
@@ -369,11 +380,17 @@ impl Kube {
         flush_timeout: Duration,
     ) {
         let mut observer = Observer::new(self);
+        let flush_deadline = || {
+            TokioInstant::from_std(crate::clock::saturating_add(
+                TokioInstant::now().into_std(),
+                flush_timeout,
+            ))
+        };
         let (mut sender_gone, deadline) = loop {
             // A state published just before the sender was dropped is a final state: let the
             // flush below apply it (so a release reads as `LockReleased`, not a loss).
             if rx.has_changed().is_err() {
-                break (true, TokioInstant::now() + flush_timeout);
+                break (true, flush_deadline());
             }
             let leadership = rx.borrow_and_update().clone();
             {
@@ -387,7 +404,7 @@ impl Kube {
                 if cancelled {
                     // Finish the call in flight (so its outcome is recorded), within the
                     // shutdown deadline.
-                    let deadline = TokioInstant::now() + flush_timeout;
+                    let deadline = flush_deadline();
                     if tokio::time::timeout_at(deadline, pass).await.is_err() {
                         warn!(timeout = ?flush_timeout, "kubernetes state not flushed in time");
                         return;
@@ -398,9 +415,9 @@ impl Kube {
             let wake = observer.next_wake(&leadership);
             tokio::select! {
                 biased;
-                _ = cancel.cancelled() => break (false, TokioInstant::now() + flush_timeout),
+                _ = cancel.cancelled() => break (false, flush_deadline()),
                 changed = rx.changed() => if changed.is_err() {
-                    break (true, TokioInstant::now() + flush_timeout);
+                    break (true, flush_deadline());
                 },
                 _ = sleep_until(wake) => {}
             }

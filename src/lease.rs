@@ -20,6 +20,8 @@
 //!   `step_down_at` with the clock themselves ([`Leadership::leading_at`]).
 //! - On cancellation (SIGTERM), stops claiming leadership first, then releases the lock on
 //!   every node (owner-checked) and announces the release so a standby takes over at once.
+//!   A round is never abandoned half-way: one that wins after the signal is released without
+//!   ever being published (no 200 on `/leader`, no pod label, no event).
 
 use std::time::{Duration, Instant, SystemTime};
 
@@ -137,7 +139,7 @@ pub async fn hold(
     cancel: &CancellationToken,
 ) -> HoldEnd {
     publish_leader(tx, &lease, &renewal);
-    let mut next = clock::now() + renewal.interval;
+    let mut next = clock::saturating_add(clock::now(), renewal.interval);
     loop {
         let deadline = step_down_at(&lease, &renewal);
         let wake = next.min(deadline);
@@ -160,7 +162,7 @@ pub async fn hold(
             Ok(renewed) => {
                 lease = renewed;
                 publish_leader(tx, &lease, &renewal);
-                next = started + renewal.interval;
+                next = clock::saturating_add(started, renewal.interval);
             }
             Err(err) if suspect => {
                 warn!(lock = %redlock.config().lock, lag = ?lag, error = %err, "woke up late and could not prove the lock is still held");
@@ -173,7 +175,7 @@ pub async fn hold(
             }
             Err(err) => {
                 warn!(lock = %redlock.config().lock, error = %err, "renewal failed; retrying");
-                next = clock::now() + fast_retry(&renewal);
+                next = clock::saturating_add(clock::now(), fast_retry(&renewal));
             }
         }
     }
@@ -199,6 +201,17 @@ pub async fn run(
             Ok(lease) => lease,
             Err(_) => return, // only cancellation ends an unbounded wait
         };
+        if cancel.is_cancelled() {
+            // The signal came while the winning round was in flight: the process is going
+            // away, so it must never be seen leading. Give the lock back unpublished.
+            info!(
+                lock = %lock,
+                fencing_token = lease.fencing_token,
+                "won the lock after shutdown began; releasing it without leading"
+            );
+            release(&redlock, &lease).await;
+            return;
+        }
         info!(
             lock = %lock,
             fencing_token = lease.fencing_token,

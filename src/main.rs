@@ -33,21 +33,14 @@ fn main() {
             runtime(true).block_on(guard::guard(cfg))
         }
         Command::Check(args) => {
-            let nodes = args
-                .redis
-                .nodes()
+            let cfg = args
+                .config()
                 .unwrap_or_else(|e| config::exit_invalid(&e.to_string()));
-            let mut cfg = redlock_sidecar::redlock::RedlockConfig::new("check", "check", nodes);
-            cfg.ttl = args.ttl;
-            cfg.allow_evicting_nodes = args.redis.allow_evicting_nodes;
-            cfg.node_timeout = args.redis.node_timeout;
-            cfg.connect_timeout = args.redis.connect_timeout;
             report(cfg, |r| async move { ops::check(&r).await })
         }
         Command::Status(args) => {
             let cfg = args
-                .lock
-                .redlock()
+                .config()
                 .unwrap_or_else(|e| config::exit_invalid(&e.to_string()));
             report(cfg, |r| async move { ops::status(&r).await })
         }

@@ -1,9 +1,9 @@
 //! Prometheus metrics: one registry built at startup and passed down.
 //!
 //! Every series is created at startup so dashboards show 0 rather than nothing.
-//! Labels are bounded: `lock` (a constant label), `node` (`host:port`), and small
-//! fixed sets for `result`, `reason`, `op`, `kind`, `direction`. Never identities or
-//! error text. State gauges (leader, token, validity) are computed from the leadership
+//! Labels are bounded: `lock` (a constant label), `node` (`host:port`), `workload` (one
+//! configured value, on `redlock_info` only), and small fixed sets for `result`, `reason`,
+//! `op`, `kind`, `direction`. Never identities or error text. State gauges (leader, token, validity) are computed from the leadership
 //! state at scrape time, so they are exact even if the lease task is stalled.
 
 use std::sync::Arc;
@@ -50,9 +50,11 @@ pub struct Metrics {
     node_errors: IntCounterVec,
     node_vote_counted: IntGaugeVec,
     guard_runs: IntCounterVec,
+    node_set_conflicts: IntCounter,
     ttl: Gauge,
     renew_interval: Gauge,
     safety_margin: Gauge,
+    info: IntGaugeVec,
     nodes: Vec<String>,
 }
 
@@ -185,6 +187,11 @@ impl Metrics {
                 &["result"],
             )
             .unwrap(),
+            node_set_conflicts: IntCounter::with_opts(opts(
+                "redlock_node_set_conflicts_total",
+                "Rounds that refused to lead because another contender of the lock lists other Redis nodes",
+            ))
+            .unwrap(),
             ttl: Gauge::with_opts(opts(
                 "redlock_ttl_seconds",
                 "Configured lock ttl (--ttl); 0 until set",
@@ -199,6 +206,14 @@ impl Metrics {
                 "redlock_safety_margin_seconds",
                 "Configured safety margin (--safety-margin): a leader steps down this long before validity ends; 0 until set",
             ))
+            .unwrap(),
+            info: IntGaugeVec::new(
+                opts(
+                    "redlock_info",
+                    "Always 1; names the workload this sidecar runs in (--workload, empty when not set)",
+                ),
+                &["workload"],
+            )
             .unwrap(),
             nodes: nodes.to_vec(),
             registry,
@@ -236,9 +251,11 @@ impl Metrics {
             Box::new(self.node_errors.clone()),
             Box::new(self.node_vote_counted.clone()),
             Box::new(self.guard_runs.clone()),
+            Box::new(self.node_set_conflicts.clone()),
             Box::new(self.ttl.clone()),
             Box::new(self.renew_interval.clone()),
             Box::new(self.safety_margin.clone()),
+            Box::new(self.info.clone()),
             Box::new(build_info),
             Box::new(prometheus::process_collector::ProcessCollector::for_self()),
         ];
@@ -253,6 +270,7 @@ impl Metrics {
     }
 
     fn initialise_series(&self) {
+        self.info.with_label_values(&[""]).set(1);
         for direction in ["gained", "lost"] {
             self.transitions.with_label_values(&[direction]);
         }
@@ -288,6 +306,12 @@ impl Metrics {
         self.ttl.set(ttl.as_secs_f64());
         self.renew_interval.set(renew_interval.as_secs_f64());
         self.safety_margin.set(safety_margin.as_secs_f64());
+    }
+
+    /// Names the workload in `redlock_info{workload}` (one series, replacing the empty one).
+    pub fn set_workload(&self, workload: &str) {
+        self.info.reset();
+        self.info.with_label_values(&[workload]).set(1);
     }
 
     /// Records one acquisition round; `result` is one of [`ACQUIRE_RESULTS`].
@@ -407,6 +431,10 @@ impl Observer for Metrics {
         self.node_vote_counted
             .with_label_values(&[self.node_label(index)])
             .set(i64::from(counted));
+    }
+
+    fn node_set_conflict(&self) {
+        self.node_set_conflicts.inc();
     }
 }
 

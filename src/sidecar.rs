@@ -34,6 +34,7 @@ pub async fn run(cfg: RunConfig) -> i32 {
         cfg.renewal.interval,
         cfg.renewal.safety_margin,
     );
+    metrics.set_workload(&cfg.workload);
     let kube = match Kube::connect(cfg.kubernetes.clone(), kube_errors).await {
         Ok(kube) => kube,
         Err(err) => crate::config::exit_invalid(&format!("--kubernetes: {err}")),

@@ -27,15 +27,14 @@
 
 mod support;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use redlock_sidecar::redlock::votes;
-use support::{http, FaultProxy, Proc, RedisCluster, RedisNode};
-use tokio::task::{block_in_place, JoinHandle};
-use tokio_util::sync::CancellationToken;
+use redlock_sidecar::redlock::{votes, EPOCH_KEY};
+use support::tenures::{log_times, ms_between, Sidecar, Tenure, Watch};
+use support::{http, FaultProxy, KeepingProxy, Proc, RedisCluster, RedisNode};
+use tokio::task::block_in_place;
 
 /// The lock every test contends for, and its key on the nodes.
 const LOCK: &str = "dataloss";
@@ -207,385 +206,25 @@ async fn metric(addr: SocketAddr, family: &str, label: &str) -> Option<i64> {
         .map(|v| v as i64)
 }
 
-// ------------------------------------------------------------------------------------------------
-// Watching /leader, and the tenures it shows
-// ------------------------------------------------------------------------------------------------
-
-#[derive(Clone, Debug)]
-enum Answer {
-    Leader {
-        token: u64,
-        since: SystemTime,
-        validity: Duration,
-    },
-    Follower,
-    /// No usable answer (not serving yet, a timeout): says nothing about leadership.
-    Unknown,
-}
-
-#[derive(Clone, Debug)]
-struct Seen {
-    who: usize,
-    sent: SystemTime,
-    received: SystemTime,
-    answer: Answer,
-}
-
-/// One tenure of one sidecar, bounded by what its answers said.
-#[derive(Clone, Debug)]
-struct Tenure {
-    who: String,
-    token: u64,
-    /// When the round that took the lock began, as the sidecar reported it.
-    since: SystemTime,
-    /// The claim began after this: when the sidecar logged the acquisition (it publishes
-    /// leadership right after), or `since` if the log does not say.
-    claimed_after: SystemTime,
-    /// When the first answer saying "leader" with this token came back: the claim began
-    /// before.
-    first_seen: SystemTime,
-    /// When the last answer saying "leader" with this token was asked for: it lasted at least
-    /// until then.
-    leading_at: SystemTime,
-    /// The sidecar stopped answering "leader" by here: when it logged its step-down or
-    /// release, the first later "not leader" answer, or when the validity its last answer
-    /// reported ran out, whichever is first.
-    stopped_by: SystemTime,
-    /// The claim ended here, as an app sees it: when the validity the last 200 promised ran
-    /// out (counted from when it was asked), or at the release the sidecar logged on SIGTERM.
-    ended_by: SystemTime,
-}
-
-/// When a sidecar's log says each of its tenures (by fencing token) was acquired, stepped
-/// down, and released on SIGTERM.
-#[derive(Default)]
-struct LogTimes {
-    acquired: HashMap<u64, SystemTime>,
-    stepped_down: HashMap<u64, SystemTime>,
-    released: HashMap<u64, SystemTime>,
-}
-
-/// Reads the sidecar's text log: a timestamp first, the message, `fencing_token=N`.
-fn log_times(log: &str) -> LogTimes {
-    let mut times = LogTimes::default();
-    for line in log.lines() {
-        let Some(at) = line
-            .split_whitespace()
-            .next()
-            .and_then(|t| humantime::parse_rfc3339(t).ok())
-        else {
-            continue;
-        };
-        let Some(token) = line
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("fencing_token="))
-            .and_then(|t| t.parse::<u64>().ok())
-        else {
-            continue;
-        };
-        if line.contains("acquired the lock") {
-            times.acquired.insert(token, at);
-        } else if line.contains("stepped down") || line.contains("released the lock") {
-            times.stepped_down.entry(token).or_insert(at);
-        }
-        if line.contains("released the lock") {
-            times.released.entry(token).or_insert(at);
-        }
+impl Sidecar for Contender {
+    fn name(&self) -> &str {
+        &self.name
     }
-    times
-}
-
-/// Polls every added sidecar's `/leader` until stopped.
-struct Watch {
-    names: Vec<String>,
-    /// The logs of sidecars that have exited, by name.
-    logs: HashMap<String, String>,
-    seen: Arc<Mutex<Vec<Seen>>>,
-    stop: CancellationToken,
-    tasks: Vec<JoinHandle<()>>,
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+    fn proc(&self) -> &Proc {
+        &self.proc
+    }
 }
 
 impl Watch {
-    fn new() -> Watch {
-        Watch {
-            names: Vec::new(),
-            logs: HashMap::new(),
-            seen: Arc::default(),
-            stop: CancellationToken::new(),
-            tasks: Vec::new(),
-        }
-    }
-
-    /// Starts polling `c`.
-    fn add(&mut self, c: &Contender) {
-        let who = self.names.len();
-        self.names.push(c.name.clone());
-        self.tasks.push(tokio::spawn(poll_leader(
-            who,
-            c.addr,
-            self.seen.clone(),
-            self.stop.clone(),
-        )));
-    }
-
     /// Stops `c` (see [`Contender::stop`]) and keeps its log for the analysis.
     async fn stop(&mut self, c: Contender) {
         let name = c.name.clone();
         let log = c.stop().await;
-        self.logs.insert(name, log);
+        self.keep_log(name, log);
     }
-
-    fn tenures(&self) -> Vec<Tenure> {
-        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let logs: Vec<LogTimes> = self
-            .names
-            .iter()
-            .map(|n| log_times(self.logs.get(n).map_or("", String::as_str)))
-            .collect();
-        tenures(&seen, &self.names, &logs)
-    }
-
-    /// Waits for a tenure that began after `after` (by `by`, if given) and returns it.
-    /// Panics naming `what`, with the logs of `running`, if none comes within [`ELECTION`].
-    async fn next_tenure(
-        &self,
-        after: SystemTime,
-        by: Option<&str>,
-        what: &str,
-        running: &[&Contender],
-    ) -> Tenure {
-        let end = tokio::time::Instant::now() + ELECTION;
-        loop {
-            let found = self
-                .tenures()
-                .into_iter()
-                .find(|t| t.since > after && by.is_none_or(|n| n == t.who));
-            if let Some(t) = found {
-                return t;
-            }
-            if tokio::time::Instant::now() >= end {
-                let logs: Vec<String> = running
-                    .iter()
-                    .map(|c| format!("--- {} ---\n{}", c.name, c.proc.output_text()))
-                    .collect();
-                panic!(
-                    "timed out after {ELECTION:?} waiting for: {what}\n{}",
-                    logs.join("\n")
-                );
-            }
-            tokio::time::sleep(POLL).await;
-        }
-    }
-
-    /// Waits until the tenure `t` has lasted `long` by its answers.
-    async fn lasted(&self, t: &Tenure, long: Duration) {
-        let lasted = || {
-            self.tenures()
-                .iter()
-                .any(|u| u.who == t.who && u.token == t.token && u.leading_at >= t.since + long)
-        };
-        let what = format!("{} leads for {long:?}", t.who);
-        support::wait_until_async(ELECTION, &what, || async { lasted() }).await;
-    }
-
-    /// Stops polling and returns every tenure seen, checked: never two at once, tokens growing.
-    /// `running` are the sidecars still running (their logs so far are read).
-    async fn finish(mut self, running: &[&Contender]) -> Vec<Tenure> {
-        self.stop.cancel();
-        for task in self.tasks.drain(..) {
-            task.await.expect("poller did not panic");
-        }
-        for c in running {
-            self.logs.insert(c.name.clone(), c.proc.stderr_text());
-        }
-        for (name, log) in &self.logs {
-            assert!(
-                !log_times(log).acquired.is_empty() || !self.tenures().iter().any(|t| &t.who == name),
-                "{name}'s log shows when it acquired the lock (`acquired the lock … fencing_token=N`):\n{log}"
-            );
-        }
-        let tenures = self.tenures();
-        assert_one_leader_at_a_time(&tenures);
-        tenures
-    }
-}
-
-impl Drop for Watch {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
-async fn poll_leader(
-    who: usize,
-    addr: SocketAddr,
-    seen: Arc<Mutex<Vec<Seen>>>,
-    stop: CancellationToken,
-) {
-    while !stop.is_cancelled() {
-        let sent = SystemTime::now();
-        let answer = match http::get(addr, "/leader").await {
-            Ok(r) => parse_answer(r.status, &r.body),
-            Err(_) => Answer::Unknown,
-        };
-        let received = SystemTime::now();
-        seen.lock().unwrap_or_else(|e| e.into_inner()).push(Seen {
-            who,
-            sent,
-            received,
-            answer,
-        });
-        tokio::time::sleep(POLL).await;
-    }
-}
-
-fn parse_answer(status: u16, body: &str) -> Answer {
-    let Ok(body) = serde_json::from_str::<serde_json::Value>(body) else {
-        return Answer::Unknown;
-    };
-    assert_eq!(
-        body["is_leader"].as_bool(),
-        Some(status == 200),
-        "status {status} and body agree: {body}"
-    );
-    if status != 200 {
-        return Answer::Follower;
-    }
-    let token = body["fencing_token"].as_u64().expect("a leader's token");
-    let since = body["leader_since"]
-        .as_str()
-        .and_then(|s| humantime::parse_rfc3339(s).ok())
-        .expect("a leader's leader_since");
-    let validity = Duration::from_millis(body["validity_ms"].as_u64().expect("validity_ms"));
-    Answer::Leader {
-        token,
-        since,
-        validity,
-    }
-}
-
-/// The tenures the answers describe, narrowed by each sidecar's log, in the order they began.
-fn tenures(seen: &[Seen], names: &[String], logs: &[LogTimes]) -> Vec<Tenure> {
-    let mut out = Vec::new();
-    for (who, name) in names.iter().enumerate() {
-        let log = &logs[who];
-        let mut close = |mut t: Tenure, bound: Option<SystemTime>| {
-            if let Some(bound) = bound {
-                t.stopped_by = t.stopped_by.min(bound);
-            }
-            if let Some(&stepped_down) = log.stepped_down.get(&t.token) {
-                t.stopped_by = t.stopped_by.min(stepped_down);
-            }
-            if let Some(&released) = log.released.get(&t.token) {
-                t.ended_by = t.ended_by.min(released);
-            }
-            out.push(t);
-        };
-        let mut open: Option<Tenure> = None;
-        for s in seen.iter().filter(|s| s.who == who) {
-            match s.answer {
-                Answer::Leader {
-                    token,
-                    since,
-                    validity,
-                } => {
-                    let valid_end = s.received + validity;
-                    let promised = s.sent + validity;
-                    match open.as_mut() {
-                        Some(t) if t.token == token => {
-                            t.leading_at = s.sent;
-                            t.stopped_by = valid_end;
-                            t.ended_by = t.ended_by.max(promised);
-                        }
-                        _ => {
-                            if let Some(t) = open.take() {
-                                close(t, Some(s.received));
-                            }
-                            open = Some(Tenure {
-                                who: name.clone(),
-                                token,
-                                since,
-                                claimed_after: log.acquired.get(&token).copied().unwrap_or(since),
-                                first_seen: s.received,
-                                leading_at: s.sent,
-                                stopped_by: valid_end,
-                                ended_by: promised,
-                            });
-                        }
-                    }
-                }
-                Answer::Follower => {
-                    if let Some(t) = open.take() {
-                        close(t, Some(s.received));
-                    }
-                }
-                Answer::Unknown => {}
-            }
-        }
-        if let Some(t) = open {
-            close(t, None);
-        }
-    }
-    out.sort_by_key(|t| t.since);
-    out
-}
-
-fn ms_between(from: SystemTime, to: SystemTime) -> f64 {
-    match to.duration_since(from) {
-        Ok(d) => d.as_secs_f64() * 1e3,
-        Err(e) => -e.duration().as_secs_f64() * 1e3,
-    }
-}
-
-/// Panics if a tenure began before an earlier one had ended, or if a token did not grow.
-fn assert_one_leader_at_a_time(tenures: &[Tenure]) {
-    let Some(origin) = tenures.first().map(|t| t.since) else {
-        return;
-    };
-    let at = |t: SystemTime| ms_between(origin, t);
-    let describe = |t: &Tenure| {
-        format!(
-            "{} (token {}, round began {:.1} ms, claimed after {:.1} ms, led at least until \
-             {:.1} ms, stopped by {:.1} ms, claim ended {:.1} ms)",
-            t.who,
-            t.token,
-            at(t.since),
-            at(t.claimed_after),
-            at(t.leading_at),
-            at(t.stopped_by),
-            at(t.ended_by)
-        )
-    };
-    let mut violations = Vec::new();
-    for (i, a) in tenures.iter().enumerate() {
-        for b in &tenures[i + 1..] {
-            // A round that began before `a` ended but took the lock after it is a handoff.
-            if b.claimed_after >= a.ended_by {
-                continue;
-            }
-            let how = if b.first_seen < a.leading_at {
-                "two leaders"
-            } else {
-                "two leaders within one poll interval"
-            };
-            violations.push(format!("{how}: {} and {}", describe(a), describe(b)));
-        }
-    }
-    for pair in tenures.windows(2) {
-        if pair[1].token <= pair[0].token {
-            violations.push(format!(
-                "the token did not grow: {} after {}",
-                describe(&pair[1]),
-                describe(&pair[0])
-            ));
-        }
-    }
-    assert!(
-        violations.is_empty(),
-        "{}\nall tenures:\n{}",
-        violations.join("\n"),
-        tenures.iter().map(describe).collect::<Vec<_>>().join("\n")
-    );
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -619,7 +258,16 @@ async fn a_holds_a_bare_majority(
     cluster: &RedisCluster,
     watch: &mut Watch,
 ) -> (Contender, Contender, Tenure) {
-    let nodes = &cluster.addrs();
+    a_holds_a_bare_majority_of(cluster, &cluster.addrs(), watch).await
+}
+
+/// [`a_holds_a_bare_majority`] with the sidecars reaching the nodes at `nodes` (e.g. node 1
+/// behind a proxy).
+async fn a_holds_a_bare_majority_of(
+    cluster: &RedisCluster,
+    nodes: &[SocketAddr],
+    watch: &mut Watch,
+) -> (Contender, Contender, Tenure) {
     block_in_place(|| {
         cluster
             .node(2)
@@ -971,6 +619,216 @@ async fn a_failover_to_a_replica_that_missed_the_write_does_not_vote_for_another
     after_one_node_of_a_bare_majority_lost_it(watch, &[&a, &b], &held, from, by).await;
     a.stop().await;
     b.stop().await;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Data replaced inside a running server: a resync and failback, a failover behind a proxy that
+// keeps client connections, SWAPDB, DEBUG RELOAD
+// ------------------------------------------------------------------------------------------------
+
+/// Waits until `node`'s epoch marker is `marker`.
+async fn marker_is(node: &RedisNode, marker: &str, what: &str) {
+    let key = redlock_sidecar::redlock::EPOCH_KEY;
+    support::wait_until_async(ELECTION, what, || async {
+        block_in_place(|| node.try_command(&["GET", key])).is_ok_and(|v| v == marker)
+    })
+    .await;
+}
+
+/// Node 1 resyncs from a copy of its own data taken before a's lock, then is promoted back
+/// (an operator's `REPLICAOF` and `REPLICAOF NO ONE`, a restore by replication, a failback):
+/// the same server process, holding its own epoch marker from before, minus a's key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_resyncs_from_an_old_copy_of_itself_does_not_vote_for_another_leader() {
+    let cluster = cluster();
+    let nodes = cluster.addrs();
+    let copy = block_in_place(RedisNode::start_replica);
+    block_in_place(|| copy.replicate(cluster.node(1).addr()));
+    let mut watch = Watch::new();
+    warm_up(&nodes, &mut watch).await;
+    let marker = block_in_place(|| cluster.node(1).command(&["GET", EPOCH_KEY]));
+    marker_is(&copy, &marker, "the copy holds node 1's epoch marker").await;
+    block_in_place(|| assert_eq!(copy.command(&["REPLICAOF", "NO", "ONE"]), "OK"));
+    let (a, b, held) = a_holds_a_bare_majority(&cluster, &mut watch).await;
+    let from = SystemTime::now();
+    block_in_place(|| {
+        assert!(cluster.node(1).command(&["GET", KEY]).starts_with("a:"));
+        cluster.node(1).replicate(copy.addr());
+    });
+    key_is(cluster.node(1), "(nil)", "node 1 took the copy's data").await;
+    block_in_place(|| assert_eq!(cluster.node(1).command(&["REPLICAOF", "NO", "ONE"]), "OK"));
+    let by = SystemTime::now();
+    after_one_node_of_a_bare_majority_lost_it(watch, &[&a, &b], &held, from, by).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+/// Node 1 is reached through a proxy that keeps client connections across a failover: its
+/// replica, which missed a's key, is promoted and the proxy re-dials it under the sidecars'
+/// open connections. The replica holds node 1's epoch marker (replicated), and the connection
+/// was opened to node 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_behind_a_proxy_that_keeps_client_connections_does_not_vote_for_another_leader()
+{
+    let mut cluster = cluster();
+    let replica = block_in_place(RedisNode::start_replica);
+    let link = FaultProxy::start(cluster.node(1).addr()).await;
+    block_in_place(|| replica.replicate(link.addr()));
+    let keeping = KeepingProxy::start(cluster.node(1).addr()).await;
+    let nodes = [
+        cluster.node(0).addr(),
+        keeping.addr(),
+        cluster.node(2).addr(),
+    ];
+    let mut watch = Watch::new();
+    warm_up(&nodes, &mut watch).await;
+    let marker = block_in_place(|| cluster.node(1).command(&["GET", EPOCH_KEY]));
+    marker_is(&replica, &marker, "the replica holds node 1's epoch marker").await;
+    link.refuse(true);
+    link.drop_connections();
+    support::wait_until_async(ELECTION, "the replica sees its link down", || async {
+        block_in_place(|| info_field(&replica, "replication", "master_link_status")) == "down"
+    })
+    .await;
+    let (a, b, held) = a_holds_a_bare_majority_of(&cluster, &nodes, &mut watch).await;
+    block_in_place(|| {
+        assert!(cluster.node(1).command(&["GET", KEY]).starts_with("a:"));
+        assert_eq!(
+            replica.command(&["GET", KEY]),
+            "(nil)",
+            "the replica missed it"
+        );
+    });
+    let from = SystemTime::now();
+    block_in_place(|| assert_eq!(replica.command(&["REPLICAOF", "NO", "ONE"]), "OK"));
+    keeping.switch(replica.addr());
+    block_in_place(|| cluster.node_mut(1).stop());
+    let by = SystemTime::now();
+    after_one_node_of_a_bare_majority_lost_it(watch, &[&a, &b], &held, from, by).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+/// `SWAPDB 0 1` on node 1: database 0 now holds what database 1 held, including an epoch
+/// marker stamped there (by another lock user of database 1) long enough ago to count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn swapdb_on_a_node_does_not_vote_for_another_leader() {
+    let cluster = cluster();
+    // Another user of database 1 takes and releases a lock there: the markers of database 1
+    // are stamped now, and age while a takes its lock below.
+    let urls: Vec<String> = cluster.iter().map(|n| format!("{}/1", n.url())).collect();
+    let db1 = support::engine_config(&urls, "other", "other", TTL);
+    let other =
+        redlock_sidecar::redlock::Redlock::new(db1, Arc::new(redlock_sidecar::redlock::NoObserver))
+            .expect("valid config");
+    let _ = other.try_acquire().await;
+    let stamped = block_in_place(|| {
+        cluster.node(1).command(&[
+            "EVAL",
+            "redis.call('SELECT', 1) return redis.call('GET', KEYS[1])",
+            "1",
+            EPOCH_KEY,
+        ])
+    });
+    assert_ne!(stamped, "(nil)", "database 1 of node 1 has an epoch marker");
+    drop(other);
+    let mut watch = Watch::new();
+    let (a, b, held) = a_holds_a_bare_majority(&cluster, &mut watch).await;
+    let from = SystemTime::now();
+    block_in_place(|| {
+        assert_eq!(cluster.node(1).command(&["SWAPDB", "0", "1"]), "OK");
+        assert_eq!(cluster.node(1).command(&["GET", KEY]), "(nil)");
+        assert_eq!(cluster.node(1).command(&["GET", EPOCH_KEY]), stamped);
+    });
+    let by = SystemTime::now();
+    after_one_node_of_a_bare_majority_lost_it(watch, &[&a, &b], &held, from, by).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+/// `DEBUG RELOAD` (save, then load what was saved) loses nothing: the leader keeps the lock,
+/// nobody else leads, and its key is still on node 1. (`DEBUG RELOAD NOSAVE`, loading an older
+/// file, is listed in docs/reliability.md as data loss a client cannot see.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debug_reload_keeps_the_lock_with_its_holder() {
+    let mut cluster = cluster();
+    cluster.nodes[1] = block_in_place(|| RedisNode::start_with(&["--enable-debug-command", "yes"]));
+    let mut watch = Watch::new();
+    let (a, b, held) = a_holds_a_bare_majority(&cluster, &mut watch).await;
+    let value = block_in_place(|| cluster.node(1).command(&["GET", KEY]));
+    block_in_place(|| assert_eq!(cluster.node(1).command(&["DEBUG", "RELOAD"]), "OK"));
+    assert_eq!(
+        block_in_place(|| cluster.node(1).command(&["GET", KEY])),
+        value,
+        "the reload kept a's key"
+    );
+    watch.lasted(&held, TTL * 2).await;
+    let tenures = watch.finish(&[&a, &b]).await;
+    assert_eq!(
+        tenures.len(),
+        1,
+        "a kept the lock through the reload: {tenures:?}"
+    );
+    a.stop().await;
+    b.stop().await;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Contenders on different node sets
+// ------------------------------------------------------------------------------------------------
+
+/// P lists nodes {A, B, C}, Q lists {A, B, D} (a rolling update that replaced a node). P leads;
+/// then P loses its way to A, where its key expires: Q could win A and D, a quorum of its own
+/// list, while P holds B and C. Q sees P's node-set record and refuses to lead, with one log
+/// line and a metric.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contenders_that_list_other_nodes_refuse_to_lead() {
+    let cluster = block_in_place(|| RedisCluster::start(4));
+    block_in_place(|| cluster.backdate_epochs(TTL));
+    let all = cluster.addrs();
+    let fingerprints = [("REDLOCK_NODE_SET", "")];
+    let mut watch = Watch::new();
+    let p = Contender::start("p", &all[..3], &[], &[], &fingerprints).await;
+    watch.add(&p);
+    let held = watch
+        .next_tenure(SystemTime::UNIX_EPOCH, Some("p"), "p leads", &[&p])
+        .await;
+    let q = Contender::start("q", &[all[0], all[1], all[3]], &[], &[], &fingerprints).await;
+    watch.add(&q);
+    support::wait_until_async(ELECTION, "q counts a node-set conflict", || async {
+        metric(q.addr, "redlock_node_set_conflicts_total", "lock=").await >= Some(1)
+    })
+    .await;
+    // P's key on A expires (a ttl), then its record there (twice the ttl): from then on, only
+    // the record on B, where P's key stands, keeps Q from winning A and D.
+    p.proxies[0].refuse(true);
+    p.proxies[0].drop_connections();
+    support::wait_until_async(ELECTION, "p's key and record on A are gone", || async {
+        block_in_place(|| {
+            cluster
+                .node(0)
+                .command(&["EXISTS", KEY, "redlock:{dataloss}:nodes"])
+                == "0"
+        })
+    })
+    .await;
+    watch.lasted(&held, since(held.since) + RENEW * 4).await;
+    let tenures = watch.finish(&[&p, &q]).await;
+    assert!(
+        tenures.iter().all(|t| t.who == "p"),
+        "q never leads while p does: {tenures:?}"
+    );
+    let log = q.stop().await;
+    assert!(
+        log.contains("another contender of this lock lists other Redis nodes"),
+        "q says why it does not lead:\n{log}"
+    );
+    p.stop().await;
+}
+
+/// How long ago `at` was.
+fn since(at: SystemTime) -> Duration {
+    SystemTime::now().duration_since(at).unwrap_or_default()
 }
 
 // ------------------------------------------------------------------------------------------------

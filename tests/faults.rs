@@ -8,6 +8,13 @@
 //! paused past their ttl, every overlap is fenced (the stale holder's writes were refused); and
 //! the lock is taken again once a quorum is healthy.
 //!
+//! Critical sections come short and long: guard contenders hold for 0.4 s or for 2–4 × ttl
+//! (only renewals keep those legitimate), and every guard run no fault was aimed at must exit
+//! 0, its CMD's own code. Library contenders hold a section of 2–4 × ttl on request: every
+//! other fault of the restart, data-loss and cut-off scenarios and every third of the soak
+//! strikes such a section once it has been held for a ttl; the rolling restart asks for one
+//! per round, the latency scenario one per phase (but the last).
+//!
 //! Each scenario prints a row of a summary table (`cargo test --test faults -- --nocapture`).
 //! `REDLOCK_SOAK=N` makes the `soak` test run N handoffs under random faults
 //! (`REDLOCK_SOAK_SEED=S` replays one run); see `scripts/soak.sh` and `docs/reliability.md`.
@@ -51,6 +58,13 @@ const PROC_TIMING: [&str; 10] = [
 const POLL: Duration = Duration::from_millis(10);
 /// A crashed holder's key lives out its ttl; the next holder must follow within this much more.
 const TAKEOVER_SLACK: Duration = Duration::from_secs(3);
+/// Writes of guard's long critical sections, 50 ms apart: 4, 5.5 and 7 s of sleeps (2 to
+/// 3.5 × `PROC_TTL`, a little more with bash's own time). Only renewals keep them legitimate.
+const LONG_SECTIONS: [u32; 3] = [80, 110, 140];
+/// Writes of a short guard critical section (0.4 s).
+const SHORT_SECTION: u32 = 8;
+/// An upper bound on the longest guard critical section.
+const LONGEST_SECTION: Duration = Duration::from_secs(9);
 
 // ------------------------------------------------------------------------------------------------
 // Cluster and configuration helpers
@@ -186,6 +200,10 @@ struct LibCtx {
     /// (who, token, whether its stale write was accepted).
     pause_request: Mutex<Option<Duration>>,
     pauses: Mutex<Vec<(String, u64, bool)>>,
+    /// Pending "the next holder holds for 2–4 × ttl" requests, and the sessions that did
+    /// (who, token).
+    long_requests: AtomicUsize,
+    long_sessions: Mutex<Vec<(String, u64)>>,
     /// Votes the restart rule did not count, over every contender.
     votes: Arc<VoteCounter>,
 }
@@ -198,6 +216,8 @@ impl LibCtx {
             crashes: Mutex::new(Vec::new()),
             pause_request: Mutex::new(None),
             pauses: Mutex::new(Vec::new()),
+            long_requests: AtomicUsize::new(0),
+            long_sessions: Mutex::new(Vec::new()),
             votes: Arc::new(VoteCounter::default()),
         })
     }
@@ -207,6 +227,25 @@ impl LibCtx {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take()
+    }
+
+    /// Asks the next holder to hold for 2–4 × ttl.
+    fn request_long(&self) {
+        self.long_requests.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn take_long(&self) -> bool {
+        self.long_requests
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    fn is_long(&self, who: &str, token: u64) -> bool {
+        self.long_sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|(w, t)| w == who && *t == token)
     }
 
     fn take_crash(&self) -> bool {
@@ -231,7 +270,8 @@ impl LibCtx {
 }
 
 /// Contends for the lock until `stop`: acquire, write `begin`, hold (writing and extending),
-/// write `end`, release. A crash request drops the lease unreleased and starts a new client (a
+/// write `end`, release. A long request makes the hold 2–4 × ttl instead of the plan's. A crash
+/// request drops the lease unreleased and starts a new client (a
 /// restarted process); a pause request sleeps past the validity without renewing, then makes the
 /// write it was about to make (a GC pause between the validity check and the write).
 async fn library_contender(
@@ -267,6 +307,14 @@ async fn library_contender(
             continue;
         }
         sessions += 1;
+        // Decided before `begin`, so that a long session is known as one from its start.
+        let long = ctx.take_long();
+        if long {
+            ctx.long_sessions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((identity.clone(), lease.fencing_token));
+        }
         write(&lease, Kind::Begin);
         if let Some(pause) = ctx.take_pause() {
             tokio::time::sleep(pause).await;
@@ -279,7 +327,11 @@ async fn library_contender(
             redlock.release(&lease).await;
             continue;
         }
-        let hold = rng.random_range(plan.hold.0..=plan.hold.1);
+        let hold = if long {
+            rng.random_range(ttl * 2..=ttl * 4)
+        } else {
+            rng.random_range(plan.hold.0..=plan.hold.1)
+        };
         let until = Instant::now() + hold;
         let mut renew_at = lease.acquired_at + ttl / 3;
         let mut held = true;
@@ -383,6 +435,13 @@ impl LibFleet {
             .then(|| (self.index[&who], who, token))
     }
 
+    /// The holder, if its session is a long one: (begun, who, token).
+    fn long_holder(&self) -> Option<(Instant, String, u64)> {
+        let (at, who, token) = self.store().last_begin()?;
+        (self.store().is_open(&who, token) && self.ctx.is_long(&who, token))
+            .then_some((at, who, token))
+    }
+
     async fn stop(self) -> Arc<LibCtx> {
         self.stop.cancel();
         for task in self.tasks {
@@ -390,6 +449,21 @@ impl LibFleet {
         }
         self.ctx
     }
+}
+
+/// Asks for a critical section of 2–4 × ttl and waits until one has been held for a ttl
+/// (renewals carried it past its first validity window), so that the fault that follows
+/// strikes it; returns (begun, who, token). Asks again if the one it asked for ended early.
+async fn long_section(fleet: &LibFleet, what: &str) -> (Instant, String, u64) {
+    fleet.ctx.request_long();
+    support::wait_for_async(LIB_TTL * 8 + TAKEOVER_SLACK, what, || {
+        let open = fleet.long_holder();
+        if open.is_none() && fleet.ctx.long_requests.load(Ordering::SeqCst) == 0 {
+            fleet.ctx.request_long();
+        }
+        open.filter(|(begun, _, _)| begun.elapsed() >= LIB_TTL)
+    })
+    .await
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -414,22 +488,48 @@ say end || exit 93"#
 struct GuardRun {
     identity: String,
     proc: Proc,
+    /// Its critical section is one of [`LONG_SECTIONS`].
+    long: bool,
+    /// A fault was aimed at it: its exit code is judged by the fleet's `fault_codes`.
+    struck: bool,
+}
+
+/// How a guard run ended.
+#[derive(Clone, Debug)]
+struct GuardExit {
+    identity: String,
+    /// Exit code, or 128+signal.
+    code: i32,
+    long: bool,
+    struck: bool,
 }
 
 #[derive(Default)]
 struct GuardSlot {
     current: Option<GuardRun>,
     runs: u32,
-    /// (identity, exit code or 128+signal) of every finished run.
-    exits: Vec<(String, i32)>,
+    /// Every finished run.
+    exits: Vec<GuardExit>,
     /// Output of runs that exited with an unexpected code.
     unexpected: Vec<String>,
     /// While set, the supervisor does not start a new run in this slot.
     frozen: bool,
 }
 
+impl GuardSlot {
+    /// Marks the current run as struck by a fault; false if there is none.
+    fn strike(&mut self) -> bool {
+        self.current.as_mut().map(|run| run.struck = true).is_some()
+    }
+}
+
 /// Guard contenders: one supervisor per slot keeps a `redlock-sidecar guard` running in it,
 /// starting a new one (with a new identity) whenever the last one exits.
+///
+/// Each run's CMD writes `sections[k]` times (see [`guard_cmd`]), the slots taking the sections
+/// in turn from different starting points. A run no fault was aimed at must exit 0: CMD's own
+/// code after a section whose every write was accepted, however long it held the lock. A
+/// struck run may exit with one of the scenario's `fault_codes`.
 struct GuardFleet {
     slots: Vec<Arc<Mutex<GuardSlot>>>,
     stop: CancellationToken,
@@ -437,13 +537,14 @@ struct GuardFleet {
 }
 
 impl GuardFleet {
-    /// `urls[i]` are slot i's node URLs; `expected` the exit codes that are no failure.
+    /// `urls[i]` are slot i's node URLs; CMDs write to the store on `store_port`.
     fn start(
         lock: &str,
         prefix: &str,
         urls: &[Vec<String>],
-        cmd: &str,
-        expected: &'static [i32],
+        store_port: u16,
+        sections: &[u32],
+        fault_codes: &'static [i32],
     ) -> GuardFleet {
         let stop = CancellationToken::new();
         let mut slots = Vec::new();
@@ -457,8 +558,9 @@ impl GuardFleet {
                     [
                         "--kill-grace",
                         "300ms",
+                        // Long sections of the others come first: never give up waiting.
                         "--wait",
-                        "30s",
+                        "10m",
                         "--on-busy",
                         "fail",
                     ]
@@ -467,13 +569,21 @@ impl GuardFleet {
                 .map(|s| s.to_string())
                 .collect();
             args.push("--identity".into());
-            let cmd = ["--", "bash", "-c", cmd].map(str::to_owned);
+            let mut cmds: Vec<(String, bool)> = sections
+                .iter()
+                .map(|&writes| {
+                    let long = LONG_SECTIONS.contains(&writes);
+                    (guard_cmd(store_port, writes, "0.05"), long)
+                })
+                .collect();
+            let start = i % cmds.len();
+            cmds.rotate_left(start);
             tasks.push(tokio::spawn(supervise_guard(
                 slot.clone(),
                 format!("{prefix}{i}."),
                 args,
-                cmd,
-                expected,
+                cmds,
+                fault_codes,
                 stop.clone(),
             )));
             slots.push(slot);
@@ -500,9 +610,17 @@ impl GuardFleet {
         current.then(|| f(&mut slot))
     }
 
-    /// Stops every supervisor (their guards are killed) and returns every run's exit code;
+    /// Every finished run so far.
+    fn exits(&self) -> Vec<GuardExit> {
+        self.slots
+            .iter()
+            .flat_map(|slot| slot.lock().unwrap_or_else(|e| e.into_inner()).exits.clone())
+            .collect()
+    }
+
+    /// Stops every supervisor (their guards are killed) and returns every finished run;
     /// panics with the output of runs that exited with an unexpected code.
-    async fn stop(self) -> Vec<(String, i32)> {
+    async fn stop(self) -> Vec<GuardExit> {
         self.stop.cancel();
         for task in self.tasks {
             task.await.expect("supervisor did not panic");
@@ -525,8 +643,8 @@ async fn supervise_guard(
     slot: Arc<Mutex<GuardSlot>>,
     prefix: String,
     args: Vec<String>,
-    cmd: [String; 4],
-    expected: &'static [i32],
+    cmds: Vec<(String, bool)>,
+    fault_codes: &'static [i32],
     stop: CancellationToken,
 ) {
     loop {
@@ -537,17 +655,33 @@ async fn supervise_guard(
                 .as_mut()
                 .and_then(|run| run.proc.try_status().map(|st| (run, exit_code(st))))
                 .map(|(run, code)| {
-                    let unexpected = (!expected.contains(&code)).then(|| {
+                    let expected = if run.struck {
+                        fault_codes.contains(&code)
+                    } else {
+                        code == 0
+                    };
+                    let unexpected = (!expected).then(|| {
                         format!(
-                            "{} exited {code}:\n{}",
+                            "{} exited {code} ({}):\n{}",
                             run.identity,
+                            if run.struck {
+                                "struck by a fault"
+                            } else {
+                                "no fault aimed at it: CMD's own 0 expected"
+                            },
                             run.proc.output_text()
                         )
                     });
-                    (run.identity.clone(), code, unexpected)
+                    let exit = GuardExit {
+                        identity: run.identity.clone(),
+                        code,
+                        long: run.long,
+                        struck: run.struck,
+                    };
+                    (exit, unexpected)
                 });
-            if let Some((identity, code, unexpected)) = finished {
-                s.exits.push((identity, code));
+            if let Some((exit, unexpected)) = finished {
+                s.exits.push(exit);
                 s.unexpected.extend(unexpected);
                 s.current = None;
             }
@@ -556,16 +690,21 @@ async fn supervise_guard(
                 return;
             }
             if s.current.is_none() && !s.frozen {
+                let (cmd, long) = &cmds[s.runs as usize % cmds.len()];
                 s.runs += 1;
                 let identity = format!("{prefix}{}", s.runs);
                 let argv: Vec<&str> = args
                     .iter()
                     .map(String::as_str)
-                    .chain([identity.as_str()])
-                    .chain(cmd.iter().map(String::as_str))
+                    .chain([identity.as_str(), "--", "bash", "-c", cmd])
                     .collect();
                 let proc = Proc::spawn(&argv, &[("REDLOCK_LOG", "info")]);
-                s.current = Some(GuardRun { identity, proc });
+                s.current = Some(GuardRun {
+                    identity,
+                    proc,
+                    long: *long,
+                    struck: false,
+                });
             }
         }
         tokio::time::sleep(POLL).await;
@@ -1001,18 +1140,17 @@ async fn kill_guard_holder(
     cluster: &RedisCluster,
     lock: &str,
 ) -> Option<Instant> {
-    let (begun, who, token) = next_session(
+    let (begun, who, token) = open_session(
         store,
-        Instant::now(),
-        None,
-        PROC_TTL + TAKEOVER_SLACK,
-        "a guard takes the lock",
+        LONGEST_SECTION + PROC_TTL + TAKEOVER_SLACK,
+        "a guard holds the lock",
     )
     .await;
     // Into its critical section, then dead.
     tokio::time::sleep_until((begun + Duration::from_millis(100)).into()).await;
     let crash = Instant::now();
     let killed = guards.with_run(&who, |slot| {
+        slot.strike();
         slot.current.as_mut().is_some_and(|run| run.proc.sigkill())
     });
     let read_at = Instant::now();
@@ -1098,13 +1236,24 @@ async fn a_killed_holder_is_replaced_only_after_its_key_expires_without_overlap(
 
     let guard_store = FencedStore::new();
     let server = StoreServer::start(guard_store.clone()).await;
-    let cmd = guard_cmd(server.port(), 8, "0.05");
+    // Half the sections are short, half last 2–4 × ttl.
+    let sections = [
+        SHORT_SECTION,
+        LONG_SECTIONS[0],
+        SHORT_SECTION,
+        LONG_SECTIONS[1],
+    ]
+    .into_iter()
+    .chain([SHORT_SECTION, LONG_SECTIONS[2]])
+    .collect::<Vec<_>>();
     let guards = GuardFleet::start(
         "kill-guard",
         "guard",
         &vec![urls.clone(); 3],
-        &cmd,
-        &[0, 76, 128 + libc::SIGKILL],
+        server.port(),
+        &sections,
+        // Killed, or done just before the kill landed.
+        &[0, 128 + libc::SIGKILL],
     );
     let mut run = RunFleet::start("kill-run", "run", &urls, 3);
 
@@ -1133,12 +1282,23 @@ async fn a_killed_holder_is_replaced_only_after_its_key_expires_without_overlap(
         run_crashes.push(run_crash);
         run_faults += 2;
     }
-    // Graceful guard handoffs go on between the kills; let a few more happen.
+    // Long sections run to their end under renewals, and graceful handoffs go on.
+    support::wait_until_async(
+        LONGEST_SECTION * 3 + TAKEOVER_SLACK,
+        "a section of 2–4 × ttl that no fault struck finishes",
+        || async {
+            guards
+                .exits()
+                .iter()
+                .any(|exit| exit.long && !exit.struck && exit.code == 0)
+        },
+    )
+    .await;
     next_session(
         &guard_store,
         Instant::now(),
         None,
-        PROC_TTL + TAKEOVER_SLACK,
+        LONGEST_SECTION + TAKEOVER_SLACK,
         "guards go on",
     )
     .await;
@@ -1148,16 +1308,13 @@ async fn a_killed_holder_is_replaced_only_after_its_key_expires_without_overlap(
     let run_exits = run.stop().await;
     let killed = guard_exits
         .iter()
-        .filter(|(_, code)| *code == 128 + libc::SIGKILL)
+        .filter(|exit| exit.code == 128 + libc::SIGKILL)
         .count();
     assert_eq!(
         killed, rounds,
         "every killed guard shows SIGKILL: {guard_exits:?}"
     );
-    assert!(
-        guard_exits.iter().any(|(_, code)| *code == 0),
-        "CMDs also finished normally"
-    );
+    // Every run no fault was aimed at exited 0 (checked by `stop`), long ones too.
     assert_eq!(
         run_exits.iter().filter(|(_, c)| *c == 0).count(),
         rounds + 3,
@@ -1230,13 +1387,13 @@ async fn a_holder_paused_past_its_ttl_is_caught_by_fencing() {
         let store = FencedStore::new();
         let server = StoreServer::start(store.clone()).await;
         // CMD writes until it is stopped: only renewals keep it legitimate.
-        let cmd = guard_cmd(server.port(), 100_000, "0.05");
         let guards = GuardFleet::start(
             "pause-guard",
             "guard",
             &vec![urls.clone(); 2],
-            &cmd,
-            &[76, 92, 128 + libc::SIGKILL],
+            server.port(),
+            &[100_000],
+            &[76, 92],
         );
         let mut paused_exits = Vec::new();
         for _ in 0..rounds {
@@ -1251,6 +1408,7 @@ async fn a_holder_paused_past_its_ttl_is_caught_by_fencing() {
             let stopped = guards
                 .with_run(&who, |slot| {
                     slot.frozen = true;
+                    slot.strike();
                     let run = slot.current.as_mut().expect("current run");
                     run.proc.sigstop()
                 })
@@ -1299,9 +1457,31 @@ async fn a_holder_paused_past_its_ttl_is_caught_by_fencing() {
             .await;
             paused_exits.push(who);
         }
+        // The guard that took over last (no fault aimed at it) holds on for two validity
+        // windows and more: renewals carry its critical section.
+        let (begun, who, token) =
+            open_session(&store, PROC_TTL + TAKEOVER_SLACK, "a guard holds the lock").await;
+        support::wait_until_async(
+            PROC_TTL * 3,
+            "the last holder is still in its critical section after 2 × ttl",
+            || async {
+                assert!(
+                    store.is_open(&who, token),
+                    "{who}'s critical section ended after {:?}: {:?}",
+                    begun.elapsed(),
+                    guards.exits()
+                );
+                begun.elapsed() >= PROC_TTL * 2
+            },
+        )
+        .await;
         let exits = guards.stop().await;
         for who in &paused_exits {
-            let code = exits.iter().find(|(id, _)| id == who).expect("exit").1;
+            let code = exits
+                .iter()
+                .find(|exit| exit.identity == *who)
+                .expect("exit")
+                .code;
             assert!(
                 code == 76 || code == 92,
                 "{who}: lock lost (76) or CMD's own exit on the refused write (92), got {code}"
@@ -1451,13 +1631,18 @@ async fn redis_nodes_restarted_empty_under_held_locks_never_allow_two_holders() 
     let end = Instant::now() + Duration::from_secs(12);
     let mut last_fault = Instant::now();
     while Instant::now() < end {
-        // Strike while someone holds the lock (a restart loses the holder's key on that node).
-        let (_, who, token) = open_session(
-            fleet.store(),
-            LIB_TTL * 3 + TAKEOVER_SLACK,
-            "the lock is taken again once a quorum counts",
-        )
-        .await;
+        // Strike while someone holds the lock (a restart loses the holder's key on that node);
+        // every other time, a critical section of 2–4 × ttl that renewals carry.
+        let (_, who, token) = if faults % 2 == 1 {
+            long_section(&fleet, "a long critical section under restarts").await
+        } else {
+            open_session(
+                fleet.store(),
+                LIB_TTL * 3 + TAKEOVER_SLACK,
+                "the lock is taken again once a quorum counts",
+            )
+            .await
+        };
         let k = rng.random_range(1..=2);
         let mut nodes: Vec<usize> = (0..3).collect();
         while nodes.len() > k {
@@ -1524,6 +1709,10 @@ async fn a_rolling_restart_of_every_node_keeps_one_holder_at_a_time() {
     let mut restarts = 0;
     for _ in 0..2 {
         for node in 0..3 {
+            if node == 0 {
+                // The next library holder holds 2–4 × ttl, through this round's restarts.
+                fleet.ctx.request_long();
+            }
             restart_nodes(&cluster, &[node], Duration::from_millis(200));
             restarts += 1;
             tokio::time::sleep(Duration::from_millis(1200)).await;
@@ -1602,8 +1791,8 @@ impl GuardFleet {
             .unwrap_or_else(|e| e.into_inner());
         slot.exits
             .iter()
-            .find(|(id, _)| id == identity)
-            .map(|(_, code)| *code)
+            .find(|exit| exit.identity == identity)
+            .map(|exit| exit.code)
     }
 }
 
@@ -1620,15 +1809,16 @@ async fn a_holder_cut_off_from_a_majority_stops_before_anyone_else_starts() {
     }
     let store = FencedStore::new();
     let server = StoreServer::start(store.clone()).await;
-    // CMD outlives the ttl: only renewals keep it legitimate, so a cut-off holder must stop it.
-    let cmd = guard_cmd(server.port(), 60, "0.05");
+    // Sections of 2–4 × ttl: only renewals keep them legitimate, so a cut-off holder must stop
+    // CMD, and the others must not.
     let guard_urls: Vec<Vec<String>> = guard_proxies.iter().map(|p| urls_of(p)).collect();
     let guards = GuardFleet::start(
         "part-guard",
         "guard",
         &guard_urls,
-        &cmd,
-        &[0, 76, 128 + libc::SIGKILL],
+        server.port(),
+        &LONG_SECTIONS,
+        &[76],
     );
     let lib_urls: Vec<Vec<String>> = lib_proxies.iter().map(|p| urls_of(p)).collect();
     let fleet = LibFleet::start(
@@ -1644,6 +1834,7 @@ async fn a_holder_cut_off_from_a_majority_stops_before_anyone_else_starts() {
             let (_, who, _) =
                 open_session(&store, PROC_TTL + TAKEOVER_SLACK, "a guard holds the lock").await;
             let slot = GuardFleet::slot_of(&who);
+            guards.with_run(&who, GuardSlot::strike);
             cut_off(&guard_proxies[slot], &[0, 1], round % 2 == 0);
             let cut = Instant::now();
             next_session(
@@ -1666,12 +1857,18 @@ async fn a_holder_cut_off_from_a_majority_stops_before_anyone_else_starts() {
     };
     let lib_part = async {
         for round in 0..rounds {
-            let (i, who, _) = support::wait_for_async(
-                LIB_TTL + TAKEOVER_SLACK,
-                "a library contender holds the lock",
-                || fleet.holder(),
-            )
-            .await;
+            // Every other round cuts off a holder of 2–4 × ttl that renewals carried so far.
+            let (i, who, _) = if round % 2 == 1 {
+                let (_, who, token) = long_section(&fleet, "a long library critical section").await;
+                (fleet.index[&who], who, token)
+            } else {
+                support::wait_for_async(
+                    LIB_TTL + TAKEOVER_SLACK,
+                    "a library contender holds the lock",
+                    || fleet.holder(),
+                )
+                .await
+            };
             cut_off(&lib_proxies[i], &[1, 2], round % 2 == 1);
             let cut = Instant::now();
             next_session(
@@ -1700,7 +1897,7 @@ async fn a_holder_cut_off_from_a_majority_stops_before_anyone_else_starts() {
     let exits = guards.stop().await;
     let ctx = fleet.stop().await;
     assert!(
-        exits.iter().filter(|(_, c)| *c == 76).count() >= rounds,
+        exits.iter().filter(|exit| exit.code == 76).count() >= rounds,
         "{exits:?}"
     );
     let (_, guard_row) = check(
@@ -1747,7 +1944,7 @@ async fn latency_and_jitter_never_let_two_holders_in() {
         (vec![0, 1, 2], ms(150), ms(0), ms(2000)),
     ];
     let mut begun = Vec::new();
-    for (nodes, fixed, jitter, lasting) in &phases {
+    for (phase, (nodes, fixed, jitter, lasting)) in phases.iter().enumerate() {
         for contender in &proxies {
             heal(contender);
             for &i in nodes {
@@ -1755,6 +1952,10 @@ async fn latency_and_jitter_never_let_two_holders_in() {
             }
         }
         let from = Instant::now();
+        if phase < 3 {
+            // The next holder holds 2–4 × ttl, renewing under this latency.
+            fleet.ctx.request_long();
+        }
         // The fault's own duration.
         tokio::time::sleep(*lasting).await;
         begun.push((
@@ -2124,14 +2325,24 @@ async fn strike_held_locks(
     let end = Instant::now() + lasting;
     let mut last_fault = Instant::now();
     while Instant::now() < end {
-        open_session(
-            fleet.store(),
-            LIB_TTL * 4 + TAKEOVER_SLACK,
-            &format!("{scenario}: the lock is taken again (seed {seed})"),
-        )
-        .await;
+        let struck = injected.values().sum::<usize>();
+        // Every other fault strikes a critical section of 2–4 × ttl that renewals carry.
+        if struck % 2 == 1 {
+            long_section(
+                &fleet,
+                &format!("{scenario}: a long critical section (seed {seed})"),
+            )
+            .await;
+        } else {
+            open_session(
+                fleet.store(),
+                LIB_TTL * 4 + TAKEOVER_SLACK,
+                &format!("{scenario}: the lock is taken again (seed {seed})"),
+            )
+            .await;
+        }
         // In turn, so that each kind is drawn; where and how long is random.
-        let fault = faults[injected.values().sum::<usize>() % faults.len()];
+        let fault = faults[struck % faults.len()];
         inject(fault, &mut rng, &cluster, &proxies, &fleet, &standbys).await;
         // The data is lost as `inject` ends (a restore restarts the nodes last).
         held_when_hit += usize::from(fleet.holder().is_some());
@@ -2267,6 +2478,11 @@ async fn soak() {
         if handoffs < next_fault {
             tokio::time::sleep(Duration::from_millis(2)).await;
             continue;
+        }
+        // Every third fault strikes a critical section of 2–4 × ttl that renewals carry (each
+        // one holds up the handoffs the soak counts for a few seconds).
+        if injected.values().sum::<usize>() % 3 == 1 {
+            long_section(&fleet, &format!("a long critical section (seed {seed})")).await;
         }
         let fault = FAULTS[rng.random_range(0..FAULTS.len())];
         inject(fault, &mut rng, &cluster, &proxies, &fleet, &standbys).await;

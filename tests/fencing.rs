@@ -137,3 +137,46 @@ async fn a_thousand_slot_names_leave_no_keys_behind_after_the_retention() {
     }
     println!("keys per node after the retention: 1 (the epoch marker)");
 }
+
+/// Contenders with different `--fence-retention`: the longest one governs the counter, the
+/// shorter never cuts it (a renewal or a grant only ever extends the counter's expiry).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shorter_fence_retention_never_shortens_a_longer_one() {
+    let cluster = RedisCluster::start(1);
+    cluster.wait_votes_count(TTL);
+    let mut long = config(&cluster.urls(), "retention", "long");
+    long.fence_retention = Duration::from_secs(3600);
+    let mut short = config(&cluster.urls(), "retention", "short");
+    short.fence_retention = Duration::from_secs(60);
+    let long = Redlock::new(long, Arc::new(NoObserver)).expect("valid config");
+    let short = Redlock::new(short, Arc::new(NoObserver)).expect("valid config");
+    let lease = long.try_acquire().await.expect("long takes the lock");
+    long.release(&lease).await;
+    let lease = short.try_acquire().await.expect("short takes the lock");
+    short.extend(&lease).await.expect("short renews");
+    short.release(&lease).await;
+    let pttl: u64 = cluster
+        .node(0)
+        .command(&["PTTL", "redlock:{retention}:fence"])
+        .parse()
+        .expect("the counter has an expiry");
+    assert!(
+        pttl > 3_000_000,
+        "the counter keeps the longest retention: {pttl} ms left"
+    );
+}
+
+/// A counter at or above 2^53 (beyond what the scripts compare exactly) is a protocol error
+/// for that node, never a number a token is built on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counter_beyond_two_to_the_53_is_refused() {
+    let cluster = RedisCluster::start(1);
+    cluster.wait_votes_count(TTL);
+    cluster
+        .node(0)
+        .command(&["SET", "redlock:{huge}:fence", "9007199254740993"]);
+    let lock = Redlock::new(config(&cluster.urls(), "huge", "a"), Arc::new(NoObserver))
+        .expect("valid config");
+    let err = lock.try_acquire().await.expect_err("no token above 2^53");
+    assert!(err.to_string().contains("2^53"), "{err}");
+}

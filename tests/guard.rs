@@ -478,11 +478,17 @@ const KEY: &str = "redlock:{nightly}";
 
 /// The lock value on each running node (`None` where the key is absent).
 fn values(cluster: &RedisCluster) -> Vec<Option<String>> {
+    values_of(cluster, "nightly")
+}
+
+/// [`values`] for lock `lock`.
+fn values_of(cluster: &RedisCluster, lock: &str) -> Vec<Option<String>> {
+    let key = format!("redlock:{{{lock}}}");
     cluster
         .iter()
         .filter(|node| node.is_running())
         .map(|node| {
-            let value = node.command(&["GET", KEY]);
+            let value = node.command(&["GET", &key]);
             (value != "(nil)").then_some(value)
         })
         .collect()
@@ -1220,4 +1226,279 @@ fn a_renewal_that_finds_the_lock_taken_over_kills_cmd_without_grace() {
         !log.contains("CMD still running; sending SIGKILL"),
         "no grace period was waited out: {log}"
     );
+}
+
+// ------------------------------------------------------------------------------------------------
+// Jobs longer than one validity window
+// ------------------------------------------------------------------------------------------------
+
+/// The sum of the samples of metric family `name` (every label set) in a scrape of `addr`;
+/// `None` if the scrape failed or has no such series.
+fn metric_sum(addr: std::net::SocketAddr, name: &str) -> Option<f64> {
+    let body = http_get(addr, "/metrics")?.body;
+    let samples: Vec<f64> = body
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (!samples.is_empty()).then(|| samples.iter().sum())
+}
+
+/// A guard on lock `lock` with `--listen` and `--outcome-file` in `dir`; `ttl` `None` keeps
+/// the default ttl (10 s) and every timing default, as a user would run it.
+fn long_guard(
+    cluster: &RedisCluster,
+    dir: &TempDir,
+    lock: &str,
+    ttl: Option<&str>,
+    options: &[&str],
+    script: &str,
+) -> (Proc, std::net::SocketAddr, std::path::PathBuf) {
+    let (addr, listen) = admin_addr();
+    let (outcome, outcome_path) = file_arg(dir, &format!("{lock}.outcome"));
+    let redis = cluster.urls_joined();
+    let mut args = vec![
+        "guard",
+        "--lock",
+        lock,
+        "--redis",
+        &redis,
+        "--identity",
+        lock,
+        "--wait",
+        "12s",
+        "--listen",
+        &listen,
+        "--outcome-file",
+        &outcome_path,
+    ];
+    if let Some(ttl) = ttl {
+        args.extend_from_slice(&["--ttl", ttl]);
+    }
+    args.extend_from_slice(options);
+    args.extend_from_slice(&["--", "sh", "-c", script]);
+    (Proc::spawn(&args, &[]), addr, outcome)
+}
+
+/// Asserts that guard `g` (still running) has not counted or logged a lost lock, leads, and
+/// has renewed at least `renewals` times.
+fn assert_still_holding(g: &mut Proc, addr: std::net::SocketAddr, renewals: f64) {
+    assert!(g.is_running(), "guard runs: {}", g.output_text());
+    let lost = metric_sum(addr, "redlock_lock_lost_total").expect("lock_lost_total is exported");
+    assert_eq!(lost, 0.0, "no loss counted: {}", g.output_text());
+    let leader = metric_sum(addr, "redlock_is_leader").expect("is_leader is exported");
+    assert_eq!(leader, 1.0, "still the leader: {}", g.output_text());
+    let body = http_get(addr, "/metrics").expect("metrics").body;
+    let ok: f64 = body
+        .lines()
+        .filter(|l| l.starts_with("redlock_renewals_total{") && l.contains("result=\"ok\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(ok >= renewals, "renewed {ok} times, expected ≥ {renewals}");
+}
+
+/// Asserts guard's log and outcome line of a job that ran to its end with `code`.
+fn assert_ran(g: &Proc, outcome: &Path, code: i32) {
+    let log = g.stderr_text();
+    for said in [
+        "lock lost",
+        "stopping CMD",
+        "renewals could not keep the lock",
+    ] {
+        assert!(!log.contains(said), "no {said:?} in the log: {log}");
+    }
+    let line = std::fs::read_to_string(outcome).unwrap_or_default();
+    assert!(
+        line.starts_with(&format!("outcome=ran exit_code={code} lock=")),
+        "{line}"
+    );
+}
+
+/// Runs, side by side on one cluster: a job of `job_secs` (at least three validity windows)
+/// that must come back with its own exit code, and a job stopped by a `--max-hold` of
+/// `max_hold_secs` (longer than a validity window) that must not be stopped before it.
+fn long_jobs(
+    cluster: &RedisCluster,
+    ttl: Option<&str>,
+    options: &[&str],
+    job_secs: u64,
+    max_hold_secs: u64,
+) {
+    let dir = TempDir::new("long-job");
+    let file = |name: &str| dir.path().join(name);
+    let (started, slept, go) = (file("started"), file("slept"), file("go"));
+    let script = format!(
+        "touch {}; sleep {job_secs}; touch {}; while [ ! -e {} ]; do sleep 0.05; done; exit 3",
+        started.display(),
+        slept.display(),
+        go.display()
+    );
+    let mut job = long_guard(cluster, &dir, "long", ttl, options, &script);
+    let hold_started = file("hold-started");
+    let max_hold = format!("{max_hold_secs}s");
+    let mut hold_options = options.to_vec();
+    hold_options.extend_from_slice(&["--max-hold", &max_hold]);
+    let spawned = Instant::now();
+    let mut capped = long_guard(
+        cluster,
+        &dir,
+        "capped",
+        ttl,
+        &hold_options,
+        &format!("touch {}; exec sleep 300", hold_started.display()),
+    );
+    support::wait_until(Duration::from_secs(15), "both CMDs started", || {
+        assert!(job.0.is_running(), "{}", job.0.output_text());
+        assert!(capped.0.is_running(), "{}", capped.0.output_text());
+        started.exists() && hold_started.exists()
+    });
+
+    // --max-hold ends its job, not a renewal schedule that went stale.
+    let capped_code = exit_code(&mut capped.0, Duration::from_secs(max_hold_secs + 15));
+    let capped_after = spawned.elapsed();
+    assert_eq!(capped_code, 124, "{}", capped.0.output_text());
+    assert!(
+        capped_after >= Duration::from_secs(max_hold_secs),
+        "--max-hold {max_hold} was honoured, not cut short: exited {capped_after:?} after start"
+    );
+    let log = capped.0.stderr_text();
+    assert!(log.contains("--max-hold reached"), "{log}");
+    assert!(!log.contains("lock lost"), "{log}");
+    let line = std::fs::read_to_string(&capped.2).unwrap_or_default();
+    assert!(
+        line.starts_with("outcome=max-hold exit_code=124 lock=capped"),
+        "{line}"
+    );
+
+    // The long job runs to its end under the lock, renewed all along.
+    support::wait_until(
+        Duration::from_secs(job_secs + 15),
+        "the long CMD ran its full length",
+        || {
+            assert!(
+                job.0.is_running(),
+                "guard stopped early: {}",
+                job.0.output_text()
+            );
+            slept.exists()
+        },
+    );
+    assert_still_holding(&mut job.0, job.1, 3.0);
+    assert!(
+        values_of(cluster, "long")
+            .iter()
+            .all(|v| v.as_deref().is_some_and(|v| v.starts_with("long:"))),
+        "the lock is still the long job's on every node"
+    );
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(
+        exit_code(&mut job.0, Duration::from_secs(10)),
+        3,
+        "CMD's own code: {}",
+        job.0.output_text()
+    );
+    assert_ran(&job.0, &job.2, 3);
+}
+
+#[test]
+fn jobs_of_three_validity_windows_at_the_default_ttl_keep_the_lock_and_cmds_exit_code() {
+    // The default ttl of 10 s: a 31 s job, and a --max-hold of 25 s.
+    let cluster = RedisCluster::start(3);
+    cluster.backdate_epochs(Duration::from_secs(10));
+    long_jobs(&cluster, None, &[], 31, 25);
+}
+
+#[test]
+fn jobs_of_three_validity_windows_at_ttl_2s_keep_the_lock_and_cmds_exit_code() {
+    // A 7 s job, and a --max-hold of 5 s, at ttl 2 s.
+    let cluster = ready_cluster(3);
+    long_jobs(
+        &cluster,
+        Some("2s"),
+        &[
+            "--safety-margin",
+            "300ms",
+            "--kill-grace",
+            "300ms",
+            "--node-timeout",
+            "250ms",
+        ],
+        7,
+        5,
+    );
+}
+
+#[test]
+fn cmd_gets_the_lock_variables_but_none_of_guards_own_settings_or_credentials() {
+    // Three nodes that admit only the ACL user alice: guard reaches node 0 with the
+    // credentials inline in its URL, the others with REDLOCK_REDIS_USERNAME/PASSWORD.
+    let (user, password) = ("alice", "alice-pw-4417");
+    let acl = format!("user default off\nuser {user} on >{password} ~* &* +@all\n");
+    let mut cluster = RedisCluster {
+        nodes: (0..3)
+            .map(|_| support::RedisNode::start_with_config(&acl))
+            .collect(),
+    };
+    for i in 0..3 {
+        cluster.node_mut(i).set_auth(Some(user), password);
+    }
+    cluster.backdate_epochs(TTL_SECS);
+    let mut urls = cluster.urls();
+    urls[0] = urls[0].replace("redis://", &format!("redis://{user}:{password}@"));
+    let redis = urls.join(",");
+    let dir = TempDir::new("cmd-env");
+    let (env_file, _) = file_arg(&dir, "env");
+    let mut g = Proc::spawn(
+        &[
+            "guard",
+            "--lock",
+            "nightly",
+            "--ttl",
+            "2s",
+            "--identity",
+            "env-test",
+            "--",
+            "sh",
+            "-c",
+            &format!("env > {}", env_file.display()),
+        ],
+        &[
+            ("REDLOCK_REDIS", &redis),
+            ("REDLOCK_REDIS_USERNAME", user),
+            ("REDLOCK_REDIS_PASSWORD", password),
+            ("REDLOCK_WAIT", "5s"),
+            ("JOB_SETTING", "kept"),
+        ],
+    );
+    assert_eq!(
+        exit_code(&mut g, Duration::from_secs(10)),
+        0,
+        "guard reached the nodes with those credentials: {}",
+        g.output_text()
+    );
+    let env = std::fs::read_to_string(&env_file).expect("CMD wrote its environment");
+    let vars: Vec<(&str, &str)> = env.lines().filter_map(|l| l.split_once('=')).collect();
+    let get = |name: &str| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| *v);
+    assert_eq!(get("REDLOCK_LOCK"), Some("nightly"), "{env}");
+    assert_eq!(get("REDLOCK_HOLDER"), Some("env-test"), "{env}");
+    assert!(
+        get("REDLOCK_FENCING_TOKEN").is_some_and(|t| t.parse::<u64>().is_ok_and(|t| t > 0)),
+        "{env}"
+    );
+    assert_eq!(
+        get("JOB_SETTING"),
+        Some("kept"),
+        "the rest is inherited: {env}"
+    );
+    let redlock: Vec<&str> = vars
+        .iter()
+        .map(|(k, _)| *k)
+        .filter(|k| k.starts_with("REDLOCK_"))
+        .collect();
+    assert_eq!(
+        redlock.len(),
+        3,
+        "only the three lock variables, none of guard's settings: {redlock:?}"
+    );
+    assert!(!env.contains(password), "no credential reaches CMD: {env}");
 }

@@ -98,6 +98,7 @@ fn settings(mirror_lease: bool) -> KubeSettings {
         label_key: LABEL.to_string(),
         mirror_lease,
         pod_name: Some(POD.to_string()),
+        pod_uid: None,
         namespace: Some(NAMESPACE.to_string()),
         renew_interval: RENEW_INTERVAL,
     }
@@ -975,6 +976,31 @@ async fn a_guard_event_is_recorded_on_the_pod_and_a_rejected_one_is_counted() {
         .expect_err("the API server refused it");
     assert_eq!(err.kind(), "api");
     assert_eq!(errors_for(&errors, "create_event"), 1);
+    server.await.expect("verifier passed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_pod_uid_set_the_first_guard_event_already_names_the_pod_by_uid() {
+    // guard never patches the label, so without POD_UID its Events would never carry the uid
+    // (and `kubectl describe pod` would not list them).
+    let (kube, handle, errors) = mocked(KubeSettings {
+        pod_uid: Some(POD_UID.to_string()),
+        ..settings(false)
+    });
+    let mut api = ApiServerVerifier {
+        handle,
+        tx: None,
+        cancel: CancellationToken::new(),
+        errors,
+    };
+    let server = tokio::spawn(async move {
+        let event = api.expect_event("RunSkipped", "Normal").await;
+        assert_eq!(event["involvedObject"]["uid"], POD_UID, "{event}");
+        api.expect_quiet().await;
+    });
+    kube.event("RunSkipped", "lock busy; command not run", false)
+        .await
+        .expect("event recorded");
     server.await.expect("verifier passed");
 }
 

@@ -5,7 +5,9 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
-use support::{free_port, Proc, RedisCluster, RedisNode, TempDir};
+use redlock_sidecar::redlock::votes;
+use support::tls::{make_certs, tls_node};
+use support::{free_port, FaultProxy, Proc, RedisCluster, RedisNode, TempDir};
 
 fn run(args: &[&str]) -> (i32, String, String) {
     let mut proc = Proc::spawn(args, &[]);
@@ -41,6 +43,10 @@ fn check_prints_every_node_and_fails_without_a_quorum() {
         "warns about eviction:\n{out}"
     );
     assert!(out.contains("3 of 3 nodes reachable"), "{out}");
+    assert!(
+        out.contains("verdict: safe; survives no node loss; not yet"),
+        "two fresh nodes can vote, the evicting one never:\n{out}"
+    );
     cluster.node_mut(1).stop();
     cluster.node_mut(2).stop();
     let (code, out, _) = run(&["check", "--redis", &redis]);
@@ -95,47 +101,6 @@ fn the_password_can_come_from_a_file_and_is_never_shown() {
         ],
         "--redis-password-file",
     );
-}
-
-/// A CA, a server certificate for 127.0.0.1 and a client certificate, made with openssl.
-fn make_certs(dir: &TempDir) {
-    let sh = |script: &str| {
-        let status = Command::new("sh")
-            .arg("-c")
-            .arg(script)
-            .current_dir(dir.path())
-            .output()
-            .expect("sh runs");
-        assert!(
-            status.status.success(),
-            "{script}: {}",
-            String::from_utf8_lossy(&status.stderr)
-        );
-    };
-    sh("openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 1 -subj /CN=redlock-test-ca");
-    sh("openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=127.0.0.1");
-    sh("printf 'subjectAltName=IP:127.0.0.1\\n' > san.ext && openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out server.crt -days 1 -extfile san.ext");
-    sh("openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr -subj /CN=redlock-client");
-    sh("printf 'extendedKeyUsage=clientAuth\\n' > client.ext && openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out client.crt -days 1 -extfile client.ext");
-}
-
-/// A Redis node serving TLS only, with the certificates of [`make_certs`].
-fn tls_node(dir: &TempDir, auth_clients: &str) -> (RedisNode, String) {
-    let tls_port = free_port().to_string();
-    let path = |f: &str| dir.path().join(f).display().to_string();
-    let node = RedisNode::start_with(&[
-        "--tls-port",
-        &tls_port,
-        "--tls-cert-file",
-        &path("server.crt"),
-        "--tls-key-file",
-        &path("server.key"),
-        "--tls-ca-cert-file",
-        &path("ca.crt"),
-        "--tls-auth-clients",
-        auth_clients,
-    ]);
-    (node, format!("rediss://127.0.0.1:{tls_port}"))
 }
 
 #[test]
@@ -229,4 +194,161 @@ fn install_copies_a_runnable_binary_and_refuses_a_missing_directory() {
 
     let missing = dir.path().join("missing");
     support::process::assert_invalid_config(&["install", missing.to_str().unwrap()], "DIR");
+}
+
+/// The lines `check` prints under `node`'s row: its kind, vote and warnings.
+fn check_details<'a>(out: &'a str, label: &str) -> Vec<&'a str> {
+    out.lines()
+        .skip_while(|l| !l.starts_with(label))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .collect()
+}
+
+/// The verdict line of a `check` output.
+fn verdict(out: &str) -> &str {
+    out.lines()
+        .find_map(|l| l.strip_prefix("verdict: "))
+        .unwrap_or_else(|| panic!("a verdict line:\n{out}"))
+}
+
+#[test]
+fn check_says_why_an_acl_user_that_may_not_run_scripts_gets_no_vote() {
+    let mut node = RedisNode::start_with_config(
+        "user default on nopass ~* &* +@all\n\
+         user noscript on >pw ~* &* +@all -@scripting\n\
+         user nochannel on >pw ~* resetchannels +@all\n\
+         user nolockkeys on >pw ~app:* &* +@all\n",
+    );
+    // Long enough a data age that only the ACL can stop these votes.
+    node.backdate_epoch(Duration::from_secs(3600));
+    let port = node.port();
+    let url = |user: &str| format!("redis://{user}:pw@127.0.0.1:{port}");
+    let redis = [url("noscript"), url("nochannel"), url("nolockkeys")];
+    // One server under three users, checked one at a time.
+    for (user, redis) in ["noscript", "nochannel", "nolockkeys"].iter().zip(&redis) {
+        let (code, out, err) = run(&["check", "--redis", redis, "--ttl", "2s"]);
+        let details = check_details(&out, &format!("127.0.0.1:{port}")).join("\n");
+        match *user {
+            "noscript" => {
+                assert_eq!(code, 69, "{out}{err}");
+                assert!(
+                    details.contains("vote does not count: the ACL user may not run")
+                        && details.contains("evalsha"),
+                    "names the refused command:\n{out}"
+                );
+                assert!(verdict(&out).starts_with("unavailable"), "{out}");
+            }
+            "nochannel" => {
+                assert_eq!(code, 0, "{out}{err}");
+                assert!(!details.contains("vote does not count"), "{out}");
+                assert!(
+                    details.contains("may not run publish redlock:{check}:released"),
+                    "warns that releases wake nobody:\n{out}"
+                );
+            }
+            _ => {
+                assert!(
+                    details.contains("vote does not count")
+                        && details.contains("no permissions to access one of the keys"),
+                    "a user without the lock's keys:\n{out}"
+                );
+            }
+        }
+        assert!(!out.contains(":pw@") && !err.contains(":pw@"), "{out}{err}");
+    }
+
+    // The same words at a sidecar's startup.
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut sidecar = Proc::spawn(
+        &[
+            "run",
+            "--lock",
+            "acl",
+            "--redis",
+            &redis[0],
+            "--ttl",
+            "2s",
+            "--listen",
+            &listen,
+            "--kubernetes",
+            "off",
+        ],
+        &[],
+    );
+    sidecar.wait_for_output("vote does not count", Duration::from_secs(10));
+    let log = sidecar.stderr_text();
+    assert!(log.contains("evalsha"), "{log}");
+    node.stop();
+}
+
+/// `check` on real servers of every kind it tells apart, through the binary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_gives_each_kind_of_node_a_verdict_and_the_set_one() {
+    use tokio::task::block_in_place;
+    // A master whose CONFIG is renamed away, as managed services do: check never needs it.
+    let independent = RedisNode::start_with(&["--rename-command", "CONFIG", ""]);
+    assert!(independent
+        .command(&["CONFIG", "GET", "save"])
+        .starts_with("(error)"));
+    let primary = RedisNode::start();
+    let replica = RedisNode::start_replica();
+    block_in_place(|| replica.replicate(primary.addr()));
+    for node in [&independent, &primary] {
+        node.backdate_epoch(Duration::from_secs(3600));
+    }
+    // The independent master is reached through a proxy: another port than it reports.
+    let proxy = FaultProxy::start(independent.addr()).await;
+    let redis = [proxy.url(), primary.url(), replica.url()].join(",");
+    let check = || block_in_place(|| run(&["check", "--redis", &redis, "--ttl", "2s"]));
+
+    let (code, out, err) = check();
+    assert_eq!(code, 0, "{out}{err}");
+    let proxied = check_details(&out, &proxy.addr().to_string()).join("\n");
+    assert!(proxied.contains("independent master"), "{out}");
+    assert!(
+        proxied.contains(&format!("reports tcp_port {}", independent.port())),
+        "the proxy in between is seen:\n{out}"
+    );
+    let primary_lines = check_details(&out, &format!("127.0.0.1:{}", primary.port())).join("\n");
+    let abstain = format!(
+        "~{:.1} s (ttl + drift)",
+        votes::required_data_age(Duration::from_secs(2)).as_secs_f64()
+    );
+    assert!(
+        primary_lines.contains(&format!(
+            "primary with 1 replica: after a failover the new primary abstains for {abstain}"
+        )),
+        "{out}"
+    );
+    assert!(primary_lines.contains("min-replicas-to-write 0"), "{out}");
+    let replica_lines = check_details(&out, &format!("127.0.0.1:{}", replica.port())).join("\n");
+    assert!(
+        replica_lines.contains(&format!("a replica of 127.0.0.1:{}", primary.port()))
+            && replica_lines.contains("vote does not count"),
+        "{out}"
+    );
+    assert!(
+        verdict(&out).starts_with(&format!(
+            "unsafe because 127.0.0.1:{}: under a network partition",
+            primary.port()
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains("none seen"),
+        "persistence from INFO, without CONFIG:\n{out}"
+    );
+
+    // With min-replicas-to-write the primary is safe; two voters of three, one that can fail over.
+    primary.command(&["CONFIG", "SET", "min-replicas-to-write", "1"]);
+    let (_, out, _) = check();
+    assert_eq!(
+        verdict(&out),
+        format!(
+            "safe; survives no node loss; one failover makes the lock unavailable for {abstain}"
+        ),
+        "{out}"
+    );
+    drop(proxy);
 }

@@ -334,6 +334,7 @@ const DOCUMENTED_METRICS: &[&str] = &[
     "redlock_ttl_seconds",
     "redlock_renew_interval_seconds",
     "redlock_safety_margin_seconds",
+    "redlock_info",
     "process_resident_memory_bytes",
     "process_cpu_seconds_total",
 ];
@@ -369,7 +370,7 @@ async fn metrics_are_valid_exposition_with_every_documented_name_and_move_on_han
     let cluster = ready_cluster(3).await;
     let mut a = Sidecar::start("a", &cluster, &[]);
     support::wait_until_async(Duration::from_secs(20), "a leads", || a.is_leader()).await;
-    let b = Sidecar::start("b", &cluster, &[]);
+    let b = Sidecar::start("b", &cluster, &["--workload", "jobs-runner"]);
     b.wait_serving().await;
     let text = http::get(b.addr, "/metrics").await.unwrap();
     assert_eq!(text.status, 200);
@@ -398,6 +399,7 @@ async fn metrics_are_valid_exposition_with_every_documented_name_and_move_on_han
                 "reason",
                 "direction",
                 "version",
+                "workload",
                 "le"
             ]
             .contains(&k.as_str()),
@@ -419,6 +421,16 @@ async fn metrics_are_valid_exposition_with_every_documented_name_and_move_on_han
         (TTL_SECS / 3).as_secs_f64()
     );
     assert_eq!(sample(&before, "redlock_safety_margin_seconds", None), 0.3);
+    // One info series, naming the workload (alerts join it to tell locks of one workload apart).
+    let info: Vec<_> = before
+        .samples
+        .iter()
+        .filter(|s| s.metric == "redlock_info")
+        .collect();
+    assert_eq!(info.len(), 1, "one redlock_info series");
+    assert_eq!(info[0].labels.get("workload"), Some("jobs-runner"));
+    assert_eq!(info[0].labels.get("lock"), Some("jobs"));
+    assert_eq!(sample(&before, "redlock_info", None), 1.0);
     let handover = unix_now();
     a.proc.sigterm();
     support::wait_until_async(Duration::from_secs(5), "b leads", || b.is_leader()).await;
@@ -451,11 +463,17 @@ async fn metrics_are_valid_exposition_with_every_documented_name_and_move_on_han
     assert!(sample(&after, "redlock_fencing_token", None) > 0.0);
     assert!(sample(&after, "redlock_validity_remaining_seconds", None) > 0.0);
     assert_eq!(sample(&after, "redlock_node_up", None), 3.0, "all nodes up");
-    assert_eq!(
-        sample(&after, "redlock_node_vote_counted", None),
-        3.0,
-        "all votes counted"
-    );
+    // The vote gauge follows the answers that carry a data-age proof: the grants of b's round
+    // (the last of which may come after b leads) and its renewals.
+    support::wait_until_async(
+        Duration::from_secs(5),
+        "b counts every node's vote",
+        || async {
+            let now = parse_metrics(&http::get(b.addr, "/metrics").await.unwrap().body);
+            sample(&now, "redlock_node_vote_counted", None) == 3.0
+        },
+    )
+    .await;
 }
 
 /// The next server-sent event's JSON payload.
@@ -613,4 +631,115 @@ fn invalid_configurations_exit_2_with_one_line_naming_the_flag() {
         let stderr = support::process::assert_invalid_config(args, flag);
         assert!(!stderr.contains("hunter2"), "no password: {stderr}");
     }
+}
+
+/// Every `data:` payload of a `/leader/watch` stream, read until the server ends it.
+async fn watch_until_end(addr: SocketAddr) -> Vec<serde_json::Value> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (read, mut write) = stream.into_split();
+    write
+        .write_all(b"GET /leader/watch HTTP/1.1\r\nHost: test\r\n\r\n")
+        .await
+        .unwrap();
+    let mut lines = BufReader::new(read).lines();
+    let mut events = Vec::new();
+    while let Ok(Some(line)) = lines.next_line().await {
+        if let Some(data) = line.strip_prefix("data:") {
+            events.push(serde_json::from_str(data.trim()).unwrap());
+        }
+    }
+    events
+}
+
+/// A SIGTERM that lands while an acquire round is in flight, and that round then wins: the
+/// lock is released and never published (no 200, no leader event, no "acquired" log).
+/// Deterministic: the node holds every write while `CLIENT PAUSE WRITE` is on, so the round's
+/// script waits at the node until the signal has been handled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_that_wins_after_sigterm_is_released_without_ever_leading() {
+    let cluster = RedisCluster::start(1);
+    let ttl = Duration::from_secs(60);
+    cluster.backdate_epochs(ttl);
+    let node = cluster.node(0);
+    assert_eq!(node.command(&["CLIENT", "PAUSE", "60000", "WRITE"]), "OK");
+
+    let addr: SocketAddr = format!("127.0.0.1:{}", support::free_port())
+        .parse()
+        .unwrap();
+    let (redis, listen) = (node.url(), addr.to_string());
+    // The node timeout covers the time the script is held at the node.
+    let mut sidecar = Proc::spawn(
+        &[
+            "run",
+            "--lock",
+            "jobs",
+            "--redis",
+            &redis,
+            "--ttl",
+            "60s",
+            "--node-timeout",
+            "10s",
+            "--shutdown-timeout",
+            "30s",
+            "--listen",
+            &listen,
+            "--identity",
+            "a",
+            "--kubernetes",
+            "off",
+        ],
+        &[("REDLOCK_LOG", "debug")],
+    );
+    support::wait_until_async(Duration::from_secs(10), "admin endpoint serves", || async {
+        http::get(addr, "/healthz")
+            .await
+            .is_ok_and(|r| r.status == 200)
+    })
+    .await;
+    let events = tokio::spawn(watch_until_end(addr));
+    support::wait_until_async(
+        Duration::from_secs(10),
+        "the round's script waits at the paused node",
+        || async {
+            node.command(&["CLIENT", "LIST"])
+                .lines()
+                .any(|c| c.contains("flags=b") && c.contains("cmd=evalsha"))
+        },
+    )
+    .await;
+    assert_eq!(http::get(addr, "/leader").await.unwrap().status, 503);
+
+    sidecar.sigterm();
+    sidecar
+        .wait_for_output_async("shutting down", Duration::from_secs(10))
+        .await;
+    assert_eq!(node.command(&["CLIENT", "UNPAUSE"]), "OK");
+    let status = sidecar
+        .wait_exit_async(Duration::from_secs(30))
+        .await
+        .expect("the sidecar exits");
+    let log = sidecar.output_text();
+    assert!(status.success(), "{log}");
+
+    // The round won (a fencing token was minted) and the key was given back.
+    assert_ne!(
+        node.command(&["GET", "redlock:{jobs}:fence"]),
+        "(nil)",
+        "{log}"
+    );
+    assert_eq!(node.command(&["EXISTS", "redlock:{jobs}"]), "0", "{log}");
+    assert!(!log.contains("acquired the lock"), "never published: {log}");
+    let events = events.await.unwrap();
+    assert!(!events.is_empty(), "the stream reported the state");
+    assert!(
+        events.iter().all(|e| e["is_leader"] == false),
+        "never leader: {events:?}"
+    );
+    let after_signal = &log[log.find("shutting down").unwrap()..];
+    assert!(
+        after_signal.contains("won the lock after shutdown began"),
+        "{log}"
+    );
+    assert!(after_signal.contains("released the lock"), "{log}");
 }

@@ -212,3 +212,95 @@ async fn a_policy_switched_to_eviction_at_runtime_stops_the_node_counting() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// A cron job's first run after its Redis restarted: the node answers at once, but its vote
+/// counts only ttl + drift after it was first met. guard (even with `--wait 0`) waits for
+/// that, says so, and runs CMD; exit 69 stays for a quorum that does not answer.
+#[test]
+fn guard_waits_for_a_node_whose_vote_counts_soon_instead_of_failing() {
+    let node = RedisNode::start();
+    let outcome = support::TempDir::new("outcome");
+    let outcome_file = outcome.path().join("outcome");
+    let mut guard = support::Proc::spawn(
+        &[
+            "guard",
+            "--lock",
+            "fresh",
+            "--redis",
+            &node.url(),
+            "--ttl",
+            "2s",
+            "--wait",
+            "0",
+            "--kubernetes",
+            "off",
+            "--outcome-file",
+            outcome_file.to_str().expect("utf-8 path"),
+            "--",
+            "sh",
+            "-c",
+            "exit 3",
+        ],
+        &[],
+    );
+    let status = guard
+        .wait_exit(Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("guard exits\n{}", guard.output_text()));
+    let log = guard.output_text();
+    assert_eq!(
+        status.code(),
+        Some(3),
+        "CMD ran and its code came back:\n{log}"
+    );
+    assert!(
+        log.contains("waiting for nodes whose votes count"),
+        "guard says why it waits:\n{log}"
+    );
+    let line = std::fs::read_to_string(&outcome_file).expect("outcome line");
+    assert!(line.starts_with("outcome=ran exit_code=3 "), "{line}");
+}
+
+/// L (ttl 12 s) holds all three nodes; nodes 1 and 2 lose everything and have kept their new
+/// data for 2 s when X (ttl 2 s, no `--max-ttl`, no register seen yet) tries. X reaches node 0,
+/// the only node still holding L's 12 s register, 200 ms later than the others: counted as they
+/// came, the grants of nodes 1 and 2 would be a quorum before node 0 answers. They are judged
+/// once node 0 has answered, against its 12 s register.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_young_nodes_grant_waits_for_a_slower_nodes_longer_ttl_register() {
+    let long_ttl = Duration::from_secs(12);
+    let short_ttl = Duration::from_secs(2);
+    let cluster = RedisCluster::start(3);
+    cluster.backdate_epochs(long_ttl);
+    let long = Redlock::new(
+        config(&cluster.urls(), "long", long_ttl),
+        Arc::new(NoObserver),
+    )
+    .expect("valid config");
+    let lease = long.try_acquire().await.expect("l takes the lock");
+    for i in [1, 2] {
+        assert_eq!(cluster.node(i).command(&["FLUSHALL"]), "OK");
+        cluster.node(i).wait_votes_count(short_ttl);
+    }
+    let slow = support::FaultProxy::start(cluster.node(0).addr()).await;
+    let urls = [slow.url(), cluster.node(1).url(), cluster.node(2).url()];
+    let mut cfg = config(&urls, "short", short_ttl);
+    cfg.node_timeout = Duration::from_millis(400);
+    let short = Redlock::new(cfg, Arc::new(NoObserver)).expect("valid config");
+    // Connections up first (a read teaches no register), then node 0 answers late.
+    for (node, view) in short.inspect().await {
+        assert!(view.is_ok(), "{node} answers: {view:?}");
+    }
+    slow.set_latency(Duration::from_millis(100), Duration::ZERO);
+    let err = short
+        .try_acquire()
+        .await
+        .expect_err("no second holder while l's lock is valid");
+    assert!(
+        Instant::now() < lease.valid_until,
+        "l's lock was still valid"
+    );
+    assert!(
+        matches!(err, LockError::NotYetTrusted { ready_in, .. } if ready_in > short_ttl),
+        "nodes 1 and 2 count only once they have kept their data for l's ttl: {err}"
+    );
+}

@@ -112,19 +112,19 @@ impl RedisServer {
             .unwrap_or_else(|e| panic!("{args:?} on port {}: {e}", self.port))
     }
 
-    /// How long this server has provably kept its data for the engine (its epoch marker's
-    /// age), stamping the marker first as the first contender to meet it would.
-    pub fn data_age(&self) -> Duration {
+    /// The lineage the engine's scripts stamp into this server's epoch marker (database 0).
+    pub fn lineage(&self) -> String {
         let info = self.cmd(&["INFO", "server"]);
-        let run_id = info_field(&info, "run_id").unwrap_or_default();
-        let marker = self.cmd(&["GET", EPOCH_KEY]);
-        let pttl: i64 = self.cmd(&["PTTL", EPOCH_KEY]).parse().unwrap_or(-2);
-        if let Some(age) = votes::data_age(&marker, pttl, run_id) {
-            return age;
-        }
-        let lifetime = votes::EPOCH_LIFETIME_MS.to_string();
-        self.cmd(&["SET", EPOCH_KEY, run_id, "PX", &lifetime]);
-        Duration::ZERO
+        let run_id = info_field(&info, "run_id").unwrap_or_default().to_owned();
+        let info = self.cmd(&["INFO", "replication"]);
+        let replid = info_field(&info, "master_replid").unwrap_or_default();
+        votes::lineage(&run_id, replid, 0)
+    }
+
+    /// Stamps the epoch marker as if this server had kept its data for `age` already.
+    pub fn backdate(&self, age: Duration) {
+        let px = (votes::EPOCH_LIFETIME_MS - age.as_millis() as u64).to_string();
+        self.cmd(&["SET", EPOCH_KEY, &self.lineage(), "PX", &px]);
     }
 
     /// Total calls over every command in `INFO commandstats`.
@@ -209,19 +209,11 @@ pub fn commands_stats(server: &RedisServer, commands: &[&str]) -> (u64, u64) {
     total
 }
 
-/// Blocks until every server's votes count for `ttl`: its epoch marker is ttl + drift old.
-pub fn wait_votes_count(servers: &[RedisServer], ttl: Duration) {
-    let needed = votes::required_data_age(ttl);
-    let started = Instant::now();
+/// Stamps every server's epoch marker as a server in steady state has it: older than any ttl
+/// may be, so rounds are decided at quorum (a younger node's grant waits for every answer).
+pub fn settle(servers: &[RedisServer]) {
     for server in servers {
-        while server.data_age() < needed {
-            assert!(
-                started.elapsed() < needed + Duration::from_secs(30),
-                "redis-server on port {} never proved {needed:?} of data age",
-                server.port
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        server.backdate(votes::settled_data_age());
     }
 }
 

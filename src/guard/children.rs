@@ -1,7 +1,12 @@
-//! guard's side of its children: the supervisor it starts CMD under, and orphans
-//! re-parented to guard (it is a child subreaper, e.g. as a container's PID 1).
+//! guard's side of its children: the supervisor it starts CMD under, CMD's process group,
+//! and orphans re-parented to guard (it is a child subreaper, e.g. as a container's PID 1).
+//!
+//! CMD's environment is guard's, without guard's own settings (every `REDLOCK_*` variable:
+//! `REDLOCK_REDIS` may carry passwords inline, `REDLOCK_REDIS_PASSWORD` is one), plus
+//! `REDLOCK_LOCK`, `REDLOCK_FENCING_TOKEN` and `REDLOCK_HOLDER`.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::time::Duration;
 
@@ -11,6 +16,23 @@ use tracing::{debug, warn};
 
 use super::{supervisor, tree};
 use crate::config::GuardConfig;
+
+/// The prefix of guard's own settings, none of which CMD inherits.
+const PRIVATE_PREFIX: &str = "REDLOCK_";
+
+/// CMD's process group (CMD leads it).
+pub struct CmdGroup {
+    pgid: i32,
+}
+
+impl CmdGroup {
+    /// Sends `sig` to every process of the group.
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) with a negative pid signals the process group; no memory involved.
+        // The group cannot be reused while the supervisor runs: it has not reaped CMD.
+        unsafe { libc::kill(-self.pgid, sig) };
+    }
+}
 
 /// guard's children: the supervisor (and through it CMD), and orphans re-parented here.
 pub struct Children {
@@ -30,15 +52,21 @@ impl Children {
         }
     }
 
-    /// Starts the supervisor, which starts CMD; returns CMD's pid (its process group).
+    /// Starts the supervisor, which starts CMD; returns CMD's process group.
     pub async fn start(
         &mut self,
         cfg: &GuardConfig,
         token: u64,
         identity: &str,
-    ) -> std::io::Result<i32> {
+    ) -> std::io::Result<CmdGroup> {
         let (read, write) = pipe()?;
         let mut command = std::process::Command::new("/proc/self/exe");
+        // The supervisor passes its environment on to CMD.
+        for (name, _) in std::env::vars_os() {
+            if name.as_bytes().starts_with(PRIVATE_PREFIX.as_bytes()) {
+                command.env_remove(name);
+            }
+        }
         command
             .arg("supervise")
             .arg("--parent")
@@ -95,7 +123,7 @@ impl Children {
             words.next(),
             words.next().and_then(|w| w.parse::<i32>().ok()),
         ) {
-            (Some("started"), Some(pid)) => Ok(pid),
+            (Some("started"), Some(pid)) => Ok(CmdGroup { pgid: pid }),
             (Some("error"), Some(errno)) => Err(std::io::Error::from_raw_os_error(errno)),
             _ => Err(std::io::Error::other(
                 "the supervisor ended before starting CMD",

@@ -116,6 +116,11 @@ impl Tally {
         self.won() || self.votes.len() - self.against < self.needed
     }
 
+    /// How many counted grants were recorded.
+    pub(crate) fn granted(&self) -> usize {
+        self.granted
+    }
+
     /// Whether a quorum granted.
     pub(crate) fn won(&self) -> bool {
         self.granted >= self.needed
@@ -156,6 +161,30 @@ pub enum LockError {
         lock: String,
         /// Votes needed.
         needed: usize,
+        /// Per-node answers.
+        votes: Votes,
+    },
+    /// A quorum would grant, but some of its nodes have not yet kept their data for the
+    /// longest ttl plus drift (a restart, flush or failover a moment ago): their votes count
+    /// after `ready_in`. Waiting retries then, also past its deadline.
+    #[error("lock {lock:?}: nodes vote in {ready_in:?}, once they have kept their data for ttl + drift [{votes}]")]
+    NotYetTrusted {
+        /// The lock name.
+        lock: String,
+        /// How long until enough of them count for a quorum.
+        ready_in: Duration,
+        /// Per-node answers.
+        votes: Votes,
+    },
+    /// Another contender of this lock lists other Redis nodes (its node-set record is live on
+    /// a node we reached): contenders on different node sets could both get a quorum, so we
+    /// refuse to lead until its record expires.
+    #[error(
+        "lock {lock:?}: another contender lists other Redis nodes; refusing to lead [{votes}]"
+    )]
+    NodeSetConflict {
+        /// The lock name.
+        lock: String,
         /// Per-node answers.
         votes: Votes,
     },
@@ -202,7 +231,8 @@ impl LockError {
     pub fn kind(&self) -> &'static str {
         match self {
             LockError::Busy { .. } | LockError::Contended { .. } => "busy",
-            LockError::QuorumUnreachable { .. } => "no_quorum",
+            LockError::QuorumUnreachable { .. } | LockError::NotYetTrusted { .. } => "no_quorum",
+            LockError::NodeSetConflict { .. } => "node_set_conflict",
             LockError::ValidityTooShort { .. } | LockError::Expired { .. } => "expired",
             LockError::Lost { .. } => "lost",
             LockError::Superseded { .. } => "superseded",
@@ -216,6 +246,8 @@ impl LockError {
             LockError::Busy { votes, .. }
             | LockError::Contended { votes, .. }
             | LockError::QuorumUnreachable { votes, .. }
+            | LockError::NotYetTrusted { votes, .. }
+            | LockError::NodeSetConflict { votes, .. }
             | LockError::Lost { votes, .. }
             | LockError::Superseded { votes, .. } => Some(votes),
             _ => None,

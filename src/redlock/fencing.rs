@@ -49,6 +49,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use super::error::{Tally, Vote, Votes};
 use super::{Op, Order, Redlock, RAISE_FENCE};
 
+/// The largest token: Lua compares counters as doubles, exact below 2^53. A node reporting
+/// a higher counter is answering garbage (see `acquire`), and no token is minted above it.
+pub const MAX_TOKEN: u64 = (1 << 53) - 1;
+
 /// Rounds of `Redlock::raise_fence` before an acquisition gives up (each one starts above
 /// every counter the previous one saw, so only a fleet minting in a tight loop needs more).
 const RAISE_ATTEMPTS: usize = 3;
@@ -70,9 +74,9 @@ impl Redlock {
                 Order::Free,
                 &RAISE_FENCE,
                 vec![
+                    String::new(),
+                    String::new(),
                     token.to_string(),
-                    String::new(),
-                    String::new(),
                     self.inner.retention_ms(),
                 ],
             );
@@ -80,10 +84,16 @@ impl Redlock {
             let mut highest = 0;
             while let Some((index, answer)) = answers.recv().await {
                 let vote = match answer {
-                    Ok((before, _)) => {
-                        highest = highest.max(before.parse().unwrap_or(0));
-                        Vote::Granted
-                    }
+                    Ok((before, _)) => match before.parse::<u64>() {
+                        Ok(before) if before <= MAX_TOKEN => {
+                            highest = highest.max(before);
+                            Vote::Granted
+                        }
+                        _ => Vote::Failed(super::NodeError {
+                            kind: super::NodeErrorKind::Protocol,
+                            message: format!("fencing counter {before:?} is not below 2^53"),
+                        }),
+                    },
                     Err(err) => Vote::Failed(err),
                 };
                 if tally.record(index, vote) {
@@ -94,7 +104,7 @@ impl Redlock {
             tokio::spawn(async move {
                 while let Some((_, answer)) = answers.recv().await {
                     if let Ok((before, _)) = answer {
-                        let before = before.parse().unwrap_or(0);
+                        let before = before.parse().unwrap_or(0).min(MAX_TOKEN);
                         this.inner.fence_seen.fetch_max(before, Ordering::Relaxed);
                     }
                 }
@@ -105,7 +115,7 @@ impl Redlock {
             if !tally.won() {
                 return Err(self.label_votes(tally.votes));
             }
-            if highest < token {
+            if highest < token && token <= MAX_TOKEN {
                 return Ok(token);
             }
             last = self.label_votes(tally.votes);
@@ -122,7 +132,7 @@ pub fn next_token(highest: u64, skew_ms: i64) -> u64 {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         .saturating_add_signed(skew_ms);
-    highest.saturating_add(1).max(now_ms)
+    highest.saturating_add(1).max(now_ms).min(MAX_TOKEN)
 }
 
 #[cfg(test)]

@@ -29,21 +29,24 @@
 //! - Nothing here panics on what a node answers: garbage, wrong passwords, dead hosts
 //!   and hung nodes all end as typed [`Vote::Failed`] entries within the node timeout.
 
+mod acquire;
+pub mod cluster;
 mod error;
 pub mod fencing;
 mod node;
 mod scripts;
+pub mod secrets;
+pub mod sentinel;
 pub mod timing;
 pub mod votes;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
 use futures_util::StreamExt;
-use rand::Rng;
 use redis::Script;
 use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -52,14 +55,14 @@ use crate::clock;
 use error::Tally;
 pub use error::{ConfigError, LockError, Vote, Votes};
 pub use node::{
-    ClientCert, ConnectSettings, Credentials, Node, NodeError, NodeErrorKind, NodeFacts, NodeSpec,
-    FACTS_MAX_AGE,
+    info_field, ClientCert, ConnectSettings, Credentials, Node, NodeError, NodeErrorKind,
+    NodeFacts, NodeSpec, FACTS_MAX_AGE,
 };
-use timing::CLOCK_DRIFT_FLOOR;
 pub use timing::{drift, quorum, validity};
 use votes::Proof;
 
-/// The key of each node's epoch marker (see [`votes`]): `<server ms>:<run id>`.
+/// The key of each node's epoch marker (see [`votes`]): the lineage `<run id>:<replication
+/// id>:<db>`, stamped with an expiry its age is read from.
 pub const EPOCH_KEY: &str = "redlock:epoch";
 
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::ACQUIRE));
@@ -69,6 +72,7 @@ static RESTORE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::RESTORE
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::RELEASE));
 static CLEANUP: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::CLEANUP));
 static READ: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::READ));
+static PROBE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::PROBE));
 
 /// The kind of request sent to a node (a metric label).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,6 +118,8 @@ pub trait Observer: Send + Sync + 'static {
     }
     /// Node `index`'s vote was or was not counted in an acquire round.
     fn node_counted(&self, _index: usize, _counted: bool) {}
+    /// A round refused to lead: another contender of the lock lists other nodes.
+    fn node_set_conflict(&self) {}
 }
 
 /// An observer that records nothing.
@@ -127,7 +133,8 @@ pub struct RedlockConfig {
     pub lock: String,
     /// Who we are, written into the lock value so others can see the holder.
     pub identity: String,
-    /// The Redis masters. They must be independent (no replication between them).
+    /// The voters: independent Redis masters (no replication between them), or Sentinel
+    /// groups, each followed to its current master.
     pub nodes: Vec<NodeSpec>,
     /// How long a key lives without renewal.
     pub ttl: Duration,
@@ -136,8 +143,14 @@ pub struct RedlockConfig {
     /// How long a fencing counter is kept after its last use; then the Unix-ms floor of the
     /// next token takes over (see [`fencing`]).
     pub fence_retention: Duration,
+    /// The name of the node set recorded beside the lock; `None`: the fingerprint of `nodes`
+    /// (see [`votes::node_set_fingerprint`]).
+    pub node_set: Option<String>,
     /// Count votes of nodes whose `maxmemory-policy` may evict lock keys (unsafe).
     pub allow_evicting_nodes: bool,
+    /// Whether connecting to a cluster-mode node stamps the epoch markers of every slot (see
+    /// [`cluster`]); the operator commands, which never write, turn it off.
+    pub stamp_cluster_markers: bool,
     /// Tests only: pretend this client's wall clock is off by this many milliseconds, to
     /// check the fencing guarantee under clock skew.
     #[doc(hidden)]
@@ -162,7 +175,9 @@ impl RedlockConfig {
             ttl: Duration::from_secs(10),
             max_ttl: None,
             fence_retention: DEFAULT_FENCE_RETENTION,
+            node_set: None,
             allow_evicting_nodes: false,
+            stamp_cluster_markers: true,
             wall_clock_skew_ms: 0,
             node_timeout: Duration::from_millis(50),
             connect_timeout: Duration::from_secs(1),
@@ -207,6 +222,16 @@ impl RedlockConfig {
                     ),
                 ));
             }
+        }
+        // Bounded before any rule below computes with them.
+        timing::check_bounds(self)?;
+        if self.node_set.as_ref().is_some_and(|name| {
+            name.is_empty() || name.len() > 200 || name.chars().any(char::is_control)
+        }) {
+            return Err(ConfigError::new(
+                "--node-set",
+                "must be 1 to 200 printable characters",
+            ));
         }
         if self.node_timeout.is_zero() {
             return Err(ConfigError::new("--node-timeout", "must be greater than 0"));
@@ -299,6 +324,17 @@ pub struct NodeView {
     pub fence: u64,
 }
 
+/// What a node's ACL lets this client run of what the engine needs (see [`Redlock::probe_access`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Access {
+    /// Denied commands without which no vote can be given (`evalsha`, `info`, a lock key...).
+    pub denied: Vec<String>,
+    /// Denied commands that only slow hand-overs (the release announcement).
+    pub denied_optional: Vec<String>,
+    /// False when the server cannot tell (before Redis 7): nothing is known.
+    pub checked: bool,
+}
+
 /// A Redlock client for one lock name. Cheap to clone; clones share connections.
 #[derive(Clone)]
 pub struct Redlock {
@@ -310,8 +346,13 @@ struct Inner {
     key: String,
     fence_key: String,
     ttl_key: String,
+    node_set_key: String,
     channel: String,
     nodes: Vec<Node>,
+    /// The fingerprint of our node list, recorded beside the lock (see `votes`).
+    node_set: String,
+    /// When a node-set conflict was last logged.
+    conflict_logged_at: std::sync::Mutex<Option<Instant>>,
     /// The highest fencing counter seen, so the next candidate token starts above it.
     fence_seen: AtomicU64,
     /// The longest ttl (ms) any node's max-ttl register ever reported for this lock.
@@ -326,11 +367,8 @@ struct Inner {
     _stop_on_drop: DropGuard,
 }
 
-/// `{granted, fence, epoch_age_ms, max_ttl_ms, candidate_stored, holder_value, holder_pttl}`.
-type AcquireReply = (i64, u64, u64, u64, i64, String, i64);
-
 /// `{status, epoch_age_ms, max_ttl_ms}`.
-type ExtendReply = (i64, u64, u64);
+type ExtendReply = (i64, i64, u64);
 
 /// One node's answer to a script, with the facts of the connection it came on.
 type Answer<T> = (usize, Result<(T, Arc<NodeFacts>), NodeError>);
@@ -360,46 +398,6 @@ impl<T: Send + 'static> Drop for Answers<T> {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move { while calls.next().await.is_some() {} });
         }
-    }
-}
-
-/// What the acquire answers of one round say about the lock besides the votes.
-#[derive(Default)]
-struct Seen {
-    /// The highest fencing counter any node reported.
-    fence: u64,
-    /// The shortest remaining ttl of another holder's key.
-    holder_ttl: Option<Duration>,
-    /// Other holders' lock values and on how many nodes each was seen.
-    holders: Vec<(String, usize)>,
-}
-
-impl Seen {
-    /// Takes one answer into account; returns the holder's identity if the key was taken.
-    fn add(&mut self, reply: &AcquireReply) -> Option<String> {
-        let (granted, fence, _, _, _, holder_value, pttl) = reply;
-        self.fence = self.fence.max(*fence);
-        if *granted == 1 {
-            return None;
-        }
-        if let Ok(ms) = u64::try_from(*pttl) {
-            let ttl = Duration::from_millis(ms);
-            self.holder_ttl = Some(self.holder_ttl.map_or(ttl, |t| t.min(ttl)));
-        }
-        match self.holders.iter_mut().find(|(v, _)| v == holder_value) {
-            Some((_, nodes)) => *nodes += 1,
-            None => self.holders.push((holder_value.clone(), 1)),
-        }
-        Some(identity_of(holder_value).to_owned())
-    }
-
-    /// On how many nodes the most widespread other holder was seen.
-    fn most_held(&self) -> usize {
-        self.holders
-            .iter()
-            .map(|(_, nodes)| *nodes)
-            .max()
-            .unwrap_or(0)
     }
 }
 
@@ -444,8 +442,14 @@ impl Drop for KeyWrite {
 
 impl Inner {
     /// The keys every script gets, in the order `scripts` documents.
-    fn keys(&self) -> [&str; 4] {
-        [&self.key, &self.fence_key, &self.ttl_key, EPOCH_KEY]
+    fn keys(&self) -> [&str; 5] {
+        [
+            &self.key,
+            &self.fence_key,
+            &self.ttl_key,
+            EPOCH_KEY,
+            &self.node_set_key,
+        ]
     }
 
     /// Arguments 4 on of the scripts that keep the fencing counter: its retention in ms.
@@ -472,6 +476,8 @@ impl Redlock {
         cfg.validate()?;
         let settings = ConnectSettings {
             connect_timeout: cfg.connect_timeout,
+            slot: cluster::key_slot(&format!("redlock:{{{}}}", cfg.lock)),
+            stamp_slots: cfg.stamp_cluster_markers,
         };
         let nodes = cfg
             .nodes
@@ -486,7 +492,14 @@ impl Redlock {
                 key: format!("redlock:{{{name}}}"),
                 fence_key: format!("redlock:{{{name}}}:fence"),
                 ttl_key: format!("redlock:{{{name}}}:ttl"),
+                node_set_key: format!("redlock:{{{name}}}:nodes"),
                 channel: format!("redlock:{{{name}}}:released"),
+                node_set: cfg.node_set.clone().unwrap_or_else(|| {
+                    votes::node_set_fingerprint(
+                        &cfg.nodes.iter().map(NodeSpec::identity).collect::<Vec<_>>(),
+                    )
+                }),
+                conflict_logged_at: std::sync::Mutex::new(None),
                 fence_seen: AtomicU64::new(0),
                 max_ttl_seen: AtomicU64::new(0),
                 key_writes: (0..nodes.len()).map(|_| watch::channel(0).0).collect(),
@@ -574,255 +587,6 @@ impl Redlock {
         Answers { calls }
     }
 
-    /// The vote in node `index`'s acquire answer, and whether it stored our candidate token.
-    /// `decided` marks answers that came after the round was decided: a grant then is too late.
-    fn acquire_vote(
-        &self,
-        index: usize,
-        answer: Result<(AcquireReply, Arc<NodeFacts>), NodeError>,
-        seen: &mut Seen,
-        decided: bool,
-    ) -> (Vote, bool) {
-        let (reply, facts) = match answer {
-            Ok(answer) => answer,
-            Err(err) => return (Vote::Failed(err), false),
-        };
-        let proof = Proof {
-            data_age: Duration::from_millis(reply.2),
-            max_ttl: Duration::from_millis(reply.3),
-        };
-        let counts = self.judge(index, &facts, proof);
-        match (seen.add(&reply), counts) {
-            (Some(holder), _) => (Vote::HeldBy(holder), false),
-            (None, _) if decided => (
-                Vote::NotCounted("granted after the round was decided".to_owned()),
-                false,
-            ),
-            (None, Ok(())) => (Vote::Granted, reply.4 == 1),
-            (None, Err(why)) => (Vote::NotCounted(why), false),
-        }
-    }
-
-    /// One acquisition round: `Ok` with a lease, or why not. Never waits or retries.
-    pub async fn try_acquire(&self) -> Result<Lease, LockError> {
-        let cfg = &self.inner.cfg;
-        let n = self.inner.nodes.len();
-        let needed = quorum(n);
-        let value = format!("{}:{}", cfg.identity, random_hex());
-        let candidate = self.next_token(self.inner.fence_seen.load(Ordering::Relaxed));
-        let start = clock::now();
-        let since = SystemTime::now();
-        let mut answers = self.fan_out::<AcquireReply>(
-            Op::Acquire,
-            Order::MayWrite,
-            &ACQUIRE,
-            vec![
-                value.clone(),
-                cfg.ttl.as_millis().to_string(),
-                candidate.to_string(),
-                self.inner.retention_ms(),
-            ],
-        );
-        let mut tally = Tally::new(n);
-        let mut seen = Seen::default();
-        // Counted grants whose node stored our candidate token (its counter was lower).
-        let mut candidate_stored = 0;
-        while let Some((index, answer)) = answers.recv().await {
-            let (vote, stored) = self.acquire_vote(index, answer, &mut seen, false);
-            candidate_stored += usize::from(stored);
-            if tally.record(index, vote) {
-                break;
-            }
-        }
-        // Nodes may have stored the candidate even if this round fails: start above it next time.
-        self.inner
-            .fence_seen
-            .fetch_max(seen.fence.max(candidate), Ordering::Relaxed);
-        let won = tally.won();
-        let mut votes = tally.votes;
-        if !won {
-            // The remaining answers (each bounded by the node timeout) complete the report,
-            // so followers see the holder most nodes agree on, and show where to clean up.
-            while let Some((index, answer)) = answers.recv().await {
-                votes[index] = Some(self.acquire_vote(index, answer, &mut seen, true).0);
-            }
-            self.inner
-                .fence_seen
-                .fetch_max(seen.fence, Ordering::Relaxed);
-            // Our key may stand wherever a node did not answer "held by someone else".
-            self.clean_up(
-                &value,
-                |vote| !matches!(vote, Some(Vote::HeldBy(_))),
-                &votes,
-            )
-            .await;
-            let holder = most_common_holder(&votes);
-            let answered = votes
-                .iter()
-                .filter(|v| matches!(v, Some(v) if !matches!(v, Vote::Failed(_))))
-                .count();
-            let votes = self.label_votes(votes);
-            // Not even the nodes that did not answer could give any one holder a quorum:
-            // a split among contenders, who all clean up. Not busy: nobody holds the lock.
-            let split = seen.most_held() + (n - answered) < needed;
-            return Err(if holder.is_some() && answered >= needed && split {
-                LockError::Contended {
-                    lock: cfg.lock.clone(),
-                    votes,
-                }
-            } else if holder.is_some() && answered >= needed {
-                LockError::Busy {
-                    lock: cfg.lock.clone(),
-                    holder,
-                    holder_ttl: seen.holder_ttl,
-                    holder_fence: seen.fence,
-                    votes,
-                }
-            } else {
-                LockError::QuorumUnreachable {
-                    lock: cfg.lock.clone(),
-                    needed,
-                    votes,
-                }
-            });
-        }
-        // Answers after the quorum still carry counters (the next candidate starts above
-        // them) and tell whether their node's vote counts, so every node's report stays current.
-        let this = self.clone();
-        tokio::spawn(async move {
-            let mut late = Seen::default();
-            while let Some((index, answer)) = answers.recv().await {
-                this.acquire_vote(index, answer, &mut late, true);
-            }
-            this.inner
-                .fence_seen
-                .fetch_max(late.fence, Ordering::Relaxed);
-        });
-        let elapsed = || clock::now().saturating_duration_since(start);
-        let too_short = || LockError::ValidityTooShort {
-            lock: cfg.lock.clone(),
-            elapsed: elapsed(),
-            ttl: cfg.ttl,
-        };
-        if validity(cfg.ttl, elapsed()).is_none() {
-            self.clean_up(&value, |_| true, &votes).await;
-            return Err(too_short());
-        }
-        // The candidate is safe once a quorum stored it; otherwise a node already had a
-        // counter at least as high, and a write-back round mints the next token.
-        let fencing_token = if candidate_stored >= needed {
-            candidate
-        } else {
-            match self
-                .raise_fence(self.next_token(seen.fence.max(candidate)))
-                .await
-            {
-                Ok(token) => token,
-                Err(votes_fence) => {
-                    self.clean_up(&value, |_| true, &votes).await;
-                    return Err(LockError::QuorumUnreachable {
-                        lock: cfg.lock.clone(),
-                        needed,
-                        votes: votes_fence,
-                    });
-                }
-            }
-        };
-        self.inner
-            .fence_seen
-            .fetch_max(fencing_token, Ordering::Relaxed);
-        let Some(valid) = validity(cfg.ttl, elapsed()) else {
-            self.clean_up(&value, |_| true, &votes).await;
-            return Err(too_short());
-        };
-        Ok(Lease {
-            value,
-            fencing_token,
-            acquired_at: start,
-            since,
-            valid_until: start + valid,
-        })
-    }
-
-    /// Waits for the lock: retries with growing random delays, and at once when a
-    /// holder announces a release, until `deadline` (then the last error) or `cancel`.
-    ///
-    /// `on_attempt` sees every round's outcome and duration (to publish who holds the lock).
-    pub async fn acquire(
-        &self,
-        deadline: Option<Instant>,
-        cancel: &CancellationToken,
-        mut on_attempt: impl FnMut(&Result<Lease, LockError>, Duration),
-    ) -> Result<Lease, LockError> {
-        self.listen_for_releases();
-        let cfg = &self.inner.cfg;
-        let mut released = self.inner.released.subscribe();
-        let mut attempt = 0u32;
-        let mut collisions = 0u32;
-        let mut woken = false;
-        loop {
-            released.borrow_and_update();
-            // A started round is never abandoned half-way: it is short (node timeout) and
-            // dropping it could leave keys behind until their ttl.
-            let round = Instant::now();
-            let result = self.try_acquire().await;
-            on_attempt(&result, round.elapsed());
-            let err = match result {
-                Ok(lease) => return Ok(lease),
-                Err(err) => err,
-            };
-            // Counts rounds lost right after a release announcement: other waiters heard it too.
-            collisions = if woken {
-                collisions.saturating_add(1)
-            } else {
-                0
-            };
-            let mut delay = match &err {
-                // Held: poll about once per `retry_max` (a release announcement wakes us
-                // sooner), but never past the moment the holder's key expires, so a crashed
-                // holder is replaced promptly.
-                LockError::Busy {
-                    holder_ttl: Some(left),
-                    ..
-                } => {
-                    let poll = cfg.retry_max
-                        + timing::retry_delay(cfg.retry_delay, cfg.retry_delay, 0) / 2;
-                    poll.min(*left + CLOCK_DRIFT_FLOOR)
-                }
-                // Otherwise random and growing, so a struggling fleet is not hammered.
-                _ => timing::retry_delay(cfg.retry_delay, cfg.retry_max, attempt),
-            };
-            if let Some(deadline) = deadline {
-                // A split round says nothing about a holder: retry it past the deadline,
-                // for up to one ttl (by then every key of that round has expired).
-                let deadline = match err {
-                    LockError::Contended { .. } => deadline + cfg.ttl,
-                    _ => deadline,
-                };
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(err);
-                }
-                delay = delay.min(left);
-            }
-            woken = tokio::select! {
-                biased;
-                _ = cancel.cancelled() => return Err(LockError::Cancelled),
-                _ = released.changed() => true,
-                _ = tokio::time::sleep(delay) => false,
-            };
-            if woken && collisions > 0 {
-                // Every waiter hears the same release. A lone waiter retries at once; after
-                // a collision, a random pause that grows with each one spreads them out.
-                let spread =
-                    (Duration::from_micros(250) * (1 << collisions.min(10))).min(cfg.retry_delay);
-                let pause = rand::rng().random_range(Duration::ZERO..=spread);
-                tokio::time::sleep(pause).await;
-            }
-            attempt = attempt.saturating_add(1);
-        }
-    }
-
     /// Extends `lease` to a fresh ttl on a quorum, within its remaining validity.
     ///
     /// Returns the lease with its new validity. Nodes that lost our key get it back only
@@ -843,6 +607,7 @@ impl Redlock {
             cfg.ttl.as_millis().to_string(),
             lease.fencing_token.to_string(),
             self.inner.retention_ms(),
+            self.inner.node_set.clone(),
         ];
         // An answer "key missing" calls for a restore: each node counts as writing our key
         // until its answer has been handled.
@@ -903,7 +668,7 @@ impl Redlock {
             }
         });
         Ok(Lease {
-            valid_until: start + valid,
+            valid_until: timing::renewed_until(lease.valid_until, start, valid),
             ..lease.clone()
         })
     }
@@ -918,7 +683,7 @@ impl Redlock {
         match answer {
             Ok(((status, age, max_ttl), facts)) => {
                 let proof = Proof {
-                    data_age: Duration::from_millis(age),
+                    data_age: votes::DataAge::from_script(age),
                     max_ttl: Duration::from_millis(max_ttl),
                 };
                 let _ = self.judge(index, &facts, proof);
@@ -1014,6 +779,34 @@ impl Redlock {
             .collect()
     }
 
+    /// Asks node `index` which commands the engine needs its ACL user may not run, with this
+    /// lock's own keys and channel (see `scripts::PROBE`); writes nothing. A user who may not
+    /// run scripts at all is told by the node's `NOPERM`, reported as denied `evalsha`.
+    pub async fn probe_access(&self, index: usize, timeout: Duration) -> Result<Access, NodeError> {
+        let inner = &self.inner;
+        let answer = inner.nodes[index]
+            .eval::<(Vec<String>, Vec<String>, i64)>(
+                &PROBE,
+                &inner.keys(),
+                &[&inner.channel],
+                timeout,
+            )
+            .await;
+        match answer {
+            Ok(((denied, denied_optional, checked), _)) => Ok(Access {
+                denied,
+                denied_optional,
+                checked: checked == 1,
+            }),
+            Err(err) if err.is_acl_denial() => Ok(Access {
+                denied: vec![err.message],
+                denied_optional: Vec::new(),
+                checked: true,
+            }),
+            Err(err) => Err(err),
+        }
+    }
+
     /// Starts, once, one task per node that listens for release announcements.
     fn listen_for_releases(&self) {
         self.inner.listening.call_once(|| {
@@ -1075,32 +868,9 @@ fn lost_answer() -> NodeError {
     }
 }
 
-/// The identity that holds the key on the most nodes among `votes`.
-fn most_common_holder(votes: &[Option<Vote>]) -> Option<String> {
-    let mut counts: Vec<(&str, usize)> = Vec::new();
-    for vote in votes.iter().flatten() {
-        if let Vote::HeldBy(identity) = vote {
-            match counts.iter_mut().find(|(id, _)| id == identity) {
-                Some((_, n)) => *n += 1,
-                None => counts.push((identity, 1)),
-            }
-        }
-    }
-    counts
-        .into_iter()
-        .max_by_key(|(_, n)| *n)
-        .map(|(id, _)| id.to_owned())
-}
-
 /// The identity part of a lock value (`identity:random`).
 fn identity_of(value: &str) -> &str {
     value
         .rsplit_once(':')
         .map_or(value, |(identity, _)| identity)
-}
-
-/// 128 random bits as hex.
-fn random_hex() -> String {
-    let bytes: [u8; 16] = rand::rng().random();
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -10,8 +10,13 @@
 //! - Every call is bounded by the caller's timeout: a hung node costs at most that.
 //! - Scripts go by `EVALSHA`, falling back to `EVAL` when the node does not know them
 //!   (after a restart, say).
+//! - Credentials kept in files are read again for every new connection (see `secrets`).
 //! - Passwords never leave this module: `Debug` and `Display` show `host:port`, and
 //!   error texts are scrubbed of the password before they are kept.
+//! - A node may be a Sentinel group (`redis+sentinel://`): each connection is made to the
+//!   master the Sentinels name, and is dropped when the group fails over (see `sentinel`).
+//! - An answer `READONLY` or `MASTERDOWN` drops the connection: the server is no longer a
+//!   master that can grant, and the next call dials (or resolves) again.
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -25,8 +30,12 @@ use redis::{
     IntoConnectionInfo, RedisError, Script, TlsCertificates,
 };
 use tokio::sync::watch;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
+use super::cluster;
 use super::error::ConfigError;
+use super::secrets::SecretFiles;
+use super::sentinel::{self, Group, SentinelUrl};
 
 /// Credentials and TLS settings applied to every node URL that does not carry its own.
 #[derive(Clone, Default)]
@@ -40,6 +49,13 @@ pub struct Credentials {
     /// Client certificate (PEM chain) and private key (PEM) for `rediss://` nodes that
     /// authenticate clients (`tls-auth-clients yes`); the key is never printed.
     pub client_cert: Option<ClientCert>,
+    /// ACL user for the Sentinels of `redis+sentinel://` nodes.
+    pub sentinel_username: Option<String>,
+    /// Password for the Sentinels of `redis+sentinel://` nodes; never printed.
+    pub sentinel_password: Option<String>,
+    /// Files the password, CA and client certificate come from, read again for every new
+    /// connection (see [`super::secrets`]); what they held at start-up is in the fields above.
+    pub files: SecretFiles,
 }
 
 /// A TLS client certificate and its key, both PEM.
@@ -61,30 +77,58 @@ impl fmt::Debug for Credentials {
                 "client_cert",
                 &self.client_cert.as_ref().map(|_| "<redacted>"),
             )
+            .field("sentinel_username", &self.sentinel_username)
+            .field(
+                "sentinel_password",
+                &self.sentinel_password.as_ref().map(|_| "<redacted>"),
+            )
+            .field("files", &self.files)
             .finish()
     }
 }
 
-/// A parsed node address. `Debug`/`Display` show only `host:port`.
+/// A parsed node address. `Debug`/`Display` show only `host:port` (a Sentinel group:
+/// `MASTER@sentinel1:port,...`).
 #[derive(Clone)]
 pub struct NodeSpec {
     label: String,
+    /// The node; for a Sentinel group, the master as first named (its credentials and db; the
+    /// address is replaced by the one the Sentinels give).
     info: ConnectionInfo,
     tls: bool,
     ca_pem: Option<Vec<u8>>,
     client_cert: Option<ClientCert>,
+    sentinel: Option<SentinelSpec>,
+    /// Read again for every new connection; the URL's own password wins over the file's.
+    files: SecretFiles,
+    url_has_password: bool,
+}
+
+/// The Sentinels of a `redis+sentinel://` node, with their own credentials.
+#[derive(Clone)]
+struct SentinelSpec {
+    url: SentinelUrl,
+    /// One per Sentinel, credentials set.
+    infos: Vec<ConnectionInfo>,
+    password: Option<String>,
 }
 
 impl NodeSpec {
-    /// Parses a `redis://` or `rediss://` URL, filling in credentials it lacks.
+    /// Parses a `redis://`, `rediss://`, `redis+sentinel://` or `rediss+sentinel://` URL,
+    /// filling in credentials it lacks.
     ///
     /// The error never contains the URL itself (it may hold a password); it names
     /// the node by its position in the list instead.
     pub fn parse(position: usize, url: &str, creds: &Credentials) -> Result<NodeSpec, ConfigError> {
         let bad = |why: &str| ConfigError::new("--redis", format!("node #{}: {why}", position + 1));
+        if sentinel::is_sentinel_url(url) {
+            return NodeSpec::parse_sentinel(url, creds).map_err(|why| bad(&why));
+        }
         let scheme = url.split("://").next().unwrap_or_default();
         if !matches!(scheme, "redis" | "rediss") || !url.contains("://") {
-            return Err(bad("URL must start with redis:// or rediss://"));
+            return Err(bad(
+                "URL must start with redis://, rediss://, redis+sentinel:// or rediss+sentinel://",
+            ));
         }
         let info = url
             .into_connection_info()
@@ -95,36 +139,68 @@ impl NodeSpec {
             ConnectionAddr::Unix(path) => (format!("unix:{}", path.display()), false),
             _ => return Err(bad("unsupported address type")),
         };
-        let mut settings = info.redis_settings().clone();
-        if settings.password().is_none() {
-            if let Some(password) = &creds.password {
-                settings = settings.set_password(password);
-            }
-            if settings.username().is_none() {
-                if let Some(username) = &creds.username {
-                    settings = settings.set_username(username);
-                }
-            }
-        }
-        let info = info.set_redis_settings(
-            settings.set_lib_name("redlock-sidecar", env!("CARGO_PKG_VERSION")),
-        );
+        let url_has_password = info.redis_settings().password().is_some();
         let spec = NodeSpec {
             label,
-            info,
+            info: with_credentials(info, creds.username.as_ref(), creds.password.as_ref()),
             tls,
             ca_pem: creds.ca_pem.clone(),
             client_cert: creds.client_cert.clone(),
+            sentinel: None,
+            files: creds.files.clone(),
+            url_has_password,
         };
-        // Unparsable PEM is a configuration error now, not a connection error on every call.
-        if tls {
-            if let Some(ca) = &spec.ca_pem {
-                tls_client(&spec.info, Some(ca), None).map_err(|_| {
+        spec.check_tls()?;
+        Ok(spec)
+    }
+
+    fn parse_sentinel(url: &str, creds: &Credentials) -> Result<NodeSpec, String> {
+        let parsed = SentinelUrl::parse(url)?;
+        let (first_host, first_port) = parsed.sentinels[0].clone();
+        let info = parsed.master_info(&first_host, first_port)?;
+        let infos = parsed
+            .sentinel_infos()?
+            .into_iter()
+            .map(|info| {
+                let info = with_credentials(
+                    info,
+                    creds.sentinel_username.as_ref(),
+                    creds.sentinel_password.as_ref(),
+                );
+                // A Sentinel before 7.2 refuses CLIENT SETINFO; say nothing it does not need.
+                let settings = info.redis_settings().clone().set_skip_set_lib_name();
+                info.set_redis_settings(settings)
+            })
+            .collect();
+        let url_has_password = info.redis_settings().password().is_some();
+        let spec = NodeSpec {
+            files: creds.files.clone(),
+            url_has_password,
+            label: parsed.label(),
+            info: with_credentials(info, creds.username.as_ref(), creds.password.as_ref()),
+            tls: parsed.tls,
+            ca_pem: creds.ca_pem.clone(),
+            client_cert: creds.client_cert.clone(),
+            sentinel: Some(SentinelSpec {
+                url: parsed,
+                infos,
+                password: creds.sentinel_password.clone(),
+            }),
+        };
+        spec.check_tls().map_err(|e| e.to_string())?;
+        Ok(spec)
+    }
+
+    /// Unparsable PEM is a configuration error now, not a connection error on every call.
+    fn check_tls(&self) -> Result<(), ConfigError> {
+        if self.tls {
+            if let Some(ca) = &self.ca_pem {
+                tls_client(&self.info, Some(ca), None).map_err(|_| {
                     ConfigError::new("--redis-ca-file", "not a valid PEM bundle of certificates")
                 })?;
             }
-            if spec.client_cert.is_some() {
-                spec.client().map_err(|_| {
+            if self.client_cert.is_some() {
+                self.client_for(&self.info).map_err(|_| {
                     ConfigError::new(
                         "--redis-client-cert",
                         "the client certificate or its key (--redis-client-key) is not valid PEM",
@@ -132,7 +208,7 @@ impl NodeSpec {
                 })?;
             }
         }
-        Ok(spec)
+        Ok(())
     }
 
     /// `host:port`, safe to log and to use as a metric label.
@@ -140,21 +216,105 @@ impl NodeSpec {
         &self.label
     }
 
-    /// The identity used to refuse duplicates: address and database.
+    /// The identity used to refuse duplicates and to fingerprint the node set: address
+    /// (host lower-cased) and database; for a Sentinel group, its Sentinels and master name.
     pub fn identity(&self) -> (String, i64) {
-        (self.label.clone(), self.info.redis_settings().db())
+        let db = self.info.redis_settings().db();
+        match &self.sentinel {
+            Some(sentinel) => (sentinel.url.identity(), db),
+            None => (self.label.to_lowercase(), db),
+        }
+    }
+
+    /// The name of the master, if this node is a Sentinel group.
+    pub fn sentinel_master(&self) -> Option<&str> {
+        self.sentinel.as_ref().map(|s| s.url.master.as_str())
     }
 
     fn password(&self) -> Option<&str> {
         self.info.redis_settings().password()
     }
 
-    fn client(&self) -> Result<Client, RedisError> {
-        if !self.tls || (self.ca_pem.is_none() && self.client_cert.is_none()) {
-            return Client::open(self.info.clone());
+    /// This spec with the credential files read again (rotated secrets), or as it is when
+    /// none comes from a file.
+    fn current(&self) -> Result<NodeSpec, NodeError> {
+        if !self.files.any() {
+            return Ok(self.clone());
         }
-        tls_client(&self.info, self.ca_pem.as_ref(), self.client_cert.as_ref())
+        let loaded = self.files.load().map_err(|err| NodeError {
+            kind: NodeErrorKind::Auth,
+            message: err.to_string(),
+        })?;
+        let mut spec = self.clone();
+        if let (Some(password), false) = (loaded.password, self.url_has_password) {
+            let settings = spec.info.redis_settings().clone().set_password(password);
+            spec.info = spec.info.set_redis_settings(settings);
+        }
+        spec.ca_pem = loaded.ca_pem.or(spec.ca_pem);
+        spec.client_cert = loaded.client_cert.or(spec.client_cert);
+        Ok(spec)
     }
+
+    /// The password to scrub from error texts.
+    pub(super) fn password_for_errors(&self) -> Option<&str> {
+        self.password()
+    }
+
+    /// The database index the URL selects.
+    pub(super) fn db(&self) -> i64 {
+        self.info.redis_settings().db()
+    }
+
+    /// This node's connection info (credentials, db, TLS) for the server at `host:port`.
+    pub(super) fn info_at(&self, host: &str, port: u16) -> Result<ConnectionInfo, NodeError> {
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        let host = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host.to_owned()
+        };
+        let addr = format!("{scheme}://{host}:{port}")
+            .into_connection_info()
+            .map_err(|_| NodeError {
+                kind: NodeErrorKind::Protocol,
+                message: format!("{host}:{port} is not an address to dial"),
+            })?;
+        Ok(self.info.clone().set_addr(addr.addr().clone()))
+    }
+
+    /// A client for the server at `host:port`, with this node's credentials and TLS settings.
+    pub(super) fn client_at(&self, host: &str, port: u16) -> Result<Client, NodeError> {
+        self.client_for(&self.info_at(host, port)?)
+            .map_err(|e| NodeError::from_redis(&e, self.password()))
+    }
+
+    /// A client for the server `info` names, with this node's TLS settings.
+    fn client_for(&self, info: &ConnectionInfo) -> Result<Client, RedisError> {
+        if !self.tls || (self.ca_pem.is_none() && self.client_cert.is_none()) {
+            return Client::open(info.clone());
+        }
+        tls_client(info, self.ca_pem.as_ref(), self.client_cert.as_ref())
+    }
+}
+
+/// `info` with the given credentials where it has none, and our library name.
+fn with_credentials(
+    info: ConnectionInfo,
+    username: Option<&String>,
+    password: Option<&String>,
+) -> ConnectionInfo {
+    let mut settings = info.redis_settings().clone();
+    if settings.password().is_none() {
+        if let Some(password) = password {
+            settings = settings.set_password(password);
+        }
+        if settings.username().is_none() {
+            if let Some(username) = username {
+                settings = settings.set_username(username);
+            }
+        }
+    }
+    info.set_redis_settings(settings.set_lib_name("redlock-sidecar", env!("CARGO_PKG_VERSION")))
 }
 
 /// A TLS client with a private CA (else the system roots) and an optional client certificate.
@@ -241,6 +401,11 @@ pub struct NodeError {
 }
 
 impl NodeError {
+    /// Whether the node refused a command because the ACL user may not run it (`NOPERM`).
+    pub fn is_acl_denial(&self) -> bool {
+        self.kind == NodeErrorKind::Auth && self.message.to_ascii_lowercase().contains("noperm")
+    }
+
     fn timeout(after: Duration) -> NodeError {
         NodeError {
             kind: NodeErrorKind::Timeout,
@@ -248,7 +413,7 @@ impl NodeError {
         }
     }
 
-    fn from_redis(err: &RedisError, password: Option<&str>) -> NodeError {
+    pub(super) fn from_redis(err: &RedisError, password: Option<&str>) -> NodeError {
         let code = err.code().unwrap_or_default();
         let kind = if err.is_timeout() {
             NodeErrorKind::Timeout
@@ -280,6 +445,10 @@ pub struct ConnectSettings {
     /// Bound on establishing a connection (TCP, TLS, AUTH). Each request is bounded by its
     /// caller's timeout instead (one timer per call, not two).
     pub connect_timeout: Duration,
+    /// The hash slot of the lock's keys: a cluster-mode node is reached at the master serving it.
+    pub slot: u16,
+    /// Whether connecting to a cluster stamps every slot's epoch marker (see `cluster`).
+    pub stamp_slots: bool,
 }
 
 /// What a node says about itself, read once per connection: a restart always drops the
@@ -290,6 +459,14 @@ pub struct NodeFacts {
     pub run_id: String,
     /// `maxmemory-policy` (`INFO memory`): anything but `noeviction` may evict lock keys.
     pub maxmemory_policy: String,
+    /// `role` (`INFO replication`): `master`, or `slave` for a replica.
+    pub role: String,
+    /// The `host:port` the connection reaches: the URL's, the master a Sentinel named, or the
+    /// cluster master serving the lock's slot.
+    pub address: String,
+    /// `cluster_enabled:1` (`INFO cluster`): the connection reaches the master of the lock's
+    /// slot, and the epoch marker is that slot's (see `cluster`).
+    pub cluster: bool,
 }
 
 impl NodeFacts {
@@ -298,18 +475,25 @@ impl NodeFacts {
         self.maxmemory_policy != "noeviction"
     }
 
-    fn parse(server: &str, memory: &str) -> NodeFacts {
-        let field = |text: &str, name: &str| {
-            text.lines()
-                .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
-                .map(|v| v.trim().to_owned())
-                .unwrap_or_default()
-        };
+    /// The facts in the text of `INFO server`, `INFO replication` and `INFO memory` (any of
+    /// them may be one text holding several sections).
+    pub fn parse(server: &str, replication: &str, memory: &str) -> NodeFacts {
         NodeFacts {
-            run_id: field(server, "run_id"),
-            maxmemory_policy: field(memory, "maxmemory_policy"),
+            run_id: info_field(server, "run_id"),
+            maxmemory_policy: info_field(memory, "maxmemory_policy"),
+            role: info_field(replication, "role"),
+            address: String::new(),
+            cluster: false,
         }
     }
+}
+
+/// The value of `name` in an `INFO` text, empty when absent.
+pub fn info_field(text: &str, name: &str) -> String {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+        .map(|v| v.trim().to_owned())
+        .unwrap_or_default()
 }
 
 /// The state of a node's one connection.
@@ -329,11 +513,58 @@ enum Link {
 /// A live node: its address and its self-reconnecting connection.
 pub struct Node {
     spec: NodeSpec,
-    client: Client,
+    dial: Arc<Dial>,
     settings: ConnectSettings,
     link: Arc<watch::Sender<Link>>,
     connections: Arc<AtomicU64>,
     refreshing: Arc<AtomicBool>,
+    /// Set once the Sentinel group's `+switch-master` subscription runs.
+    following: AtomicBool,
+    /// Cluster mode: the masters the last `CLUSTER SLOTS` listed, dialled when the URL's node
+    /// does not answer.
+    seeds: Arc<std::sync::Mutex<Vec<(String, u16)>>>,
+    stop: CancellationToken,
+    _stop_on_drop: DropGuard,
+}
+
+/// How a node's server is reached.
+enum Dial {
+    /// The URL's server.
+    Direct(Box<Client>),
+    /// The master the group's Sentinels name at the time of connecting.
+    Sentinel(Arc<Group>),
+}
+
+impl Dial {
+    /// A client for the server to connect to now, and its `host:port`.
+    async fn client(
+        &self,
+        spec: &NodeSpec,
+        timeout: Duration,
+    ) -> Result<(Client, String), NodeError> {
+        // Credentials kept in files are read again for every connection.
+        let fresh = spec.current()?;
+        let spec = &fresh;
+        match self {
+            Dial::Direct(client) if !spec.files.any() => {
+                Ok((Client::clone(client), spec.label.clone()))
+            }
+            Dial::Direct(_) => {
+                let client = spec
+                    .client_for(&spec.info)
+                    .map_err(|e| NodeError::from_redis(&e, spec.password()))?;
+                Ok((client, spec.label.clone()))
+            }
+            Dial::Sentinel(group) => {
+                let (host, port) = group.resolve(timeout).await?;
+                let info = spec.info_at(&host, port)?;
+                let client = spec
+                    .client_for(&info)
+                    .map_err(|e| NodeError::from_redis(&e, spec.password()))?;
+                Ok((client, sentinel::addr_label(&info)))
+            }
+        }
+    }
 }
 
 /// How old a connection's eviction policy may get before it is read again in the background
@@ -350,22 +581,66 @@ impl fmt::Debug for Node {
 impl Node {
     /// Prepares the connection; nothing is sent until the first call.
     pub fn new(spec: NodeSpec, settings: ConnectSettings) -> Result<Node, NodeError> {
-        let client = spec
-            .client()
-            .map_err(|e| NodeError::from_redis(&e, spec.password()))?;
+        let dial = match &spec.sentinel {
+            None => Dial::Direct(Box::new(
+                spec.client_for(&spec.info)
+                    .map_err(|e| NodeError::from_redis(&e, spec.password()))?,
+            )),
+            Some(sentinel) => {
+                let clients = sentinel
+                    .infos
+                    .iter()
+                    .map(|info| spec.client_for(info))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| NodeError::from_redis(&e, sentinel.password.as_deref()))?;
+                Dial::Sentinel(Arc::new(Group::new(
+                    sentinel.url.clone(),
+                    clients,
+                    sentinel.password.clone(),
+                )))
+            }
+        };
+        let stop = CancellationToken::new();
         Ok(Node {
             spec,
-            client,
+            dial: Arc::new(dial),
             settings,
             link: Arc::new(watch::channel(Link::Idle).0),
             connections: Arc::new(AtomicU64::new(0)),
             refreshing: Arc::new(AtomicBool::new(false)),
+            following: AtomicBool::new(false),
+            seeds: Arc::default(),
+            _stop_on_drop: stop.clone().drop_guard(),
+            stop,
         })
+    }
+
+    /// The name of the master, if this node is a Sentinel group.
+    pub fn sentinel_master(&self) -> Option<&str> {
+        self.spec.sentinel_master()
+    }
+
+    /// Whether the node is reached over TLS.
+    pub fn is_tls(&self) -> bool {
+        self.spec.tls
     }
 
     /// `host:port`.
     pub fn label(&self) -> &str {
         self.spec.label()
+    }
+
+    /// The database index the node's URL selects.
+    pub fn db(&self) -> i64 {
+        self.spec.info.redis_settings().db()
+    }
+
+    /// The facts of the live connection, if there is one (no I/O).
+    pub fn facts(&self) -> Option<Arc<NodeFacts>> {
+        match &*self.link.borrow() {
+            Link::Up(_, facts, _, _) => Some(facts.clone()),
+            _ => None,
+        }
     }
 
     /// The live connection and its facts, connecting first if needed (within `timeout`).
@@ -413,33 +688,79 @@ impl Node {
         Some((conn.clone(), facts.clone(), *id))
     }
 
-    /// Connects and reads the node's facts, bounded by the connect timeout; publishes the
-    /// result on the link.
+    /// Connects (for a Sentinel group: to the master the Sentinels name now) and reads the
+    /// node's facts, bounded by the connect timeout; publishes the result on the link.
     fn connect_in_background(&self) {
-        let client = self.client.clone();
-        let password = self.spec.password().map(str::to_owned);
+        self.follow_failovers();
+        let dial = self.dial.clone();
+        let spec = self.spec.clone();
         let link = self.link.clone();
         let settings = self.settings;
         let id = self.connections.fetch_add(1, Ordering::Relaxed) + 1;
+        let seeds = self.seeds.clone();
         let connect = async move {
-            let config = AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(settings.connect_timeout))
-                .set_response_timeout(None);
-            let mut conn = client
-                .get_multiplexed_async_connection_with_config(&config)
-                .await?;
-            let facts = read_facts(&mut conn).await?;
-            Ok::<_, RedisError>((conn, facts))
+            let (client, address) = dial.client(&spec, settings.connect_timeout).await?;
+            let (conn, mut facts) = match open(&spec, &client, settings).await {
+                Ok(opened) => opened,
+                // A cluster node that is down: another master of the cluster will do.
+                Err(err) => open_any(&spec, &seeds, settings).await.ok_or(err)?,
+            };
+            if facts.address.is_empty() {
+                facts.address = address;
+            }
+            let (conn, facts) = if facts.cluster {
+                cluster::route(&spec, conn, facts, settings, &seeds).await?
+            } else {
+                (conn, facts)
+            };
+            if let Some(group) = spec.sentinel_master() {
+                if facts.role != "master" {
+                    return Err(NodeError {
+                        kind: NodeErrorKind::Other,
+                        message: format!(
+                            "a Sentinel named {} as master of {group}, but it reports role:{}",
+                            facts.address, facts.role
+                        ),
+                    });
+                }
+            }
+            Ok::<_, NodeError>((conn, facts))
         };
         let connect_timeout = settings.connect_timeout;
         tokio::spawn(async move {
             let next = match tokio::time::timeout(connect_timeout, connect).await {
                 Ok(Ok((conn, facts))) => Link::Up(conn, Arc::new(facts), id, Instant::now()),
-                Ok(Err(err)) => Link::Down(NodeError::from_redis(&err, password.as_deref())),
+                Ok(Err(err)) => Link::Down(err),
                 Err(_) => Link::Down(NodeError::timeout(connect_timeout)),
             };
             link.send_replace(next);
         });
+    }
+
+    /// For a Sentinel group, starts (once) the subscription that drops the connection when
+    /// the group's master changes.
+    fn follow_failovers(&self) {
+        let Dial::Sentinel(group) = &*self.dial else {
+            return;
+        };
+        if self.following.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let link = self.link.clone();
+        let switched = move || {
+            link.send_if_modified(|link| {
+                let settled = matches!(link, Link::Up(..) | Link::Down(_));
+                if settled {
+                    *link = Link::Idle;
+                }
+                settled
+            });
+        };
+        let follow =
+            group
+                .clone()
+                .follow(self.settings.connect_timeout, self.stop.clone(), switched);
+        tokio::spawn(follow);
     }
 
     /// Reads the eviction policy of connection `id` again in the background (one refresh at a
@@ -457,10 +778,9 @@ impl Node {
             if let Ok(Ok(memory)) = tokio::time::timeout(timeout, read).await {
                 link.send_if_modified(|link| match link {
                     Link::Up(_, facts, current, read_at) if *current == id => {
-                        let policy = NodeFacts::parse("", &memory).maxmemory_policy;
                         *facts = Arc::new(NodeFacts {
-                            run_id: facts.run_id.clone(),
-                            maxmemory_policy: policy,
+                            maxmemory_policy: info_field(&memory, "maxmemory_policy"),
+                            ..NodeFacts::clone(facts)
                         });
                         *read_at = Instant::now();
                         true
@@ -472,10 +792,17 @@ impl Node {
         });
     }
 
-    /// Forgets connection `id` after an error that means it is broken; the next call
-    /// reconnects (and reads the node's facts again).
+    /// Forgets connection `id` after an error that means it is broken, or that the server is
+    /// no longer the master to ask (`READONLY`, `MASTERDOWN`, `MOVED`); the next call
+    /// reconnects (for a Sentinel group: to the master named then; in cluster mode: to the
+    /// slot's master then) and reads the node's facts again.
     fn drop_if_broken(&self, id: u64, err: &RedisError) {
-        if err.is_io_error() || err.is_connection_dropped() || err.is_connection_refusal() {
+        let demoted = matches!(err.code(), Some("READONLY" | "MASTERDOWN" | "MOVED"));
+        if demoted
+            || err.is_io_error()
+            || err.is_connection_dropped()
+            || err.is_connection_refusal()
+        {
             self.link.send_if_modified(|link| match link {
                 Link::Up(_, _, current, _) if *current == id => {
                     *link = Link::Idle;
@@ -487,8 +814,10 @@ impl Node {
     }
 
     /// Runs `script` with `keys` and `args`, bounded by `timeout` (connecting included).
-    /// The connection's run id is appended as the last argument, and its facts are
-    /// returned with the answer, so that scripts and votes judge the node that answered.
+    /// The node's database index is appended as the last argument (the scripts' data-age proof
+    /// names it), and the connection's facts are returned with the answer. In cluster mode the
+    /// epoch marker among `keys` is replaced by the lock slot's, a `MOVED` answer is retried
+    /// once on the new owner, and an `ASK` answer is followed for this call.
     pub async fn eval<T: FromRedisValue>(
         &self,
         script: &Script,
@@ -497,23 +826,62 @@ impl Node {
         timeout: Duration,
     ) -> Result<(T, Arc<NodeFacts>), NodeError> {
         let deadline = tokio::time::Instant::now() + timeout;
-        let (mut conn, facts, id) = self.connection(timeout).await?;
-        let mut invocation = script.prepare_invoke();
-        for key in keys {
-            invocation.key(*key);
-        }
-        for arg in args {
-            invocation.arg(*arg);
-        }
-        invocation.arg(facts.run_id.as_str());
-        match tokio::time::timeout_at(deadline, invocation.invoke_async(&mut conn)).await {
-            Ok(Ok(value)) => Ok((value, facts)),
-            Ok(Err(e)) => {
-                self.drop_if_broken(id, &e);
-                Err(NodeError::from_redis(&e, self.spec.password()))
+        let mut retried = false;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let (mut conn, facts, id) = self.connection(left).await?;
+            let slot_marker = facts
+                .cluster
+                .then(|| cluster::epoch_key(self.settings.slot));
+            let keys: Vec<&str> = keys
+                .iter()
+                .map(|key| match &slot_marker {
+                    Some(marker) if *key == super::EPOCH_KEY => marker.as_str(),
+                    _ => key,
+                })
+                .collect();
+            let mut invocation = script.prepare_invoke();
+            for key in &keys {
+                invocation.key(*key);
             }
-            Err(_) => Err(NodeError::timeout(timeout)),
+            for arg in args {
+                invocation.arg(*arg);
+            }
+            invocation.arg(self.db());
+            match tokio::time::timeout_at(deadline, invocation.invoke_async(&mut conn)).await {
+                Ok(Ok(value)) => return Ok((value, facts)),
+                Ok(Err(e)) if e.code() == Some("ASK") => {
+                    let asked = cluster::ask(&self.spec, &e, script, &keys, args, self.db());
+                    return match tokio::time::timeout_at(deadline, asked).await {
+                        Ok(result) => result.map(|value| (value, facts)),
+                        Err(_) => Err(NodeError::timeout(timeout)),
+                    };
+                }
+                Ok(Err(e)) => {
+                    self.drop_if_broken(id, &e);
+                    if e.code() == Some("MOVED") && !retried {
+                        retried = true;
+                        continue;
+                    }
+                    return Err(NodeError::from_redis(&e, self.spec.password()));
+                }
+                Err(_) => return Err(NodeError::timeout(timeout)),
+            }
         }
+    }
+
+    /// The key of the epoch marker this node's scripts use: the node's, or in cluster mode the
+    /// lock slot's (known once connected).
+    pub fn epoch_key(&self) -> String {
+        match self.facts() {
+            Some(facts) if facts.cluster => cluster::epoch_key(self.settings.slot),
+            _ => super::EPOCH_KEY.to_owned(),
+        }
+    }
+
+    /// The hash slot of the lock's keys (used in cluster mode).
+    pub fn slot(&self) -> u16 {
+        self.settings.slot
     }
 
     /// Runs one plain command, bounded by `timeout` (used by the operator commands).
@@ -534,10 +902,18 @@ impl Node {
         }
     }
 
-    /// A dedicated pub/sub connection (pub/sub cannot share the multiplexed one).
+    /// A dedicated pub/sub connection (pub/sub cannot share the multiplexed one); for a
+    /// Sentinel group, to the master named now.
     pub async fn pubsub(&self, timeout: Duration) -> Result<redis::aio::PubSub, NodeError> {
-        match tokio::time::timeout(timeout, self.client.get_async_pubsub()).await {
-            Ok(result) => result.map_err(|e| NodeError::from_redis(&e, self.spec.password())),
+        let connect = async {
+            let (client, _) = self.dial.client(&self.spec, timeout).await?;
+            client
+                .get_async_pubsub()
+                .await
+                .map_err(|e| NodeError::from_redis(&e, self.spec.password()))
+        };
+        match tokio::time::timeout(timeout, connect).await {
+            Ok(result) => result,
             Err(_) => Err(NodeError::timeout(timeout)),
         }
     }
@@ -545,14 +921,69 @@ impl Node {
 
 /// Reads a node's [`NodeFacts`] on `conn`.
 async fn read_facts(conn: &mut MultiplexedConnection) -> Result<NodeFacts, RedisError> {
-    let (server, memory): (String, String) = redis::pipe()
+    let (server, replication, memory, cluster): (String, String, String, String) = redis::pipe()
         .cmd("INFO")
         .arg("server")
         .cmd("INFO")
+        .arg("replication")
+        .cmd("INFO")
         .arg("memory")
+        .cmd("INFO")
+        .arg("cluster")
         .query_async(conn)
         .await?;
-    Ok(NodeFacts::parse(&server, &memory))
+    let mut facts = NodeFacts::parse(&server, &replication, &memory);
+    facts.cluster = info_field(&cluster, "cluster_enabled") == "1";
+    Ok(facts)
+}
+
+/// Connects with `client` (bounded by the connect timeout) and reads the node's facts.
+pub(super) async fn open(
+    spec: &NodeSpec,
+    client: &Client,
+    settings: ConnectSettings,
+) -> Result<(MultiplexedConnection, NodeFacts), NodeError> {
+    let scrub = |e: RedisError| NodeError::from_redis(&e, spec.password());
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(settings.connect_timeout))
+        .set_response_timeout(None);
+    let mut conn = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .map_err(scrub)?;
+    let facts = read_facts(&mut conn).await.map_err(scrub)?;
+    Ok((conn, facts))
+}
+
+/// Connects to `host:port` with `spec`'s credentials and TLS, and reads its facts; the facts'
+/// address is `host:port`.
+pub(super) async fn open_at(
+    spec: &NodeSpec,
+    host: &str,
+    port: u16,
+    settings: ConnectSettings,
+) -> Result<(MultiplexedConnection, NodeFacts), NodeError> {
+    // Credentials kept in files are read again for every connection.
+    let spec = &spec.current()?;
+    let client = spec.client_at(host, port)?;
+    let (conn, mut facts) = open(spec, &client, settings).await?;
+    facts.address = sentinel::addr_label(&spec.info_at(host, port)?);
+    Ok((conn, facts))
+}
+
+/// The first of `seeds` (a cluster's masters) that answers.
+async fn open_any(
+    spec: &NodeSpec,
+    seeds: &std::sync::Mutex<Vec<(String, u16)>>,
+    settings: ConnectSettings,
+) -> Option<(MultiplexedConnection, NodeFacts)> {
+    let seeds = seeds.lock().map(|s| s.clone()).unwrap_or_default();
+    for (host, port) in seeds {
+        if let Ok(opened) = open_at(spec, &host, port, settings).await {
+            return Some(opened);
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -563,11 +994,13 @@ mod tests {
     fn facts_come_from_the_info_sections() {
         let facts = NodeFacts::parse(
             "# Server\r\nredis_version:7.0.15\r\nrun_id:abc123\r\n",
+            "# Replication\r\nrole:slave\r\n",
             "# Memory\r\nmaxmemory:0\r\nmaxmemory_policy:allkeys-lru\r\n",
         );
         assert_eq!(facts.run_id, "abc123");
+        assert_eq!(facts.role, "slave");
         assert_eq!(facts.maxmemory_policy, "allkeys-lru");
         assert!(facts.may_evict());
-        assert!(!NodeFacts::parse("", "maxmemory_policy:noeviction").may_evict());
+        assert!(!NodeFacts::parse("", "", "maxmemory_policy:noeviction").may_evict());
     }
 }

@@ -2,139 +2,220 @@
 //!
 //! Keys: `KEYS[1]` is the lock key, `KEYS[2]` the lock's fencing counter (kept for the
 //! fence retention after its last use), `KEYS[3]` the lock's max-ttl register, `KEYS[4]` the
-//! node's epoch marker (one per node and database, shared by all locks). The last argument of
-//! every script is the run id of the connection it runs on.
+//! node's epoch marker (one per node and database, shared by all locks; in cluster mode one
+//! per hash slot, see `cluster`), `KEYS[5]` the lock's
+//! node-set record (the fingerprint of the node list of whoever holds or renewed the lock).
+//!
+//! Arguments, in this order wherever a script takes them: value, ttl in ms, fencing token,
+//! fence retention in ms, node-set fingerprint. The node's database index is always appended
+//! as the last argument (`ARGV[#ARGV]`) by the connection.
 
 /// Lua that proves how long the node has kept its data: the age (ms, on the node's own
-/// clock) of the node's epoch marker, a key holding the server's run id that the first
+/// clock) of the node's epoch marker, a key holding the node's *lineage* that the first
 /// contender to meet the node stamps with an expiry of [`EPOCH_LIFETIME_MS`], so that its
-/// age is that lifetime minus its `PTTL`. Any data loss deletes it (`FLUSHALL`, `FLUSHDB`,
-/// a restart without persistence); a run id that is not the connection's (a restart from a
-/// snapshot or an append-only file, a failover to a replica) re-stamps it. Either way the
-/// age starts again at 0. The connection's run id is always the last argument.
+/// age is that lifetime minus its `PTTL`.
+///
+/// The lineage is read here, inside the script, on every call: the server's `run_id`, its
+/// `master_replid` and the database index (the last argument). Any data loss deletes the marker
+/// (`FLUSHALL`, `FLUSHDB`, a restart without persistence); any way of replacing the data of a
+/// running or restarted server changes the lineage and so re-stamps it: a restart (new run
+/// id), a failover or a promotion (new replication id), a full resync from another server and
+/// back (new replication id), a proxy that re-dials another server under a kept connection
+/// (that server's ids), `SWAPDB` (the other database's marker names the other index). Either
+/// way the age starts again at 0. A server whose `INFO` has no run id or replication id
+/// proves nothing: age −2.
 ///
 /// [`EPOCH_LIFETIME_MS`]: super::votes::EPOCH_LIFETIME_MS
 macro_rules! epoch_age {
     () => {
+        concat!(
+            read_lineage!(),
+            r#"local age = -2
+if run_id ~= '' and replid ~= '' then
+  local lineage = run_id .. ':' .. replid .. ':' .. ARGV[#ARGV]
+  age = -1
+  if redis.call('GET', KEYS[4]) == lineage then
+    age = 1000000000000 - redis.call('PTTL', KEYS[4])
+  end
+  if age < 0 or age > 1000000000000 then
+    redis.call('SET', KEYS[4], lineage, 'PX', 1000000000000)
+    age = 0
+  end
+end
+"#
+        )
+    };
+}
+
+/// Lua that reads the server's `run_id` and `master_replid` (empty when `INFO` lacks them).
+macro_rules! read_lineage {
+    () => {
         r#"
-local run_id = ARGV[#ARGV]
-local age = -1
-if redis.call('GET', KEYS[4]) == run_id then
-  age = 1000000000000 - redis.call('PTTL', KEYS[4])
+local server = redis.call('INFO', 'server')
+local replication = redis.call('INFO', 'replication')
+local function field(text, name)
+  local at = string.find(text, name .. ':', 1, true)
+  if not at then return '' end
+  return string.match(text, '^[^:]*:([%w]*)', at) or ''
 end
-if age < 0 or age > 1000000000000 then
-  redis.call('SET', KEYS[4], run_id, 'PX', 1000000000000)
-  age = 0
-end
+local run_id = field(server, 'run_id')
+local replid = field(replication, 'master_replid')
 "#
     };
 }
 
 /// Lua that records our ttl in the lock's max-ttl register (ARGV[2]); the register lives
-/// twice the longest ttl written, so it outlives every key written with that ttl. Renewals
-/// refresh it; a grant writes it only when it is missing, lower, or has less than a ttl left
-/// (one write less per grant in the common case).
+/// twice the longest ttl written, so it outlives every key written with that ttl. It only
+/// ever rises (or is refreshed at the same value).
 macro_rules! record_ttl {
-    ($when:literal) => {
+    () => {
+        r#"
+local ttl = tonumber(ARGV[2])
+local max_ttl = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
+if max_ttl < ttl or (max_ttl == ttl and redis.call('PTTL', KEYS[3]) < ttl) then
+  redis.call('SET', KEYS[3], ARGV[2], 'PX', 2 * ttl)
+end
+"#
+    };
+}
+
+/// Lua that keeps `key` for at least `ms` from now: it never shortens an expiry another
+/// contender set (a longer fence retention wins).
+macro_rules! keep_at_least {
+    () => {
+        r#"
+local function keep_at_least(key, ms)
+  if redis.call('PTTL', key) < tonumber(ms) then redis.call('PEXPIRE', key, ms) end
+end
+"#
+    };
+}
+
+/// Lua that raises the fencing counter to `token` if lower, and keeps it for at least the
+/// retention time (ARGV[4]) from now either way.
+macro_rules! keep_fence {
+    ($token:literal) => {
         concat!(
-            "local ttl = tonumber(ARGV[2])\nif ",
-            $when,
-            r#" then redis.call('SET', KEYS[3], ARGV[2], 'PX', 2 * ttl) end
+            keep_at_least!(),
+            "local want = tonumber(",
+            $token,
+            r#")
+if (tonumber(redis.call('GET', KEYS[2]) or '0') or 0) < want then
+  redis.call('SET', KEYS[2], string.format('%d', want), 'KEEPTTL')
+end
+keep_at_least(KEYS[2], ARGV[4])
 "#
         )
     };
 }
 
-/// Lua that raises the fencing counter to `token` if lower, and keeps it for the retention
-/// time (ARGV[4]) from now either way.
-macro_rules! keep_fence {
-    ($token:literal) => {
-        concat!(
-            "local want = tonumber(",
-            $token,
-            r#")
-if (tonumber(redis.call('GET', KEYS[2]) or '0') or 0) < want then
-  redis.call('SET', KEYS[2], string.format('%d', want), 'PX', ARGV[4])
-else
-  redis.call('PEXPIRE', KEYS[2], ARGV[4])
+/// Lua that records our node-set fingerprint (ARGV[5]) beside the lock, for twice the longest
+/// ttl, unless another node set's record is live there (that one is left to expire).
+macro_rules! record_node_set {
+    () => {
+        r#"
+local set = redis.call('GET', KEYS[5])
+if not set or set == ARGV[5] then
+  local keep = 2 * math.max(tonumber(ARGV[2]), tonumber(redis.call('GET', KEYS[3]) or '0') or 0)
+  redis.call('SET', KEYS[5], ARGV[5], 'PX', keep)
 end
 "#
-        )
     };
 }
 
 /// Try to take the lock, prove the node's data age, and on a grant store the candidate
 /// fencing token if the counter is lower.
 ///
-/// ARGV: value, ttl in ms, candidate token, fence retention in ms, run id. Returns
-/// `{granted, fence, epoch_age_ms, max_ttl_ms, candidate_stored, holder_value, holder_pttl}`,
-/// where `fence` is the counter and `max_ttl_ms` the register before this call.
+/// A held key is answered with its holder and remaining ttl, and the node-set record, without
+/// any proof (a standby's round costs no `INFO`). A free key whose node-set record belongs to
+/// another node list is not granted (`granted` −1): contenders that list different nodes
+/// must not both lead.
+///
+/// Returns `{granted, fence, epoch_age_ms, max_ttl_ms, candidate_stored, holder_value,
+/// holder_pttl, node_set}`, where `fence` is the counter and `max_ttl_ms` the register before
+/// this call; `epoch_age_ms` is −1 when no proof was made, −2 when the node cannot give one.
 pub const ACQUIRE: &str = concat!(
-    epoch_age!(),
     r#"
 local fence = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-local max_ttl = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local stored = 0
-  if fence < tonumber(ARGV[3]) then
-    redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
-    stored = 1
-  end
-"#,
-    record_ttl!("max_ttl < ttl or (max_ttl == ttl and redis.call('PTTL', KEYS[3]) < ttl)"),
-    r#"
-  return {1, fence, age, max_ttl, stored, '', 0}
+local max_ttl_before = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
+local node_set = redis.call('GET', KEYS[5]) or ''
+local holder = redis.call('GET', KEYS[1])
+if holder then
+  return {0, fence, -1, max_ttl_before, 0, holder, redis.call('PTTL', KEYS[1]), node_set}
 end
-return {0, fence, age, max_ttl, 0, redis.call('GET', KEYS[1]) or '', redis.call('PTTL', KEYS[1])}
+if node_set ~= '' and node_set ~= ARGV[5] then
+  return {-1, fence, -1, max_ttl_before, 0, '', 0, node_set}
+end
+"#,
+    epoch_age!(),
+    r#"
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+local stored = 0
+if fence < tonumber(ARGV[3]) then
+  redis.call('SET', KEYS[2], ARGV[3], 'KEEPTTL')
+  stored = 1
+end
+"#,
+    keep_at_least!(),
+    "keep_at_least(KEYS[2], ARGV[4])\n",
+    record_ttl!(),
+    record_node_set!(),
+    r#"
+return {1, fence, age, max_ttl_before, stored, '', 0, node_set}
 "#
 );
 
-/// Raise the fencing counter to ARGV[1] if it is lower (a max-register; never lowers it).
+/// Raise the fencing counter to ARGV[3] if it is lower (a max-register; never lowers it).
 /// The slow path of minting a token, when the candidate was not stored on a quorum.
 ///
-/// ARGV: token, (unused), (unused), fence retention in ms, run id. Returns the counter
-/// before the call: the token is ours on this node only if that was lower.
+/// Returns the counter before the call: the token is ours on this node only if that was lower.
 pub const RAISE_FENCE: &str = concat!(
     "local before = redis.call('GET', KEYS[2]) or '0'\n",
-    keep_fence!("ARGV[1]"),
+    keep_fence!("ARGV[3]"),
     "return before\n"
 );
 
-/// Extend our own lock, keep the fencing counter at least at our token, record our ttl,
-/// and prove the node's data age (so a leader's view of node health stays current).
+/// Extend our own lock, keep the fencing counter at least at our token, record our ttl and
+/// node set, and prove the node's data age (so a leader's view of node health stays current,
+/// and a new or emptied node starts aging while the lock is held).
 ///
-/// ARGV: value, ttl in ms, token, fence retention in ms, run id. Returns
-/// `{status, epoch_age_ms, max_ttl_ms}`: status 1 if extended, 0 if another holder has the
-/// key, -1 if the key is gone (expired, or the node lost it).
+/// The ttl register is written whatever the key's state: a node that lost our key (and the
+/// register with it) learns our ttl again from the live holder, so a contender with a shorter
+/// ttl does not count that node too early.
+///
+/// Returns `{status, epoch_age_ms, max_ttl_ms}`: status 1 if extended, 0 if another holder has
+/// the key, -1 if the key is gone (expired, or the node lost it).
 pub const EXTEND: &str = concat!(
     epoch_age!(),
     r#"
-local max_ttl = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
+local max_ttl_before = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
+"#,
+    record_ttl!(),
+    r#"
 local cur = redis.call('GET', KEYS[1])
 if cur == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 "#,
     keep_fence!("ARGV[3]"),
-    record_ttl!("max_ttl <= ttl"),
+    record_node_set!(),
     r#"
-  return {1, age, max_ttl}
+  return {1, age, max_ttl_before}
 end
-if cur then return {0, age, max_ttl} end
-return {-1, age, max_ttl}
+if cur then return {0, age, max_ttl_before} end
+return {-1, age, max_ttl_before}
 "#
 );
 
 /// Put our key back on a node that lost it, only if nobody else has it there.
 ///
-/// Used only while a valid quorum is held elsewhere. ARGV: value, ttl in ms, token, fence
-/// retention in ms, run id.
+/// Used only while a valid quorum is held elsewhere.
 pub const RESTORE: &str = concat!(
     r#"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local max_ttl = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
 "#,
     keep_fence!("ARGV[3]"),
-    record_ttl!("max_ttl <= ttl"),
+    record_ttl!(),
+    record_node_set!(),
     r#"
   return 1
 end
@@ -170,3 +251,58 @@ return 0
 pub const READ: &str = r#"
 return {redis.call('GET', KEYS[1]) or '', redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or '0'}
 "#;
+
+/// Which commands the engine needs may this connection's ACL user not run? Asked by `check` and
+/// at startup; it writes nothing. `redis.acl_check_cmd` (Redis 7+, Valkey) checks each command
+/// with the lock's own keys and release channel (ARGV[1]). Reached through `EVALSHA` and
+/// `SCRIPT LOAD` like every script, so a user who may not run scripts gets `NOPERM` instead.
+///
+/// Returns `{essential, optional, checked}`: the denied commands that stop every vote (a
+/// grant or renewal could not run), those that only slow hand-overs (the release announcement),
+/// and 0 when the server cannot tell (no `acl_check_cmd`).
+pub const PROBE: &str = r#"
+if not redis.acl_check_cmd then return {{}, {}, 0} end
+local essential, optional = {}, {}
+local function need(list, ...)
+  local ok, allowed = pcall(redis.acl_check_cmd, ...)
+  if not ok or not allowed then table.insert(list, table.concat({...}, ' ')) end
+end
+need(essential, 'info', 'server')
+need(essential, 'info', 'replication')
+need(essential, 'info', 'memory')
+need(essential, 'evalsha', '0000000000000000000000000000000000000000', '0')
+need(essential, 'script', 'load', 'return 1')
+for i = 1, #KEYS do
+  need(essential, 'get', KEYS[i])
+  need(essential, 'set', KEYS[i], 'v', 'PX', '1')
+  need(essential, 'pttl', KEYS[i])
+  need(essential, 'pexpire', KEYS[i], '1')
+end
+need(essential, 'del', KEYS[1])
+need(optional, 'publish', ARGV[1], 'v')
+need(optional, 'subscribe', ARGV[1])
+return {essential, optional, 1}
+"#;
+
+/// Cluster mode: stamps the epoch markers of many slots this master serves, named in
+/// `ARGV[1..n-1]` (not declared as keys: they are in many slots, which only a script flagged
+/// `allow-cross-slot-keys` may touch, Redis 7+), with the server's lineage, where a marker is
+/// missing or names another lineage. A marker of the current lineage is left to age.
+///
+/// Returns how many markers it stamped, or −1 when `INFO` shows no lineage.
+pub const STAMP_SLOTS: &str = concat!(
+    "#!lua flags=allow-cross-slot-keys\n",
+    read_lineage!(),
+    r#"
+if run_id == '' or replid == '' then return -1 end
+local lineage = run_id .. ':' .. replid .. ':' .. ARGV[#ARGV]
+local stamped = 0
+for i = 1, #ARGV - 1 do
+  if redis.call('GET', ARGV[i]) ~= lineage then
+    redis.call('SET', ARGV[i], lineage, 'PX', 1000000000000)
+    stamped = stamped + 1
+  end
+end
+return stamped
+"#
+);

@@ -3,7 +3,7 @@
 //! All durations are measured on the monotonic clock and combined with checked
 //! arithmetic: a validity that would be negative is `None`, never a wrapped number.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rand::Rng;
 
@@ -11,6 +11,58 @@ use rand::Rng;
 pub const CLOCK_DRIFT_FACTOR: f64 = 0.01;
 /// Fixed drift added for timer granularity on the nodes.
 pub const CLOCK_DRIFT_FLOOR: Duration = Duration::from_millis(2);
+
+/// Longest `ttl` (and `max_ttl`) accepted: an hour. A node that has kept its data for longer
+/// than this (plus drift) counts whatever ttl anyone uses, so its grant can be counted before
+/// the other nodes have answered (see `votes`); the bound also keeps every deadline sum far
+/// from overflow.
+pub const MAX_TTL: Duration = Duration::from_secs(3600);
+/// Longest bound on one call to one node. A round waits this long for a silent node.
+pub const MAX_NODE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Longest bound on making a connection (TCP, TLS, AUTH).
+pub const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Longest first retry delay (and longest poll period of a waiter).
+pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(60);
+/// Longest fencing-counter retention: a year (365.25 days, humantime's `1y`).
+pub const MAX_FENCE_RETENTION: Duration = Duration::from_secs(31_557_600);
+
+/// `Ok` if `value` is at most `max`; else the reason, naming the bound.
+pub fn at_most(value: Duration, max: Duration) -> Result<(), String> {
+    if value > max {
+        Err(format!(
+            "must be at most {}",
+            humantime::format_duration(max)
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+/// Checks every duration of `cfg` against its bound above, before any rule computes with
+/// them (the command line checks the same bounds as it parses; this covers library users).
+pub fn check_bounds(cfg: &super::RedlockConfig) -> Result<(), super::ConfigError> {
+    let bounds = [
+        ("--ttl", cfg.ttl, MAX_TTL),
+        ("--max-ttl", cfg.max_ttl.unwrap_or_default(), MAX_TTL),
+        ("--node-timeout", cfg.node_timeout, MAX_NODE_TIMEOUT),
+        (
+            "--connect-timeout",
+            cfg.connect_timeout,
+            MAX_CONNECT_TIMEOUT,
+        ),
+        ("--retry-delay", cfg.retry_delay, MAX_RETRY_DELAY),
+        ("retry_max", cfg.retry_max, MAX_RETRY_DELAY),
+        (
+            "--fence-retention",
+            cfg.fence_retention,
+            MAX_FENCE_RETENTION,
+        ),
+    ];
+    for (flag, value, max) in bounds {
+        at_most(value, max).map_err(|reason| super::ConfigError::new(flag, reason))?;
+    }
+    Ok(())
+}
 
 /// Votes needed among `nodes`: a strict majority.
 pub fn quorum(nodes: usize) -> usize {
@@ -30,6 +82,16 @@ pub fn validity(ttl: Duration, elapsed: Duration) -> Option<Duration> {
         .filter(|left| !left.is_zero())
 }
 
+/// The end of validity after a renewal that started at `start` and proved `valid`: never
+/// earlier than `previous`. A slow renewal round (a pause in the middle of it) proves less
+/// than the round before it did, but the app may act on the end it was told before, and
+/// every key of that promise still stands (a renewal only pushes expiries later). Moving
+/// the end earlier would release the lock, after a loss, while that promise still runs.
+/// Found by the protocol model (tests/model).
+pub fn renewed_until(previous: Instant, start: Instant, valid: Duration) -> Instant {
+    (start + valid).max(previous)
+}
+
 /// A random delay before retry `attempt` (0-based): uniform in `[cap/2, cap]` where
 /// `cap = min(base × 2^attempt, max)`. Random so that contenders spread out; growing so
 /// that a struggling fleet is not hammered; bounded so that a waiter still notices.
@@ -42,6 +104,21 @@ pub fn retry_delay(base: Duration, max: Duration, attempt: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_slow_renewal_never_moves_the_end_of_validity_earlier() {
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(10);
+        let previous = t0 + ttl;
+        // Started 1 s later, but the round took 4 s: it proves only up to t0 + 7 s.
+        let slow = validity(ttl, Duration::from_secs(4)).unwrap();
+        let start = t0 + Duration::from_secs(1);
+        assert!(start + slow < previous);
+        assert_eq!(renewed_until(previous, start, slow), previous);
+        // A quick round moves it later.
+        let quick = validity(ttl, Duration::from_millis(5)).unwrap();
+        assert_eq!(renewed_until(previous, start, quick), start + quick);
+    }
 
     #[test]
     fn quorum_is_a_strict_majority() {
@@ -72,6 +149,38 @@ mod tests {
         assert_eq!(validity(ttl, Duration::from_millis(99)), None);
         assert_eq!(validity(ttl, Duration::from_secs(5)), None);
         assert_eq!(validity(ttl, Duration::from_millis(97)), None, "zero left");
+    }
+
+    #[test]
+    fn every_duration_of_the_engine_config_is_bounded() {
+        use super::super::{Credentials, NodeSpec, RedlockConfig};
+        let node = NodeSpec::parse(0, "redis://127.0.0.1:1", &Credentials::default()).unwrap();
+        let cfg = || RedlockConfig::new("l", "me", vec![node.clone()]);
+        assert!(check_bounds(&cfg()).is_ok(), "the defaults are in bounds");
+        let huge = Duration::from_secs(u64::MAX);
+        type Set = fn(&mut RedlockConfig, Duration);
+        let cases: [(&str, Set); 7] = [
+            ("--ttl", |c, d| c.ttl = d),
+            ("--max-ttl", |c, d| c.max_ttl = Some(d)),
+            ("--node-timeout", |c, d| c.node_timeout = d),
+            ("--connect-timeout", |c, d| c.connect_timeout = d),
+            ("--retry-delay", |c, d| c.retry_delay = d),
+            ("retry_max", |c, d| c.retry_max = d),
+            ("--fence-retention", |c, d| c.fence_retention = d),
+        ];
+        for (flag, set) in cases {
+            let mut c = cfg();
+            set(&mut c, huge);
+            let err = c.validate().expect_err(flag);
+            assert_eq!(err.flag, flag);
+            assert!(err.reason.starts_with("must be at most "), "{err}");
+        }
+        let mut c = cfg();
+        c.ttl = MAX_TTL + Duration::from_millis(1);
+        assert_eq!(
+            c.validate().unwrap_err().to_string(),
+            "--ttl: must be at most 1h"
+        );
     }
 
     #[test]

@@ -2,8 +2,9 @@
 //!
 //! Redlock's safety rests on every node of a quorum remembering the keys it granted for as
 //! long as they live. A node that loses data (a restart without persistence, a restart from a
-//! snapshot, `FLUSHALL`/`FLUSHDB`, eviction, a failover to a replica that missed writes) may
-//! grant our `SET NX` although another holder's key was on it a moment ago.
+//! snapshot, `FLUSHALL`/`FLUSHDB`, eviction, a failover to a replica that missed writes, a
+//! resync from an older copy) may grant our `SET NX` although another holder's key was on it a
+//! moment ago.
 //!
 //! ## The rules
 //! 1. **Data age.** A grant counts only if the node proves it has kept its data for at least
@@ -12,32 +13,83 @@
 //!    long the node has provably kept its data. Every key another holder could still rely on
 //!    was written less than one ttl ago, so it was written after the marker and would still
 //!    be there.
-//! 2. **The longest ttl** is the largest of our `--ttl`, `--max-ttl`, and every value any node
+//! 2. **Lineage, read in the same script.** The marker names the server's run id, replication
+//!    id and database, read inside the atomic script that grants: a restart, a failover, a
+//!    promotion, a full resync, `SWAPDB` or a proxy that re-dials another server all change it,
+//!    and the age starts again at 0. A node whose `INFO` shows no run id or replication id
+//!    never counts.
+//! 3. **The longest ttl** is the largest of our `--ttl`, `--max-ttl`, and every value any node
 //!    ever reported from the lock's max-ttl register (written by every grant, renewal and
-//!    restore, living twice its ttl). Mixed ttls are therefore safe as long as a contender has
-//!    heard of the longest one: from its own configuration, or from any node that holds the
-//!    register. `--max-ttl` closes the remaining gap (every node that holds the register lost
-//!    it or is unreachable at once).
-//! 3. **Eviction.** A node whose `maxmemory-policy` is not `noeviction` can drop a lock key
+//!    restore, living twice its ttl; a renewal rewrites it even where our key was lost).
+//!    A grant from a node whose data age is below [`MAX_TTL`] + drift (the bound on every ttl)
+//!    counts only once every node of the round has answered or timed out, so the registers of
+//!    all reachable nodes are known before it is judged. `--max-ttl` closes the remaining gap:
+//!    every node that holds the register lost it or is unreachable at once.
+//! 4. **Eviction.** A node whose `maxmemory-policy` is not `noeviction` can drop a lock key
 //!    under memory pressure without any trace; its grants never count, unless the operator
 //!    accepts that with `--allow-evicting-nodes`.
-//! 4. **Trusted again** once the marker is old enough: no memory of earlier verdicts is kept,
+//! 5. **One server, one vote.** Two configured nodes whose connections report the same run id
+//!    are one server under two names (`localhost` and `127.0.0.1`): only the first counts.
+//! 6. **Trusted again** once the marker is old enough: no memory of earlier verdicts is kept,
 //!    each answer is judged on what the node proves in that same atomic script.
+//!
+//! The node-set record (contenders that list different nodes refuse to lead) is checked by the
+//! scripts and the round; its fingerprint is [`node_set_fingerprint`].
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::node::NodeFacts;
-use super::timing::drift;
+use super::timing::{drift, MAX_TTL};
 use super::Redlock;
+
+/// What one node's answer proved about how long it has kept its data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataAge {
+    /// The epoch marker's age, on the node's own clock.
+    Proven(Duration),
+    /// The answer made no proof (a held key is answered without one).
+    NotProven,
+    /// The node's `INFO` shows no run id or replication id: it can prove nothing.
+    NoLineage,
+}
+
+impl DataAge {
+    /// Decodes the scripts' `epoch_age_ms` (−1 no proof made, −2 no lineage).
+    pub fn from_script(ms: i64) -> DataAge {
+        match u64::try_from(ms) {
+            Ok(ms) => DataAge::Proven(Duration::from_millis(ms)),
+            Err(_) if ms == -2 => DataAge::NoLineage,
+            Err(_) => DataAge::NotProven,
+        }
+    }
+}
 
 /// The data-age proof one node gave in one answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Proof {
-    /// How long the node has provably kept its data (its epoch marker's age).
-    pub data_age: Duration,
+    /// How long the node has provably kept its data.
+    pub data_age: DataAge,
     /// The lock's max-ttl register on that node (zero if absent).
     pub max_ttl: Duration,
+}
+
+/// Why a grant does not count, and when it would if nothing changes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NotCounted {
+    /// For the votes, the logs and `check`.
+    pub why: String,
+    /// Set when only the node's data age is short: how much longer it must keep its data.
+    pub ready_in: Option<Duration>,
+}
+
+impl NotCounted {
+    fn never(why: String) -> NotCounted {
+        NotCounted {
+            why,
+            ready_in: None,
+        }
+    }
 }
 
 /// The data age a node must prove before its grants count, for a lock whose longest ttl
@@ -46,18 +98,30 @@ pub fn required_data_age(max_ttl: Duration) -> Duration {
     max_ttl + drift(max_ttl)
 }
 
+/// A data age past which no ttl any contender may use could make a grant wait: such a grant
+/// can be counted before the other nodes of the round have answered.
+pub fn settled_data_age() -> Duration {
+    required_data_age(MAX_TTL)
+}
+
 /// The expiry (`PX`) an epoch marker is stamped with, about 31 years: its age is this minus
 /// its `PTTL`, measured on the node's own clock like every key's expiry.
 pub const EPOCH_LIFETIME_MS: u64 = 1_000_000_000_000;
 
+/// The lineage an epoch marker names: the server's run id, its replication id and the
+/// database, as the scripts write it.
+pub fn lineage(run_id: &str, master_replid: &str, db: i64) -> String {
+    format!("{run_id}:{master_replid}:{db}")
+}
+
 /// The data age an epoch marker holding `marker` with `pttl_ms` left proves on a node whose
-/// run id is `run_id`; `None` when it was stamped by another server process (the node
-/// restarted or failed over since) or carries no stamp of ours.
-pub fn data_age(marker: &str, pttl_ms: i64, run_id: &str) -> Option<Duration> {
+/// lineage (see [`lineage`]) is `current`; `None` when it was stamped by another server
+/// process, another replication history or another database, or carries no stamp of ours.
+pub fn data_age(marker: &str, pttl_ms: i64, current: &str) -> Option<Duration> {
     let left = u64::try_from(pttl_ms)
         .ok()
         .filter(|left| *left <= EPOCH_LIFETIME_MS)?;
-    (marker == run_id).then(|| Duration::from_millis(EPOCH_LIFETIME_MS - left))
+    (marker == current).then(|| Duration::from_millis(EPOCH_LIFETIME_MS - left))
 }
 
 /// Whether a grant from a node with `facts` and `proof` counts, when the longest ttl in use
@@ -67,48 +131,108 @@ pub fn judge(
     proof: Proof,
     max_ttl: Duration,
     allow_evicting: bool,
-) -> Result<(), String> {
+) -> Result<(), NotCounted> {
     if facts.may_evict() && !allow_evicting {
-        return Err(format!(
+        return Err(NotCounted::never(format!(
             "maxmemory-policy {} can evict lock keys (see --allow-evicting-nodes)",
             facts.maxmemory_policy
-        ));
+        )));
     }
+    let age = match proof.data_age {
+        DataAge::Proven(age) => age,
+        DataAge::NoLineage => return Err(NotCounted::never(
+            "the node's INFO shows no run_id or master_replid, so it cannot prove it kept its data"
+                .to_owned(),
+        )),
+        DataAge::NotProven => {
+            return Err(NotCounted::never(
+                "no data-age proof in the answer".to_owned(),
+            ))
+        }
+    };
     let needed = required_data_age(max_ttl);
-    if proof.data_age < needed {
-        return Err(format!(
-            "data kept for {} ms only, less than ttl + drift ({} ms)",
-            proof.data_age.as_millis(),
-            needed.as_millis()
-        ));
+    if age < needed {
+        return Err(NotCounted {
+            why: format!(
+                "data kept for {} ms only, less than ttl + drift ({} ms)",
+                age.as_millis(),
+                needed.as_millis()
+            ),
+            ready_in: Some(needed - age),
+        });
     }
     Ok(())
 }
 
+/// The fingerprint of a node list, recorded beside the lock by every grant and renewal:
+/// FNV-1a (64 bits, hex) of the sorted `host:port/db` identities. Contenders whose lists
+/// differ in any node (or spell a node differently) get different fingerprints.
+pub fn node_set_fingerprint(identities: &[(String, i64)]) -> String {
+    let mut names: Vec<String> = identities
+        .iter()
+        .map(|(addr, db)| format!("{addr}/{db}"))
+        .collect();
+    names.sort();
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in names.join(",").bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{hash:016x}")
+}
+
 impl Redlock {
     /// Whether node `index`'s grant counts, given what it proved in its answer (see
-    /// the module docs). Judged on every answer, not only grants, so that the health every node
-    /// reports stays current on leaders and followers alike.
+    /// the module docs). Judged on every answer that carries a proof, not only grants, so that
+    /// the health every node reports stays current on leaders and followers alike.
     pub(super) fn judge(
         &self,
         index: usize,
         facts: &NodeFacts,
         proof: Proof,
-    ) -> Result<(), String> {
-        let reported = u64::try_from(proof.max_ttl.as_millis()).unwrap_or(u64::MAX);
+    ) -> Result<(), NotCounted> {
+        let longest = self.learn_max_ttl(proof.max_ttl);
+        let verdict = self
+            .same_server_as(index, facts)
+            .and_then(|()| judge(facts, proof, longest, self.inner.cfg.allow_evicting_nodes));
+        self.inner.observer.node_counted(index, verdict.is_ok());
+        verdict
+    }
+
+    /// Takes a node's max-ttl register into account; returns the longest ttl known now.
+    pub(super) fn learn_max_ttl(&self, reported: Duration) -> Duration {
+        let reported = u64::try_from(reported.as_millis()).unwrap_or(u64::MAX);
         let seen = self
             .inner
             .max_ttl_seen
             .fetch_max(reported, Ordering::Relaxed)
             .max(reported);
-        let longest = self
-            .inner
+        self.inner
             .cfg
             .longest_ttl()
-            .max(Duration::from_millis(seen));
-        let verdict = judge(facts, proof, longest, self.inner.cfg.allow_evicting_nodes);
-        self.inner.observer.node_counted(index, verdict.is_ok());
-        verdict
+            .max(Duration::from_millis(seen))
+    }
+
+    /// Refuses a node whose connection reports an empty run id, or the run id of a node
+    /// listed before it (one server under two names).
+    fn same_server_as(&self, index: usize, facts: &NodeFacts) -> Result<(), NotCounted> {
+        if facts.run_id.is_empty() {
+            return Err(NotCounted::never(
+                "the node's INFO shows no run_id: a restart or failover could not be told apart"
+                    .to_owned(),
+            ));
+        }
+        let nodes = &self.inner.nodes;
+        match nodes[..index]
+            .iter()
+            .find(|other| other.facts().is_some_and(|f| f.run_id == facts.run_id))
+        {
+            Some(other) => Err(NotCounted::never(format!(
+                "same server as node {}: one server is one vote",
+                other.label()
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// The data age a node must prove now for its grants to count.
@@ -126,12 +250,13 @@ mod tests {
         NodeFacts {
             run_id: "r".into(),
             maxmemory_policy: policy.into(),
+            ..NodeFacts::default()
         }
     }
 
     fn proof(age_ms: u64) -> Proof {
         Proof {
-            data_age: Duration::from_millis(age_ms),
+            data_age: DataAge::Proven(Duration::from_millis(age_ms)),
             max_ttl: Duration::ZERO,
         }
     }
@@ -140,19 +265,70 @@ mod tests {
     fn a_node_counts_once_it_kept_its_data_for_ttl_plus_drift() {
         let ttl = Duration::from_secs(10);
         let safe = facts("noeviction");
-        assert!(judge(&safe, proof(10_101), ttl, false).is_err());
+        assert_eq!(
+            judge(&safe, proof(10_001), ttl, false)
+                .unwrap_err()
+                .ready_in,
+            Some(Duration::from_millis(101)),
+            "a young node's grant will count once it has kept its data long enough"
+        );
         assert!(judge(&safe, proof(10_102), ttl, false).is_ok());
+        let no_lineage = Proof {
+            data_age: DataAge::NoLineage,
+            max_ttl: Duration::ZERO,
+        };
+        assert_eq!(
+            judge(&safe, no_lineage, ttl, false).unwrap_err().ready_in,
+            None
+        );
     }
 
     #[test]
-    fn a_marker_proves_age_only_for_the_process_that_stamped_it() {
+    fn a_marker_proves_age_only_for_the_lineage_that_stamped_it() {
         let left = (EPOCH_LIFETIME_MS - 2_500) as i64;
+        let stamped = lineage("run", "repl", 0);
         assert_eq!(
-            data_age("abc", left, "abc"),
+            data_age(&stamped, left, &lineage("run", "repl", 0)),
             Some(Duration::from_millis(2_500))
         );
-        assert_eq!(data_age("abc", left, "other"), None);
-        assert_eq!(data_age("abc", -1, "abc"), None, "no expiry: not our stamp");
+        for other in [
+            lineage("restarted", "repl", 0),
+            lineage("run", "resynced", 0),
+            lineage("run", "repl", 1),
+        ] {
+            assert_eq!(data_age(&stamped, left, &other), None, "{other}");
+        }
+        assert_eq!(
+            data_age(&stamped, -1, &stamped),
+            None,
+            "no expiry: not our stamp"
+        );
+    }
+
+    #[test]
+    fn the_script_age_codes_decode() {
+        assert_eq!(
+            DataAge::from_script(5),
+            DataAge::Proven(Duration::from_millis(5))
+        );
+        assert_eq!(DataAge::from_script(-1), DataAge::NotProven);
+        assert_eq!(DataAge::from_script(-2), DataAge::NoLineage);
+    }
+
+    #[test]
+    fn node_set_fingerprints_ignore_order_and_see_every_node() {
+        let id = |a: &str| (a.to_owned(), 0);
+        let abc = node_set_fingerprint(&[id("a:1"), id("b:1"), id("c:1")]);
+        assert_eq!(
+            abc,
+            node_set_fingerprint(&[id("c:1"), id("a:1"), id("b:1")])
+        );
+        assert_ne!(
+            abc,
+            node_set_fingerprint(&[id("a:1"), id("b:1"), id("d:1")])
+        );
+        assert_ne!(abc, node_set_fingerprint(&[id("a:1"), id("b:1")]));
+        assert_eq!(abc.len(), 16);
     }
 
     #[test]
@@ -172,6 +348,7 @@ mod tests {
         let lru = facts("allkeys-lru");
         assert!(judge(&lru, proof(60_000), ttl, false)
             .unwrap_err()
+            .why
             .contains("allkeys-lru"));
         assert!(judge(&lru, proof(60_000), ttl, true).is_ok());
         let volatile = facts("volatile-ttl");

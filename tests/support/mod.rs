@@ -6,11 +6,15 @@
 #![allow(dead_code)]
 
 pub mod checker;
+pub mod cluster_mode;
 pub mod fenced;
 pub mod http;
 pub mod process;
 pub mod proxy;
 pub mod redis;
+pub mod sentinel;
+pub mod tenures;
+pub mod tls;
 
 use std::future::Future;
 use std::net::{Ipv4Addr, TcpListener};
@@ -24,11 +28,15 @@ pub use self::http::Response;
 #[allow(unused_imports)]
 pub use self::process::{bin, Proc};
 #[allow(unused_imports)]
-pub use self::proxy::FaultProxy;
+pub use self::proxy::{FaultProxy, KeepingProxy};
 #[allow(unused_imports)]
 pub use self::redis::{
     command_at, command_at_async, command_at_timeout, RawConn, RedisCluster, RedisNode, Resp,
 };
+
+/// The node-set name every contender the tests start uses (`--node-set`): each reaches the
+/// nodes through proxies of its own, so the fingerprints of their `--redis` lists differ.
+pub const TEST_NODE_SET: &str = "test-nodes";
 
 /// An engine config for library contenders on `urls`: the given lock, identity and ttl, a
 /// node timeout of 100 ms and quick retries (10 ms growing to 50 ms).
@@ -45,6 +53,8 @@ pub fn engine_config(
         .map(|(i, url)| NodeSpec::parse(i, url, &Credentials::default()).expect("valid url"))
         .collect();
     let mut cfg = RedlockConfig::new(lock, identity, nodes);
+    // Contenders reach the nodes through proxies of their own: one node set, many addresses.
+    cfg.node_set = Some(TEST_NODE_SET.to_owned());
     cfg.ttl = ttl;
     cfg.node_timeout = Duration::from_millis(100);
     cfg.retry_delay = Duration::from_millis(10);

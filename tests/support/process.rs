@@ -27,15 +27,26 @@ impl Proc {
         Proc::spawn_program(&bin(), args, envs)
     }
 
+    /// Starts `program`. Every binary the tests start reaches the nodes through proxies of its
+    /// own, so each gets `REDLOCK_NODE_SET` = [`super::TEST_NODE_SET`]; an entry
+    /// `("REDLOCK_NODE_SET", "")` in `envs` removes it (the fingerprint of `--redis` applies).
     pub fn spawn_program(program: &Path, args: &[&str], envs: &[(&str, &str)]) -> Proc {
         let dir = TempDir::new("proc");
         let out = File::create(dir.path().join("stdout"))
             .unwrap_or_else(|e| panic!("cannot create stdout file: {e}"));
         let err = File::create(dir.path().join("stderr"))
             .unwrap_or_else(|e| panic!("cannot create stderr file: {e}"));
-        let child = Command::new(program)
+        let mut command = Command::new(program);
+        command.env("REDLOCK_NODE_SET", super::TEST_NODE_SET);
+        for (key, value) in envs {
+            if *key == "REDLOCK_NODE_SET" && value.is_empty() {
+                command.env_remove(key);
+            } else {
+                command.env(key, value);
+            }
+        }
+        let child = command
             .args(args)
-            .envs(envs.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(err))
@@ -136,7 +147,13 @@ impl Proc {
     }
 
     pub fn stderr_text(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("stderr")).unwrap_or_default()
+        std::fs::read_to_string(self.stderr_path()).unwrap_or_default()
+    }
+
+    /// Where the child's stderr is written (readable after the `Proc` is gone, while its
+    /// directory lives).
+    pub fn stderr_path(&self) -> std::path::PathBuf {
+        self.dir.path().join("stderr")
     }
 
     /// Both streams, labelled, for failure messages.

@@ -299,3 +299,88 @@ async fn pump(
     };
     tokio::join!(reader, writer);
 }
+
+/// A proxy that keeps its clients' connections when its upstream moves, as Redis-aware
+/// proxies and managed endpoints do on a failover: [`KeepingProxy::switch`] makes every
+/// client connection re-dial the new upstream, and the client never sees a disconnect.
+/// Requests a client sends while no upstream is reachable wait in its socket until one is.
+pub struct KeepingProxy {
+    addr: SocketAddr,
+    upstream: watch::Sender<SocketAddr>,
+    accept_task: JoinHandle<()>,
+}
+
+impl KeepingProxy {
+    /// Binds `127.0.0.1:0` and starts accepting.
+    pub async fn start(upstream: SocketAddr) -> KeepingProxy {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .unwrap_or_else(|e| panic!("proxy cannot bind a loopback port: {e}"));
+        let addr = listener
+            .local_addr()
+            .unwrap_or_else(|e| panic!("proxy cannot read its port: {e}"));
+        let (upstream, upstream_rx) = watch::channel(upstream);
+        let accept_task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let _ = client.set_nodelay(true);
+                tokio::spawn(keep(client, upstream_rx.clone()));
+            }
+        });
+        KeepingProxy {
+            addr,
+            upstream,
+            accept_task,
+        }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Moves every client connection, open or new, to `to`.
+    pub fn switch(&self, to: SocketAddr) {
+        self.upstream.send_replace(to);
+    }
+}
+
+impl Drop for KeepingProxy {
+    fn drop(&mut self) {
+        self.accept_task.abort();
+    }
+}
+
+/// Pipes one client connection to the current upstream, re-dialling whenever it moves.
+async fn keep(client: TcpStream, mut upstream: watch::Receiver<SocketAddr>) {
+    let (mut client_rx, mut client_tx) = client.into_split();
+    let mut from_client = vec![0u8; 16 * 1024];
+    let mut from_upstream = vec![0u8; 16 * 1024];
+    loop {
+        let addr = *upstream.borrow_and_update();
+        let mut moved = false;
+        if let Ok(up) = TcpStream::connect(addr).await {
+            let _ = up.set_nodelay(true);
+            let (mut up_rx, mut up_tx) = up.into_split();
+            loop {
+                tokio::select! {
+                    read = client_rx.read(&mut from_client) => match read {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => if up_tx.write_all(&from_client[..n]).await.is_err() { break },
+                    },
+                    read = up_rx.read(&mut from_upstream) => match read {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => if client_tx.write_all(&from_upstream[..n]).await.is_err() { return },
+                    },
+                    changed = upstream.changed() => {
+                        if changed.is_err() { return }
+                        moved = true;
+                        break;
+                    }
+                }
+            }
+        }
+        // The upstream is gone: wait until it moves.
+        if !moved && upstream.changed().await.is_err() {
+            return;
+        }
+    }
+}

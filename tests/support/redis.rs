@@ -22,7 +22,20 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 /// The reply deadline of [`RedisNode::is_running`].
 pub const ALIVE_TIMEOUT: Duration = Duration::from_millis(200);
 
-const INSTALL_HINT: &str = "`redis-server` is not on PATH. Install it (Debian/Ubuntu package \
+/// The environment variable naming the server binary the tests start, e.g. a `valkey-server`:
+/// the whole suite then runs against that server (Sentinels too, as `SERVER CONF --sentinel`).
+pub const SERVER_ENV: &str = "REDLOCK_TEST_REDIS_SERVER";
+
+/// The server binary the tests start: `$REDLOCK_TEST_REDIS_SERVER`, else `redis-server`.
+pub fn server_binary() -> String {
+    std::env::var(SERVER_ENV)
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "redis-server".to_owned())
+}
+
+const INSTALL_HINT: &str = "`redis-server` is not on PATH (or $REDLOCK_TEST_REDIS_SERVER does not \
+name a server binary). Install it (Debian/Ubuntu package \
 `redis-server`, 7.0 or newer): `apt-get update && apt-get install -y redis-server`";
 
 // ---------------------------------------------------------------------------------------------
@@ -363,7 +376,7 @@ impl RedisNode {
         let log2 = log
             .try_clone()
             .map_err(|e| StartError::Failed(e.to_string()))?;
-        let mut cmd = Command::new("redis-server");
+        let mut cmd = Command::new(server_binary());
         if let Some(conf) = &self.config {
             cmd.arg(conf);
         }
@@ -674,18 +687,32 @@ impl RedisNode {
         Some(run_id.trim().to_owned())
     }
 
+    /// The server's `master_replid` from `INFO replication`, if the node answers.
+    pub fn replid(&self) -> Option<String> {
+        let info = self.try_command(&["INFO", "replication"]).ok()?;
+        let replid = info
+            .lines()
+            .find_map(|l| l.strip_prefix("master_replid:"))?;
+        Some(replid.trim().to_owned())
+    }
+
+    /// The lineage the engine's scripts stamp into the epoch marker of database 0.
+    pub fn lineage(&self) -> Option<String> {
+        Some(votes::lineage(&self.run_id()?, &self.replid()?, 0))
+    }
+
     /// How long this node has provably kept its data for the engine: the age of its epoch
     /// marker, stamping the marker first (as the first contender to meet the node would).
     pub fn data_age(&self) -> Option<Duration> {
-        let run_id = &self.run_id()?;
+        let lineage = &self.lineage()?;
         let key = redlock_sidecar::redlock::EPOCH_KEY;
         let marker = self.try_command(&["GET", key]).ok()?;
         let pttl: i64 = self.try_command(&["PTTL", key]).ok()?.parse().ok()?;
-        if let Some(age) = votes::data_age(&marker, pttl, run_id) {
+        if let Some(age) = votes::data_age(&marker, pttl, lineage) {
             return Some(age);
         }
         let lifetime = votes::EPOCH_LIFETIME_MS.to_string();
-        self.try_command(&["SET", key, run_id, "PX", &lifetime])
+        self.try_command(&["SET", key, lineage, "PX", &lifetime])
             .ok()?;
         Some(Duration::ZERO)
     }
@@ -693,14 +720,14 @@ impl RedisNode {
     /// Stamps the epoch marker as if this node had kept its data for `age` already: a node that
     /// has been up for a while, without a test waiting that long for it.
     pub fn backdate_epoch(&self, age: Duration) {
-        let run_id = &self
-            .run_id()
-            .expect("the node answers INFO server with a run_id");
+        let lineage = &self
+            .lineage()
+            .expect("the node answers INFO with a run_id and a master_replid");
         let px = (votes::EPOCH_LIFETIME_MS - age.as_millis() as u64).to_string();
         self.command(&[
             "SET",
             redlock_sidecar::redlock::EPOCH_KEY,
-            run_id,
+            lineage,
             "PX",
             &px,
         ]);

@@ -53,18 +53,38 @@ app.kubernetes.io/part-of: redlock-sidecar
 {{- end }}
 
 {{/*
+Labels of pod templates: no chart or app version, so that a chart upgrade that changes nothing
+else in a pod does not restart it (above all the bundled Redis nodes, whose restart costs votes).
+Takes a dict {root, component}.
+*/}}
+{{- define "redlock-sidecar.podLabels" -}}
+{{ include "redlock-sidecar.selectorLabels" . }}
+app.kubernetes.io/part-of: redlock-sidecar
+{{- end }}
+
+{{/*
 The label every pod running this release's sidecar carries; PodMonitor and the metrics Service select it.
 */}}
 {{- define "redlock-sidecar.sidecarLabel" -}}
 redlock.io/sidecar: {{ include "redlock-sidecar.fullname" . }}
 {{- end }}
 
+{{/*
+The ServiceAccount of the sidecar's pods. With the Kubernetes integration the Role (pod patch,
+Event create) is bound to it, so it must never be the namespace's `default` account, which every
+pod without its own account runs as.
+*/}}
 {{- define "redlock-sidecar.serviceAccountName" -}}
+{{- $name := "" }}
 {{- if .Values.serviceAccount.create }}
-{{- default (include "redlock-sidecar.fullname" .) .Values.serviceAccount.name }}
+{{- $name = default (include "redlock-sidecar.fullname" .) .Values.serviceAccount.name }}
 {{- else }}
-{{- default "default" .Values.serviceAccount.name }}
+{{- $name = default "default" .Values.serviceAccount.name }}
 {{- end }}
+{{- if and .Values.kubernetes.enabled (eq $name "default") }}
+{{- fail "serviceAccount: the Role of the Kubernetes integration would be bound to the namespace's \"default\" ServiceAccount, which every pod without its own account uses; set serviceAccount.create=true or serviceAccount.name to a dedicated account" }}
+{{- end }}
+{{- $name }}
 {{- end }}
 
 {{/*
@@ -79,11 +99,49 @@ An image reference from {repository, tag, digest}: "repository:tag", or "reposit
 {{- end }}
 
 {{- define "redlock-sidecar.image" -}}
-{{- include "redlock-sidecar.imageRef" (dict "repository" .Values.image.repository "tag" (default .Chart.AppVersion .Values.image.tag) "digest" .Values.image.digest) }}
+{{- $repository := required "image.repository is required: no image is published yet; build it for amd64 and arm64 with the repository's Dockerfile (docs/kubernetes.md, \"The image\"), push it, and set image.repository (and image.digest)" .Values.image.repository }}
+{{- include "redlock-sidecar.imageRef" (dict "repository" $repository "tag" (default .Chart.AppVersion .Values.image.tag) "digest" .Values.image.digest) }}
 {{- end }}
 
+{{/*
+The lock's name: `lock.name`, else "<namespace>-<release>". Both parts are fixed for the life of a
+release, so renaming objects (`fullnameOverride`, `nameOverride`) never renames the lock; a
+rollout that renamed it would run one leader per name until it finished.
+*/}}
 {{- define "redlock-sidecar.lockName" -}}
-{{- default (include "redlock-sidecar.fullname" .) .Values.lock.name }}
+{{- default (printf "%s-%s" .Release.Namespace .Release.Name) .Values.lock.name }}
+{{- end }}
+
+{{- define "redlock-sidecar.exampleName" -}}
+{{- include "redlock-sidecar.suffixedName" (dict "root" . "suffix" "example") }}
+{{- end }}
+
+{{/*
+Node affinity of every pod that runs the sidecar image or the guard binary copied from it:
+`affinity`, with `kubernetes.io/arch In image.architectures` added to each of its required node
+selector terms (terms are ORed, so every one needs it), or as the only term.
+*/}}
+{{- define "redlock-sidecar.affinity" -}}
+{{- $affinity := deepCopy (.Values.affinity | default dict) }}
+{{- with .Values.image.architectures }}
+{{- $arch := dict "key" "kubernetes.io/arch" "operator" "In" "values" . }}
+{{- $node := get $affinity "nodeAffinity" | default dict }}
+{{- $required := get $node "requiredDuringSchedulingIgnoredDuringExecution" | default dict }}
+{{- $terms := get $required "nodeSelectorTerms" | default (list dict) }}
+{{- $withArch := list }}
+{{- range $terms }}
+{{- $term := deepCopy . }}
+{{- $_ := set $term "matchExpressions" (append (get $term "matchExpressions" | default list) $arch) }}
+{{- $withArch = append $withArch $term }}
+{{- end }}
+{{- $_ := set $required "nodeSelectorTerms" $withArch }}
+{{- $_ := set $node "requiredDuringSchedulingIgnoredDuringExecution" $required }}
+{{- $_ := set $affinity "nodeAffinity" $node }}
+{{- end }}
+{{- with $affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end }}
 
 {{- define "redlock-sidecar.cronJobName" -}}
@@ -102,10 +160,10 @@ The Secret holding the Redis password: `redis.existingSecret`, else the generate
 deploys Redis, else none (empty).
 */}}
 {{- define "redlock-sidecar.redisSecret" -}}
-{{- if .Values.redis.existingSecret }}
+{{- if .Values.redis.deploy.enabled }}
+{{- required "redis.existingSecret is required with redis.deploy.enabled: the bundled Redis nodes always need a password, and a password generated while rendering would change on every render (GitOps) or sync. Create it once, e.g. kubectl create secret generic redlock-redis --from-literal=password=\"$(head -c 32 /dev/urandom | base64)\", and set redis.existingSecret=redlock-redis" .Values.redis.existingSecret }}
+{{- else }}
 {{- .Values.redis.existingSecret }}
-{{- else if .Values.redis.deploy.enabled }}
-{{- include "redlock-sidecar.suffixedName" (dict "root" . "suffix" "redis-auth") }}
 {{- end }}
 {{- end }}
 
@@ -202,9 +260,108 @@ A duration of the form <integer><ms|s|m|h> (the schema allows only that) in seco
 {{- end }}
 
 {{/*
+A duration value in milliseconds (float), and milliseconds as text for messages.
+*/}}
+{{- define "redlock-sidecar.ms" -}}
+{{- mulf (include "redlock-sidecar.durationSeconds" . | float64) 1000.0 }}
+{{- end }}
+
+{{- define "redlock-sidecar.fmtMs" -}}
+{{- printf "%dms" (int (floor .)) }}
+{{- end }}
+
+{{/*
+The lock's timing, derived and checked exactly as the binary does (src/config.rs and the engine's
+RedlockConfig::validate), so that a combination the sidecar would refuse with exit 2 (a CrashLoop
+behind the native sidecar's startup gate) fails here, naming the value and the rule:
+  drift    = ttl x 1% + 2ms
+  ttl      >= 4 x (nodeTimeout + drift)
+  interval = renewInterval, or ttl/3;  0 < interval < ttl/2
+  floor    = nodeTimeout + drift;  room = ttl - interval - drift
+  margin   = safetyMargin, or (floor < 1s: min(1s, midway), else midway), midway = floor + (room - floor)/2
+  floor < margin < room
+  shutdownTimeout > 2 x nodeTimeout
+  ttl, renewInterval, safetyMargin, shutdownTimeout at most 1h; nodeTimeout, retryDelay at most 1m
+Returns them as JSON (milliseconds). CI compares these verdicts with the binary's on a grid.
+*/}}
+{{- define "redlock-sidecar.timing" -}}
+{{- $l := .Values.lock }}
+{{- $fmt := "redlock-sidecar.fmtMs" }}
+{{- /* The sidecar's upper bounds (src/redlock/timing.rs, src/config.rs): every deadline it computes
+       stays far inside what its clocks can represent. */ -}}
+{{- $bounds := list (list "lock.ttl" $l.ttl "1h" 3600000.0) (list "lock.renewInterval" $l.renewInterval "1h" 3600000.0)
+      (list "lock.safetyMargin" $l.safetyMargin "1h" 3600000.0) (list "lock.nodeTimeout" $l.nodeTimeout "1m" 60000.0)
+      (list "lock.retryDelay" $l.retryDelay "1m" 60000.0) (list "sidecar.shutdownTimeout" .Values.sidecar.shutdownTimeout "1h" 3600000.0) }}
+{{- range $bounds }}
+{{- if and (index . 1) (gt (include "redlock-sidecar.ms" (index . 1) | float64) (index . 3)) }}
+{{- fail (printf "%s (%s) must be at most %s" (index . 0) (index . 1) (index . 2)) }}
+{{- end }}
+{{- end }}
+{{- $ttl := include "redlock-sidecar.ms" $l.ttl | float64 }}
+{{- $nt := include "redlock-sidecar.ms" $l.nodeTimeout | float64 }}
+{{- $drift := addf (mulf $ttl 0.01) 2.0 }}
+{{- if le $nt 0.0 }}
+{{- fail "lock.nodeTimeout must be greater than 0" }}
+{{- end }}
+{{- if lt $ttl (mulf 4.0 (addf $nt $drift)) }}
+{{- fail (printf "lock.ttl (%s) is too short: it must be at least 4 x (lock.nodeTimeout %s + drift %s), so that a round that uses the whole node timeout still leaves most of the ttl" $l.ttl $l.nodeTimeout (include $fmt $drift)) }}
+{{- end }}
+{{- $interval := divf $ttl 3.0 }}
+{{- with $l.renewInterval }}
+{{- $interval = include "redlock-sidecar.ms" . | float64 }}
+{{- end }}
+{{- if or (le $interval 0.0) (ge $interval (divf $ttl 2.0)) }}
+{{- fail (printf "lock.renewInterval (%s) must be greater than 0 and less than ttl/2 (%s)" (default "ttl/3" $l.renewInterval) (include $fmt (divf $ttl 2.0))) }}
+{{- end }}
+{{- $floor := addf $nt $drift }}
+{{- $room := maxf 0.0 (subf $ttl (addf $interval $drift)) }}
+{{- $midway := addf $floor (divf (maxf 0.0 (subf $room $floor)) 2.0) }}
+{{- $margin := ternary (minf 1000.0 $midway) $midway (lt $floor 1000.0) }}
+{{- $marginText := printf "derived from lock.ttl: %s" (include $fmt $margin) }}
+{{- with $l.safetyMargin }}
+{{- $margin = include "redlock-sidecar.ms" . | float64 }}
+{{- $marginText = . }}
+{{- end }}
+{{- if le $margin $floor }}
+{{- fail (printf "lock.safetyMargin (%s) must exceed lock.nodeTimeout + drift (%s)" $marginText (include $fmt $floor)) }}
+{{- end }}
+{{- if ge $margin $room }}
+{{- fail (printf "lock.safetyMargin (%s) must be less than ttl - renew interval - drift (%s), or no renewal can happen in time" $marginText (include $fmt $room)) }}
+{{- end }}
+{{- if le (include "redlock-sidecar.ms" .Values.sidecar.shutdownTimeout | float64) (mulf 2.0 $nt) }}
+{{- fail (printf "sidecar.shutdownTimeout (%s) must exceed twice lock.nodeTimeout (%s): a release waits for a call still in flight on a node, then for its own answer" .Values.sidecar.shutdownTimeout $l.nodeTimeout) }}
+{{- end }}
+{{- dict "ttl" $ttl "interval" $interval "margin" $margin "drift" $drift "nodeTimeout" $nt | toJson }}
+{{- end }}
+
+{{/*
+How long a (re)started bundled Redis node stays NotReady, in whole seconds: until the sidecars
+count its votes again. A node's grants count once it has provably kept its data for ttl + drift,
+measured from the epoch marker the first contender stamps after the restart (within one renew
+interval of the leader), and the leader sees it counted at its next renewal: ttl + drift +
+2 x renew interval, plus 1s because Redis reports its uptime in whole seconds.
+`redis.deploy.readyAfterSeconds` overrides it (other clients with a longer ttl).
+*/}}
+{{- define "redlock-sidecar.redisReadyAfterSeconds" -}}
+{{- if not (kindIs "invalid" .Values.redis.deploy.readyAfterSeconds) }}
+{{- .Values.redis.deploy.readyAfterSeconds }}
+{{- else }}
+{{- $t := include "redlock-sidecar.timing" . | fromJson }}
+{{- add (int (ceil (divf (addf $t.ttl $t.drift (mulf 2.0 $t.interval)) 1000.0))) 1 }}
+{{- end }}
+{{- end }}
+
+{{/*
 Checks of combinations the schema cannot express. Included once from every template that renders pods.
 */}}
 {{- define "redlock-sidecar.validate" -}}
+{{- $_ := include "redlock-sidecar.timing" . }}
+{{- if and (not .Values.redis.deploy.enabled) .Values.redis.urls (eq (mod (len .Values.redis.urls) 2) 0) }}
+{{- fail (printf "redis.urls lists %d nodes: use an odd number (3 or 5). A lock needs a majority, and with an even number one more node buys no extra failure tolerance (2 of 2: any one node down stops the lock)" (len .Values.redis.urls)) }}
+{{- end }}
+{{- if and .Values.kubernetes.admissionPolicy.enabled (not .Values.kubernetes.enabled) }}
+{{- fail "kubernetes.admissionPolicy.enabled limits the sidecar's pod patches, which needs kubernetes.enabled=true" }}
+{{- end }}
 {{- $shutdown := include "redlock-sidecar.durationSeconds" .Values.sidecar.shutdownTimeout | float64 }}
 {{- if ge $shutdown (float64 .Values.terminationGracePeriodSeconds) }}
 {{- fail (printf "sidecar.shutdownTimeout (%s) must be shorter than terminationGracePeriodSeconds (%d): the kubelet would kill the sidecar before it releases the lock" .Values.sidecar.shutdownTimeout (int .Values.terminationGracePeriodSeconds)) }}
@@ -301,23 +458,62 @@ checkov.io/skip3: CKV_K8S_43=set the digest values to pull by digest
 {{/*
 Redis nodes
 */}}
-{{- define "redlock-sidecar.redisNodeName" -}}
-{{- include "redlock-sidecar.suffixedName" (dict "root" .root "suffix" (printf "redis-%d" (int .index)) "max" 52) }}
+{{/*
+The bundled Redis StatefulSet and its governing Service (52 characters: the StatefulSet's name
+goes into its pods' controller-revision-hash label, name + 11).
+*/}}
+{{- define "redlock-sidecar.redisName" -}}
+{{- include "redlock-sidecar.suffixedName" (dict "root" . "suffix" "redis" "max" 52) }}
 {{- end }}
 
 {{- define "redlock-sidecar.redisUrls" -}}
 {{- $urls := list }}
 {{- if .Values.redis.deploy.enabled }}
+{{- $name := include "redlock-sidecar.redisName" . }}
 {{- range $i := until (int .Values.redis.deploy.nodes) }}
-{{- $node := include "redlock-sidecar.redisNodeName" (dict "root" $ "index" $i) }}
-{{- $urls = append $urls (printf "redis://%s-0.%s.%s.svc:%d" $node $node $.Release.Namespace (int $.Values.redis.deploy.port)) }}
+{{- $urls = append $urls (printf "redis://%s-%d.%s.%s.svc:%d" $name $i $name $.Release.Namespace (int $.Values.redis.deploy.port)) }}
 {{- end }}
 {{- else }}
 {{- range .Values.redis.urls }}
-{{- $urls = append $urls (ternary (regexReplaceAll "^redis://" . "rediss://") . $.Values.redis.tls.enabled) }}
+{{- $urls = append $urls (ternary (regexReplaceAll "^redis(\\+sentinel)?://" . "rediss${1}://") . $.Values.redis.tls.enabled) }}
 {{- end }}
 {{- end }}
 {{- join "," $urls }}
+{{- end }}
+
+{{/*
+The TCP ports of the Redis nodes, comma-separated (for the service-mesh exclusion annotations).
+*/}}
+{{- define "redlock-sidecar.redisPorts" -}}
+{{- $ports := list }}
+{{- if .Values.redis.deploy.enabled }}
+{{- $ports = list (toString .Values.redis.deploy.port) }}
+{{- else }}
+{{- range .Values.redis.urls }}
+{{- $port := regexFind "[0-9]+$" (regexFind ":[0-9]+$" (urlParse .).host) | default "6379" }}
+{{- $ports = append $ports $port }}
+{{- end }}
+{{- end }}
+{{- $ports | uniq | sortAlpha | join "," }}
+{{- end }}
+
+{{/*
+Annotations of every pod that runs the sidecar or guard: `podAnnotations`, and with
+`serviceMesh.excludeRedisPorts` the Istio and Linkerd annotations that send Redis traffic around
+the mesh proxy, so that the lock's release at shutdown does not depend on the proxy outliving
+the sidecar.
+*/}}
+{{- define "redlock-sidecar.podAnnotations" -}}
+{{- $annotations := deepCopy (.Values.podAnnotations | default dict) }}
+{{- if .Values.serviceMesh.excludeRedisPorts }}
+{{- $ports := include "redlock-sidecar.redisPorts" . }}
+{{- $_ := set $annotations "traffic.sidecar.istio.io/excludeOutboundPorts" $ports }}
+{{- $_ := set $annotations "config.linkerd.io/skip-outbound-ports" $ports }}
+{{- end }}
+{{- with $annotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -332,6 +528,10 @@ Environment shared by `run` and `guard`: pod identity, Redis nodes and credentia
   valueFrom:
     fieldRef:
       fieldPath: metadata.namespace
+- name: POD_UID
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.uid
 - name: REDLOCK_REDIS
   value: {{ include "redlock-sidecar.redisUrls" . | quote }}
 {{- with .Values.redis.username }}
@@ -358,8 +558,10 @@ Environment shared by `run` and `guard`: pod identity, Redis nodes and credentia
 - name: REDLOCK_RENEW_INTERVAL
   value: {{ . | quote }}
 {{- end }}
+{{- with .Values.lock.safetyMargin }}
 - name: REDLOCK_SAFETY_MARGIN
-  value: {{ .Values.lock.safetyMargin | quote }}
+  value: {{ . | quote }}
+{{- end }}
 - name: REDLOCK_NODE_TIMEOUT
   value: {{ .Values.lock.nodeTimeout | quote }}
 - name: REDLOCK_RETRY_DELAY
@@ -370,8 +572,9 @@ Environment shared by `run` and `guard`: pod identity, Redis nodes and credentia
 
 {{/*
 Mounts and volumes of the Redis password file and TLS files (CA, client certificate and key), for
-every container that connects to Redis. Files, not environment variables: guard's CMD inherits
-the environment.
+every container that connects to Redis. Files, not environment variables: a rotated Secret is
+read again by every new connection, and guard's CMD, which runs as the same user, could read
+guard's environment from /proc.
 */}}
 {{- define "redlock-sidecar.redisClientVolumeMounts" -}}
 {{- if (include "redlock-sidecar.redisSecret" .) }}
@@ -463,10 +666,7 @@ nodeSelector:
 tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .Values.affinity }}
-affinity:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
+{{- include "redlock-sidecar.affinity" . }}
 {{- with .Values.priorityClassName }}
 priorityClassName: {{ . }}
 {{- end }}
@@ -517,6 +717,10 @@ The sidecar container (`redlock-sidecar run`). As a native sidecar it goes into 
       value: {{ .Values.kubernetes.leaderLabel | quote }}
     - name: REDLOCK_MIRROR_LEASE
       value: {{ and .Values.kubernetes.enabled .Values.kubernetes.mirrorLease | quote }}
+    # Exported as redlock_info{workload}: the alert RedlockLeadersAcrossLocks sees two locks
+    # led at once in one workload (a rollout that renamed the lock).
+    - name: REDLOCK_WORKLOAD
+      value: {{ include "redlock-sidecar.exampleName" . | quote }}
     {{- with .Values.sidecar.extraEnv }}
     {{- toYaml . | nindent 4 }}
     {{- end }}

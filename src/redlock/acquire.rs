@@ -1,0 +1,524 @@
+//! Taking the lock: one round on every node, and the wait for the lock across rounds.
+//!
+//! ## Behaviour
+//! - A round sends the acquire script to every node at once and decides as soon as a quorum
+//!   for or against is certain, with one exception: a grant from a node that has kept its
+//!   data for less than the bound on any ttl (see `votes`) is judged only once every node has
+//!   answered or timed out, so every reachable node's max-ttl register is known first.
+//! - A round that a quorum would win, were it not for nodes whose data age is still short,
+//!   fails with [`LockError::NotYetTrusted`] and says how long until they count; the wait
+//!   retries then, also past its deadline (never longer than the longest ttl plus drift).
+//! - Any answer that shows a live node-set record of another node list (another contender of
+//!   this lock lists other nodes) makes the round refuse to lead:
+//!   [`LockError::NodeSetConflict`], logged (at most once a minute) and counted. A round won on
+//!   nodes that carry no record at all (the lock unused for twice its ttl) hears every node
+//!   first (each bounded by the node timeout), since the other list's record may stand on a
+//!   node that answers last.
+//! - A node reporting a fencing counter at or above 2^53 (beyond what Lua compares exactly)
+//!   is a protocol error for that node, not a number to build on.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use rand::Rng;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::error::Tally;
+use super::fencing::MAX_TOKEN;
+use super::timing::{self, CLOCK_DRIFT_FLOOR};
+use super::votes::{DataAge, NotCounted, Proof};
+use super::{
+    clock, identity_of, quorum, validity, Lease, LockError, NodeError, NodeErrorKind, NodeFacts,
+    Op, Order, Redlock, Vote, ACQUIRE,
+};
+
+/// `{granted, fence, epoch_age_ms, max_ttl_ms, candidate_stored, holder_value, holder_pttl,
+/// node_set}`; `granted` is 1, 0 (held by `holder_value`) or −1 (another node set's record).
+type AcquireReply = (i64, u64, i64, u64, i64, String, i64, String);
+
+/// How often a node-set conflict is logged at most.
+const CONFLICT_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// What the acquire answers of one round say about the lock besides the votes.
+#[derive(Default)]
+struct Seen {
+    /// The highest fencing counter any node reported.
+    fence: u64,
+    /// The shortest remaining ttl of another holder's key.
+    holder_ttl: Option<Duration>,
+    /// Other holders' lock values and on how many nodes each was seen.
+    holders: Vec<(String, usize)>,
+    /// A live node-set record of another node list, if any answer showed one.
+    foreign_node_set: Option<String>,
+}
+
+impl Seen {
+    /// Takes one answer into account; returns the holder's identity if the key was taken.
+    fn add(&mut self, reply: &AcquireReply, own_node_set: &str) -> Option<String> {
+        let (granted, fence, _, _, _, holder_value, pttl, node_set) = reply;
+        self.fence = self.fence.max(*fence);
+        if !node_set.is_empty() && node_set != own_node_set {
+            self.foreign_node_set = Some(node_set.clone());
+        }
+        if *granted != 0 {
+            return None;
+        }
+        if let Ok(ms) = u64::try_from(*pttl) {
+            let ttl = Duration::from_millis(ms);
+            self.holder_ttl = Some(self.holder_ttl.map_or(ttl, |t| t.min(ttl)));
+        }
+        match self.holders.iter_mut().find(|(v, _)| v == holder_value) {
+            Some((_, nodes)) => *nodes += 1,
+            None => self.holders.push((holder_value.clone(), 1)),
+        }
+        Some(identity_of(holder_value).to_owned())
+    }
+
+    /// On how many nodes the most widespread other holder was seen.
+    fn most_held(&self) -> usize {
+        self.holders
+            .iter()
+            .map(|(_, nodes)| *nodes)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// One node's acquire answer, judged.
+struct Judged {
+    vote: Vote,
+    /// The node stored our candidate token (its counter was lower).
+    stored: bool,
+    /// For a grant from a node whose data age is below the settled age: what it proved, to be
+    /// judged once every node has answered.
+    pending: Option<(Arc<NodeFacts>, Proof)>,
+    /// For a grant that does not count only because the node's data age is short: how long
+    /// until it would.
+    ready_in: Option<Duration>,
+    /// A grant from a node that carried no node-set record.
+    unrecorded: bool,
+}
+
+impl Judged {
+    fn vote(vote: Vote) -> Judged {
+        Judged {
+            vote,
+            stored: false,
+            pending: None,
+            ready_in: None,
+            unrecorded: false,
+        }
+    }
+}
+
+impl Redlock {
+    /// Judges node `index`'s acquire answer. `decided` marks answers that came after the round
+    /// was decided: a grant then is too late.
+    fn acquire_vote(
+        &self,
+        index: usize,
+        answer: Result<(AcquireReply, Arc<NodeFacts>), NodeError>,
+        seen: &mut Seen,
+        decided: bool,
+    ) -> Judged {
+        let (reply, facts) = match answer {
+            Ok(answer) => answer,
+            Err(err) => return Judged::vote(Vote::Failed(err)),
+        };
+        if reply.1 > MAX_TOKEN {
+            return Judged::vote(Vote::Failed(NodeError {
+                kind: NodeErrorKind::Protocol,
+                message: format!(
+                    "fencing counter {} is beyond 2^53, where the scripts no longer compare exactly",
+                    reply.1
+                ),
+            }));
+        }
+        let proof = Proof {
+            data_age: DataAge::from_script(reply.2),
+            max_ttl: Duration::from_millis(reply.3),
+        };
+        // Every answer carries the node's max-ttl register, busy ones too.
+        self.learn_max_ttl(proof.max_ttl);
+        if let Some(holder) = seen.add(&reply, &self.inner.node_set) {
+            return Judged::vote(Vote::HeldBy(holder));
+        }
+        if reply.0 == -1 {
+            return Judged::vote(Vote::NotCounted(
+                "another contender of this lock lists other Redis nodes".to_owned(),
+            ));
+        }
+        if decided {
+            // Still judged, so the node's reported health stays current.
+            let _ = self.judge(index, &facts, proof);
+            return Judged::vote(Vote::NotCounted(
+                "granted after the round was decided".to_owned(),
+            ));
+        }
+        let settled = matches!(proof.data_age, DataAge::Proven(age) if age >= super::votes::settled_data_age());
+        let unrecorded = reply.7.is_empty();
+        match self.judge(index, &facts, proof) {
+            Ok(()) => Judged {
+                vote: Vote::Granted,
+                stored: reply.4 == 1,
+                pending: (!settled).then_some((facts, proof)),
+                ready_in: None,
+                unrecorded,
+            },
+            Err(NotCounted { why, ready_in }) => Judged {
+                ready_in,
+                ..Judged::vote(Vote::NotCounted(why))
+            },
+        }
+    }
+
+    /// One acquisition round: `Ok` with a lease, or why not. Never waits or retries.
+    pub async fn try_acquire(&self) -> Result<Lease, LockError> {
+        let cfg = &self.inner.cfg;
+        let n = self.inner.nodes.len();
+        let needed = quorum(n);
+        let value = format!("{}:{}", cfg.identity, random_hex());
+        let candidate = self.next_token(self.inner.fence_seen.load(Ordering::Relaxed));
+        let start = clock::now();
+        let since = SystemTime::now();
+        let mut answers = self.fan_out::<AcquireReply>(
+            Op::Acquire,
+            Order::MayWrite,
+            &ACQUIRE,
+            vec![
+                value.clone(),
+                cfg.ttl.as_millis().to_string(),
+                candidate.to_string(),
+                self.inner.retention_ms(),
+                self.inner.node_set.clone(),
+            ],
+        );
+        let mut tally = Tally::new(n);
+        let mut seen = Seen::default();
+        // Counted grants whose node stored our candidate token (its counter was lower).
+        let mut candidate_stored = 0;
+        // Grants from young nodes, judged once every node has answered.
+        let mut pending = Vec::new();
+        // Per node: how long until a grant that does not count yet would.
+        let mut ready_in: Vec<Option<Duration>> = vec![None; n];
+        // Whether a grant came from a node without a node-set record.
+        let mut unrecorded = false;
+        while let Some((index, answer)) = answers.recv().await {
+            let judged = self.acquire_vote(index, answer, &mut seen, false);
+            ready_in[index] = judged.ready_in;
+            unrecorded |= judged.unrecorded;
+            if let Some((facts, proof)) = judged.pending {
+                pending.push((index, facts, proof, judged.stored));
+                continue;
+            }
+            candidate_stored += usize::from(judged.stored);
+            if tally.record(index, judged.vote) {
+                break;
+            }
+        }
+        // Unless the round was decided without them, every node has answered or timed out:
+        // every reachable register is known now. (Decided, they only complete the report.)
+        for (index, facts, proof, stored) in pending {
+            let vote = match self.judge(index, &facts, proof) {
+                Ok(()) => {
+                    candidate_stored += usize::from(stored);
+                    Vote::Granted
+                }
+                Err(NotCounted {
+                    why,
+                    ready_in: wait,
+                }) => {
+                    ready_in[index] = wait;
+                    Vote::NotCounted(why)
+                }
+            };
+            tally.record(index, vote);
+        }
+        let granted = tally.granted();
+        let quorum_granted = tally.won();
+        let mut votes = tally.votes;
+        if quorum_granted && unrecorded {
+            // Nodes of the quorum carry no node-set record: another node list's record may
+            // stand on a node that has not answered yet, so every answer is heard first.
+            while let Some((index, answer)) = answers.recv().await {
+                votes[index] = Some(self.acquire_vote(index, answer, &mut seen, true).vote);
+            }
+        }
+        // Nodes may have stored the candidate even if this round fails: start above it next time.
+        self.inner
+            .fence_seen
+            .fetch_max(seen.fence.max(candidate), Ordering::Relaxed);
+        let won = quorum_granted && seen.foreign_node_set.is_none();
+        if !won {
+            // The remaining answers (each bounded by the node timeout) complete the report,
+            // so followers see the holder most nodes agree on, and show where to clean up.
+            while let Some((index, answer)) = answers.recv().await {
+                votes[index] = Some(self.acquire_vote(index, answer, &mut seen, true).vote);
+            }
+            self.inner
+                .fence_seen
+                .fetch_max(seen.fence, Ordering::Relaxed);
+            // Our key may stand wherever a node did not answer "held by someone else".
+            self.clean_up(
+                &value,
+                |vote| !matches!(vote, Some(Vote::HeldBy(_))),
+                &votes,
+            )
+            .await;
+            return Err(self.round_lost(votes, &seen, granted, &ready_in));
+        }
+        // Answers after the quorum still carry counters (the next candidate starts above
+        // them) and tell whether their node's vote counts, so every node's report stays current.
+        let this = self.clone();
+        tokio::spawn(async move {
+            let mut late = Seen::default();
+            while let Some((index, answer)) = answers.recv().await {
+                this.acquire_vote(index, answer, &mut late, true);
+            }
+            this.inner
+                .fence_seen
+                .fetch_max(late.fence, Ordering::Relaxed);
+        });
+        let elapsed = || clock::now().saturating_duration_since(start);
+        let too_short = || LockError::ValidityTooShort {
+            lock: cfg.lock.clone(),
+            elapsed: elapsed(),
+            ttl: cfg.ttl,
+        };
+        if validity(cfg.ttl, elapsed()).is_none() {
+            self.clean_up(&value, |_| true, &votes).await;
+            return Err(too_short());
+        }
+        // The candidate is safe once a quorum stored it; otherwise a node already had a
+        // counter at least as high, and a write-back round mints the next token.
+        let fencing_token = if candidate_stored >= needed {
+            candidate
+        } else {
+            match self
+                .raise_fence(self.next_token(seen.fence.max(candidate)))
+                .await
+            {
+                Ok(token) => token,
+                Err(votes_fence) => {
+                    self.clean_up(&value, |_| true, &votes).await;
+                    return Err(LockError::QuorumUnreachable {
+                        lock: cfg.lock.clone(),
+                        needed,
+                        votes: votes_fence,
+                    });
+                }
+            }
+        };
+        self.inner
+            .fence_seen
+            .fetch_max(fencing_token, Ordering::Relaxed);
+        let Some(valid) = validity(cfg.ttl, elapsed()) else {
+            self.clean_up(&value, |_| true, &votes).await;
+            return Err(too_short());
+        };
+        Ok(Lease {
+            value,
+            fencing_token,
+            acquired_at: start,
+            since,
+            valid_until: start + valid,
+        })
+    }
+
+    /// Why a round that was not won was lost, from every answer it got.
+    fn round_lost(
+        &self,
+        votes: Vec<Option<Vote>>,
+        seen: &Seen,
+        granted: usize,
+        ready_in: &[Option<Duration>],
+    ) -> LockError {
+        let cfg = &self.inner.cfg;
+        let n = votes.len();
+        let needed = quorum(n);
+        let lock = cfg.lock.clone();
+        if let Some(theirs) = &seen.foreign_node_set {
+            self.inner.observer.node_set_conflict();
+            self.log_node_set_conflict(theirs);
+            return LockError::NodeSetConflict {
+                lock,
+                votes: self.label_votes(votes),
+            };
+        }
+        let holder = most_common_holder(&votes);
+        let answered = votes
+            .iter()
+            .filter(|v| matches!(v, Some(v) if !matches!(v, Vote::Failed(_))))
+            .count();
+        // Nodes whose grants will count soon: enough of them to make a quorum is a wait.
+        let mut soon: Vec<Duration> = ready_in.iter().flatten().copied().collect();
+        soon.sort();
+        let missing = needed.saturating_sub(granted);
+        let wait = (missing > 0 && soon.len() >= missing).then(|| soon[missing - 1]);
+        let votes = self.label_votes(votes);
+        // Not even the nodes that did not answer could give any one holder a quorum:
+        // a split among contenders, who all clean up. Not busy: nobody holds the lock.
+        let split = seen.most_held() + (n - answered) < needed;
+        if let Some(ready_in) = wait {
+            LockError::NotYetTrusted {
+                lock,
+                ready_in,
+                votes,
+            }
+        } else if holder.is_some() && answered >= needed && split {
+            LockError::Contended { lock, votes }
+        } else if holder.is_some() && answered >= needed {
+            LockError::Busy {
+                lock,
+                holder,
+                holder_ttl: seen.holder_ttl,
+                holder_fence: seen.fence,
+                votes,
+            }
+        } else {
+            LockError::QuorumUnreachable {
+                lock,
+                needed,
+                votes,
+            }
+        }
+    }
+
+    /// One line, at most once a minute: the operator must make every contender list the same
+    /// nodes (or stop the old ones).
+    fn log_node_set_conflict(&self, theirs: &str) {
+        let now = Instant::now();
+        let mut last = self
+            .inner
+            .conflict_logged_at
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if last.is_none_or(|at| now.duration_since(at) >= CONFLICT_LOG_EVERY) {
+            *last = Some(now);
+            warn!(
+                lock = %self.inner.cfg.lock,
+                ours = %self.inner.node_set,
+                theirs,
+                "another contender of this lock lists other Redis nodes; refusing to lead until every contender lists the same nodes"
+            );
+        }
+    }
+
+    /// Waits for the lock: retries with growing random delays, and at once when a
+    /// holder announces a release, until `deadline` (then the last error) or `cancel`.
+    ///
+    /// `on_attempt` sees every round's outcome and duration (to publish who holds the lock).
+    pub async fn acquire(
+        &self,
+        deadline: Option<Instant>,
+        cancel: &CancellationToken,
+        mut on_attempt: impl FnMut(&Result<Lease, LockError>, Duration),
+    ) -> Result<Lease, LockError> {
+        self.listen_for_releases();
+        let cfg = &self.inner.cfg;
+        let mut released = self.inner.released.subscribe();
+        let mut attempt = 0u32;
+        let mut collisions = 0u32;
+        let mut woken = false;
+        let mut waited_for_trust = false;
+        loop {
+            released.borrow_and_update();
+            // A started round is never abandoned half-way: it is short (node timeout) and
+            // dropping it could leave keys behind until their ttl.
+            let round = Instant::now();
+            let result = self.try_acquire().await;
+            on_attempt(&result, round.elapsed());
+            let err = match result {
+                Ok(lease) => return Ok(lease),
+                Err(err) => err,
+            };
+            // Counts rounds lost right after a release announcement: other waiters heard it too.
+            collisions = if woken {
+                collisions.saturating_add(1)
+            } else {
+                0
+            };
+            let mut delay = match &err {
+                // Held: poll about once per `retry_max` (a release announcement wakes us
+                // sooner), but never past the moment the holder's key expires, so a crashed
+                // holder is replaced promptly.
+                LockError::Busy {
+                    holder_ttl: Some(left),
+                    ..
+                } => {
+                    let poll = cfg.retry_max
+                        + timing::retry_delay(cfg.retry_delay, cfg.retry_delay, 0) / 2;
+                    poll.min(*left + CLOCK_DRIFT_FLOOR)
+                }
+                // Nodes that will count soon: retry when they do (their clocks may run up to
+                // the drift factor slower than ours).
+                LockError::NotYetTrusted { ready_in, .. } => {
+                    if !waited_for_trust {
+                        waited_for_trust = true;
+                        info!(lock = %cfg.lock, wait = ?ready_in, error = %err, "waiting for nodes whose votes count once they have kept their data for ttl + drift");
+                    }
+                    *ready_in + timing::drift(*ready_in)
+                }
+                // Otherwise random and growing, so a struggling fleet is not hammered.
+                _ => timing::retry_delay(cfg.retry_delay, cfg.retry_max, attempt),
+            };
+            if let Some(deadline) = deadline {
+                // A split round says nothing about a holder: retry it past the deadline,
+                // for up to one ttl (by then every key of that round has expired). Votes that
+                // count soon are waited for past it too (at most the longest ttl + drift).
+                let deadline = match err {
+                    LockError::Contended { .. } => deadline + cfg.ttl,
+                    LockError::NotYetTrusted { .. } => {
+                        deadline.max(round + delay + CLOCK_DRIFT_FLOOR)
+                    }
+                    _ => deadline,
+                };
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(err);
+                }
+                delay = delay.min(left);
+            }
+            woken = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return Err(LockError::Cancelled),
+                _ = released.changed() => true,
+                _ = tokio::time::sleep(delay) => false,
+            };
+            if woken && collisions > 0 {
+                // Every waiter hears the same release. A lone waiter retries at once; after
+                // a collision, a random pause that grows with each one spreads them out.
+                let spread =
+                    (Duration::from_micros(250) * (1 << collisions.min(10))).min(cfg.retry_delay);
+                let pause = rand::rng().random_range(Duration::ZERO..=spread);
+                tokio::time::sleep(pause).await;
+            }
+            attempt = attempt.saturating_add(1);
+        }
+    }
+}
+
+/// The identity that holds the key on the most nodes among `votes`.
+fn most_common_holder(votes: &[Option<Vote>]) -> Option<String> {
+    let mut counts: Vec<(&str, usize)> = Vec::new();
+    for vote in votes.iter().flatten() {
+        if let Vote::HeldBy(identity) = vote {
+            match counts.iter_mut().find(|(id, _)| id == identity) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((identity, 1)),
+            }
+        }
+    }
+    counts
+        .into_iter()
+        .max_by_key(|(_, n)| *n)
+        .map(|(id, _)| id.to_owned())
+}
+
+/// 128 random bits as hex.
+fn random_hex() -> String {
+    let bytes: [u8; 16] = rand::rng().random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

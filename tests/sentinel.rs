@@ -1,0 +1,332 @@
+//! A Sentinel-monitored group as one node (`redis+sentinel://`), through the real binary: two
+//! `run` sidecars contend on one group (N = 1) of a master, a replica and three real Sentinels,
+//! and the group fails over under a held lock: `SENTINEL FAILOVER`, and a killed master whose
+//! replica missed the lock key.
+//!
+//! Every test polls each sidecar's `/leader` all along ([`Watch`]) and checks, from the answers
+//! and the logs, that no claim begins before the previous one has ended and that fencing tokens
+//! grow. After a failover the new master's epoch marker is young (its run id and replication
+//! id are new), so its grants count only ttl + drift after the first contender met it: that is
+//! what keeps a second holder out when the new master missed the key, and it is checked here
+//! against the marker itself.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::{Duration, SystemTime};
+
+use redlock_sidecar::redlock::{votes, EPOCH_KEY};
+use support::sentinel::SentinelGroup;
+use support::tenures::{ms_between, Sidecar, Watch};
+use support::{http, Proc, RedisNode, TempDir};
+use tokio::task::block_in_place;
+
+const LOCK: &str = "sentinel";
+const KEY: &str = "redlock:{sentinel}";
+const TTL: Duration = Duration::from_secs(2);
+/// ttl 2 s: renew every 400 ms, stop claiming 500 ms before the validity ends.
+const TIMING: [&str; 12] = [
+    "--ttl",
+    "2s",
+    "--renew-interval",
+    "400ms",
+    "--safety-margin",
+    "500ms",
+    "--node-timeout",
+    "250ms",
+    "--connect-timeout",
+    "500ms",
+    "--retry-delay",
+    "50ms",
+];
+/// Beyond failover time + ttl + drift, what a loaded 2-core machine may add before a leader
+/// shows on `/leader` (rounds, retries, the poll).
+const SLACK: Duration = Duration::from_secs(3);
+
+/// One `run` sidecar on the group.
+struct Contender {
+    name: String,
+    addr: SocketAddr,
+    proc: Proc,
+}
+
+impl Sidecar for Contender {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+    fn proc(&self) -> &Proc {
+        &self.proc
+    }
+}
+
+impl Contender {
+    fn start(name: &str, redis: &str) -> Contender {
+        let addr: SocketAddr = format!("127.0.0.1:{}", support::free_port())
+            .parse()
+            .expect("loopback address");
+        let listen = addr.to_string();
+        let mut args = vec!["run", "--lock", LOCK, "--redis", redis];
+        args.extend(TIMING);
+        args.extend([
+            "--listen",
+            &listen,
+            "--identity",
+            name,
+            "--kubernetes",
+            "off",
+        ]);
+        Contender {
+            name: name.to_owned(),
+            addr,
+            proc: Proc::spawn(&args, &[("REDLOCK_LOG", "info")]),
+        }
+    }
+
+    /// The holder this sidecar sees, from its `/leader` body.
+    async fn holder(&self) -> Option<String> {
+        let body = http::get(self.addr, "/leader").await.ok()?.json().ok()?;
+        body["holder"].as_str().map(str::to_owned)
+    }
+
+    /// SIGTERM, wait for exit 0, and hand the log to `watch`.
+    async fn stop(mut self, watch: &mut Watch) {
+        self.proc.sigterm();
+        let status = self
+            .proc
+            .wait_exit_async(Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|| panic!("{} did not exit\n{}", self.name, self.proc.output_text()));
+        assert_eq!(status.code(), Some(0), "{}", self.proc.output_text());
+        watch.keep_log(self.name.clone(), self.proc.stderr_text());
+    }
+}
+
+/// A leads on the group's first master, B follows and sees A hold the lock.
+async fn a_leads_and_b_follows(group: &SentinelGroup) -> (Watch, Contender, Contender) {
+    // The master has been up for long: its grants count at once.
+    group.master.backdate_epoch(Duration::from_secs(60));
+    let url = group.url();
+    let mut watch = Watch::new();
+    let a = Contender::start("a", &url);
+    watch.add(&a);
+    watch
+        .next_tenure(SystemTime::UNIX_EPOCH, Some("a"), "a leads", &[&a])
+        .await;
+    let b = Contender::start("b", &url);
+    watch.add(&b);
+    support::wait_until_async(
+        Duration::from_secs(10),
+        "b sees a hold the lock",
+        || async { b.holder().await.as_deref() == Some("a") },
+    )
+    .await;
+    (watch, a, b)
+}
+
+/// Waits until a sidecar answers "leader" for a request sent after `after`; returns when that
+/// request was sent.
+async fn leader_after(watch: &Watch, after: SystemTime, running: &[&Contender]) -> SystemTime {
+    let end = tokio::time::Instant::now() + support::tenures::ELECTION;
+    loop {
+        if let Some(t) = watch.tenures().iter().find(|t| t.leading_at > after) {
+            return t.leading_at;
+        }
+        if tokio::time::Instant::now() >= end {
+            let logs: Vec<String> = running
+                .iter()
+                .map(|c| format!("--- {} ---\n{}", c.name, c.proc.output_text()))
+                .collect();
+            panic!("no leader after the failover\n{}", logs.join("\n"));
+        }
+        tokio::time::sleep(support::tenures::POLL).await;
+    }
+}
+
+/// The age of `node`'s epoch marker, if it holds the node's own lineage (read-only).
+fn marker_age(node: &RedisNode) -> Option<Duration> {
+    let marker = node.try_command(&["GET", EPOCH_KEY]).ok()?;
+    let pttl: i64 = node.try_command(&["PTTL", EPOCH_KEY]).ok()?.parse().ok()?;
+    votes::data_age(&marker, pttl, &node.lineage()?)
+}
+
+/// `check` on `redis`, with extra flags: exit code and stdout.
+fn check(redis: &str, extra: &[&str]) -> (i32, String) {
+    let mut args = vec!["check", "--redis", redis, "--ttl", "2s"];
+    args.extend(extra);
+    let mut proc = Proc::spawn(&args, &[]);
+    let status = proc
+        .wait_exit(Duration::from_secs(20))
+        .expect("check exits");
+    (status.code().unwrap_or(-1), proc.output_text())
+}
+
+fn secs(from: SystemTime, to: SystemTime) -> f64 {
+    ms_between(from, to) / 1e3
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_failover_under_a_held_lock_keeps_one_leader_and_follows_the_new_master() {
+    let group = block_in_place(SentinelGroup::start);
+    let (mut watch, a, b) = a_leads_and_b_follows(&group).await;
+    let (_, out) = block_in_place(|| check(&group.url(), &[]));
+    assert!(
+        out.contains(&format!(
+            "Sentinel group mymaster: master 127.0.0.1:{} with 1 replica",
+            group.master.port()
+        )),
+        "{out}"
+    );
+
+    let started = SystemTime::now();
+    block_in_place(|| {
+        group.failover();
+        group.wait_master_is(group.replica.port());
+    });
+    let switched = SystemTime::now();
+    let back = leader_after(&watch, switched, &[&a, &b]).await;
+    // Followed: the leader's renewals now land on the promoted replica.
+    support::wait_until_async(
+        Duration::from_secs(10),
+        "the new master holds a sidecar's key",
+        || async {
+            let value = group.replica.try_command(&["GET", KEY]).unwrap_or_default();
+            value.starts_with("a:") || value.starts_with("b:")
+        },
+    )
+    .await;
+    let failover = secs(started, switched);
+    let bound = failover + votes::required_data_age(TTL).as_secs_f64() + SLACK.as_secs_f64();
+    println!(
+        "SENTINEL FAILOVER: sentinels switched after {failover:.2} s; a leader answered {:.2} s \
+         after that",
+        secs(switched, back)
+    );
+    assert!(
+        secs(started, back) <= bound,
+        "leadership back within failover time + ttl + drift + {SLACK:?}"
+    );
+    let (_, out) = block_in_place(|| check(&group.url(), &[]));
+    assert!(
+        out.contains(&format!("master 127.0.0.1:{}", group.replica.port())),
+        "check follows the group:\n{out}"
+    );
+
+    a.stop(&mut watch).await;
+    b.stop(&mut watch).await;
+    let running: [&Contender; 0] = [];
+    watch.finish(&running).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_master_whose_replica_missed_the_key_gives_no_second_leader_before_ttl_plus_drift()
+{
+    let mut group = block_in_place(SentinelGroup::start);
+    let (mut watch, a, b) = a_leads_and_b_follows(&group).await;
+    // The replica loses A's key (as if the write never reached it) and the master dies: the
+    // promoted replica has a free key for anyone who asks.
+    assert_eq!(
+        group
+            .replica
+            .command(&["CONFIG", "SET", "replica-read-only", "no"]),
+        "OK"
+    );
+    assert_eq!(group.replica.command(&["DEL", KEY]), "1");
+    assert!(group.master.command(&["GET", KEY]).starts_with("a:"));
+    let killed = SystemTime::now();
+    group.master.stop();
+    block_in_place(|| group.wait_master_is(group.replica.port()));
+    let switched = SystemTime::now();
+    let next = watch
+        .next_tenure(killed, None, "a leader on the new master", &[&a, &b])
+        .await;
+    // Its grants counted only once its marker, stamped after the promotion, was ttl + drift old.
+    let age = block_in_place(|| marker_age(&group.replica)).expect("the new master's marker");
+    let stamped = SystemTime::now() - age;
+    let required = votes::required_data_age(TTL);
+    println!(
+        "killed master: sentinels switched after {:.2} s; marker stamped {:.2} s after the kill; \
+         next leader's round began {:.2} s after the stamp (ttl + drift = {:.2} s)",
+        secs(killed, switched),
+        secs(killed, stamped),
+        secs(stamped, next.since),
+        required.as_secs_f64()
+    );
+    assert!(
+        stamped > killed,
+        "the marker was stamped after the failover"
+    );
+    // `stamped` is read back to the millisecond, from the node's clock.
+    assert!(
+        next.claimed_after + Duration::from_millis(5) >= stamped + required,
+        "no grant of the new master counted before ttl + drift: round began {:.3} s after the stamp",
+        secs(stamped, next.since)
+    );
+    assert!(
+        secs(killed, next.claimed_after)
+            <= secs(killed, switched) + required.as_secs_f64() + SLACK.as_secs_f64(),
+        "leadership back within failover time + ttl + drift + {SLACK:?}"
+    );
+
+    a.stop(&mut watch).await;
+    b.stop(&mut watch).await;
+    let running: [&Contender; 0] = [];
+    watch.finish(&running).await;
+}
+
+#[test]
+fn sentinels_and_the_master_each_get_their_own_password_and_neither_is_shown() {
+    let group = SentinelGroup::start_with_passwords(Some("data-pw"), Some("sentinel-pw"));
+    let hosts: Vec<String> = group
+        .sentinels
+        .iter()
+        .map(|s| format!("127.0.0.1:{}", s.port()))
+        .collect();
+    let url = format!("redis+sentinel://:data-pw@{}/mymaster", hosts.join(","));
+    let dir = TempDir::new("sentinel-password");
+    let file = dir.path().join("password");
+    std::fs::write(&file, "sentinel-pw\n").unwrap();
+    let file = file.to_str().unwrap();
+
+    let (code, out) = check(&url, &["--sentinel-password-file", file]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(&format!(
+            "master 127.0.0.1:{} with 1 replica",
+            group.master.port()
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains("verdict: unsafe because mymaster@") && out.contains("min-replicas-to-write"),
+        "{out}"
+    );
+    group
+        .master
+        .command(&["CONFIG", "SET", "min-replicas-to-write", "1"]);
+    let (_, out) = check(&url, &["--sentinel-password-file", file]);
+    assert!(
+        out.contains(
+            "verdict: safe; survives no node loss; one failover makes the lock unavailable"
+        ),
+        "{out}"
+    );
+
+    // Without the Sentinels' password, no Sentinel answers; and the master's alone is not theirs.
+    let (code, out) = check(&url, &[]);
+    assert_eq!(code, 69, "{out}");
+    assert!(
+        out.contains("no Sentinel of mymaster answered") && out.contains("auth"),
+        "{out}"
+    );
+    let (code, wrong) = check(&url, &["--sentinel-password", "data-pw"]);
+    assert_eq!(code, 69, "{wrong}");
+    for text in [&out, &wrong] {
+        assert!(
+            !text.contains("data-pw") && !text.contains("sentinel-pw"),
+            "no password shows:\n{text}"
+        );
+    }
+}
