@@ -4,15 +4,11 @@
 
 use std::time::Duration;
 
-use redlock_sidecar::redlock::votes::{self, Proof, EPOCH_LIFETIME_MS};
-use redlock_sidecar::redlock::{quorum, validity, NodeFacts};
-
-/// The cap on any ttl (1 h): a node whose data age proves less than this plus its drift may
-/// only count once every node of the round has answered or timed out.
-pub const MAX_TTL: Duration = Duration::from_secs(3600);
+use redlock_sidecar::redlock::votes::{self, DataAge, Proof, EPOCH_LIFETIME_MS};
+use redlock_sidecar::redlock::{quorum, timing, validity, NodeFacts};
 
 /// A marker stamped before the model's time begins proves this much (beyond `MAX_TTL` + drift).
-const ANCIENT: Duration = Duration::from_secs(7200);
+const ANCIENT: Duration = Duration::from_secs(2 * timing::MAX_TTL.as_secs());
 
 /// A data age as a node's clock measures it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -60,11 +56,12 @@ pub fn validity_ticks(ttl: u8, elapsed: u8, drift_margin: bool) -> Option<u8> {
 /// `longest` ticks (the engine's `votes::judge`, on a node that does not evict).
 pub fn counts(age: Age, longest: u8) -> bool {
     let facts = NodeFacts {
-        run_id: String::new(),
         maxmemory_policy: "noeviction".to_owned(),
+        role: "master".to_owned(),
+        ..NodeFacts::default()
     };
     let proof = Proof {
-        data_age: age.duration(),
+        data_age: DataAge::Proven(age.duration()),
         max_ttl: Duration::ZERO,
     };
     votes::judge(&facts, proof, ms(longest), false).is_ok()
@@ -73,7 +70,7 @@ pub fn counts(age: Age, longest: u8) -> bool {
 /// Whether `age` proves the node kept its data for longer than any ttl can be (`MAX_TTL` plus
 /// its drift): then its grant counts without waiting for the round's other answers.
 pub fn old_beyond_any_ttl(age: Age) -> bool {
-    age.duration() >= votes::required_data_age(MAX_TTL)
+    age.duration() >= votes::settled_data_age()
 }
 
 /// The age an epoch marker holding lineage `marker` proves, measured `measured` on the node's

@@ -64,8 +64,8 @@ pub struct Rules {
     pub keep_promise: bool,
     /// Node-set records: no grant under a foreign record, no lead after seeing one.
     pub fingerprint: bool,
-    /// Not a rule of the engine yet (a proposed fix): a renewal never moves the validity's end
-    /// earlier than one already published, so a lost lease waits for the latest promise.
+    /// A renewal never moves the validity's end earlier than one already published, so a
+    /// lost lease waits for the latest promise (`timing::renewed_until`; found by this model).
     pub longest_promise: bool,
 }
 
@@ -79,7 +79,7 @@ impl Rules {
         drift_margin: true,
         keep_promise: true,
         fingerprint: true,
-        longest_promise: false,
+        longest_promise: true,
     };
 }
 
