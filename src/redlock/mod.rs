@@ -34,9 +34,11 @@ pub mod cluster;
 mod error;
 pub mod fencing;
 mod node;
+pub mod push;
 mod scripts;
 pub mod secrets;
 pub mod sentinel;
+pub mod standby;
 pub mod timing;
 pub mod votes;
 
@@ -48,10 +50,11 @@ use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
 use futures_util::StreamExt;
 use redis::Script;
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::clock;
+pub use acquire::HolderSeen;
 use error::Tally;
 pub use error::{ConfigError, LockError, Vote, Votes};
 pub use node::{
@@ -120,6 +123,10 @@ pub trait Observer: Send + Sync + 'static {
     fn node_counted(&self, _index: usize, _counted: bool) {}
     /// A round refused to lead: another contender of the lock lists other nodes.
     fn node_set_conflict(&self) {}
+    /// Node `index`'s push subscription came up or went away.
+    fn subscription(&self, _index: usize, _up: bool) {}
+    /// A waiting standby read the nodes; `fallback` when a push subscription was missing.
+    fn standby_read(&self, _fallback: bool) {}
 }
 
 /// An observer that records nothing.
@@ -357,7 +364,10 @@ struct Inner {
     fence_seen: AtomicU64,
     /// The longest ttl (ms) any node's max-ttl register ever reported for this lock.
     max_ttl_seen: AtomicU64,
-    released: watch::Sender<u64>,
+    /// What the nodes push (see [`push`]).
+    pushes: broadcast::Sender<push::Push>,
+    /// Per node: whether its push subscription is live.
+    subscribed: watch::Sender<Vec<bool>>,
     /// Per node: calls in flight that may still write our key there (acquire, restore,
     /// an extend whose answer may call for a restore). Deletes wait for them to settle.
     key_writes: Vec<watch::Sender<usize>>,
@@ -503,8 +513,9 @@ impl Redlock {
                 fence_seen: AtomicU64::new(0),
                 max_ttl_seen: AtomicU64::new(0),
                 key_writes: (0..nodes.len()).map(|_| watch::channel(0).0).collect(),
+                subscribed: watch::channel(vec![false; nodes.len()]).0,
                 nodes,
-                released: watch::channel(0).0,
+                pushes: broadcast::channel(1024).0,
                 listening: std::sync::Once::new(),
                 observer,
                 _stop_on_drop: stop.clone().drop_guard(),
@@ -816,10 +827,65 @@ impl Redlock {
                 tokio::spawn(async move {
                     tokio::select! {
                         _ = stop.cancelled() => {}
-                        _ = listen(inner, index) => {}
+                        _ = push::listen(inner, index) => {}
                     }
                 });
             }
+        });
+    }
+
+    /// Reads the lock key on every node with plain commands (`GET` + `PTTL`, pipelined; no
+    /// script): per node, the holder's identity and the key's remaining time, `None` if no key.
+    async fn read_keys(&self) -> Vec<Result<Option<(String, Duration)>, NodeError>> {
+        let inner = &self.inner;
+        let reads = inner
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(index, node)| async move {
+                let start = Instant::now();
+                let result = node.read_key(&inner.key, inner.cfg.node_timeout).await;
+                let outcome = result.as_ref().map(|_| ()).map_err(|e| e.kind);
+                inner
+                    .observer
+                    .node_call(index, Op::Read, start.elapsed(), outcome);
+                result.map(|read| read.map(|(value, pttl)| (identity_of(&value).to_owned(), pttl)))
+            });
+        futures_util::future::join_all(reads).await
+    }
+
+    /// Announces a won round on every node's acquisition channel (see [`push::Acquired`]), in
+    /// the background: waiters stand down and learn the new holder without asking.
+    fn announce_acquired(&self, lease: &Lease) {
+        let inner = self.inner.clone();
+        let fencing_token = lease.fencing_token;
+        let valid_until = lease.valid_until;
+        tokio::spawn(async move {
+            let timeout = inner.cfg.node_timeout;
+            let inner = &inner;
+            let announce = inner.nodes.iter().map(|node| async move {
+                let channel = push::Channels::new(&inner.key, node.db()).acquired;
+                let waiters = node
+                    .command::<(String, u64)>(
+                        redis::cmd("PUBSUB").arg("NUMSUB").arg(&channel),
+                        timeout,
+                    )
+                    .await
+                    .map_or(0, |(_, n)| n);
+                let message = push::Acquired {
+                    identity: inner.cfg.identity.clone(),
+                    fencing_token,
+                    validity: valid_until.saturating_duration_since(clock::now()),
+                    waiters,
+                };
+                let _ = node
+                    .command::<i64>(
+                        redis::cmd("PUBLISH").arg(&channel).arg(message.encode()),
+                        timeout,
+                    )
+                    .await;
+            });
+            futures_util::future::join_all(announce).await;
         });
     }
 
@@ -832,32 +898,6 @@ impl Redlock {
                 .filter_map(|(node, vote)| Some((node.label().to_owned(), vote?)))
                 .collect(),
         )
-    }
-}
-
-/// Keeps a subscription to the release channel on one node, reconnecting with backoff.
-async fn listen(inner: std::sync::Weak<Inner>, index: usize) {
-    let mut backoff = Duration::from_millis(500);
-    loop {
-        let Some(strong) = inner.upgrade() else {
-            return;
-        };
-        let channel = strong.channel.clone();
-        let connect_timeout = strong.cfg.connect_timeout;
-        let pubsub = strong.nodes[index].pubsub(connect_timeout).await;
-        let released = strong.released.clone();
-        drop(strong);
-        if let Ok(mut pubsub) = pubsub {
-            if pubsub.subscribe(&channel).await.is_ok() {
-                backoff = Duration::from_millis(500);
-                let mut messages = pubsub.on_message();
-                while messages.next().await.is_some() {
-                    released.send_modify(|n| *n = n.wrapping_add(1));
-                }
-            }
-        }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(30));
     }
 }
 
