@@ -91,6 +91,10 @@ pub struct Standby {
     quorum: usize,
     keys: Vec<Key>,
     subscribed: Vec<bool>,
+    /// Per node: whether a subscription was ever live (one that comes up again is a resubscription).
+    ever_subscribed: Vec<bool>,
+    /// A subscription came back: the next read is made for want of push.
+    resubscribed: bool,
     /// A round scheduled by a release announcement.
     round_at: Option<Instant>,
     /// The last holder announced or read.
@@ -109,6 +113,8 @@ impl Standby {
             quorum,
             keys: vec![Key::Unknown; nodes],
             subscribed: vec![false; nodes],
+            ever_subscribed: vec![false; nodes],
+            resubscribed: false,
             round_at: None,
             holder: None,
             waiters: 1,
@@ -129,6 +135,7 @@ impl Standby {
         }
         let fallback = !self.subscribed.iter().any(|s| *s);
         if self.keys.contains(&Key::Unknown) {
+            let fallback = fallback || self.resubscribed;
             return (Action::Read { fallback }, None);
         }
         let mut until: Vec<Instant> = self
@@ -172,6 +179,7 @@ impl Standby {
     /// longer, `Ok(None)` no key, `Err(())` no answer.
     pub fn read(&mut self, started: Instant, index: usize, answer: Result<Option<Duration>, ()>) {
         self.last_read = Some(started);
+        self.resubscribed = false;
         if let Some(key) = self.keys.get_mut(index) {
             *key = match answer {
                 Ok(Some(pttl)) => Key::Held(saturating_add(started, pttl)),
@@ -244,6 +252,8 @@ impl Standby {
         };
         if up && !*was {
             self.keys[index] = Key::Unknown;
+            self.resubscribed |= self.ever_subscribed[index];
+            self.ever_subscribed[index] = true;
         }
         *was = up;
     }
@@ -426,6 +436,10 @@ mod tests {
             (Action::Wait, Some(t0 + ms(9000) + CLOCK_DRIFT_FLOOR))
         );
         s.subscription(0, false);
+        assert_eq!(s.next(t0 + POLL), (Action::Read { fallback: true }, None));
+        // The read on resubscription is one made for want of push.
+        s.read(t0 + POLL, 0, Ok(Some(ms(9000))));
+        s.subscription(0, true);
         assert_eq!(s.next(t0 + POLL), (Action::Read { fallback: true }, None));
     }
 
