@@ -49,7 +49,7 @@ pub enum Key {
     Unknown,
     /// No key (or the read failed: it may be gone).
     Free,
-    /// A key that lives at least until then.
+    /// A key that lives at least until then (and is taken for held until read again).
     Held(Instant),
 }
 
@@ -138,11 +138,13 @@ impl Standby {
             let fallback = fallback || self.resubscribed;
             return (Action::Read { fallback }, None);
         }
+        // A key is taken for gone only once a read or an event says so: until then it may
+        // have been renewed.
         let mut until: Vec<Instant> = self
             .keys
             .iter()
             .filter_map(|key| match key {
-                Key::Held(until) if *until > now => Some(*until),
+                Key::Held(until) => Some(*until),
                 _ => None,
             })
             .collect();
