@@ -591,6 +591,7 @@ impl Redlock {
                             }
                         }
                     }
+                    standby.settle(clock::now(), rand::rng().random_range(0.0..=1.0));
                     let needed = quorum(reads.len());
                     if let Some((identity, _)) = holders.iter().find(|(_, n)| *n >= needed) {
                         on_holder(Some(HolderSeen {
@@ -673,6 +674,7 @@ impl Redlock {
             }
             PushKind::Key(event) => standby.key_event(now, push.node, event),
         }
+        standby.settle(now, rand::rng().random_range(0.0..=1.0));
     }
 }
 

@@ -14,6 +14,8 @@
 //! - **Unknown nodes are read first.** A node whose state is unknown (never read, or its
 //!   subscription just came back and may have missed events) is read before anything else.
 //!   A node whose read failed counts as not holding (it may have lost the key).
+//! - **Spread rounds.** A round the reads or events call for is scheduled like one after a
+//!   release push (below): every standby reads at about the same moment after a crash.
 //! - **Release push.** A release announcement schedules a round after a random pause within
 //!   `SPREAD_SLOT` × the number of waiters the last acquisition announcement counted (capped at
 //!   `SPREAD_MAX`): the first of many waiters starts within about one slot, and the
@@ -203,12 +205,32 @@ impl Standby {
         if let Some(key) = self.keys.get_mut(index) {
             *key = Key::Free;
         }
-        let spread =
-            (SPREAD_SLOT * u32::try_from(self.waiters).unwrap_or(u32::MAX)).min(SPREAD_MAX);
-        let at = now + spread.mul_f64(jitter.clamp(0.0, 1.0));
-        self.round_at = Some(self.round_at.map_or(at, |t| t.min(at)));
+        self.schedule_round(now, jitter);
         self.holder = None;
         true
+    }
+
+    /// Schedules a round within the spread of the waiters, unless one comes sooner.
+    fn schedule_round(&mut self, now: Instant, jitter: f64) {
+        let waiters = u32::try_from(self.waiters).unwrap_or(u32::MAX);
+        let spread = (SPREAD_SLOT * waiters).min(SPREAD_MAX);
+        let at = now + spread.mul_f64(jitter.clamp(0.0, 1.0));
+        self.round_at = Some(self.round_at.map_or(at, |t| t.min(at)));
+    }
+
+    /// Called after reads or events: if they show that fewer than a quorum of nodes may
+    /// still hold a key, a round is scheduled within the spread of the waiters (every
+    /// standby reads at about the same moment after a crash; the first winner's announcement
+    /// stands the others down).
+    pub fn settle(&mut self, now: Instant, jitter: f64) {
+        let held = self
+            .keys
+            .iter()
+            .filter(|key| matches!(key, Key::Held(_)))
+            .count();
+        if self.round_at.is_none() && !self.keys.contains(&Key::Unknown) && held < self.quorum {
+            self.schedule_round(now, jitter);
+        }
     }
 
     /// An acquisition was announced. Returns true if it is news (a higher fencing token).
@@ -443,6 +465,29 @@ mod tests {
         s.read(t0 + POLL, 0, Ok(Some(ms(9000))));
         s.subscription(0, true);
         assert_eq!(s.next(t0 + POLL), (Action::Read { fallback: true }, None));
+    }
+
+    #[test]
+    fn a_round_called_for_by_reads_is_spread_over_the_waiters() {
+        let t0 = Instant::now();
+        let mut s = subscribed(1);
+        s.acquired(
+            t0,
+            Announced {
+                identity: "a".into(),
+                fencing_token: 1,
+            },
+            ms(1000),
+            100,
+        );
+        s.settle(t0, 0.5);
+        assert_eq!(s.next(t0).0, Action::Wait);
+        let at = t0 + ms(1000) + CLOCK_DRIFT_FLOOR;
+        s.read(at, 0, Ok(None));
+        s.settle(at, 0.5);
+        // 100 waiters × 100 µs, half of it.
+        assert_eq!(s.next(at), (Action::Wait, Some(at + ms(5))));
+        assert_eq!(s.next(at + ms(5)), (Action::Round, None));
     }
 
     #[test]
