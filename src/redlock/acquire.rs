@@ -443,6 +443,7 @@ impl Redlock {
         let mut pushes = self.inner.pushes.subscribe();
         let mut attempt = 0u32;
         let mut waited_for_trust = false;
+        let mut counted_waiters = false;
         let mut standby = Standby::new(
             self.inner.nodes.len(),
             quorum(self.inner.nodes.len()),
@@ -476,6 +477,11 @@ impl Redlock {
                     })
                     .collect();
                 standby.set_longest_ttl(self.known_longest_ttl());
+                if !counted_waiters {
+                    // Once: how many wait with us, so a release does not wake them all at once.
+                    counted_waiters = true;
+                    standby.set_waiters(self.count_waiters().await);
+                }
                 standby.round_busy(started, &held, *holder_ttl);
                 match self
                     .watch(&mut standby, &mut pushes, deadline, cancel, &mut on_holder)
@@ -542,6 +548,23 @@ impl Redlock {
             }
             attempt = attempt.saturating_add(1);
         }
+    }
+
+    /// The subscribers of the acquisition channel on the first node that answers (0 if none).
+    async fn count_waiters(&self) -> u64 {
+        for node in &self.inner.nodes {
+            let channel = super::push::Channels::new(&self.inner.key, node.db()).acquired;
+            let numsub = node
+                .command::<(String, u64)>(
+                    redis::cmd("PUBSUB").arg("NUMSUB").arg(&channel),
+                    self.inner.cfg.node_timeout,
+                )
+                .await;
+            if let Ok((_, n)) = numsub {
+                return n;
+            }
+        }
+        0
     }
 
     /// The longest ttl any contender of this lock is known to use.

@@ -17,8 +17,8 @@
 //! - **Spread rounds.** A round the reads or events call for is scheduled like one after a
 //!   release push (below): every standby reads at about the same moment after a crash.
 //! - **Release push.** A release announcement schedules a round after a random pause within
-//!   `SPREAD_SLOT` × the number of waiters the last acquisition announcement counted (capped at
-//!   `SPREAD_MAX`): the first of many waiters starts within about one slot, and the
+//!   `SPREAD_SLOT` × the number of waiters (capped at `SPREAD_MAX`; counted once when the
+//!   standby starts watching, then taken from each acquisition announcement): the first of many waiters starts within about one slot, and the
 //!   acquisition announcement of the winner reaches the others before most of them start.
 //!   An announcement of a release by someone other than the known holder is stale and ignored.
 //! - **Acquisition push.** An announcement with a fencing token above the last one known sets
@@ -241,9 +241,7 @@ impl Standby {
         validity: Duration,
         waiters: u64,
     ) -> bool {
-        if waiters > 0 {
-            self.waiters = waiters;
-        }
+        self.set_waiters(waiters);
         let known = self.holder.as_ref().map_or(0, |h| h.fencing_token);
         if announced.fencing_token <= known {
             return false;
@@ -285,6 +283,13 @@ impl Standby {
     /// Every subscription may have missed events (a lagging receiver): read every node.
     pub fn forget(&mut self) {
         self.keys.iter_mut().for_each(|key| *key = Key::Unknown);
+    }
+
+    /// The number of waiters, as counted on a node (`PUBSUB NUMSUB`); 0 changes nothing.
+    pub fn set_waiters(&mut self, waiters: u64) {
+        if waiters > 0 {
+            self.waiters = waiters;
+        }
     }
 
     /// The longest ttl any contender uses, as learnt since.
