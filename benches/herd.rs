@@ -196,7 +196,11 @@ fn herd(servers: &[RedisServer], size: usize, round: usize) -> Herd {
 
 fn main() {
     let nodes = env_usize("BENCH_NODES", 3);
-    let size = env_usize("BENCH_HERD", 30);
+    // `BENCH_HERD=0` skips the guard herds.
+    let size = match std::env::var("BENCH_HERD").as_deref() {
+        Ok("0") => 0,
+        _ => env_usize("BENCH_HERD", 30),
+    };
     let herds = env_usize("BENCH_HERDS", 5);
     let servers = support::start_servers(nodes);
     support::settle(&servers);

@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redlock_sidecar::redlock::{Credentials, Lease, NoObserver, NodeSpec, Redlock, RedlockConfig};
+use redlock_sidecar::redlock::{
+    Credentials, Lease, NoObserver, NodeErrorKind, NodeSpec, Observer, Op, Redlock, RedlockConfig,
+};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -23,21 +25,14 @@ struct Won {
 struct Holder {
     engine: Redlock,
     lease: Arc<std::sync::Mutex<Lease>>,
-    renewals: Arc<AtomicU64>,
     stop: CancellationToken,
 }
 
 impl Holder {
     fn start(engine: Redlock, lease: Lease, ttl: Duration) -> Holder {
         let lease = Arc::new(std::sync::Mutex::new(lease));
-        let renewals = Arc::new(AtomicU64::new(0));
         let stop = CancellationToken::new();
-        let (e, l, r, s) = (
-            engine.clone(),
-            lease.clone(),
-            renewals.clone(),
-            stop.clone(),
-        );
+        let (e, l, s) = (engine.clone(), lease.clone(), stop.clone());
         tokio::spawn(async move {
             loop {
                 tokio::select! {
@@ -48,13 +43,11 @@ impl Holder {
                 if let Ok(renewed) = e.extend(&current).await {
                     *l.lock().unwrap() = renewed;
                 }
-                r.fetch_add(1, Ordering::Relaxed);
             }
         });
         Holder {
             engine,
             lease,
-            renewals,
             stop,
         }
     }
@@ -67,7 +60,42 @@ impl Holder {
     }
 }
 
+/// Client-side requests of the standbys, by kind (one read is `GET` + `PTTL` pipelined).
+#[derive(Default)]
+struct Requests {
+    reads: AtomicU64,
+    acquire: AtomicU64,
+    other: AtomicU64,
+}
+
+impl Observer for Requests {
+    fn node_call(&self, _: usize, op: Op, _: Duration, _: Result<(), NodeErrorKind>) {
+        match op {
+            Op::Read => &self.reads,
+            Op::Acquire => &self.acquire,
+            _ => &self.other,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl Requests {
+    fn get(&self) -> [u64; 3] {
+        [&self.reads, &self.acquire, &self.other].map(|c| c.load(Ordering::Relaxed))
+    }
+}
+
 fn engine(urls: &[String], lock: &str, identity: &str, ttl: Duration) -> Redlock {
+    engine_observed(urls, lock, identity, ttl, Arc::new(NoObserver))
+}
+
+fn engine_observed(
+    urls: &[String],
+    lock: &str,
+    identity: &str,
+    ttl: Duration,
+    observer: Arc<dyn Observer>,
+) -> Redlock {
     let nodes = urls
         .iter()
         .enumerate()
@@ -75,7 +103,7 @@ fn engine(urls: &[String], lock: &str, identity: &str, ttl: Duration) -> Redlock
         .collect();
     let mut cfg = RedlockConfig::new(lock, identity, nodes);
     cfg.ttl = ttl;
-    Redlock::new(cfg, Arc::new(NoObserver)).expect("valid config")
+    Redlock::new(cfg, observer).expect("valid config")
 }
 
 /// Starts `engine` waiting for the lock; a win is sent on `won`.
@@ -203,11 +231,19 @@ async fn standbys(servers: &[RedisServer], size: usize, ttl: Duration) {
     let holder = engine(&urls, &lock, "holder-0", ttl);
     let lease = holder.try_acquire().await.expect("the lock is free");
     let mut holder = Holder::start(holder, lease, ttl);
+    let idle_secs = env_usize("BENCH_IDLE_SECS", 30) as u64;
+    let secs = idle_secs as f64;
+    // The holder alone, for the baseline of Redis CPU.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = snapshot(servers);
+    tokio::time::sleep(Duration::from_secs(idle_secs)).await;
+    let (_, holder_cpu) = spent(&before, &snapshot(servers));
+    let requests = Arc::new(Requests::default());
     let rounds = Arc::new(AtomicU64::new(0));
     let (won_tx, mut won) = mpsc::unbounded_channel();
     for i in 0..size {
         wait(
-            engine(&urls, &lock, &format!("standby-{i}"), ttl),
+            engine_observed(&urls, &lock, &format!("standby-{i}"), ttl, requests.clone()),
             rounds.clone(),
             won_tx.clone(),
         );
@@ -234,27 +270,29 @@ async fn standbys(servers: &[RedisServer], size: usize, ttl: Duration) {
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    // Idle.
-    let idle_secs = env_usize("BENCH_IDLE_SECS", 30) as u64;
-    let (rounds0, renewals0) = (
-        rounds.load(Ordering::Relaxed),
-        holder.renewals.load(Ordering::Relaxed),
-    );
+    // Idle, with the standbys.
+    let requests0 = requests.get();
     let before = snapshot(servers);
     tokio::time::sleep(Duration::from_secs(idle_secs)).await;
     let (calls, cpu) = spent(&before, &snapshot(servers));
-    let renewals = holder.renewals.load(Ordering::Relaxed) - renewals0;
-    let idle_rounds = rounds.load(Ordering::Relaxed) - rounds0;
-    let secs = idle_secs as f64;
-    let standby_calls = total(&calls).saturating_sub(renewals * servers.len() as u64);
-    let standby_scripts = scripts(&calls).saturating_sub(renewals * servers.len() as u64);
+    let [reads, acquire, other] = {
+        let now = requests.get();
+        [0, 1, 2].map(|i| now[i] - requests0[i])
+    };
+    let per = |x: u64| x as f64 / n / secs;
     println!("### {size} standbys\n");
     println!(
-        "Idle, {idle_secs} s: the standbys sent {:.3} commands per node per second ({:.4} per standby), {standby_scripts} of them scripts, {idle_rounds} acquire rounds; by command: {:?}. Redis CPU, holder renewals included: {:.1} µs per node per second.\n",
-        standby_calls as f64 / n / secs,
-        standby_calls as f64 / n / secs / size as f64,
-        calls,
+        "Idle, {idle_secs} s: the standbys sent {:.3} requests per node per second ({:.4} per standby): {:.3} reads (`GET` + `PTTL` pipelined: {:.3} commands), {:.3} acquire scripts, {:.3} other. Redis CPU: {:.1} µs per node per second with them, {:.1} with the holder alone (its renewals), so {:.2} µs per node per second per standby. All commands the nodes ran (script-internal calls included): {:?}.\n",
+        per(reads + acquire + other),
+        per(reads + acquire + other) / size as f64,
+        per(reads),
+        per(reads * 2),
+        per(acquire),
+        per(other),
         cpu * 1e6 / n / secs,
+        holder_cpu * 1e6 / n / secs,
+        (cpu - holder_cpu) * 1e6 / n / secs / size as f64,
+        calls,
     );
 
     // Wake-ups by a release.

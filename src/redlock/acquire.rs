@@ -480,7 +480,11 @@ impl Redlock {
                 if !counted_waiters {
                     // Once: how many wait with us, so a release does not wake them all at once.
                     counted_waiters = true;
-                    standby.set_waiters(self.count_waiters().await);
+                    let waiters = self.count_waiters().await;
+                    self.inner
+                        .waiters_seen
+                        .fetch_max(waiters, Ordering::Relaxed);
+                    standby.set_waiters(waiters);
                 }
                 standby.round_busy(started, &held, *holder_ttl);
                 match self
@@ -678,6 +682,9 @@ impl Redlock {
                     // Our own announcement (a lease this engine won on another path).
                     return;
                 }
+                self.inner
+                    .waiters_seen
+                    .fetch_max(acquired.waiters, Ordering::Relaxed);
                 let fencing_token = acquired.fencing_token;
                 let news = standby.acquired(
                     now,

@@ -366,6 +366,9 @@ struct Inner {
     max_ttl_seen: AtomicU64,
     /// What the nodes push (see [`push`]).
     pushes: broadcast::Sender<push::Push>,
+    /// How many waiters the lock had when last counted (see `standby`), announced with an
+    /// acquisition so the others spread their rounds after the next release.
+    waiters_seen: AtomicU64,
     /// Per node: whether its push subscription is live.
     subscribed: watch::Sender<Vec<bool>>,
     /// Per node: calls in flight that may still write our key there (acquire, restore,
@@ -516,6 +519,7 @@ impl Redlock {
                 subscribed: watch::channel(vec![false; nodes.len()]).0,
                 nodes,
                 pushes: broadcast::channel(1024).0,
+                waiters_seen: AtomicU64::new(0),
                 listening: std::sync::Once::new(),
                 observer,
                 _stop_on_drop: stop.clone().drop_guard(),
@@ -855,35 +859,34 @@ impl Redlock {
     }
 
     /// Announces a won round on every node's acquisition channel (see [`push::Acquired`]), in
-    /// the background: waiters stand down and learn the new holder without asking.
+    /// the background: waiters stand down and learn the new holder without asking. The
+    /// announcement carries the number of waiters last counted; `PUBLISH` answers with the
+    /// number it reached, kept for the next announcement.
     fn announce_acquired(&self, lease: &Lease) {
         let inner = self.inner.clone();
-        let fencing_token = lease.fencing_token;
-        let valid_until = lease.valid_until;
+        let message = push::Acquired {
+            identity: inner.cfg.identity.clone(),
+            fencing_token: lease.fencing_token,
+            validity: lease.valid_until.saturating_duration_since(clock::now()),
+            waiters: inner
+                .waiters_seen
+                .load(std::sync::atomic::Ordering::Relaxed),
+        }
+        .encode();
         tokio::spawn(async move {
             let timeout = inner.cfg.node_timeout;
             let inner = &inner;
+            let message = &message;
             let announce = inner.nodes.iter().map(|node| async move {
                 let channel = push::Channels::new(&inner.key, node.db()).acquired;
-                let waiters = node
-                    .command::<(String, u64)>(
-                        redis::cmd("PUBSUB").arg("NUMSUB").arg(&channel),
-                        timeout,
-                    )
-                    .await
-                    .map_or(0, |(_, n)| n);
-                let message = push::Acquired {
-                    identity: inner.cfg.identity.clone(),
-                    fencing_token,
-                    validity: valid_until.saturating_duration_since(clock::now()),
-                    waiters,
-                };
-                let _ = node
-                    .command::<i64>(
-                        redis::cmd("PUBLISH").arg(&channel).arg(message.encode()),
-                        timeout,
-                    )
+                let reached = node
+                    .command::<u64>(redis::cmd("PUBLISH").arg(&channel).arg(message), timeout)
                     .await;
+                if let Ok(reached) = reached {
+                    inner
+                        .waiters_seen
+                        .store(reached, std::sync::atomic::Ordering::Relaxed);
+                }
             });
             futures_util::future::join_all(announce).await;
         });

@@ -39,7 +39,7 @@ use crate::clock::saturating_add;
 
 /// How long one waiter's share of a release wake-up is: the spread of the waiters' rounds
 /// grows by this much per waiter, so the first starts within about one slot.
-pub const SPREAD_SLOT: Duration = Duration::from_micros(100);
+pub const SPREAD_SLOT: Duration = Duration::from_micros(250);
 
 /// The longest spread of the rounds after one release.
 pub const SPREAD_MAX: Duration = Duration::from_millis(250);
@@ -210,12 +210,13 @@ impl Standby {
         true
     }
 
-    /// Schedules a round within the spread of the waiters, unless one comes sooner.
+    /// Schedules a round within the spread of the waiters, unless one is scheduled already.
     fn schedule_round(&mut self, now: Instant, jitter: f64) {
         let waiters = u32::try_from(self.waiters).unwrap_or(u32::MAX);
         let spread = (SPREAD_SLOT * waiters).min(SPREAD_MAX);
         let at = now + spread.mul_f64(jitter.clamp(0.0, 1.0));
-        self.round_at = Some(self.round_at.map_or(at, |t| t.min(at)));
+        // Every node announces the same release: the first copy decides.
+        self.round_at.get_or_insert(at);
     }
 
     /// Called after reads or events: if they show that fewer than a quorum of nodes may
@@ -393,9 +394,12 @@ mod tests {
             1000
         ));
         assert!(s.released(t0, 0, "a", 0.5));
-        // 1000 waiters × 100 µs = 100 ms spread; half of it.
-        assert_eq!(s.next(t0), (Action::Wait, Some(t0 + ms(50))));
-        assert_eq!(s.next(t0 + ms(50)), (Action::Round, None));
+        // 1000 waiters × 250 µs, capped at 250 ms; half of it.
+        assert_eq!(s.next(t0), (Action::Wait, Some(t0 + ms(125))));
+        // Another node's copy of the same release does not move it.
+        assert!(s.released(t0, 1, "a", 0.0));
+        assert_eq!(s.next(t0), (Action::Wait, Some(t0 + ms(125))));
+        assert_eq!(s.next(t0 + ms(125)), (Action::Round, None));
         // The winner's announcement arrives first: no round, held for its validity.
         let announced = Announced {
             identity: "b".into(),
@@ -490,9 +494,12 @@ mod tests {
         let at = t0 + ms(1000) + CLOCK_DRIFT_FLOOR;
         s.read(at, 0, Ok(None));
         s.settle(at, 0.5);
-        // 100 waiters × 100 µs, half of it.
-        assert_eq!(s.next(at), (Action::Wait, Some(at + ms(5))));
-        assert_eq!(s.next(at + ms(5)), (Action::Round, None));
+        // 100 waiters × 250 µs, half of it.
+        assert_eq!(
+            s.next(at),
+            (Action::Wait, Some(at + Duration::from_micros(12_500)))
+        );
+        assert_eq!(s.next(at + ms(13)), (Action::Round, None));
     }
 
     #[test]
