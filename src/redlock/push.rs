@@ -10,6 +10,8 @@
 //!   configured to publish them (`notify-keyspace-events`); nothing asks the node's
 //!   configuration (managed services often refuse `CONFIG`): events that come are used,
 //!   events that do not cost nothing.
+//! - The keyspace channel is subscribed on its own: an ACL user whose channel patterns do not
+//!   cover it (`&__keyspace@*__:redlock:*`) loses only the keyspace events.
 //! - A lost subscription is redialled with backoff (500 ms doubling to 30 s); its state is
 //!   published per node so waiters read the nodes (and metrics show it) while it is missing.
 //! - Nothing a node pushes can panic the parser: an unknown message is ignored.
@@ -141,8 +143,11 @@ pub(super) async fn listen(inner: Weak<Inner>, index: usize) {
         let observer = strong.observer.clone();
         drop(strong);
         if let Ok(mut pubsub) = pubsub {
-            let all = [&channels.released, &channels.acquired, &channels.keyspace];
-            if pubsub.subscribe(&all[..]).await.is_ok() {
+            let announcements = [&channels.released, &channels.acquired];
+            if pubsub.subscribe(&announcements[..]).await.is_ok() {
+                // Apart, so that an ACL that does not list the keyspace channel costs only
+                // the keyspace events.
+                let _ = pubsub.subscribe(&channels.keyspace).await;
                 backoff = Duration::from_millis(500);
                 subscribed.send_modify(|s| s[index] = true);
                 observer.subscription(index, true);

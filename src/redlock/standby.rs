@@ -26,7 +26,7 @@
 //!   held until the announced validity ends (no node of the winner's quorum drops the key
 //!   before).
 //! - **Keyspace events**, where a node publishes them: a write to the key (`set`, `expire`, a
-//!   renewal) marks the node held for the longest ttl (plus drift) from the event; `del`,
+//!   renewal) marks the node held for the longest ttl from the event; `del`,
 //!   `expired` or `evicted` marks it free. Events that never come cost nothing: the read at the
 //!   deadline still happens.
 //! - **No push, then polling.** While no node has a live subscription, the nodes are read at
@@ -34,7 +34,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::timing::{drift, CLOCK_DRIFT_FLOOR};
+use super::timing::CLOCK_DRIFT_FLOOR;
 use crate::clock::saturating_add;
 
 /// How long one waiter's share of a release wake-up is: the spread of the waiters' rounds
@@ -258,10 +258,12 @@ impl Standby {
 
     /// A keyspace event on node `index`'s lock key.
     pub fn key_event(&mut self, now: Instant, index: usize, event: KeyEvent) {
-        let held = self.longest_ttl + drift(self.longest_ttl);
+        // The write happened before we heard of it and set at most the longest ttl: the key
+        // expires by then (a node clock that runs slow only makes the read early, which is
+        // harmless: it reads the key again).
         if let Some(key) = self.keys.get_mut(index) {
             *key = match event {
-                KeyEvent::Written => Key::Held(saturating_add(now, held)),
+                KeyEvent::Written => Key::Held(saturating_add(now, self.longest_ttl)),
                 KeyEvent::Gone => Key::Free,
             };
         }
@@ -444,10 +446,9 @@ mod tests {
         s.round_busy(t0, &[true], Some(ms(3000)));
         let renewal = t0 + ms(2000);
         s.key_event(renewal, 0, KeyEvent::Written);
-        let held = TTL + drift(TTL);
         assert_eq!(
             s.next(renewal),
-            (Action::Wait, Some(renewal + held + CLOCK_DRIFT_FLOOR))
+            (Action::Wait, Some(renewal + TTL + CLOCK_DRIFT_FLOOR))
         );
         s.key_event(renewal + ms(5), 0, KeyEvent::Gone);
         assert_eq!(s.next(renewal + ms(5)), (Action::Round, None));
