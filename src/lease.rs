@@ -1,8 +1,9 @@
 //! The leadership loop: acquire, renew, step down before the lock can expire, contend again.
 //!
 //! ## Behaviour
-//! - Waits for the lock with jittered retries and the pub/sub wake-up; every attempt
-//!   refreshes the follower's view of the holder.
+//! - Waits for the lock (see `redlock::standby`); every round, every read of the nodes that
+//!   shows a holder on a quorum, and every pushed release or acquisition refreshes the
+//!   follower's view of the holder, stamped with when it was learnt.
 //! - While holding, extends every renew interval. A failed extend is retried quickly;
 //!   leadership is given up at `valid_until − safety margin` at the latest, before the key
 //!   can expire on any node. Losing is never fatal: the loop steps down, lets the lost

@@ -14,6 +14,9 @@
 //!   nodes that carry no record at all (the lock unused for twice its ttl) hears every node
 //!   first (each bounded by the node timeout), since the other list's record may stand on a
 //!   node that answers last.
+//! - The wait runs no round while a round showed the lock held: it watches (see `standby`)
+//!   until reads, a keyspace event or an announcement say the lock may be free. A won round is
+//!   announced on every node in the background.
 //! - A node reporting a fencing counter at or above 2^53 (beyond what Lua compares exactly)
 //!   is a protocol error for that node, not a number to build on.
 
@@ -589,6 +592,9 @@ impl Redlock {
     ) -> Watched {
         let mut subscribed = self.inner.subscribed.subscribe();
         loop {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Watched::Deadline;
+            }
             for (index, up) in subscribed.borrow_and_update().iter().enumerate() {
                 standby.subscription(index, *up);
             }
@@ -653,11 +659,8 @@ impl Redlock {
                     Err(broadcast::error::RecvError::Closed) => {}
                 },
                 _ = subscribed.changed() => {}
-                _ = sleep => {
-                    if deadline.is_some_and(|d| Instant::now() >= d) {
-                        return Watched::Deadline;
-                    }
-                }
+                // The deadline is checked at the top of the loop.
+                _ = sleep => {}
             }
         }
     }

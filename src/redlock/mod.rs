@@ -24,8 +24,10 @@
 //! - **Clocks.** Validity and deadlines are on [`clock`] (`CLOCK_BOOTTIME`), so time the host
 //!   spends suspended counts against the lease.
 //! - **Release** deletes the key only where it still holds our value, and `PUBLISH`es on
-//!   the lock's channel in the same script. Waiters listen on every node and retry at
-//!   once; they still retry on their timer when no message comes.
+//!   the lock's channel in the same script. A won round announces itself from Rust on the
+//!   acquisition channel (see [`push`]). Waiters listen on every node; while the lock is held
+//!   they run no round until reads of the key's expiry, a keyspace event or an announcement say
+//!   it may be free (see [`standby`]).
 //! - Nothing here panics on what a node answers: garbage, wrong passwords, dead hosts
 //!   and hung nodes all end as typed [`Vote::Failed`] entries within the node timeout.
 
@@ -168,7 +170,8 @@ pub struct RedlockConfig {
     pub connect_timeout: Duration,
     /// First retry delay after a failed round; it grows up to `retry_max`.
     pub retry_delay: Duration,
-    /// Longest wait between two attempts while waiting (also the standby poll period).
+    /// Longest wait between two attempts while waiting; a standby with no live push
+    /// subscription reads the nodes at least this often.
     pub retry_max: Duration,
 }
 
