@@ -252,3 +252,27 @@ async fn a_killed_subscription_falls_back_to_reads_shows_in_metrics_and_resubscr
     // Push works again: a release reaches the standby, which takes over at once.
     assert_eq!(b.holder().await.as_deref(), Some("a"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_keyspace_events_an_idle_standby_reads_nothing_and_still_sees_a_crash() {
+    let cluster = RedisCluster::start_with(1, &["--notify-keyspace-events", "Kgx"]);
+    cluster.backdate_epochs(Duration::from_secs(2));
+    let (mut a, b) = leader_and_standby(&cluster, "2s").await;
+    let reads = || b.metric("redlock_standby_reads_total", "");
+    // Subscribed, and past the reads of its first watch.
+    support::wait_until_async(Duration::from_secs(5), "b subscribed", || async {
+        b.metric("redlock_push_subscribed", "").await == 1.0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = reads().await;
+    // Two ttls: without events the standby would read at each expiry it saw (about 3 times).
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        reads().await,
+        before,
+        "every renewal's keyspace event moved the standby's read later"
+    );
+    a.proc.sigkill();
+    support::wait_until_async(Duration::from_secs(6), "b takes over", || b.is_leader()).await;
+}
