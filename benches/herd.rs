@@ -30,7 +30,7 @@
 //!   from the moment the lock became free on the nodes (the quorum-th last key expiry, from
 //!   `PTTL` read right after the last renewal), and the commands spent.
 //!
-//! `BENCH_KEYSPACE=1` starts the nodes with `notify-keyspace-events Kgx`.
+//! `BENCH_KEYSPACE=1` sets the nodes' `notify-keyspace-events Kgx` and the engines' `keyspace_events`.
 
 mod standbys;
 mod support;

@@ -18,11 +18,15 @@ struct Sidecar {
 
 impl Sidecar {
     fn start(name: &str, cluster: &RedisCluster, ttl: &str) -> Sidecar {
+        Sidecar::start_with(name, cluster, ttl, &[])
+    }
+
+    fn start_with(name: &str, cluster: &RedisCluster, ttl: &str, extra: &[&str]) -> Sidecar {
         let port = support::free_port();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let listen = addr.to_string();
         let redis = cluster.urls_joined();
-        let args = [
+        let mut args = vec![
             "run",
             "--lock",
             LOCK,
@@ -41,6 +45,7 @@ impl Sidecar {
             "--node-timeout",
             "250ms",
         ];
+        args.extend_from_slice(extra);
         Sidecar {
             proc: Proc::spawn(&args, &[("REDLOCK_LOG", "debug")]),
             addr,
@@ -257,7 +262,10 @@ async fn a_killed_subscription_falls_back_to_reads_shows_in_metrics_and_resubscr
 async fn with_keyspace_events_an_idle_standby_reads_nothing_and_still_sees_a_crash() {
     let cluster = RedisCluster::start_with(1, &["--notify-keyspace-events", "Kgx"]);
     cluster.backdate_epochs(Duration::from_secs(2));
-    let (mut a, b) = leader_and_standby(&cluster, "2s").await;
+    let mut a = Sidecar::start("a", &cluster, "2s");
+    support::wait_until_async(Duration::from_secs(10), "a leads", || a.is_leader()).await;
+    let b = Sidecar::start_with("b", &cluster, "2s", &["--keyspace-events"]);
+    b.wait_holder("a", Duration::from_secs(10)).await;
     let reads = || b.metric("redlock_standby_reads_total", "");
     // Subscribed, and past the reads of its first watch.
     support::wait_until_async(Duration::from_secs(5), "b subscribed", || async {

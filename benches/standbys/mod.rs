@@ -103,6 +103,7 @@ fn engine_observed(
         .collect();
     let mut cfg = RedlockConfig::new(lock, identity, nodes);
     cfg.ttl = ttl;
+    cfg.keyspace_events = std::env::var("BENCH_KEYSPACE").as_deref() == Ok("1");
     Redlock::new(cfg, observer).expect("valid config")
 }
 

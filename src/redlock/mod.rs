@@ -157,6 +157,8 @@ pub struct RedlockConfig {
     pub node_set: Option<String>,
     /// Count votes of nodes whose `maxmemory-policy` may evict lock keys (unsafe).
     pub allow_evicting_nodes: bool,
+    /// Whether a waiter subscribes to the lock key's keyspace events too (see [`push`]).
+    pub keyspace_events: bool,
     /// Whether connecting to a cluster-mode node stamps the epoch markers of every slot (see
     /// [`cluster`]); the operator commands, which never write, turn it off.
     pub stamp_cluster_markers: bool,
@@ -187,6 +189,7 @@ impl RedlockConfig {
             fence_retention: DEFAULT_FENCE_RETENTION,
             node_set: None,
             allow_evicting_nodes: false,
+            keyspace_events: false,
             stamp_cluster_markers: true,
             wall_clock_skew_ms: 0,
             node_timeout: Duration::from_millis(50),

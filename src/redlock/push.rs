@@ -1,15 +1,17 @@
 //! What the nodes push to waiters: releases, acquisitions and keyspace events of the lock key.
 //!
 //! ## Behaviour
-//! - One subscription per node, on a dedicated connection, to three channels: the release
-//!   channel `redlock:{name}:released` (the release script publishes the released value
-//!   there; unchanged, so older versions understand it), the acquisition channel
-//!   `redlock:{name}:acquired` (a won round announces itself there from Rust, see
-//!   [`Acquired`]), and the node's keyspace channel of the lock key
-//!   (`__keyspace@<db>__:redlock:{name}`). Keyspace events arrive only where the node is
-//!   configured to publish them (`notify-keyspace-events`); nothing asks the node's
-//!   configuration (managed services often refuse `CONFIG`): events that come are used,
-//!   events that do not cost nothing.
+//! - One subscription per node, on a dedicated connection, to the release channel
+//!   `redlock:{name}:released` (the release script publishes the released value there;
+//!   unchanged, so older versions understand it) and the acquisition channel
+//!   `redlock:{name}:acquired` (a won round announces itself there from Rust, see [`Acquired`]).
+//! - With `keyspace_events` (opt-in), also the node's keyspace channel of the lock key
+//!   (`__keyspace@<db>__:redlock:{name}`). Events arrive only where the node is configured to
+//!   publish them (`notify-keyspace-events`); nothing asks the node's configuration (managed
+//!   services often refuse `CONFIG`): events that come are used, events that do not cost
+//!   nothing. Opt-in because every write to the key is one message per subscriber: with 1,000
+//!   waiters, the writes of one contended wake-up (each losing round's `SET` and clean-up)
+//!   became about a million messages, and the herd bench did not recover (see `redis.md`).
 //! - The keyspace channel is subscribed on its own: an ACL user whose channel patterns do not
 //!   cover it (`&__keyspace@*__:redlock:*`) loses only the keyspace events.
 //! - A lost subscription is redialled with backoff (500 ms doubling to 30 s); its state is
@@ -137,6 +139,7 @@ pub(super) async fn listen(inner: Weak<Inner>, index: usize) {
         };
         let channels = Channels::new(&strong.key, strong.nodes[index].db());
         let connect_timeout = strong.cfg.connect_timeout;
+        let keyspace = strong.cfg.keyspace_events;
         let pubsub = strong.nodes[index].pubsub(connect_timeout).await;
         let pushes = strong.pushes.clone();
         let subscribed = strong.subscribed.clone();
@@ -147,7 +150,9 @@ pub(super) async fn listen(inner: Weak<Inner>, index: usize) {
             if pubsub.subscribe(&announcements[..]).await.is_ok() {
                 // Apart, so that an ACL that does not list the keyspace channel costs only
                 // the keyspace events.
-                let _ = pubsub.subscribe(&channels.keyspace).await;
+                if keyspace {
+                    let _ = pubsub.subscribe(&channels.keyspace).await;
+                }
                 backoff = Duration::from_millis(500);
                 subscribed.send_modify(|s| s[index] = true);
                 observer.subscription(index, true);

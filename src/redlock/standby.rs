@@ -25,7 +25,7 @@
 //!   the holder, cancels a scheduled round (the standby stands down), and marks every node
 //!   held until the announced validity ends (no node of the winner's quorum drops the key
 //!   before).
-//! - **Keyspace events**, where a node publishes them: a write to the key (`set`, `expire`, a
+//! - **Keyspace events** (opt-in), where a node publishes them: a write to the key (`set`, `expire`, a
 //!   renewal) marks the node held for the longest ttl from the event; `del`,
 //!   `expired` or `evicted` marks it free. Events that never come cost nothing: the read at the
 //!   deadline still happens.
