@@ -14,9 +14,25 @@
 //! and the Redis commands the herd spent (`INFO commandstats` delta, summed over the
 //! nodes), while starting up (before the unpause) and while deciding.
 //!
-//! Knobs: `REDLOCK_BIN` (another binary), `BENCH_NODES` (3), `BENCH_HERD` (30 guards),
-//! `BENCH_HERDS` (5 herds).
+//! Knobs: `REDLOCK_BIN` (another binary), `BENCH_NODES` (3), `BENCH_HERD` (30 guards; 0
+//! skips the guard herds), `BENCH_HERDS` (5 herds).
+//!
+//! **Standbys** (second part, in-process engines of the library, each with its own
+//! connections and subscriptions, like one sidecar each): for each S in `BENCH_STANDBYS`
+//! (`1,1000`), one holder renewing every ttl/3 and S standbys waiting on one lock (ttl
+//! `BENCH_STANDBY_TTL`, default 10 s, the product default), against the same nodes. Prints:
+//! - the idle cost over `BENCH_IDLE_SECS` (30): commands per node per second from the
+//!   standbys (every command in `INFO commandstats` minus the holder's renewals), how many of
+//!   them scripts, and Redis CPU (`used_cpu_sys + used_cpu_user`) per node per second;
+//! - `BENCH_WAKEUPS` (20) releases: takeover (release call to a standby holding the lock)
+//!   p50/p99, acquire rounds, commands and Redis CPU per wake-up (over the 300 ms after it);
+//! - `BENCH_CRASHES` (3) holder crashes (renewals stop, no release): the takeover measured
+//!   from the moment the lock became free on the nodes (the quorum-th last key expiry, from
+//!   `PTTL` read right after the last renewal), and the commands spent.
+//!
+//! `BENCH_KEYSPACE=1` sets the nodes' `notify-keyspace-events Kgx` and the engines' `keyspace_events`.
 
+mod standbys;
 mod support;
 
 use std::collections::BTreeMap;
@@ -180,10 +196,22 @@ fn herd(servers: &[RedisServer], size: usize, round: usize) -> Herd {
 
 fn main() {
     let nodes = env_usize("BENCH_NODES", 3);
-    let size = env_usize("BENCH_HERD", 30);
+    // `BENCH_HERD=0` skips the guard herds.
+    let size = match std::env::var("BENCH_HERD").as_deref() {
+        Ok("0") => 0,
+        _ => env_usize("BENCH_HERD", 30),
+    };
     let herds = env_usize("BENCH_HERDS", 5);
     let servers = support::start_servers(nodes);
     support::settle(&servers);
+    if size > 0 {
+        guard_herds(&servers, size, herds);
+    }
+    standbys::run(&servers);
+}
+
+fn guard_herds(servers: &[RedisServer], size: usize, herds: usize) {
+    let nodes = servers.len();
     println!("## Thundering herd: {size} guards on one lock, {nodes} nodes, {herds} herds\n");
     println!("{}\n", support::machine());
     let mut decisions = Samples::default();
@@ -192,7 +220,7 @@ fn main() {
     println!("| herd | ran CMD | decision p50 | p99 | max | commands while deciding |");
     println!("|---|---|---|---|---|---|");
     for round in 0..herds {
-        let h = herd(&servers, size, round);
+        let h = herd(servers, size, round);
         println!(
             "| {round} | {} | {} | {} | {} | {} |",
             h.ran,

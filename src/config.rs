@@ -195,6 +195,11 @@ pub struct RedisArgs {
     /// evicted key lets a second holder in; use only if memory can never run out.
     #[arg(long, env = "REDLOCK_ALLOW_EVICTING_NODES")]
     pub allow_evicting_nodes: bool,
+    /// While waiting, also subscribe to the lock key's keyspace events on nodes that publish
+    /// them (notify-keyspace-events): no reads while the holder renews, but every write to the
+    /// key is one message per waiter; keep it for locks with few waiters.
+    #[arg(long, env = "REDLOCK_KEYSPACE_EVENTS")]
+    pub keyspace_events: bool,
 }
 
 /// The lock and its timing, shared by `run`, `guard` and `status`.
@@ -378,6 +383,7 @@ impl fmt::Debug for RedisArgs {
             .field("node_timeout", &self.node_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("allow_evicting_nodes", &self.allow_evicting_nodes)
+            .field("keyspace_events", &self.keyspace_events)
             .finish()
     }
 }
@@ -484,6 +490,7 @@ impl LockArgs {
         cfg.fence_retention = self.fence_retention;
         cfg.node_set = self.node_set.clone();
         cfg.allow_evicting_nodes = self.redis.allow_evicting_nodes;
+        cfg.keyspace_events = self.redis.keyspace_events;
         cfg.node_timeout = self.redis.node_timeout;
         cfg.connect_timeout = self.redis.connect_timeout;
         cfg.retry_delay = self.retry_delay;
@@ -1185,6 +1192,7 @@ mod tests {
         "--node-timeout",
         "--connect-timeout",
         "--allow-evicting-nodes",
+        "--keyspace-events",
         "--log-format",
     ];
     const RENEW_FLAGS: &[&str] = &["--renew-interval", "--safety-margin"];
@@ -1217,6 +1225,7 @@ mod tests {
         "--node-timeout",
         "--connect-timeout",
         "--allow-evicting-nodes",
+        "--keyspace-events",
         "--ttl",
         "--log-format",
     ];

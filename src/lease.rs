@@ -1,8 +1,9 @@
 //! The leadership loop: acquire, renew, step down before the lock can expire, contend again.
 //!
 //! ## Behaviour
-//! - Waits for the lock with jittered retries and the pub/sub wake-up; every attempt
-//!   refreshes the follower's view of the holder.
+//! - Waits for the lock (see `redlock::standby`); every round, every read of the nodes that
+//!   shows a holder on a quorum, and every pushed release or acquisition refreshes the
+//!   follower's view of the holder, stamped with when it was learnt.
 //! - While holding, extends every renew interval. A failed extend is retried quickly;
 //!   leadership is given up at `valid_until − safety margin` at the latest, before the key
 //!   can expire on any node. Losing is never fatal: the loop steps down, lets the lost
@@ -32,7 +33,7 @@ use crate::clock;
 use crate::config::Renewal;
 use crate::leadership::{HolderView, Leadership, LeadershipTx, Role, Term};
 use crate::metrics::Metrics;
-use crate::redlock::{Lease, LockError, Redlock};
+use crate::redlock::{HolderSeen, Lease, LockError, Redlock};
 
 /// Why [`hold`] returned.
 #[derive(Debug)]
@@ -129,6 +130,29 @@ pub fn observe_attempt(
     });
 }
 
+/// Records a holder learnt between rounds (a push or a read of the nodes): the follower's
+/// view of the holder, stamped with the time it was learnt. `None`: released.
+pub fn observe_holder(tx: &LeadershipTx, seen: Option<HolderSeen>) {
+    tx.send_modify(|state| {
+        if matches!(state.role, Role::Leader(_)) {
+            return;
+        }
+        state.holder = seen.map(|seen| {
+            // A read does not show the fencing token: keep the one known for the same holder.
+            let known = state
+                .holder
+                .as_ref()
+                .filter(|h| h.identity == seen.identity)
+                .and_then(|h| h.fencing_token);
+            HolderView {
+                identity: seen.identity,
+                fencing_token: seen.fencing_token.or(known),
+                observed_at: SystemTime::now(),
+            }
+        });
+    });
+}
+
 /// Keeps `lease` renewed and published until `cancel` fires or the lease is given up.
 pub async fn hold(
     redlock: &Redlock,
@@ -193,9 +217,12 @@ pub async fn run(
     let lock = redlock.config().lock.clone();
     loop {
         let acquired = redlock
-            .acquire(None, &cancel, |result, elapsed| {
-                observe_attempt(&tx, &metrics, result, elapsed)
-            })
+            .acquire_watching(
+                None,
+                &cancel,
+                |result, elapsed| observe_attempt(&tx, &metrics, result, elapsed),
+                |seen| observe_holder(&tx, seen),
+            )
             .await;
         let lease = match acquired {
             Ok(lease) => lease,

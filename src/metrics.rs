@@ -51,6 +51,8 @@ pub struct Metrics {
     node_vote_counted: IntGaugeVec,
     guard_runs: IntCounterVec,
     node_set_conflicts: IntCounter,
+    push_subscribed: IntGaugeVec,
+    standby_reads: IntCounterVec,
     ttl: Gauge,
     renew_interval: Gauge,
     safety_margin: Gauge,
@@ -192,6 +194,22 @@ impl Metrics {
                 "Rounds that refused to lead because another contender of the lock lists other Redis nodes",
             ))
             .unwrap(),
+            push_subscribed: IntGaugeVec::new(
+                opts(
+                    "redlock_push_subscribed",
+                    "1 while the subscription to a node's release, acquisition and keyspace channels is live",
+                ),
+                &["node"],
+            )
+            .unwrap(),
+            standby_reads: IntCounterVec::new(
+                opts(
+                    "redlock_standby_reads_total",
+                    "Plain reads of the nodes by a waiting standby: at a key's expiry (deadline) or because a push subscription was missing (fallback)",
+                ),
+                &["reason"],
+            )
+            .unwrap(),
             ttl: Gauge::with_opts(opts(
                 "redlock_ttl_seconds",
                 "Configured lock ttl (--ttl); 0 until set",
@@ -252,6 +270,8 @@ impl Metrics {
             Box::new(self.node_vote_counted.clone()),
             Box::new(self.guard_runs.clone()),
             Box::new(self.node_set_conflicts.clone()),
+            Box::new(self.push_subscribed.clone()),
+            Box::new(self.standby_reads.clone()),
             Box::new(self.ttl.clone()),
             Box::new(self.renew_interval.clone()),
             Box::new(self.safety_margin.clone()),
@@ -287,8 +307,12 @@ impl Metrics {
         for result in GUARD_RESULTS {
             self.guard_runs.with_label_values(&[result]);
         }
+        for reason in ["deadline", "fallback"] {
+            self.standby_reads.with_label_values(&[reason]);
+        }
         for node in &self.nodes {
             self.node_up.with_label_values(&[node]).set(0);
+            self.push_subscribed.with_label_values(&[node]).set(0);
             self.node_vote_counted.with_label_values(&[node]).set(0);
             for op in Op::ALL {
                 self.node_request_duration
@@ -435,6 +459,17 @@ impl Observer for Metrics {
 
     fn node_set_conflict(&self) {
         self.node_set_conflicts.inc();
+    }
+
+    fn subscription(&self, index: usize, up: bool) {
+        self.push_subscribed
+            .with_label_values(&[self.node_label(index)])
+            .set(i64::from(up));
+    }
+
+    fn standby_read(&self, fallback: bool) {
+        let reason = if fallback { "fallback" } else { "deadline" };
+        self.standby_reads.with_label_values(&[reason]).inc();
     }
 }
 

@@ -31,9 +31,12 @@ pub async fn acquire(
     let mut interrupted = None;
     let acquired = {
         let metrics = report.metrics();
-        let acquire = redlock.acquire(Some(deadline), &interrupt, |result, elapsed| {
-            lease::observe_attempt(tx, metrics, result, elapsed)
-        });
+        let acquire = redlock.acquire_watching(
+            Some(deadline),
+            &interrupt,
+            |result, elapsed| lease::observe_attempt(tx, metrics, result, elapsed),
+            |seen| lease::observe_holder(tx, seen),
+        );
         tokio::pin!(acquire);
         loop {
             tokio::select! {

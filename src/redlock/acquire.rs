@@ -14,6 +14,9 @@
 //!   nodes that carry no record at all (the lock unused for twice its ttl) hears every node
 //!   first (each bounded by the node timeout), since the other list's record may stand on a
 //!   node that answers last.
+//! - The wait runs no round while a round showed the lock held: it watches (see `standby`)
+//!   until reads, a keyspace event or an announcement say the lock may be free. A won round is
+//!   announced on every node in the background.
 //! - A node reporting a fencing counter at or above 2^53 (beyond what Lua compares exactly)
 //!   is a protocol error for that node, not a number to build on.
 
@@ -25,8 +28,12 @@ use rand::Rng;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use tokio::sync::broadcast;
+
 use super::error::Tally;
 use super::fencing::MAX_TOKEN;
+use super::push::{Push, PushKind};
+use super::standby::{Action, Announced, Standby, SPREAD_SLOT};
 use super::timing::{self, CLOCK_DRIFT_FLOOR};
 use super::votes::{DataAge, NotCounted, Proof};
 use super::{
@@ -318,13 +325,15 @@ impl Redlock {
             self.clean_up(&value, |_| true, &votes).await;
             return Err(too_short());
         };
-        Ok(Lease {
+        let lease = Lease {
             value,
             fencing_token,
             acquired_at: start,
             since,
             valid_until: start + valid,
-        })
+        };
+        self.announce_acquired(&lease);
+        Ok(lease)
     }
 
     /// Why a round that was not won was lost, from every answer it got.
@@ -414,44 +423,86 @@ impl Redlock {
         &self,
         deadline: Option<Instant>,
         cancel: &CancellationToken,
+        on_attempt: impl FnMut(&Result<Lease, LockError>, Duration),
+    ) -> Result<Lease, LockError> {
+        self.acquire_watching(deadline, cancel, on_attempt, |_| {})
+            .await
+    }
+
+    /// [`Redlock::acquire`], and `on_holder` sees every holder learnt between rounds (from a
+    /// push or a read of the nodes; `None`: released).
+    ///
+    /// While the lock is held by someone else, no round runs until the lock may be free: see
+    /// [`super::standby`] for what is read and when.
+    pub async fn acquire_watching(
+        &self,
+        deadline: Option<Instant>,
+        cancel: &CancellationToken,
         mut on_attempt: impl FnMut(&Result<Lease, LockError>, Duration),
+        mut on_holder: impl FnMut(Option<HolderSeen>),
     ) -> Result<Lease, LockError> {
         self.listen_for_releases();
         let cfg = &self.inner.cfg;
-        let mut released = self.inner.released.subscribe();
+        let mut pushes = self.inner.pushes.subscribe();
         let mut attempt = 0u32;
-        let mut collisions = 0u32;
-        let mut woken = false;
         let mut waited_for_trust = false;
+        let mut counted_waiters = false;
+        let mut standby = Standby::new(
+            self.inner.nodes.len(),
+            quorum(self.inner.nodes.len()),
+            self.known_longest_ttl(),
+            cfg.retry_max,
+        );
         loop {
-            released.borrow_and_update();
             // A started round is never abandoned half-way: it is short (node timeout) and
             // dropping it could leave keys behind until their ttl.
             let round = Instant::now();
+            let started = clock::now();
             let result = self.try_acquire().await;
             on_attempt(&result, round.elapsed());
             let err = match result {
                 Ok(lease) => return Ok(lease),
                 Err(err) => err,
             };
-            // Counts rounds lost right after a release announcement: other waiters heard it too.
-            collisions = if woken {
-                collisions.saturating_add(1)
-            } else {
-                0
-            };
-            let mut delay = match &err {
-                // Held: poll about once per `retry_max` (a release announcement wakes us
-                // sooner), but never past the moment the holder's key expires, so a crashed
-                // holder is replaced promptly.
-                LockError::Busy {
-                    holder_ttl: Some(left),
-                    ..
-                } => {
-                    let poll = cfg.retry_max
-                        + timing::retry_delay(cfg.retry_delay, cfg.retry_delay, 0) / 2;
-                    poll.min(*left + CLOCK_DRIFT_FLOOR)
+            if let LockError::Busy {
+                holder_ttl, votes, ..
+            } = &err
+            {
+                // Held: watch instead of asking again (see `standby`).
+                let held: Vec<bool> = self
+                    .inner
+                    .nodes
+                    .iter()
+                    .map(|node| {
+                        votes.0.iter().any(|(label, vote)| {
+                            label == node.label() && matches!(vote, Vote::HeldBy(_))
+                        })
+                    })
+                    .collect();
+                standby.set_longest_ttl(self.known_longest_ttl());
+                if !counted_waiters {
+                    // Once: how many wait with us, so a release does not wake them all at once.
+                    counted_waiters = true;
+                    let waiters = self.count_waiters().await;
+                    self.inner
+                        .waiters_seen
+                        .fetch_max(waiters, Ordering::Relaxed);
+                    standby.set_waiters(waiters);
                 }
+                standby.round_busy(started, &held, *holder_ttl);
+                match self
+                    .watch(&mut standby, &mut pushes, deadline, cancel, &mut on_holder)
+                    .await
+                {
+                    Watched::Round => {
+                        attempt = 0;
+                        continue;
+                    }
+                    Watched::Cancelled => return Err(LockError::Cancelled),
+                    Watched::Deadline => return Err(err),
+                }
+            }
+            let mut delay = match &err {
                 // Nodes that will count soon: retry when they do (their clocks may run up to
                 // the drift factor slower than ours).
                 LockError::NotYetTrusted { ready_in, .. } => {
@@ -481,23 +532,200 @@ impl Redlock {
                 }
                 delay = delay.min(left);
             }
-            woken = tokio::select! {
-                biased;
-                _ = cancel.cancelled() => return Err(LockError::Cancelled),
-                _ = released.changed() => true,
-                _ = tokio::time::sleep(delay) => false,
-            };
-            if woken && collisions > 0 {
-                // Every waiter hears the same release. A lone waiter retries at once; after
-                // a collision, a random pause that grows with each one spreads them out.
-                let spread =
-                    (Duration::from_micros(250) * (1 << collisions.min(10))).min(cfg.retry_delay);
-                let pause = rand::rng().random_range(Duration::ZERO..=spread);
-                tokio::time::sleep(pause).await;
+            let sleep = tokio::time::sleep(delay);
+            tokio::pin!(sleep);
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => return Err(LockError::Cancelled),
+                    push = pushes.recv() => {
+                        // A release: retry after a pause that spreads the waiters out.
+                        if let Ok(Push { kind: PushKind::Released(_), .. }) = push {
+                            let spread = SPREAD_SLOT.mul_f64(rand::rng().random_range(0.0..=1.0));
+                            tokio::time::sleep(spread).await;
+                            break;
+                        }
+                        if let Err(broadcast::error::RecvError::Closed) = push {
+                            (&mut sleep).await;
+                            break;
+                        }
+                    }
+                    _ = &mut sleep => break,
+                }
             }
             attempt = attempt.saturating_add(1);
         }
     }
+
+    /// The subscribers of the acquisition channel on the first node that answers (0 if none).
+    async fn count_waiters(&self) -> u64 {
+        for node in &self.inner.nodes {
+            let channel = super::push::Channels::new(&self.inner.key, node.db()).acquired;
+            let numsub = node
+                .command::<(String, u64)>(
+                    redis::cmd("PUBSUB").arg("NUMSUB").arg(&channel),
+                    self.inner.cfg.node_timeout,
+                )
+                .await;
+            if let Ok((_, n)) = numsub {
+                return n;
+            }
+        }
+        0
+    }
+
+    /// The longest ttl any contender of this lock is known to use.
+    fn known_longest_ttl(&self) -> Duration {
+        let seen = Duration::from_millis(self.inner.max_ttl_seen.load(Ordering::Relaxed));
+        self.inner.cfg.longest_ttl().max(seen)
+    }
+
+    /// Carries out what `standby` decides until it calls for a round (or `deadline`, or
+    /// `cancel`): waits, reads the nodes, and takes in what they push.
+    async fn watch(
+        &self,
+        standby: &mut Standby,
+        pushes: &mut broadcast::Receiver<Push>,
+        deadline: Option<Instant>,
+        cancel: &CancellationToken,
+        on_holder: &mut impl FnMut(Option<HolderSeen>),
+    ) -> Watched {
+        let mut subscribed = self.inner.subscribed.subscribe();
+        loop {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Watched::Deadline;
+            }
+            for (index, up) in subscribed.borrow_and_update().iter().enumerate() {
+                standby.subscription(index, *up);
+            }
+            // Re-read after anything that can move it.
+            let now = clock::now();
+            let (action, at) = standby.next(now);
+            match action {
+                Action::Round => return Watched::Round,
+                Action::Read { fallback } => {
+                    self.inner.observer.standby_read(fallback);
+                    let started = clock::now();
+                    let reads = self.read_keys().await;
+                    let mut holders: Vec<(&str, usize)> = Vec::new();
+                    for (index, read) in reads.iter().enumerate() {
+                        standby.read(
+                            started,
+                            index,
+                            match read {
+                                Ok(read) => Ok(read.as_ref().map(|(_, pttl)| *pttl)),
+                                Err(_) => Err(()),
+                            },
+                        );
+                        if let Ok(Some((identity, _))) = read {
+                            match holders.iter_mut().find(|(id, _)| id == identity) {
+                                Some((_, n)) => *n += 1,
+                                None => holders.push((identity, 1)),
+                            }
+                        }
+                    }
+                    standby.settle(clock::now(), rand::rng().random_range(0.0..=1.0));
+                    let needed = quorum(reads.len());
+                    if let Some((identity, _)) = holders.iter().find(|(_, n)| *n >= needed) {
+                        on_holder(Some(HolderSeen {
+                            identity: (*identity).to_owned(),
+                            fencing_token: None,
+                        }));
+                    }
+                    continue;
+                }
+                Action::Wait => {}
+            }
+            let wake = match (at, deadline) {
+                (Some(at), Some(deadline)) => {
+                    Some(at.min(clock::now() + deadline.saturating_duration_since(Instant::now())))
+                }
+                (at, deadline) => at
+                    .or(deadline
+                        .map(|d| clock::now() + d.saturating_duration_since(Instant::now()))),
+            };
+            let sleep = async {
+                match wake {
+                    Some(wake) => clock::sleep_until(wake).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return Watched::Cancelled,
+                push = pushes.recv() => match push {
+                    Ok(push) => self.take_push(standby, push, on_holder),
+                    Err(broadcast::error::RecvError::Lagged(_)) => standby.forget(),
+                    Err(broadcast::error::RecvError::Closed) => {}
+                },
+                _ = subscribed.changed() => {}
+                // The deadline is checked at the top of the loop.
+                _ = sleep => {}
+            }
+        }
+    }
+
+    /// Takes one push into `standby`, and tells `on_holder` of a new holder or a release.
+    fn take_push(
+        &self,
+        standby: &mut Standby,
+        push: Push,
+        on_holder: &mut impl FnMut(Option<HolderSeen>),
+    ) {
+        let now = clock::now();
+        match push.kind {
+            PushKind::Released(identity) => {
+                let jitter = rand::rng().random_range(0.0..=1.0);
+                if standby.released(now, push.node, &identity, jitter) {
+                    on_holder(None);
+                }
+            }
+            PushKind::Acquired(acquired) => {
+                if acquired.identity == self.inner.cfg.identity {
+                    // Our own announcement (a lease this engine won on another path).
+                    return;
+                }
+                self.inner
+                    .waiters_seen
+                    .fetch_max(acquired.waiters, Ordering::Relaxed);
+                let fencing_token = acquired.fencing_token;
+                let news = standby.acquired(
+                    now,
+                    Announced {
+                        identity: acquired.identity.clone(),
+                        fencing_token,
+                    },
+                    acquired.validity,
+                    acquired.waiters,
+                );
+                if news {
+                    on_holder(Some(HolderSeen {
+                        identity: acquired.identity,
+                        fencing_token: Some(fencing_token),
+                    }));
+                }
+            }
+            PushKind::Key(event) => standby.key_event(now, push.node, event),
+        }
+        standby.settle(now, rand::rng().random_range(0.0..=1.0));
+    }
+}
+
+/// How a watch ended.
+enum Watched {
+    /// The lock may be free: run a round.
+    Round,
+    Cancelled,
+    Deadline,
+}
+
+/// A holder learnt between rounds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HolderSeen {
+    /// Its identity.
+    pub identity: String,
+    /// Its fencing token, when announced (a read does not show it).
+    pub fencing_token: Option<u64>,
 }
 
 /// The identity that holds the key on the most nodes among `votes`.

@@ -24,8 +24,10 @@
 //! - **Clocks.** Validity and deadlines are on [`clock`] (`CLOCK_BOOTTIME`), so time the host
 //!   spends suspended counts against the lease.
 //! - **Release** deletes the key only where it still holds our value, and `PUBLISH`es on
-//!   the lock's channel in the same script. Waiters listen on every node and retry at
-//!   once; they still retry on their timer when no message comes.
+//!   the lock's channel in the same script. A won round announces itself from Rust on the
+//!   acquisition channel (see [`push`]). Waiters listen on every node; while the lock is held
+//!   they run no round until reads of the key's expiry, a keyspace event or an announcement say
+//!   it may be free (see [`standby`]).
 //! - Nothing here panics on what a node answers: garbage, wrong passwords, dead hosts
 //!   and hung nodes all end as typed [`Vote::Failed`] entries within the node timeout.
 
@@ -34,9 +36,11 @@ pub mod cluster;
 mod error;
 pub mod fencing;
 mod node;
+pub mod push;
 mod scripts;
 pub mod secrets;
 pub mod sentinel;
+pub mod standby;
 pub mod timing;
 pub mod votes;
 
@@ -48,10 +52,11 @@ use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
 use futures_util::StreamExt;
 use redis::Script;
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::clock;
+pub use acquire::HolderSeen;
 use error::Tally;
 pub use error::{ConfigError, LockError, Vote, Votes};
 pub use node::{
@@ -120,6 +125,10 @@ pub trait Observer: Send + Sync + 'static {
     fn node_counted(&self, _index: usize, _counted: bool) {}
     /// A round refused to lead: another contender of the lock lists other nodes.
     fn node_set_conflict(&self) {}
+    /// Node `index`'s push subscription came up or went away.
+    fn subscription(&self, _index: usize, _up: bool) {}
+    /// A waiting standby read the nodes; `fallback` when a push subscription was missing.
+    fn standby_read(&self, _fallback: bool) {}
 }
 
 /// An observer that records nothing.
@@ -148,6 +157,8 @@ pub struct RedlockConfig {
     pub node_set: Option<String>,
     /// Count votes of nodes whose `maxmemory-policy` may evict lock keys (unsafe).
     pub allow_evicting_nodes: bool,
+    /// Whether a waiter subscribes to the lock key's keyspace events too (see [`push`]).
+    pub keyspace_events: bool,
     /// Whether connecting to a cluster-mode node stamps the epoch markers of every slot (see
     /// [`cluster`]); the operator commands, which never write, turn it off.
     pub stamp_cluster_markers: bool,
@@ -161,7 +172,8 @@ pub struct RedlockConfig {
     pub connect_timeout: Duration,
     /// First retry delay after a failed round; it grows up to `retry_max`.
     pub retry_delay: Duration,
-    /// Longest wait between two attempts while waiting (also the standby poll period).
+    /// Longest wait between two attempts while waiting; a standby with no live push
+    /// subscription reads the nodes at least this often.
     pub retry_max: Duration,
 }
 
@@ -177,6 +189,7 @@ impl RedlockConfig {
             fence_retention: DEFAULT_FENCE_RETENTION,
             node_set: None,
             allow_evicting_nodes: false,
+            keyspace_events: false,
             stamp_cluster_markers: true,
             wall_clock_skew_ms: 0,
             node_timeout: Duration::from_millis(50),
@@ -357,7 +370,13 @@ struct Inner {
     fence_seen: AtomicU64,
     /// The longest ttl (ms) any node's max-ttl register ever reported for this lock.
     max_ttl_seen: AtomicU64,
-    released: watch::Sender<u64>,
+    /// What the nodes push (see [`push`]).
+    pushes: broadcast::Sender<push::Push>,
+    /// How many waiters the lock had when last counted (see `standby`), announced with an
+    /// acquisition so the others spread their rounds after the next release.
+    waiters_seen: AtomicU64,
+    /// Per node: whether its push subscription is live.
+    subscribed: watch::Sender<Vec<bool>>,
     /// Per node: calls in flight that may still write our key there (acquire, restore,
     /// an extend whose answer may call for a restore). Deletes wait for them to settle.
     key_writes: Vec<watch::Sender<usize>>,
@@ -503,8 +522,10 @@ impl Redlock {
                 fence_seen: AtomicU64::new(0),
                 max_ttl_seen: AtomicU64::new(0),
                 key_writes: (0..nodes.len()).map(|_| watch::channel(0).0).collect(),
+                subscribed: watch::channel(vec![false; nodes.len()]).0,
                 nodes,
-                released: watch::channel(0).0,
+                pushes: broadcast::channel(1024).0,
+                waiters_seen: AtomicU64::new(0),
                 listening: std::sync::Once::new(),
                 observer,
                 _stop_on_drop: stop.clone().drop_guard(),
@@ -816,10 +837,64 @@ impl Redlock {
                 tokio::spawn(async move {
                     tokio::select! {
                         _ = stop.cancelled() => {}
-                        _ = listen(inner, index) => {}
+                        _ = push::listen(inner, index) => {}
                     }
                 });
             }
+        });
+    }
+
+    /// Reads the lock key on every node with plain commands (`GET` + `PTTL`, pipelined; no
+    /// script): per node, the holder's identity and the key's remaining time, `None` if no key.
+    async fn read_keys(&self) -> Vec<Result<Option<(String, Duration)>, NodeError>> {
+        let inner = &self.inner;
+        let reads = inner
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(index, node)| async move {
+                let start = Instant::now();
+                let result = node.read_key(&inner.key, inner.cfg.node_timeout).await;
+                let outcome = result.as_ref().map(|_| ()).map_err(|e| e.kind);
+                inner
+                    .observer
+                    .node_call(index, Op::Read, start.elapsed(), outcome);
+                result.map(|read| read.map(|(value, pttl)| (identity_of(&value).to_owned(), pttl)))
+            });
+        futures_util::future::join_all(reads).await
+    }
+
+    /// Announces a won round on every node's acquisition channel (see [`push::Acquired`]), in
+    /// the background: waiters stand down and learn the new holder without asking. The
+    /// announcement carries the number of waiters last counted; `PUBLISH` answers with the
+    /// number it reached, kept for the next announcement.
+    fn announce_acquired(&self, lease: &Lease) {
+        let inner = self.inner.clone();
+        let message = push::Acquired {
+            identity: inner.cfg.identity.clone(),
+            fencing_token: lease.fencing_token,
+            validity: lease.valid_until.saturating_duration_since(clock::now()),
+            waiters: inner
+                .waiters_seen
+                .load(std::sync::atomic::Ordering::Relaxed),
+        }
+        .encode();
+        tokio::spawn(async move {
+            let timeout = inner.cfg.node_timeout;
+            let inner = &inner;
+            let message = &message;
+            let announce = inner.nodes.iter().map(|node| async move {
+                let channel = push::Channels::new(&inner.key, node.db()).acquired;
+                let reached = node
+                    .command::<u64>(redis::cmd("PUBLISH").arg(&channel).arg(message), timeout)
+                    .await;
+                if let Ok(reached) = reached {
+                    inner
+                        .waiters_seen
+                        .store(reached, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+            futures_util::future::join_all(announce).await;
         });
     }
 
@@ -832,32 +907,6 @@ impl Redlock {
                 .filter_map(|(node, vote)| Some((node.label().to_owned(), vote?)))
                 .collect(),
         )
-    }
-}
-
-/// Keeps a subscription to the release channel on one node, reconnecting with backoff.
-async fn listen(inner: std::sync::Weak<Inner>, index: usize) {
-    let mut backoff = Duration::from_millis(500);
-    loop {
-        let Some(strong) = inner.upgrade() else {
-            return;
-        };
-        let channel = strong.channel.clone();
-        let connect_timeout = strong.cfg.connect_timeout;
-        let pubsub = strong.nodes[index].pubsub(connect_timeout).await;
-        let released = strong.released.clone();
-        drop(strong);
-        if let Ok(mut pubsub) = pubsub {
-            if pubsub.subscribe(&channel).await.is_ok() {
-                backoff = Duration::from_millis(500);
-                let mut messages = pubsub.on_message();
-                while messages.next().await.is_some() {
-                    released.send_modify(|n| *n = n.wrapping_add(1));
-                }
-            }
-        }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(30));
     }
 }
 

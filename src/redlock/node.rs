@@ -572,6 +572,9 @@ impl Dial {
 /// (`CONFIG SET`). 30 s keeps an idle standby under one command per node per second.
 pub const FACTS_MAX_AGE: Duration = Duration::from_secs(30);
 
+/// What [`Node::read_key`] reports as the remaining time of a key without expiry.
+const NO_EXPIRY: Duration = Duration::from_secs(365 * 24 * 3600);
+
 impl fmt::Debug for Node {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Node({})", self.spec.label)
@@ -650,6 +653,18 @@ impl Node {
     ) -> Result<(MultiplexedConnection, Arc<NodeFacts>, u64), NodeError> {
         if let Some(up) = self.up(&self.link.borrow()) {
             return Ok(up);
+        }
+        self.connection_quiet(timeout).await
+    }
+
+    /// The connection, made if needed, without refreshing stale facts: plain reads need none,
+    /// so an idle standby sends nothing else.
+    async fn connection_quiet(
+        &self,
+        timeout: Duration,
+    ) -> Result<(MultiplexedConnection, Arc<NodeFacts>, u64), NodeError> {
+        if let Link::Up(conn, facts, id, _) = &*self.link.borrow() {
+            return Ok((conn.clone(), facts.clone(), *id));
         }
         let start_connecting = |link: &mut Link| {
             let idle = matches!(link, Link::Idle | Link::Down(_));
@@ -899,6 +914,45 @@ impl Node {
                 Err(NodeError::from_redis(&e, self.spec.password()))
             }
             Err(_) => Err(NodeError::timeout(timeout)),
+        }
+    }
+
+    /// Reads `key` with plain commands (`GET` and `PTTL`, pipelined in one round trip),
+    /// bounded by `timeout`: its value and remaining time, or `None` if there is none. A
+    /// `MOVED` answer (cluster mode) is retried once on the new owner.
+    pub async fn read_key(
+        &self,
+        key: &str,
+        timeout: Duration,
+    ) -> Result<Option<(String, Duration)>, NodeError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut retried = false;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let (mut conn, _, id) = self.connection_quiet(left).await?;
+            let mut pipe = redis::pipe();
+            pipe.cmd("GET").arg(key).cmd("PTTL").arg(key);
+            let read = pipe.query_async::<(Option<String>, i64)>(&mut conn);
+            match tokio::time::timeout_at(deadline, read).await {
+                Ok(Ok((Some(value), pttl))) => {
+                    // −1: no expiry (not a key of ours); −2: gone between the two commands.
+                    return Ok(match u64::try_from(pttl) {
+                        Ok(ms) => Some((value, Duration::from_millis(ms))),
+                        Err(_) if pttl == -1 => Some((value, NO_EXPIRY)),
+                        Err(_) => None,
+                    });
+                }
+                Ok(Ok((None, _))) => return Ok(None),
+                Ok(Err(e)) => {
+                    self.drop_if_broken(id, &e);
+                    if e.code() == Some("MOVED") && !retried {
+                        retried = true;
+                        continue;
+                    }
+                    return Err(NodeError::from_redis(&e, self.spec.password()));
+                }
+                Err(_) => return Err(NodeError::timeout(timeout)),
+            }
         }
     }
 

@@ -1,0 +1,216 @@
+//! What the nodes push to waiters: releases, acquisitions and keyspace events of the lock key.
+//!
+//! ## Behaviour
+//! - One subscription per node, on a dedicated connection, to the release channel
+//!   `redlock:{name}:released` (the release script publishes the released value there;
+//!   unchanged, so older versions understand it) and the acquisition channel
+//!   `redlock:{name}:acquired` (a won round announces itself there from Rust, see [`Acquired`]).
+//! - With `keyspace_events` (opt-in), also the node's keyspace channel of the lock key
+//!   (`__keyspace@<db>__:redlock:{name}`). Events arrive only where the node is configured to
+//!   publish them (`notify-keyspace-events`); nothing asks the node's configuration (managed
+//!   services often refuse `CONFIG`): events that come are used, events that do not cost
+//!   nothing. Opt-in because every write to the key is one message per subscriber: with 1,000
+//!   waiters, the writes of one contended wake-up (each losing round's `SET` and clean-up)
+//!   became about a million messages, and the herd bench did not recover (see `redis.md`).
+//! - The keyspace channel is subscribed on its own: an ACL user whose channel patterns do not
+//!   cover it (`&__keyspace@*__:redlock:*`) loses only the keyspace events.
+//! - A lost subscription is redialled with backoff (500 ms doubling to 30 s); its state is
+//!   published per node so waiters read the nodes (and metrics show it) while it is missing.
+//! - Nothing a node pushes can panic the parser: an unknown message is ignored.
+
+use std::sync::Weak;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+
+use super::standby::{key_event, KeyEvent};
+use super::Inner;
+
+/// One message from node `node`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Push {
+    /// The node it came from (configured order).
+    pub node: usize,
+    /// What it says.
+    pub kind: PushKind,
+}
+
+/// What a push says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PushKind {
+    /// A holder released; the identity part of its value.
+    Released(String),
+    /// A round was won.
+    Acquired(Acquired),
+    /// The lock key changed on this node.
+    Key(KeyEvent),
+}
+
+/// The announcement of a won round: `v1 <fencing token> <validity ms> <waiters> <identity>`.
+/// It never carries the lock value (whoever knows the value can release the lock).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Acquired {
+    /// The winner's identity.
+    pub identity: String,
+    /// Its fencing token.
+    pub fencing_token: u64,
+    /// Its validity when announced.
+    pub validity: Duration,
+    /// Subscribers of the acquisition channel on the node just before (the waiters).
+    pub waiters: u64,
+}
+
+impl Acquired {
+    /// The message text.
+    pub fn encode(&self) -> String {
+        format!(
+            "v1 {} {} {} {}",
+            self.fencing_token,
+            self.validity.as_millis(),
+            self.waiters,
+            self.identity
+        )
+    }
+
+    /// Parses a message text; `None` for anything else.
+    pub fn parse(text: &str) -> Option<Acquired> {
+        let mut parts = text.splitn(5, ' ');
+        if parts.next()? != "v1" {
+            return None;
+        }
+        let fencing_token = parts.next()?.parse().ok()?;
+        let validity = Duration::from_millis(parts.next()?.parse().ok()?);
+        let waiters = parts.next()?.parse().ok()?;
+        let identity = parts.next()?.to_owned();
+        if identity.is_empty() {
+            return None;
+        }
+        Some(Acquired {
+            identity,
+            fencing_token,
+            validity,
+            waiters,
+        })
+    }
+}
+
+/// The channels of one lock on one node.
+#[derive(Clone, Debug)]
+pub struct Channels {
+    /// Release announcements (the release script publishes the value here).
+    pub released: String,
+    /// Acquisition announcements.
+    pub acquired: String,
+    /// The node's keyspace channel of the lock key.
+    pub keyspace: String,
+}
+
+impl Channels {
+    /// The channels of the lock whose key is `key`, on database `db`.
+    pub fn new(key: &str, db: i64) -> Channels {
+        Channels {
+            released: format!("{key}:released"),
+            acquired: format!("{key}:acquired"),
+            keyspace: format!("__keyspace@{db}__:{key}"),
+        }
+    }
+
+    /// What a message on `channel` says; `None` if nothing we understand.
+    pub fn decode(&self, channel: &str, payload: &str) -> Option<PushKind> {
+        if channel == self.released {
+            Some(PushKind::Released(super::identity_of(payload).to_owned()))
+        } else if channel == self.acquired {
+            Acquired::parse(payload).map(PushKind::Acquired)
+        } else if channel == self.keyspace {
+            key_event(payload).map(PushKind::Key)
+        } else {
+            None
+        }
+    }
+}
+
+/// Keeps node `index`'s subscription, reconnecting with backoff; publishes its state and
+/// every message it understands.
+pub(super) async fn listen(inner: Weak<Inner>, index: usize) {
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        let channels = Channels::new(&strong.key, strong.nodes[index].db());
+        let connect_timeout = strong.cfg.connect_timeout;
+        let keyspace = strong.cfg.keyspace_events;
+        let pubsub = strong.nodes[index].pubsub(connect_timeout).await;
+        let pushes = strong.pushes.clone();
+        let subscribed = strong.subscribed.clone();
+        let observer = strong.observer.clone();
+        drop(strong);
+        if let Ok(mut pubsub) = pubsub {
+            let announcements = [&channels.released, &channels.acquired];
+            if pubsub.subscribe(&announcements[..]).await.is_ok() {
+                // Apart, so that an ACL that does not list the keyspace channel costs only
+                // the keyspace events.
+                if keyspace {
+                    let _ = pubsub.subscribe(&channels.keyspace).await;
+                }
+                backoff = Duration::from_millis(500);
+                subscribed.send_modify(|s| s[index] = true);
+                observer.subscription(index, true);
+                let mut messages = pubsub.on_message();
+                while let Some(msg) = messages.next().await {
+                    let payload: String = msg.get_payload().unwrap_or_default();
+                    if let Some(kind) = channels.decode(msg.get_channel_name(), &payload) {
+                        let _ = pushes.send(Push { node: index, kind });
+                    }
+                }
+                subscribed.send_modify(|s| s[index] = false);
+                observer.subscription(index, false);
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(30));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_announcement_round_trips_and_keeps_spaces_in_the_identity() {
+        let a = Acquired {
+            identity: "pod a:1".into(),
+            fencing_token: 42,
+            validity: Duration::from_millis(9876),
+            waiters: 1000,
+        };
+        assert_eq!(Acquired::parse(&a.encode()), Some(a));
+        assert_eq!(Acquired::parse("v2 1 2 3 x"), None);
+        assert_eq!(Acquired::parse("v1 1 2 3 "), None);
+    }
+
+    #[test]
+    fn messages_are_told_apart_by_channel() {
+        let c = Channels::new("redlock:{x}", 3);
+        assert_eq!(c.keyspace, "__keyspace@3__:redlock:{x}");
+        assert_eq!(
+            c.decode("redlock:{x}:released", "pod-a:abcdef"),
+            Some(PushKind::Released("pod-a".into()))
+        );
+        assert_eq!(
+            c.decode("__keyspace@3__:redlock:{x}", "expired"),
+            Some(PushKind::Key(KeyEvent::Gone))
+        );
+        assert_eq!(c.decode("other", "x"), None);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn no_message_panics_the_parser(channel in ".{0,40}", payload in "(v1 )?.{0,60}") {
+            let c = Channels::new("redlock:{x}", 0);
+            let _ = c.decode(&channel, &payload);
+            let _ = c.decode("redlock:{x}:acquired", &payload);
+            let _ = Acquired::parse(&payload);
+        }
+    }
+}

@@ -1,0 +1,512 @@
+//! What a waiting standby does next, and when: a pure decision over what it has seen.
+//!
+//! A standby that lost a round to a holder does not run acquire rounds to ask "still held?".
+//! It keeps, per node, what it knows of the lock key there, and runs a round only when the
+//! lock may have become free. The async loop (`Redlock::acquire`) only feeds events in, asks
+//! [`Standby::next`], and waits until the instant it names or the next event.
+//!
+//! ## Behaviour
+//! - **Only a quorum can hold the lock.** With `held` nodes still holding a key, the lock can
+//!   only become free once fewer than a quorum do: after the (`held` − quorum + 1)-th earliest
+//!   key expiry. The standby sleeps until then (plus the drift floor) and reads the nodes again
+//!   (a plain `GET` + `PTTL`, no script): renewals pushed the expiries later, so it sleeps again.
+//!   When the reads show that fewer than a quorum may still hold a key, it runs a round.
+//! - **Unknown nodes are read first.** A node whose state is unknown (never read, or its
+//!   subscription just came back and may have missed events) is read before anything else.
+//!   A node whose read failed counts as not holding (it may have lost the key).
+//! - **Spread rounds.** A round the reads or events call for is scheduled like one after a
+//!   release push (below): every standby reads at about the same moment after a crash.
+//! - **Release push.** A release announcement schedules a round after a random pause within
+//!   `SPREAD_SLOT` × the number of waiters (capped at `SPREAD_MAX`; counted once when the
+//!   standby starts watching, then taken from each acquisition announcement): the first of many waiters starts within about one slot, and the
+//!   acquisition announcement of the winner reaches the others before most of them start.
+//!   An announcement of a release by someone other than the known holder is stale and ignored.
+//! - **Acquisition push.** An announcement with a fencing token above the last one known sets
+//!   the holder, cancels a scheduled round (the standby stands down), and marks every node
+//!   held until the announced validity ends (no node of the winner's quorum drops the key
+//!   before).
+//! - **Keyspace events** (opt-in), where a node publishes them: a write to the key (`set`, `expire`, a
+//!   renewal) marks the node held for the longest ttl from the event; `del`,
+//!   `expired` or `evicted` marks it free. Events that never come cost nothing: the read at the
+//!   deadline still happens.
+//! - **No push, then polling.** While no node has a live subscription, the nodes are read at
+//!   least every `poll_every`.
+
+use std::time::{Duration, Instant};
+
+use super::timing::CLOCK_DRIFT_FLOOR;
+use crate::clock::saturating_add;
+
+/// How long one waiter's share of a release wake-up is: the spread of the waiters' rounds
+/// grows by this much per waiter, so the first starts within about one slot.
+pub const SPREAD_SLOT: Duration = Duration::from_micros(250);
+
+/// The longest spread of the rounds after one release.
+pub const SPREAD_MAX: Duration = Duration::from_millis(250);
+
+/// What a standby knows of the lock key on one node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Key {
+    /// Not known: read it.
+    Unknown,
+    /// No key (or the read failed: it may be gone).
+    Free,
+    /// A key that lives at least until then (and is taken for held until read again).
+    Held(Instant),
+}
+
+/// A keyspace event on the lock key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyEvent {
+    /// Written or renewed (`set`, `expire`, ...).
+    Written,
+    /// Gone (`del`, `expired`, `evicted`).
+    Gone,
+}
+
+/// What to do now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Run a full acquire round.
+    Round,
+    /// Read every node (`GET` + `PTTL`); `fallback` when a subscription is missing.
+    Read {
+        /// Whether the read is made because push is missing.
+        fallback: bool,
+    },
+    /// Wait for the instant returned (if any) or the next event.
+    Wait,
+}
+
+/// The holder as announced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Announced {
+    /// The holder's identity.
+    pub identity: String,
+    /// Its fencing token.
+    pub fencing_token: u64,
+}
+
+/// The standby's knowledge of one lock.
+#[derive(Clone, Debug)]
+pub struct Standby {
+    quorum: usize,
+    keys: Vec<Key>,
+    subscribed: Vec<bool>,
+    /// Per node: whether a subscription was ever live (one that comes up again is a resubscription).
+    ever_subscribed: Vec<bool>,
+    /// A subscription came back: the next read is made for want of push.
+    resubscribed: bool,
+    /// A round scheduled by a release announcement.
+    round_at: Option<Instant>,
+    /// The last holder announced or read.
+    holder: Option<Announced>,
+    /// The number of waiters the last acquisition announcement counted.
+    waiters: u64,
+    longest_ttl: Duration,
+    poll_every: Duration,
+    last_read: Option<Instant>,
+}
+
+impl Standby {
+    /// A standby of a lock on `nodes` nodes that knows nothing yet.
+    pub fn new(nodes: usize, quorum: usize, longest_ttl: Duration, poll_every: Duration) -> Self {
+        Standby {
+            quorum,
+            keys: vec![Key::Unknown; nodes],
+            subscribed: vec![false; nodes],
+            ever_subscribed: vec![false; nodes],
+            resubscribed: false,
+            round_at: None,
+            holder: None,
+            waiters: 1,
+            longest_ttl,
+            poll_every,
+            last_read: None,
+        }
+    }
+
+    /// What to do at `now`, and until when to wait if nothing happens.
+    pub fn next(&self, now: Instant) -> (Action, Option<Instant>) {
+        if let Some(at) = self.round_at {
+            return if now >= at {
+                (Action::Round, None)
+            } else {
+                (Action::Wait, Some(at))
+            };
+        }
+        let fallback = !self.subscribed.iter().any(|s| *s);
+        if self.keys.contains(&Key::Unknown) {
+            let fallback = fallback || self.resubscribed;
+            return (Action::Read { fallback }, None);
+        }
+        // A key is taken for gone only once a read or an event says so: until then it may
+        // have been renewed.
+        let mut until: Vec<Instant> = self
+            .keys
+            .iter()
+            .filter_map(|key| match key {
+                Key::Held(until) => Some(*until),
+                _ => None,
+            })
+            .collect();
+        if until.len() < self.quorum {
+            return (Action::Round, None);
+        }
+        until.sort();
+        let mut deadline = until[until.len() - self.quorum] + CLOCK_DRIFT_FLOOR;
+        if fallback {
+            let poll = self.last_read.map_or(now, |at| at + self.poll_every);
+            deadline = deadline.min(poll);
+        }
+        if now >= deadline {
+            (Action::Read { fallback }, None)
+        } else {
+            (Action::Wait, Some(deadline))
+        }
+    }
+
+    /// A round found the lock held: `held` lists the nodes that showed another holder's key,
+    /// which lives at least `holder_ttl` from `started` (the shortest seen). The other nodes
+    /// are read before anything is decided.
+    pub fn round_busy(&mut self, started: Instant, held: &[bool], holder_ttl: Option<Duration>) {
+        self.round_at = None;
+        for (key, held) in self.keys.iter_mut().zip(held) {
+            *key = match (held, holder_ttl) {
+                (true, Some(ttl)) => Key::Held(saturating_add(started, ttl)),
+                _ => Key::Unknown,
+            };
+        }
+    }
+
+    /// Node `index` was read, starting at `started`: `Ok(Some(pttl))` a key living that much
+    /// longer, `Ok(None)` no key, `Err(())` no answer.
+    pub fn read(&mut self, started: Instant, index: usize, answer: Result<Option<Duration>, ()>) {
+        self.last_read = Some(started);
+        self.resubscribed = false;
+        if let Some(key) = self.keys.get_mut(index) {
+            *key = match answer {
+                Ok(Some(pttl)) => Key::Held(saturating_add(started, pttl)),
+                Ok(None) | Err(()) => Key::Free,
+            };
+        }
+    }
+
+    /// A release by `identity` was announced by node `index`; `jitter` in [0, 1] picks the
+    /// moment of the round within the spread. Returns false if the announcement is stale.
+    pub fn released(&mut self, now: Instant, index: usize, identity: &str, jitter: f64) -> bool {
+        if self
+            .holder
+            .as_ref()
+            .is_some_and(|holder| holder.identity != identity)
+        {
+            return false;
+        }
+        if let Some(key) = self.keys.get_mut(index) {
+            *key = Key::Free;
+        }
+        self.schedule_round(now, jitter);
+        self.holder = None;
+        true
+    }
+
+    /// Schedules a round within the spread of the waiters, unless one is scheduled already.
+    fn schedule_round(&mut self, now: Instant, jitter: f64) {
+        let waiters = u32::try_from(self.waiters).unwrap_or(u32::MAX);
+        let spread = (SPREAD_SLOT * waiters).min(SPREAD_MAX);
+        let at = now + spread.mul_f64(jitter.clamp(0.0, 1.0));
+        // Every node announces the same release: the first copy decides.
+        self.round_at.get_or_insert(at);
+    }
+
+    /// Called after reads or events: if they show that fewer than a quorum of nodes may
+    /// still hold a key, a round is scheduled within the spread of the waiters (every
+    /// standby reads at about the same moment after a crash; the first winner's announcement
+    /// stands the others down).
+    pub fn settle(&mut self, now: Instant, jitter: f64) {
+        let held = self
+            .keys
+            .iter()
+            .filter(|key| matches!(key, Key::Held(_)))
+            .count();
+        if self.round_at.is_none() && !self.keys.contains(&Key::Unknown) && held < self.quorum {
+            self.schedule_round(now, jitter);
+        }
+    }
+
+    /// An acquisition was announced. Returns true if it is news (a higher fencing token).
+    pub fn acquired(
+        &mut self,
+        now: Instant,
+        announced: Announced,
+        validity: Duration,
+        waiters: u64,
+    ) -> bool {
+        self.set_waiters(waiters);
+        let known = self.holder.as_ref().map_or(0, |h| h.fencing_token);
+        if announced.fencing_token <= known {
+            return false;
+        }
+        self.holder = Some(announced);
+        self.round_at = None;
+        let until = saturating_add(now, validity);
+        // What was known of the keys before is superseded: the new holder's keys live at least
+        // until its validity ends; the read then tells the rest.
+        self.keys.iter_mut().for_each(|key| *key = Key::Held(until));
+        true
+    }
+
+    /// A keyspace event on node `index`'s lock key.
+    pub fn key_event(&mut self, now: Instant, index: usize, event: KeyEvent) {
+        // The write happened before we heard of it and set at most the longest ttl: the key
+        // expires by then (a node clock that runs slow only makes the read early, which is
+        // harmless: it reads the key again).
+        if let Some(key) = self.keys.get_mut(index) {
+            *key = match event {
+                KeyEvent::Written => Key::Held(saturating_add(now, self.longest_ttl)),
+                KeyEvent::Gone => Key::Free,
+            };
+        }
+    }
+
+    /// Node `index`'s subscription came up or went away. One that comes up may have missed
+    /// events: the node is read again.
+    pub fn subscription(&mut self, index: usize, up: bool) {
+        let Some(was) = self.subscribed.get_mut(index) else {
+            return;
+        };
+        if up && !*was {
+            self.keys[index] = Key::Unknown;
+            self.resubscribed |= self.ever_subscribed[index];
+            self.ever_subscribed[index] = true;
+        }
+        *was = up;
+    }
+
+    /// Every subscription may have missed events (a lagging receiver): read every node.
+    pub fn forget(&mut self) {
+        self.keys.iter_mut().for_each(|key| *key = Key::Unknown);
+    }
+
+    /// The number of waiters, as counted on a node (`PUBSUB NUMSUB`); 0 changes nothing.
+    pub fn set_waiters(&mut self, waiters: u64) {
+        if waiters > 0 {
+            self.waiters = waiters;
+        }
+    }
+
+    /// The longest ttl any contender uses, as learnt since.
+    pub fn set_longest_ttl(&mut self, ttl: Duration) {
+        self.longest_ttl = self.longest_ttl.max(ttl);
+    }
+}
+
+/// Parses a keyspace event name.
+pub fn key_event(name: &str) -> Option<KeyEvent> {
+    match name {
+        "del" | "expired" | "evicted" | "unlink" => Some(KeyEvent::Gone),
+        "set" | "expire" | "persist" | "rename_to" | "restore" => Some(KeyEvent::Written),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(10);
+    const POLL: Duration = Duration::from_secs(1);
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn subscribed(n: usize) -> Standby {
+        let mut s = Standby::new(n, n / 2 + 1, TTL, POLL);
+        for i in 0..n {
+            s.subscription(i, true);
+        }
+        s
+    }
+
+    #[test]
+    fn a_busy_round_sleeps_until_a_quorum_of_keys_may_have_expired() {
+        let t0 = Instant::now();
+        let mut s = subscribed(3);
+        s.round_busy(t0, &[true, true, true], Some(ms(8000)));
+        assert_eq!(
+            s.next(t0),
+            (Action::Wait, Some(t0 + ms(8000) + CLOCK_DRIFT_FLOOR))
+        );
+        // Reads at the deadline show renewed keys: sleep again, no round.
+        let t1 = t0 + ms(8002);
+        s.read(t1, 0, Ok(Some(ms(7000))));
+        s.read(t1, 1, Ok(Some(ms(9000))));
+        s.read(t1, 2, Ok(Some(ms(6000))));
+        // Quorum 2 of 3 held: free only once two have expired: the 2nd earliest.
+        assert_eq!(
+            s.next(t1),
+            (Action::Wait, Some(t1 + ms(7000) + CLOCK_DRIFT_FLOOR))
+        );
+    }
+
+    #[test]
+    fn a_crashed_holder_is_replaced_once_its_keys_are_read_gone() {
+        let t0 = Instant::now();
+        let mut s = subscribed(3);
+        s.round_busy(t0, &[true, true, false], Some(ms(500)));
+        // The node that was free is read first.
+        assert_eq!(s.next(t0), (Action::Read { fallback: false }, None));
+        s.read(t0, 2, Ok(None));
+        let (action, at) = s.next(t0);
+        assert_eq!(action, Action::Wait);
+        let at = at.unwrap();
+        s.read(at, 0, Ok(None));
+        s.read(at, 1, Ok(Some(ms(1))));
+        assert_eq!(s.next(at), (Action::Round, None));
+    }
+
+    #[test]
+    fn a_failed_read_counts_as_not_holding() {
+        let t0 = Instant::now();
+        let mut s = subscribed(3);
+        s.round_busy(t0, &[true, true, true], Some(ms(500)));
+        s.read(t0, 0, Err(()));
+        // Two still held: wait for the earlier of them.
+        assert_eq!(
+            s.next(t0),
+            (Action::Wait, Some(t0 + ms(500) + CLOCK_DRIFT_FLOOR))
+        );
+        s.read(t0, 1, Err(()));
+        assert_eq!(s.next(t0), (Action::Round, None));
+    }
+
+    #[test]
+    fn a_release_schedules_a_spread_round_and_an_acquisition_stands_it_down() {
+        let t0 = Instant::now();
+        let mut s = subscribed(3);
+        s.round_busy(t0, &[true, true, true], Some(TTL));
+        assert!(s.acquired(
+            t0,
+            Announced {
+                identity: "a".into(),
+                fencing_token: 7
+            },
+            TTL,
+            1000
+        ));
+        assert!(s.released(t0, 0, "a", 0.5));
+        // 1000 waiters × 250 µs, capped at 250 ms; half of it.
+        assert_eq!(s.next(t0), (Action::Wait, Some(t0 + ms(125))));
+        // Another node's copy of the same release does not move it.
+        assert!(s.released(t0, 1, "a", 0.0));
+        assert_eq!(s.next(t0), (Action::Wait, Some(t0 + ms(125))));
+        assert_eq!(s.next(t0 + ms(125)), (Action::Round, None));
+        // The winner's announcement arrives first: no round, held for its validity.
+        let announced = Announced {
+            identity: "b".into(),
+            fencing_token: 8,
+        };
+        assert!(s.acquired(t0 + ms(1), announced.clone(), ms(9000), 1000));
+        assert_eq!(
+            s.next(t0 + ms(1)),
+            (Action::Wait, Some(t0 + ms(9001) + CLOCK_DRIFT_FLOOR))
+        );
+        // The same announcement from another node is not news.
+        assert!(!s.acquired(t0 + ms(2), announced, ms(9000), 1000));
+        // A late copy of the old holder's release changes nothing.
+        assert!(!s.released(t0 + ms(2), 2, "a", 0.0));
+        assert_eq!(s.next(t0 + ms(2)).0, Action::Wait);
+    }
+
+    #[test]
+    fn a_lone_waiter_starts_within_one_slot_and_the_spread_is_capped() {
+        let t0 = Instant::now();
+        let mut s = subscribed(1);
+        assert!(s.released(t0, 0, "a", 1.0));
+        assert_eq!(s.next(t0), (Action::Wait, Some(t0 + SPREAD_SLOT)));
+        let mut s = subscribed(1);
+        s.acquired(
+            t0,
+            Announced {
+                identity: "a".into(),
+                fencing_token: 1,
+            },
+            TTL,
+            1_000_000,
+        );
+        assert!(s.released(t0, 0, "a", 1.0));
+        assert_eq!(s.next(t0), (Action::Wait, Some(t0 + SPREAD_MAX)));
+    }
+
+    #[test]
+    fn keyspace_events_move_the_deadline_without_reads() {
+        let t0 = Instant::now();
+        let mut s = subscribed(1);
+        s.round_busy(t0, &[true], Some(ms(3000)));
+        let renewal = t0 + ms(2000);
+        s.key_event(renewal, 0, KeyEvent::Written);
+        assert_eq!(
+            s.next(renewal),
+            (Action::Wait, Some(renewal + TTL + CLOCK_DRIFT_FLOOR))
+        );
+        s.key_event(renewal + ms(5), 0, KeyEvent::Gone);
+        assert_eq!(s.next(renewal + ms(5)), (Action::Round, None));
+    }
+
+    #[test]
+    fn without_any_subscription_the_nodes_are_polled() {
+        let t0 = Instant::now();
+        let mut s = Standby::new(1, 1, TTL, POLL);
+        assert_eq!(s.next(t0), (Action::Read { fallback: true }, None));
+        s.read(t0, 0, Ok(Some(ms(9000))));
+        assert_eq!(s.next(t0), (Action::Wait, Some(t0 + POLL)));
+        s.subscription(0, true);
+        // A subscription that comes up may have missed a release: read once more.
+        assert_eq!(s.next(t0), (Action::Read { fallback: false }, None));
+        s.read(t0, 0, Ok(Some(ms(9000))));
+        assert_eq!(
+            s.next(t0),
+            (Action::Wait, Some(t0 + ms(9000) + CLOCK_DRIFT_FLOOR))
+        );
+        s.subscription(0, false);
+        assert_eq!(s.next(t0 + POLL), (Action::Read { fallback: true }, None));
+        // The read on resubscription is one made for want of push.
+        s.read(t0 + POLL, 0, Ok(Some(ms(9000))));
+        s.subscription(0, true);
+        assert_eq!(s.next(t0 + POLL), (Action::Read { fallback: true }, None));
+    }
+
+    #[test]
+    fn a_round_called_for_by_reads_is_spread_over_the_waiters() {
+        let t0 = Instant::now();
+        let mut s = subscribed(1);
+        s.acquired(
+            t0,
+            Announced {
+                identity: "a".into(),
+                fencing_token: 1,
+            },
+            ms(1000),
+            100,
+        );
+        s.settle(t0, 0.5);
+        assert_eq!(s.next(t0).0, Action::Wait);
+        let at = t0 + ms(1000) + CLOCK_DRIFT_FLOOR;
+        s.read(at, 0, Ok(None));
+        s.settle(at, 0.5);
+        // 100 waiters × 250 µs, half of it.
+        assert_eq!(
+            s.next(at),
+            (Action::Wait, Some(at + Duration::from_micros(12_500)))
+        );
+        assert_eq!(s.next(at + ms(13)), (Action::Round, None));
+    }
+
+    #[test]
+    fn keyspace_event_names() {
+        assert_eq!(key_event("expired"), Some(KeyEvent::Gone));
+        assert_eq!(key_event("expire"), Some(KeyEvent::Written));
+        assert_eq!(key_event("incrby"), None);
+    }
+}
