@@ -127,10 +127,13 @@ async fn an_idle_standby_runs_no_acquire_script_while_the_leader_renews() {
     assert_eq!(tried, 0.0, "the standby ran no acquire round");
     assert!(renewed >= 4.0, "the leader renewed meanwhile ({renewed})");
     for (i, (before, after)) in before.iter().zip(&after).enumerate() {
-        // One extend per renewal on each node; one may have been in flight at either end.
+        // One extend per renewal on each node. The node counts and the leader's metric are
+        // read at different moments, so on a loaded machine a renewal or two may be counted on
+        // one side only (seen once in CI: 8 scripts for 6 renewals). An acquire round per
+        // second (the old standby) would add four in these 4 s; `tried` above also catches it.
         let ran = (after - before) as f64;
         assert!(
-            (ran - renewed).abs() <= 1.0,
+            (ran - renewed).abs() <= 2.0,
             "node {i}: {ran} scripts for {renewed} renewals: only the leader's renewals run scripts"
         );
     }
