@@ -31,9 +31,7 @@ use futures_util::future::join_all;
 use rand::Rng;
 use redis::aio::MultiplexedConnection;
 use redis::Script;
-use redlock_sidecar::redlock::{
-    Credentials, LockError, NoObserver, NodeSpec, Redlock, RedlockConfig,
-};
+use redlock_sidecar::redlock::{LockError, NoObserver, Redlock, RedlockConfig};
 use support::{env_usize, fmt_dur, RedisServer, Samples};
 use tokio_util::sync::CancellationToken;
 
@@ -101,14 +99,7 @@ struct Row {
 }
 
 fn engine_config(urls: &[String], lock: &str, identity: &str) -> RedlockConfig {
-    let nodes = urls
-        .iter()
-        .enumerate()
-        .map(|(i, url)| NodeSpec::parse(i, url, &Credentials::default()).expect("valid url"))
-        .collect();
-    let mut cfg = RedlockConfig::new(lock, identity, nodes);
-    cfg.ttl = TTL;
-    cfg
+    support::engine_config(urls, lock, identity, TTL)
 }
 
 fn redlock(urls: &[String], lock: &str, identity: &str) -> Redlock {

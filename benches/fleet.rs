@@ -34,9 +34,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
-use redlock_sidecar::redlock::{
-    Credentials, LockError, NoObserver, NodeSpec, Redlock, RedlockConfig,
-};
+use redlock_sidecar::redlock::{LockError, NoObserver, Redlock};
 use support::{fmt_dur, RedisServer, Samples};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -72,13 +70,7 @@ fn raise_fd_limit() -> u64 {
 }
 
 fn engine(urls: &[String], lock: &str, identity: &str) -> Redlock {
-    let nodes = urls
-        .iter()
-        .enumerate()
-        .map(|(i, url)| NodeSpec::parse(i, url, &Credentials::default()).expect("valid url"))
-        .collect();
-    let mut cfg = RedlockConfig::new(lock, identity, nodes);
-    cfg.ttl = TTL;
+    let cfg = support::engine_config(urls, lock, identity, TTL);
     Redlock::new(cfg, Arc::new(NoObserver)).expect("valid config")
 }
 

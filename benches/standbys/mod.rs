@@ -6,9 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redlock_sidecar::redlock::{
-    Credentials, Lease, NoObserver, NodeErrorKind, NodeSpec, Observer, Op, Redlock, RedlockConfig,
-};
+use redlock_sidecar::redlock::{Lease, NoObserver, NodeErrorKind, Observer, Op, Redlock};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -96,13 +94,7 @@ fn engine_observed(
     ttl: Duration,
     observer: Arc<dyn Observer>,
 ) -> Redlock {
-    let nodes = urls
-        .iter()
-        .enumerate()
-        .map(|(i, url)| NodeSpec::parse(i, url, &Credentials::default()).expect("valid url"))
-        .collect();
-    let mut cfg = RedlockConfig::new(lock, identity, nodes);
-    cfg.ttl = ttl;
+    let mut cfg = super::support::engine_config(urls, lock, identity, ttl);
     cfg.keyspace_events = std::env::var("BENCH_KEYSPACE").as_deref() == Ok("1");
     Redlock::new(cfg, observer).expect("valid config")
 }

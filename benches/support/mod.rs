@@ -5,7 +5,7 @@
 
 #![allow(dead_code)]
 
-use redlock_sidecar::redlock::{votes, EPOCH_KEY};
+use redlock_sidecar::redlock::{votes, Credentials, NodeSpec, RedlockConfig, EPOCH_KEY};
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -365,4 +365,16 @@ pub fn machine() -> String {
         })
         .unwrap_or_else(|| "?".into());
     format!("{cpus} CPUs ({model}), redis-server {redis}")
+}
+
+/// An engine configuration for `lock` on the nodes at `urls`, with `ttl` and defaults otherwise.
+pub fn engine_config(urls: &[String], lock: &str, identity: &str, ttl: Duration) -> RedlockConfig {
+    let nodes = urls
+        .iter()
+        .enumerate()
+        .map(|(i, url)| NodeSpec::parse(i, url, &Credentials::default()).expect("valid url"))
+        .collect();
+    let mut cfg = RedlockConfig::new(lock, identity, nodes);
+    cfg.ttl = ttl;
+    cfg
 }
