@@ -11,8 +11,9 @@
 //! - **L locks**: L locks with three contenders each (a leader and two standbys).
 //!
 //! Contenders are `Redlock` engines (the library API), hosted by worker processes this
-//! benchmark starts from its own binary (`--worker`): each engine holds one connection and one
-//! pub/sub connection per node, and one process may hold at most `ulimit -n` descriptors.
+//! benchmark starts from its own binary (`--worker`): each engine holds one connection per node
+//! (RESP3: its subscriptions ride on it), and one process may hold at most `ulimit -n`
+//! descriptors.
 //!
 //! Per size and node, over the window after the warm-up: client requests/s (`INFO
 //! commandstats`, scripts and other commands; the commands scripts run inside count apart),
@@ -42,7 +43,7 @@ use tokio_util::sync::CancellationToken;
 const NODES: usize = 3;
 /// The engine's default ttl; renewals every third of it, as the sidecar's default.
 const TTL: Duration = Duration::from_secs(10);
-/// Engines per worker process: two connections per node each, 3 nodes, under 20,000 fds.
+/// Engines per worker process: one connection per node each, 3 nodes, well under 20,000 fds.
 const PER_WORKER: usize = 2_500;
 /// Descriptors a server keeps for itself beyond its clients (Redis reserves 32).
 const SERVER_RESERVED_FDS: u64 = 64;
@@ -831,12 +832,12 @@ fn run_size(
         setup: Duration::ZERO,
     };
     println!("### {}\n", shape.name());
-    // Each engine: one connection and one pub/sub connection per node.
-    let per_node = engines as u64 * 2;
+    // Each engine: one connection per node (its subscriptions ride on it).
+    let per_node = engines as u64;
     if per_node + 16 > maxclients {
         let why = format!(
-            "not run: {engines} engines need {per_node} connections per node (one plus one \
-             pub/sub per engine), over `maxclients` {maxclients} (`ulimit -n` hard limit)"
+            "not run: {engines} engines need {per_node} connections per node (one per \
+             engine), over `maxclients` {maxclients} (`ulimit -n` hard limit)"
         );
         println!("{why}\n");
         row.skipped = Some(why);

@@ -287,3 +287,62 @@ async fn with_keyspace_events_an_idle_standby_reads_nothing_and_still_sees_a_cra
     a.proc.sigkill();
     support::wait_until_async(Duration::from_secs(6), "b takes over", || b.is_leader()).await;
 }
+
+/// The clients connected to `node` other than the one asking, each as its `CLIENT LIST` line.
+fn clients(node: &support::RedisNode) -> Vec<String> {
+    let list = node.command(&["CLIENT", "LIST"]);
+    list.lines()
+        .filter(|line| line.contains("id=") && !line.contains("cmd=client|list"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A leader and a standby on one node: once both wait on push, the node holds `per_sidecar`
+/// connections of each, and a release still reaches the standby by push.
+async fn connections_and_push(cluster: &RedisCluster, per_sidecar: usize) {
+    let (a, b) = leader_and_standby(cluster, "4s").await;
+    support::wait_until_async(Duration::from_secs(5), "b subscribed", || async {
+        b.metric("redlock_push_subscribed", "").await == 1.0
+    })
+    .await;
+    let node = cluster.node(0);
+    support::wait_until(Duration::from_secs(5), "both sidecars connected", || {
+        clients(node).len() >= 2 * per_sidecar
+    });
+    let listed = clients(node);
+    assert_eq!(
+        listed.len(),
+        2 * per_sidecar,
+        "connections of a leader and a standby: {listed:#?}"
+    );
+    assert!(
+        listed.iter().filter(|l| !l.contains(" sub=0 ")).count() >= 1,
+        "the standby's subscriptions are on the node: {listed:#?}"
+    );
+    let tried = b.metric("redlock_acquire_attempts_total", "").await;
+    let mut a = a;
+    a.proc.sigterm();
+    // The release is pushed: the standby leads long before the 4 s key would have expired.
+    support::wait_until_async(
+        Duration::from_millis(2500),
+        "b leads after the release",
+        || b.is_leader(),
+    )
+    .await;
+    assert!(b.metric("redlock_acquire_attempts_total", "").await > tried);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_holds_one_connection_per_node_with_its_subscriptions_on_it() {
+    let cluster = RedisCluster::start(1);
+    cluster.backdate_epochs(Duration::from_secs(4));
+    connections_and_push(&cluster, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_refuses_resp3_gets_a_dedicated_subscription_connection() {
+    // `HELLO` unknown, as on Redis 5 and some proxies.
+    let cluster = RedisCluster::start_with(1, &["--rename-command", "HELLO", ""]);
+    cluster.backdate_epochs(Duration::from_secs(4));
+    connections_and_push(&cluster, 2).await;
+}

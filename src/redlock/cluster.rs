@@ -30,7 +30,9 @@ use redis::aio::MultiplexedConnection;
 use redis::{FromRedisValue, RedisError, Script, Value};
 use tracing::debug;
 
-use super::node::{open_at, ConnectSettings, NodeError, NodeErrorKind, NodeFacts, NodeSpec};
+use super::node::{
+    open_at, ConnectSettings, NodeError, NodeErrorKind, NodeFacts, NodeSpec, PushTag,
+};
 use super::scripts;
 
 static STAMP_SLOTS: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::STAMP_SLOTS));
@@ -185,6 +187,7 @@ pub(super) async fn route(
     facts: NodeFacts,
     settings: ConnectSettings,
     seeds: &Arc<Mutex<Vec<(String, u16)>>>,
+    push: &PushTag,
 ) -> Result<(MultiplexedConnection, NodeFacts), NodeError> {
     let reply: Value = redis::cmd("CLUSTER")
         .arg("SLOTS")
@@ -213,7 +216,7 @@ pub(super) async fn route(
         tokio::spawn(stamp_every_master(spec.clone(), ranges, settings));
         return Ok((conn, facts));
     }
-    let (conn, facts) = match open_at(spec, &owner.host, owner.port, settings).await {
+    let (conn, facts) = match open_at(spec, &owner.host, owner.port, settings, Some(push)).await {
         Ok((conn, facts)) if facts.cluster && facts.role == "master" => (conn, facts),
         Ok((_, facts)) => {
             return Err(NodeError {
@@ -249,7 +252,7 @@ async fn stamp_every_master(spec: NodeSpec, ranges: Vec<SlotRange>, settings: Co
             .collect();
         let db = spec.db().to_string();
         let stamp = async {
-            let (mut conn, _) = open_at(&spec, &host, port, settings).await?;
+            let (mut conn, _) = open_at(&spec, &host, port, settings, None).await?;
             let mut stamped = 0;
             for batch in keys.chunks(STAMP_BATCH) {
                 let mut invocation = STAMP_SLOTS.prepare_invoke();
@@ -300,7 +303,7 @@ pub(super) async fn ask<T: FromRedisValue>(
         slot: 0,
         stamp_slots: false,
     };
-    let (mut conn, _) = open_at(spec, &host, port, settings).await?;
+    let (mut conn, _) = open_at(spec, &host, port, settings, None).await?;
     script.load_async(&mut conn).await.map_err(scrub)?;
     // This connection is ours alone: ASKING applies to the very next command on it.
     redis::cmd("ASKING")

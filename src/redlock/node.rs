@@ -17,6 +17,10 @@
 //!   master the Sentinels name, and is dropped when the group fails over (see `sentinel`).
 //! - An answer `READONLY` or `MASTERDOWN` drops the connection: the server is no longer a
 //!   master that can grant, and the next call dials (or resolves) again.
+//! - **One connection carries pushes too.** The connection speaks RESP3 where the server does
+//!   (Redis 6+), so a waiter's subscriptions ride on it ([`Node::pushes`]) and a sidecar
+//!   holds one connection per node, not two: a node's idle cost grows with its clients. A
+//!   server or proxy that refuses `HELLO 3` gets RESP2 and a dedicated pub/sub connection.
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -24,12 +28,14 @@ use std::time::{Duration, Instant};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use futures_util::stream::BoxStream;
+use futures_util::StreamExt;
 use redis::aio::MultiplexedConnection;
 use redis::{
     AsyncConnectionConfig, Client, ClientTlsConfig, ConnectionAddr, ConnectionInfo, FromRedisValue,
-    IntoConnectionInfo, RedisError, Script, TlsCertificates,
+    IntoConnectionInfo, ProtocolVersion, PushInfo, RedisError, Script, TlsCertificates,
 };
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::cluster;
@@ -467,6 +473,8 @@ pub struct NodeFacts {
     /// `cluster_enabled:1` (`INFO cluster`): the connection reaches the master of the lock's
     /// slot, and the epoch marker is that slot's (see `cluster`).
     pub cluster: bool,
+    /// The connection speaks RESP3 and carries the node's pushed messages.
+    pub push: bool,
 }
 
 impl NodeFacts {
@@ -484,6 +492,7 @@ impl NodeFacts {
             role: info_field(replication, "role"),
             address: String::new(),
             cluster: false,
+            push: false,
         }
     }
 }
@@ -523,9 +532,32 @@ pub struct Node {
     /// Cluster mode: the masters the last `CLUSTER SLOTS` listed, dialled when the URL's node
     /// does not answer.
     seeds: Arc<std::sync::Mutex<Vec<(String, u16)>>>,
+    /// What the node's RESP3 connections push, read by one listener at a time.
+    pushed: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<(u64, PushInfo)>>>,
+    push_tx: mpsc::UnboundedSender<(u64, PushInfo)>,
     stop: CancellationToken,
     _stop_on_drop: DropGuard,
 }
+
+/// Forwards what connection `id` pushes to its node, tagged with the connection's number (a
+/// message of a connection since replaced is told apart and dropped).
+#[derive(Clone)]
+pub(super) struct PushTag {
+    id: u64,
+    tx: mpsc::UnboundedSender<(u64, PushInfo)>,
+}
+
+impl redis::aio::AsyncPushSender for PushTag {
+    fn send(&self, info: PushInfo) -> Result<(), redis::aio::SendError> {
+        self.tx
+            .send((self.id, info))
+            .map_err(|_| redis::aio::SendError)
+    }
+}
+
+/// Messages of the channels a waiter subscribed: `(channel, payload)`; the stream ends when
+/// the connection that carries them is gone.
+pub type Pushes = BoxStream<'static, (String, String)>;
 
 /// How a node's server is reached.
 enum Dial {
@@ -604,6 +636,7 @@ impl Node {
             }
         };
         let stop = CancellationToken::new();
+        let (push_tx, pushed) = mpsc::unbounded_channel();
         Ok(Node {
             spec,
             dial: Arc::new(dial),
@@ -613,6 +646,8 @@ impl Node {
             refreshing: Arc::new(AtomicBool::new(false)),
             following: AtomicBool::new(false),
             seeds: Arc::default(),
+            pushed: Arc::new(tokio::sync::Mutex::new(pushed)),
+            push_tx,
             _stop_on_drop: stop.clone().drop_guard(),
             stop,
         })
@@ -713,18 +748,22 @@ impl Node {
         let settings = self.settings;
         let id = self.connections.fetch_add(1, Ordering::Relaxed) + 1;
         let seeds = self.seeds.clone();
+        let tag = PushTag {
+            id,
+            tx: self.push_tx.clone(),
+        };
         let connect = async move {
             let (client, address) = dial.client(&spec, settings.connect_timeout).await?;
-            let (conn, mut facts) = match open(&spec, &client, settings).await {
+            let (conn, mut facts) = match open(&spec, &client, settings, Some(&tag)).await {
                 Ok(opened) => opened,
                 // A cluster node that is down: another master of the cluster will do.
-                Err(err) => open_any(&spec, &seeds, settings).await.ok_or(err)?,
+                Err(err) => open_any(&spec, &seeds, settings, &tag).await.ok_or(err)?,
             };
             if facts.address.is_empty() {
                 facts.address = address;
             }
             let (conn, facts) = if facts.cluster {
-                cluster::route(&spec, conn, facts, settings, &seeds).await?
+                cluster::route(&spec, conn, facts, settings, &seeds, &tag).await?
             } else {
                 (conn, facts)
             };
@@ -956,21 +995,119 @@ impl Node {
         }
     }
 
-    /// A dedicated pub/sub connection (pub/sub cannot share the multiplexed one); for a
-    /// Sentinel group, to the master named now.
-    pub async fn pubsub(&self, timeout: Duration) -> Result<redis::aio::PubSub, NodeError> {
+    /// Subscribes to `channels`, and to `optional` where the node allows it (an ACL that
+    /// does not list it costs only its messages), and streams what they carry: on the node's
+    /// connection where it speaks RESP3 (connecting first if needed, within `timeout`), else on
+    /// a dedicated pub/sub connection (for a Sentinel group, to the master named now). One
+    /// stream at a time per node.
+    pub async fn pushes(
+        &self,
+        channels: &[&str],
+        optional: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Pushes, NodeError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let scrub = |e: RedisError| NodeError::from_redis(&e, self.spec.password());
+        let (mut conn, facts, id) = self.connection_quiet(timeout).await?;
+        if !facts.push {
+            return self.dedicated_pushes(channels, optional, timeout).await;
+        }
+        let pushed = tokio::time::timeout_at(deadline, self.pushed.clone().lock_owned())
+            .await
+            .map_err(|_| NodeError::timeout(timeout))?;
+        let subscribe = async {
+            conn.subscribe(channels).await?;
+            if let Some(optional) = optional {
+                let _ = conn.subscribe(optional).await;
+            }
+            Ok::<_, RedisError>(())
+        };
+        match tokio::time::timeout_at(deadline, subscribe).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                self.drop_if_broken(id, &e);
+                return Err(scrub(e));
+            }
+            Err(_) => return Err(NodeError::timeout(timeout)),
+        }
+        let state = (pushed, self.link.clone(), self.link.subscribe(), id);
+        let stream = futures_util::stream::unfold(
+            state,
+            |(mut pushed, sender, mut link, id)| async move {
+                loop {
+                    let message = tokio::select! {
+                        message = pushed.recv() => message,
+                        changed = link.wait_for(|link| !matches!(link, Link::Up(_, _, current, _) if *current == id)) => {
+                            let _ = changed;
+                            return None;
+                        }
+                    };
+                    match message {
+                        Some((from, info)) if from == id => match info.kind {
+                            redis::PushKind::Message => {
+                                if let Some(message) = channel_message(&info.data) {
+                                    return Some((message, (pushed, sender, link, id)));
+                                }
+                            }
+                            redis::PushKind::Disconnection => {
+                                // Gone: the next call dials again rather than fail on it first.
+                                sender.send_if_modified(|link| match link {
+                                    Link::Up(_, _, current, _) if *current == id => {
+                                        *link = Link::Idle;
+                                        true
+                                    }
+                                    _ => false,
+                                });
+                                return None;
+                            }
+                            _ => {}
+                        },
+                        Some(_) => {}
+                        None => return None,
+                    }
+                }
+            },
+        );
+        Ok(stream.boxed())
+    }
+
+    /// [`Node::pushes`] on a dedicated pub/sub connection (RESP2 servers and proxies).
+    async fn dedicated_pushes(
+        &self,
+        channels: &[&str],
+        optional: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Pushes, NodeError> {
+        let scrub = |e: RedisError| NodeError::from_redis(&e, self.spec.password());
         let connect = async {
             let (client, _) = self.dial.client(&self.spec, timeout).await?;
-            client
-                .get_async_pubsub()
-                .await
-                .map_err(|e| NodeError::from_redis(&e, self.spec.password()))
+            let mut pubsub = client.get_async_pubsub().await.map_err(scrub)?;
+            pubsub.subscribe(channels).await.map_err(scrub)?;
+            if let Some(optional) = optional {
+                let _ = pubsub.subscribe(optional).await;
+            }
+            Ok(pubsub)
         };
-        match tokio::time::timeout(timeout, connect).await {
-            Ok(result) => result,
-            Err(_) => Err(NodeError::timeout(timeout)),
-        }
+        let pubsub = match tokio::time::timeout(timeout, connect).await {
+            Ok(result) => result?,
+            Err(_) => return Err(NodeError::timeout(timeout)),
+        };
+        let messages = pubsub.into_on_message().map(|msg| {
+            let payload: String = msg.get_payload().unwrap_or_default();
+            (msg.get_channel_name().to_owned(), payload)
+        });
+        Ok(messages.boxed())
     }
+}
+
+/// The channel and payload of a pushed `message`; `None` for anything malformed.
+fn channel_message(data: &[redis::Value]) -> Option<(String, String)> {
+    let [channel, payload] = data else {
+        return None;
+    };
+    let channel = String::from_redis_value_ref(channel).ok()?;
+    let payload = String::from_redis_value_ref(payload).ok()?;
+    Some((channel, payload))
 }
 
 /// Reads a node's [`NodeFacts`] on `conn`.
@@ -992,15 +1129,39 @@ async fn read_facts(conn: &mut MultiplexedConnection) -> Result<NodeFacts, Redis
 }
 
 /// Connects with `client` (bounded by the connect timeout) and reads the node's facts.
+/// With `push`, the connection speaks RESP3 and forwards what is pushed on it, unless the
+/// server refuses RESP3 (then RESP2, and the facts say `push: false`).
 pub(super) async fn open(
     spec: &NodeSpec,
     client: &Client,
     settings: ConnectSettings,
+    push: Option<&PushTag>,
 ) -> Result<(MultiplexedConnection, NodeFacts), NodeError> {
     let scrub = |e: RedisError| NodeError::from_redis(&e, spec.password());
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(settings.connect_timeout))
         .set_response_timeout(None);
+    if let Some(tag) = push {
+        let info = client.get_connection_info().clone();
+        let resp3 = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
+        let client = Client::open(info.set_redis_settings(resp3)).map_err(scrub)?;
+        let config = config.clone().set_push_sender(tag.clone());
+        match client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+        {
+            Ok(mut conn) => {
+                let mut facts = read_facts(&mut conn).await.map_err(scrub)?;
+                facts.push = true;
+                return Ok((conn, facts));
+            }
+            Err(e) if !refuses_resp3(&e) => return Err(scrub(e)),
+            Err(_) => {}
+        }
+    }
     let mut conn = client
         .get_multiplexed_async_connection_with_config(&config)
         .await
@@ -1009,18 +1170,28 @@ pub(super) async fn open(
     Ok((conn, facts))
 }
 
+/// Whether a failed RESP3 connection attempt is worth one in RESP2: the server answered, and
+/// not about credentials (Redis 5 and some proxies do not know `HELLO`).
+fn refuses_resp3(err: &RedisError) -> bool {
+    !(err.is_io_error()
+        || err.is_connection_refusal()
+        || err.is_timeout()
+        || matches!(err.code(), Some("WRONGPASS" | "NOAUTH")))
+}
+
 /// Connects to `host:port` with `spec`'s credentials and TLS, and reads its facts; the facts'
-/// address is `host:port`.
+/// address is `host:port`. With `push`, as [`open`].
 pub(super) async fn open_at(
     spec: &NodeSpec,
     host: &str,
     port: u16,
     settings: ConnectSettings,
+    push: Option<&PushTag>,
 ) -> Result<(MultiplexedConnection, NodeFacts), NodeError> {
     // Credentials kept in files are read again for every connection.
     let spec = &spec.current()?;
     let client = spec.client_at(host, port)?;
-    let (conn, mut facts) = open(spec, &client, settings).await?;
+    let (conn, mut facts) = open(spec, &client, settings, push).await?;
     facts.address = sentinel::addr_label(&spec.info_at(host, port)?);
     Ok((conn, facts))
 }
@@ -1030,10 +1201,11 @@ async fn open_any(
     spec: &NodeSpec,
     seeds: &std::sync::Mutex<Vec<(String, u16)>>,
     settings: ConnectSettings,
+    push: &PushTag,
 ) -> Option<(MultiplexedConnection, NodeFacts)> {
     let seeds = seeds.lock().map(|s| s.clone()).unwrap_or_default();
     for (host, port) in seeds {
-        if let Ok(opened) = open_at(spec, &host, port, settings).await {
+        if let Ok(opened) = open_at(spec, &host, port, settings, Some(push)).await {
             return Some(opened);
         }
     }

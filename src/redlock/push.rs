@@ -1,7 +1,8 @@
 //! What the nodes push to waiters: releases, acquisitions and keyspace events of the lock key.
 //!
 //! ## Behaviour
-//! - One subscription per node, on a dedicated connection, to the release channel
+//! - One subscription per node, on the node's connection where it speaks RESP3 (else on a
+//!   dedicated pub/sub connection, see [`super::node::Node::pushes`]), to the release channel
 //!   `redlock:{name}:released` (the release script publishes the released value there;
 //!   unchanged, so older versions understand it) and the acquisition channel
 //!   `redlock:{name}:acquired` (a won round announces itself there from Rust, see [`Acquired`]).
@@ -140,32 +141,28 @@ pub(super) async fn listen(inner: Weak<Inner>, index: usize) {
         let channels = Channels::new(&strong.key, strong.nodes[index].db());
         let connect_timeout = strong.cfg.connect_timeout;
         let keyspace = strong.cfg.keyspace_events;
-        let pubsub = strong.nodes[index].pubsub(connect_timeout).await;
+        let announcements = [channels.released.as_str(), channels.acquired.as_str()];
+        // Apart, so that an ACL that does not list the keyspace channel costs only the
+        // keyspace events.
+        let optional = keyspace.then_some(channels.keyspace.as_str());
+        let messages = strong.nodes[index]
+            .pushes(&announcements, optional, connect_timeout)
+            .await;
         let pushes = strong.pushes.clone();
         let subscribed = strong.subscribed.clone();
         let observer = strong.observer.clone();
         drop(strong);
-        if let Ok(mut pubsub) = pubsub {
-            let announcements = [&channels.released, &channels.acquired];
-            if pubsub.subscribe(&announcements[..]).await.is_ok() {
-                // Apart, so that an ACL that does not list the keyspace channel costs only
-                // the keyspace events.
-                if keyspace {
-                    let _ = pubsub.subscribe(&channels.keyspace).await;
+        if let Ok(mut messages) = messages {
+            backoff = Duration::from_millis(500);
+            subscribed.send_modify(|s| s[index] = true);
+            observer.subscription(index, true);
+            while let Some((channel, payload)) = messages.next().await {
+                if let Some(kind) = channels.decode(&channel, &payload) {
+                    let _ = pushes.send(Push { node: index, kind });
                 }
-                backoff = Duration::from_millis(500);
-                subscribed.send_modify(|s| s[index] = true);
-                observer.subscription(index, true);
-                let mut messages = pubsub.on_message();
-                while let Some(msg) = messages.next().await {
-                    let payload: String = msg.get_payload().unwrap_or_default();
-                    if let Some(kind) = channels.decode(msg.get_channel_name(), &payload) {
-                        let _ = pushes.send(Push { node: index, kind });
-                    }
-                }
-                subscribed.send_modify(|s| s[index] = false);
-                observer.subscription(index, false);
             }
+            subscribed.send_modify(|s| s[index] = false);
+            observer.subscription(index, false);
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(30));
