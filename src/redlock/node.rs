@@ -867,6 +867,17 @@ impl Node {
         }
     }
 
+    /// After a call on connection `id` failed with `e`: drops the connection if broken, and
+    /// returns the error to give, or `None` to retry once on the new owner (`MOVED`).
+    fn failed(&self, id: u64, e: &RedisError, retried: &mut bool) -> Option<NodeError> {
+        self.drop_if_broken(id, e);
+        if e.code() == Some("MOVED") && !*retried {
+            *retried = true;
+            return None;
+        }
+        Some(NodeError::from_redis(e, self.spec.password()))
+    }
+
     /// Runs `script` with `keys` and `args`, bounded by `timeout` (connecting included).
     /// The node's database index is appended as the last argument (the scripts' data-age proof
     /// names it), and the connection's facts are returned with the answer. In cluster mode the
@@ -911,14 +922,10 @@ impl Node {
                         Err(_) => Err(NodeError::timeout(timeout)),
                     };
                 }
-                Ok(Err(e)) => {
-                    self.drop_if_broken(id, &e);
-                    if e.code() == Some("MOVED") && !retried {
-                        retried = true;
-                        continue;
-                    }
-                    return Err(NodeError::from_redis(&e, self.spec.password()));
-                }
+                Ok(Err(e)) => match self.failed(id, &e, &mut retried) {
+                    None => continue,
+                    Some(err) => return Err(err),
+                },
                 Err(_) => return Err(NodeError::timeout(timeout)),
             }
         }
@@ -982,14 +989,10 @@ impl Node {
                     });
                 }
                 Ok(Ok((None, _))) => return Ok(None),
-                Ok(Err(e)) => {
-                    self.drop_if_broken(id, &e);
-                    if e.code() == Some("MOVED") && !retried {
-                        retried = true;
-                        continue;
-                    }
-                    return Err(NodeError::from_redis(&e, self.spec.password()));
-                }
+                Ok(Err(e)) => match self.failed(id, &e, &mut retried) {
+                    None => continue,
+                    Some(err) => return Err(err),
+                },
                 Err(_) => return Err(NodeError::timeout(timeout)),
             }
         }
