@@ -13,7 +13,10 @@
 //!   When the reads show that fewer than a quorum may still hold a key, it runs a round.
 //! - **Unknown nodes are read first.** A node whose state is unknown (never read, or its
 //!   subscription just came back and may have missed events) is read before anything else.
-//!   A node whose read failed counts as not holding (it may have lost the key).
+//!   A node whose read failed is read again after `poll_every`: until then it counts as
+//!   holding, so a slow or unreachable node does not send every standby into a round at once
+//!   (only nodes read free call for one). This delays a takeover by at most `poll_every`, and
+//!   only when the failed node's key is one a quorum needs.
 //! - **Spread rounds.** A round the reads or events call for is scheduled like one after a
 //!   release push (below): every standby reads at about the same moment after a crash.
 //! - **Release push.** A release announcement schedules a round after a random pause within
@@ -49,7 +52,7 @@ pub const SPREAD_MAX: Duration = Duration::from_millis(250);
 pub enum Key {
     /// Not known: read it.
     Unknown,
-    /// No key (or the read failed: it may be gone).
+    /// No key.
     Free,
     /// A key that lives at least until then (and is taken for held until read again).
     Held(Instant),
@@ -187,7 +190,9 @@ impl Standby {
         if let Some(key) = self.keys.get_mut(index) {
             *key = match answer {
                 Ok(Some(pttl)) => Key::Held(saturating_add(started, pttl)),
-                Ok(None) | Err(()) => Key::Free,
+                Ok(None) => Key::Free,
+                // Not known: read again later, and until then no round on its account.
+                Err(()) => Key::Held(saturating_add(started, self.poll_every)),
             };
         }
     }
@@ -367,18 +372,43 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_read_counts_as_not_holding() {
+    fn a_failed_read_is_read_again_later_and_starts_no_round() {
+        let t0 = Instant::now();
+        let mut s = subscribed(3);
+        s.round_busy(t0, &[true, true, true], Some(ms(5000)));
+        // Every read fails (a slow node, a busy client): no round, read again after a poll.
+        for i in 0..3 {
+            s.read(t0, i, Err(()));
+        }
+        s.settle(t0, 0.0);
+        assert_eq!(
+            s.next(t0),
+            (Action::Wait, Some(t0 + POLL + CLOCK_DRIFT_FLOOR))
+        );
+        // Two nodes answer free: a round, whatever the third says.
+        let t1 = t0 + POLL + CLOCK_DRIFT_FLOOR;
+        s.read(t1, 0, Ok(None));
+        s.read(t1, 1, Ok(None));
+        s.read(t1, 2, Err(()));
+        s.settle(t1, 0.0);
+        assert_eq!(s.next(t1), (Action::Round, None));
+    }
+
+    #[test]
+    fn a_failed_read_delays_the_round_by_at_most_a_poll() {
         let t0 = Instant::now();
         let mut s = subscribed(3);
         s.round_busy(t0, &[true, true, true], Some(ms(500)));
-        s.read(t0, 0, Err(()));
-        // Two still held: wait for the earlier of them.
+        let at = t0 + ms(500) + CLOCK_DRIFT_FLOOR;
+        // The holder crashed: one node reads free, one still shows a key, one fails.
+        s.read(at, 0, Ok(None));
+        s.read(at, 1, Ok(Some(ms(5000))));
+        s.read(at, 2, Err(()));
+        s.settle(at, 0.0);
         assert_eq!(
-            s.next(t0),
-            (Action::Wait, Some(t0 + ms(500) + CLOCK_DRIFT_FLOOR))
+            s.next(at),
+            (Action::Wait, Some(at + POLL + CLOCK_DRIFT_FLOOR))
         );
-        s.read(t0, 1, Err(()));
-        assert_eq!(s.next(t0), (Action::Round, None));
     }
 
     #[test]
