@@ -465,3 +465,88 @@ async fn a_release_right_after_acquire_leaves_no_key_behind() {
         }
     }
 }
+
+/// `calls=` of `cmdstat_<command>` on `node`'s `INFO commandstats`.
+fn calls(node: &RedisNode, command: &str) -> u64 {
+    let prefix = format!("cmdstat_{command}:calls=");
+    node.command(&["INFO", "commandstats"])
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_waiters_take_turns_reading_and_a_crashed_holder_is_still_replaced() {
+    const WAITERS: usize = 400;
+    let cluster = ready_cluster(3);
+    let urls = cluster.urls();
+    let holder = redlock(&urls, "holder");
+    let lease = holder.try_acquire().await.expect("holder acquires");
+    let renewing = CancellationToken::new();
+    let renewer = {
+        let (holder, renewing) = (holder.clone(), renewing.clone());
+        tokio::spawn(async move {
+            let mut lease = lease;
+            while !renewing.is_cancelled() {
+                tokio::time::sleep(TTL / 3).await;
+                lease = holder.extend(&lease).await.unwrap_or(lease);
+            }
+        })
+    };
+    let rounds = Arc::new(AtomicU64::new(0));
+    let stop = CancellationToken::new();
+    let mut waiters = Vec::new();
+    for i in 0..WAITERS {
+        let (rounds, stop) = (rounds.clone(), stop.clone());
+        let waiter = redlock(&urls, &format!("waiter-{i}"));
+        waiters.push(tokio::spawn(async move {
+            let lease = waiter
+                .acquire(None, &stop, |_, _| {
+                    rounds.fetch_add(1, Ordering::Relaxed);
+                })
+                .await;
+            (waiter, lease)
+        }));
+    }
+    support::wait_until(Duration::from_secs(30), "every waiter ran a round", || {
+        rounds.load(Ordering::Relaxed) >= WAITERS as u64
+    });
+    // Every waiter counts the waiters again within three ttls, and then reads by turns.
+    tokio::time::sleep(TTL * 5).await;
+    let window = TTL * 5;
+    let reads_before = calls(cluster.node(0), "get");
+    let rounds_before = rounds.load(Ordering::Relaxed);
+    tokio::time::sleep(window).await;
+    let reads = calls(cluster.node(0), "get") - reads_before;
+    // Reading at every deadline (the key's expiry, renewed every ttl/3: one read per waiter
+    // every 2/3 to 1 ttl) would be 2,000 to 3,000 reads; by turns, about a quarter of that
+    // (and the 25 waiters that counted fewer than READERS / 2 always read).
+    let all_read = (WAITERS as u64) * 5;
+    assert!(
+        reads < all_read / 2,
+        "{reads} reads of node 0 by {WAITERS} waiters in {window:?}: they do not take turns"
+    );
+    assert_eq!(
+        rounds.load(Ordering::Relaxed),
+        rounds_before,
+        "idle waiters ran acquire rounds"
+    );
+    // The holder stops renewing (crashed): a waiter takes over once its key has expired.
+    renewing.cancel();
+    renewer.await.expect("renewer");
+    support::wait_until(
+        TTL * 4,
+        "a waiter takes over from the crashed holder",
+        || waiters.iter().any(|w| w.is_finished()),
+    );
+    // The winner does not renew: stop the others before its key expires.
+    stop.cancel();
+    let mut won = 0;
+    for waiter in waiters {
+        if let (_, Ok(_)) = waiter.await.expect("waiter") {
+            won += 1;
+        }
+    }
+    assert_eq!(won, 1, "exactly one waiter took over");
+}

@@ -487,7 +487,7 @@ impl Redlock {
                     self.inner
                         .waiters_seen
                         .fetch_max(waiters, Ordering::Relaxed);
-                    standby.set_waiters(waiters);
+                    standby.set_waiters(clock::now(), waiters);
                 }
                 standby.round_busy(started, &held, *holder_ttl);
                 match self
@@ -557,9 +557,12 @@ impl Redlock {
         }
     }
 
-    /// The subscribers of the acquisition channel on the first node that answers (0 if none).
+    /// The subscribers of the acquisition channel on the first node that answers, from a
+    /// random one on (0 if none): counts spread over the nodes.
     async fn count_waiters(&self) -> u64 {
-        for node in &self.inner.nodes {
+        let nodes = &self.inner.nodes;
+        let first = rand::rng().random_range(0..nodes.len().max(1));
+        for node in nodes.iter().cycle().skip(first).take(nodes.len()) {
             let channel = super::push::Channels::new(&self.inner.key, node.db()).acquired;
             let numsub = node
                 .command::<(String, u64)>(
@@ -604,6 +607,9 @@ impl Redlock {
             match action {
                 Action::Round => return Watched::Round,
                 Action::Read { fallback } => {
+                    if standby.recount_due(now) {
+                        standby.set_waiters(now, self.count_waiters().await);
+                    }
                     self.inner.observer.standby_read(fallback);
                     let started = clock::now();
                     let reads = self.read_keys().await;
@@ -624,7 +630,9 @@ impl Redlock {
                             }
                         }
                     }
-                    standby.settle(clock::now(), rand::rng().random_range(0.0..=1.0));
+                    let mut rng = rand::rng();
+                    standby.turn_taken(rng.random_range(0.0..=1.0));
+                    standby.settle(clock::now(), rng.random_range(0.0..=1.0), false);
                     let needed = quorum(reads.len());
                     if let Some((identity, _)) = holders.iter().find(|(_, n)| *n >= needed) {
                         on_holder(Some(HolderSeen {
@@ -632,6 +640,10 @@ impl Redlock {
                             fencing_token: None,
                         }));
                     }
+                    continue;
+                }
+                Action::Skip => {
+                    standby.skip(now, rand::rng().random_range(0.0..=1.0));
                     continue;
                 }
                 Action::Wait => {}
@@ -707,7 +719,7 @@ impl Redlock {
             }
             PushKind::Key(event) => standby.key_event(now, push.node, event),
         }
-        standby.settle(now, rand::rng().random_range(0.0..=1.0));
+        standby.settle(now, rand::rng().random_range(0.0..=1.0), true);
     }
 }
 

@@ -18,7 +18,8 @@
 //!   (only nodes read free call for one). This delays a takeover by at most `poll_every`, and
 //!   only when the failed node's key is one a quorum needs.
 //! - **Spread rounds.** A round the reads or events call for is scheduled like one after a
-//!   release push (below): every standby reads at about the same moment after a crash.
+//!   release push (below), spread over the waiters that saw the same: every standby whose turn
+//!   it is reads at about the same moment after a crash.
 //! - **Release push.** A release announcement schedules a round after a random pause within
 //!   `SPREAD_SLOT` × the number of waiters (capped at `SPREAD_MAX`; counted once when the
 //!   standby starts watching, then taken from each acquisition announcement): the first of many waiters starts within about one slot, and the
@@ -34,6 +35,13 @@
 //!   deadline still happens.
 //! - **No push, then polling.** While no node has a live subscription, the nodes are read at
 //!   least every `poll_every`.
+//! - **Many waiters take turns.** With more than [`READERS`] waiters, a standby reads at a
+//!   deadline only by a draw of chance `READERS / waiters` and skips it otherwise (its keys are
+//!   taken for renewed, at the pace of its last read); a read so drawn is followed by one read
+//!   at the deadline it shows, so whoever saw the holder's last renewal also reads when that
+//!   key expires. About `2 × READERS` standbys' worth of reads reach a node, whatever the
+//!   number of waiters; releases and acquisitions still reach every standby by push. Reads
+//!   made for want of push, of unknown nodes, and with fewer waiters are never skipped.
 
 use std::time::{Duration, Instant};
 
@@ -46,6 +54,17 @@ pub const SPREAD_SLOT: Duration = Duration::from_micros(250);
 
 /// The longest spread of the rounds after one release.
 pub const SPREAD_MAX: Duration = Duration::from_millis(250);
+
+/// Up to this many waiters, every standby reads at every deadline; beyond, they take turns
+/// (about this many standbys' worth of drawn reads, each followed by one at its key's expiry).
+///
+/// Whoever read in the ttl before a crash reads at the key's expiry: with this many drawn
+/// readers per read interval, the chance that none did is below e^-40.
+pub const READERS: u64 = 50;
+
+/// How often, in ttls, a standby that may take turns counts the waiters again (a fleet that grew
+/// without a change of holder announces no count).
+const RECOUNT_EVERY_TTLS: u32 = 3;
 
 /// What a standby knows of the lock key on one node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,8 +96,21 @@ pub enum Action {
         /// Whether the read is made because push is missing.
         fallback: bool,
     },
+    /// Leave this deadline's read to other waiters: call [`Standby::skip`].
+    Skip,
     /// Wait for the instant returned (if any) or the next event.
     Wait,
+}
+
+/// Whether the standby reads at its next deadline (with many waiters, see [`READERS`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Turn {
+    /// Read: drawn, or too few waiters to take turns.
+    Read,
+    /// Read: it follows a drawn read, to see the key it showed expire.
+    Follow,
+    /// Skip.
+    Skip,
 }
 
 /// The holder as announced.
@@ -104,11 +136,16 @@ pub struct Standby {
     round_at: Option<Instant>,
     /// The last holder announced or read.
     holder: Option<Announced>,
-    /// The number of waiters the last acquisition announcement counted.
+    /// The number of waiters last counted (on a node, or by an acquisition announcement).
     waiters: u64,
+    counted_at: Option<Instant>,
     longest_ttl: Duration,
     poll_every: Duration,
     last_read: Option<Instant>,
+    /// Whether the next deadline's read is made or skipped.
+    turn: Turn,
+    /// The last read or skip: a skip keeps the pace of the reads before it.
+    paced_from: Option<Instant>,
 }
 
 impl Standby {
@@ -123,9 +160,12 @@ impl Standby {
             round_at: None,
             holder: None,
             waiters: 1,
+            counted_at: None,
             longest_ttl,
             poll_every,
             last_read: None,
+            turn: Turn::Read,
+            paced_from: None,
         }
     }
 
@@ -163,6 +203,9 @@ impl Standby {
             deadline = deadline.min(poll);
         }
         if now >= deadline {
+            if !fallback && self.turn == Turn::Skip && self.takes_turns() {
+                return (Action::Skip, None);
+            }
             (Action::Read { fallback }, None)
         } else {
             (Action::Wait, Some(deadline))
@@ -186,6 +229,7 @@ impl Standby {
     /// longer, `Ok(None)` no key, `Err(())` no answer.
     pub fn read(&mut self, started: Instant, index: usize, answer: Result<Option<Duration>, ()>) {
         self.last_read = Some(started);
+        self.paced_from = Some(started);
         self.resubscribed = false;
         if let Some(key) = self.keys.get_mut(index) {
             *key = match answer {
@@ -210,14 +254,15 @@ impl Standby {
         if let Some(key) = self.keys.get_mut(index) {
             *key = Key::Free;
         }
-        self.schedule_round(now, jitter);
+        // Every waiter hears a release.
+        self.schedule_round(now, jitter, self.waiters);
         self.holder = None;
         true
     }
 
-    /// Schedules a round within the spread of the waiters, unless one is scheduled already.
-    fn schedule_round(&mut self, now: Instant, jitter: f64) {
-        let waiters = u32::try_from(self.waiters).unwrap_or(u32::MAX);
+    /// Schedules a round within the spread of `waking` waiters, unless one is scheduled already.
+    fn schedule_round(&mut self, now: Instant, jitter: f64, waking: u64) {
+        let waiters = u32::try_from(waking).unwrap_or(u32::MAX);
         let spread = (SPREAD_SLOT * waiters).min(SPREAD_MAX);
         let at = now + spread.mul_f64(jitter.clamp(0.0, 1.0));
         // Every node announces the same release: the first copy decides.
@@ -225,17 +270,60 @@ impl Standby {
     }
 
     /// Called after reads or events: if they show that fewer than a quorum of nodes may
-    /// still hold a key, a round is scheduled within the spread of the waiters (every
-    /// standby reads at about the same moment after a crash; the first winner's announcement
-    /// stands the others down).
-    pub fn settle(&mut self, now: Instant, jitter: f64) {
+    /// still hold a key, a round is scheduled within the spread of the waiters that saw the
+    /// same (`pushed`: every waiter heard it; otherwise only those whose turn it was to read),
+    /// and the first winner's announcement stands the others down.
+    pub fn settle(&mut self, now: Instant, jitter: f64, pushed: bool) {
         let held = self
             .keys
             .iter()
             .filter(|key| matches!(key, Key::Held(_)))
             .count();
         if self.round_at.is_none() && !self.keys.contains(&Key::Unknown) && held < self.quorum {
-            self.schedule_round(now, jitter);
+            let waking = if pushed || !self.takes_turns() {
+                self.waiters
+            } else {
+                self.waiters.min(2 * READERS)
+            };
+            self.schedule_round(now, jitter, waking);
+        }
+    }
+
+    /// The nodes were read: `draw` in [0, 1] decides whether the next deadline's read is this
+    /// standby's turn (see [`READERS`]); a drawn read is followed by one regardless.
+    pub fn turn_taken(&mut self, draw: f64) {
+        self.turn = match self.turn {
+            Turn::Read if self.takes_turns() => Turn::Follow,
+            _ => self.draw_turn(draw),
+        };
+    }
+
+    /// The deadline's read was left to others: the keys are taken for renewed at the pace of
+    /// the last read (at least `poll_every`), and the next turn is drawn with `draw` in [0, 1].
+    pub fn skip(&mut self, now: Instant, draw: f64) {
+        let pace = self
+            .paced_from
+            .map_or(self.poll_every, |from| now.saturating_duration_since(from))
+            .max(self.poll_every);
+        self.paced_from = Some(now);
+        for key in &mut self.keys {
+            if let Key::Held(until) = key {
+                *key = Key::Held(saturating_add(*until, pace));
+            }
+        }
+        self.turn = self.draw_turn(draw);
+    }
+
+    /// Whether there are more waiters than [`READERS`]: then they take turns reading.
+    fn takes_turns(&self) -> bool {
+        self.waiters > READERS
+    }
+
+    fn draw_turn(&self, draw: f64) -> Turn {
+        if !self.takes_turns() || draw * (self.waiters as f64) < READERS as f64 {
+            Turn::Read
+        } else {
+            Turn::Skip
         }
     }
 
@@ -247,7 +335,7 @@ impl Standby {
         validity: Duration,
         waiters: u64,
     ) -> bool {
-        self.set_waiters(waiters);
+        self.set_waiters(now, waiters);
         let known = self.holder.as_ref().map_or(0, |h| h.fencing_token);
         if announced.fencing_token <= known {
             return false;
@@ -293,11 +381,23 @@ impl Standby {
         self.keys.iter_mut().for_each(|key| *key = Key::Unknown);
     }
 
-    /// The number of waiters, as counted on a node (`PUBSUB NUMSUB`); 0 changes nothing.
-    pub fn set_waiters(&mut self, waiters: u64) {
+    /// The number of waiters, as counted at `now` on a node (`PUBSUB NUMSUB`); 0 changes
+    /// nothing.
+    pub fn set_waiters(&mut self, now: Instant, waiters: u64) {
         if waiters > 0 {
             self.waiters = waiters;
+            self.counted_at = Some(now);
         }
+    }
+
+    /// Whether to count the waiters again before reading: only where there were enough to
+    /// take turns (or nearly), at most every three of the longest ttl.
+    pub fn recount_due(&self, now: Instant) -> bool {
+        let every = self.longest_ttl.saturating_mul(RECOUNT_EVERY_TTLS);
+        self.waiters > READERS / 2
+            && self
+                .counted_at
+                .is_none_or(|at| now.saturating_duration_since(at) >= every)
     }
 
     /// The longest ttl any contender uses, as learnt since.
@@ -380,7 +480,7 @@ mod tests {
         for i in 0..3 {
             s.read(t0, i, Err(()));
         }
-        s.settle(t0, 0.0);
+        s.settle(t0, 0.0, false);
         assert_eq!(
             s.next(t0),
             (Action::Wait, Some(t0 + POLL + CLOCK_DRIFT_FLOOR))
@@ -390,7 +490,7 @@ mod tests {
         s.read(t1, 0, Ok(None));
         s.read(t1, 1, Ok(None));
         s.read(t1, 2, Err(()));
-        s.settle(t1, 0.0);
+        s.settle(t1, 0.0, false);
         assert_eq!(s.next(t1), (Action::Round, None));
     }
 
@@ -404,7 +504,7 @@ mod tests {
         s.read(at, 0, Ok(None));
         s.read(at, 1, Ok(Some(ms(5000))));
         s.read(at, 2, Err(()));
-        s.settle(at, 0.0);
+        s.settle(at, 0.0, false);
         assert_eq!(
             s.next(at),
             (Action::Wait, Some(at + POLL + CLOCK_DRIFT_FLOOR))
@@ -520,17 +620,125 @@ mod tests {
             ms(1000),
             100,
         );
-        s.settle(t0, 0.5);
+        s.settle(t0, 0.5, false);
         assert_eq!(s.next(t0).0, Action::Wait);
         let at = t0 + ms(1000) + CLOCK_DRIFT_FLOOR;
         s.read(at, 0, Ok(None));
-        s.settle(at, 0.5);
+        s.settle(at, 0.5, false);
         // 100 waiters × 250 µs, half of it.
         assert_eq!(
             s.next(at),
             (Action::Wait, Some(at + Duration::from_micros(12_500)))
         );
         assert_eq!(s.next(at + ms(13)), (Action::Round, None));
+    }
+
+    /// Reads every node at `at`, each showing a key that lives `pttl` longer.
+    fn read_all(s: &mut Standby, at: Instant, pttl: Duration) {
+        for i in 0..3 {
+            s.read(at, i, Ok(Some(pttl)));
+        }
+    }
+
+    #[test]
+    fn with_many_waiters_a_standby_reads_by_turns_and_follows_its_drawn_read() {
+        let t0 = Instant::now();
+        let mut s = subscribed(3);
+        s.set_waiters(t0, 10_000);
+        s.round_busy(t0, &[true, true, true], Some(ms(8000)));
+        // Its first deadline is read (a standby starts on its turn), and then followed.
+        let d1 = t0 + ms(8000) + CLOCK_DRIFT_FLOOR;
+        assert_eq!(s.next(d1), (Action::Read { fallback: false }, None));
+        read_all(&mut s, d1, ms(8000));
+        s.turn_taken(0.99);
+        let d2 = d1 + ms(8000) + CLOCK_DRIFT_FLOOR;
+        assert_eq!(s.next(d1), (Action::Wait, Some(d2)));
+        assert_eq!(s.next(d2), (Action::Read { fallback: false }, None));
+        read_all(&mut s, d2, ms(8000));
+        // Not drawn (0.99 × 10,000 waiters ≥ READERS): the next deadline is skipped, and the
+        // keys are taken for renewed at the pace of the last read.
+        s.turn_taken(0.99);
+        let d3 = d2 + ms(8000) + CLOCK_DRIFT_FLOOR;
+        assert_eq!(s.next(d3), (Action::Skip, None));
+        s.skip(d3, 0.99);
+        let d4 = d3 + (d3 - d2);
+        assert_eq!(s.next(d3), (Action::Wait, Some(d4)));
+        assert_eq!(s.next(d4), (Action::Skip, None));
+        // Drawn (0.001 × 10,000 < READERS): read.
+        s.skip(d4, 0.001);
+        let (action, at) = s.next(d4);
+        assert_eq!(action, Action::Wait);
+        assert_eq!(
+            s.next(at.unwrap()),
+            (Action::Read { fallback: false }, None)
+        );
+    }
+
+    #[test]
+    fn with_few_waiters_every_deadline_is_read() {
+        let t0 = Instant::now();
+        let mut s = subscribed(3);
+        s.set_waiters(t0, READERS);
+        s.round_busy(t0, &[true, true, true], Some(ms(8000)));
+        let mut at = t0 + ms(8000) + CLOCK_DRIFT_FLOOR;
+        for _ in 0..5 {
+            assert_eq!(s.next(at), (Action::Read { fallback: false }, None));
+            read_all(&mut s, at, ms(8000));
+            s.turn_taken(1.0);
+            at += ms(8000) + CLOCK_DRIFT_FLOOR;
+        }
+    }
+
+    #[test]
+    fn a_standby_off_its_turn_still_reads_for_want_of_push_and_takes_a_release() {
+        let t0 = Instant::now();
+        let mut s = subscribed(3);
+        s.set_waiters(t0, 10_000);
+        s.round_busy(t0, &[true, true, true], Some(ms(8000)));
+        s.turn_taken(0.99);
+        s.turn_taken(0.99);
+        let d1 = t0 + ms(8000) + CLOCK_DRIFT_FLOOR;
+        assert_eq!(s.next(d1), (Action::Skip, None));
+        // A release reaches it by push: a round, turn or not.
+        assert!(s.released(d1, 0, "a", 0.0));
+        assert_eq!(s.next(d1), (Action::Round, None));
+        // Without any live subscription, nothing is skipped.
+        let mut s = subscribed(3);
+        s.set_waiters(t0, 10_000);
+        s.round_busy(t0, &[true, true, true], Some(ms(8000)));
+        s.turn_taken(0.99);
+        s.turn_taken(0.99);
+        for i in 0..3 {
+            s.subscription(i, false);
+        }
+        assert_eq!(s.next(d1), (Action::Read { fallback: true }, None));
+    }
+
+    #[test]
+    fn the_waiters_are_counted_again_only_where_they_may_take_turns() {
+        let t0 = Instant::now();
+        let mut s = subscribed(3);
+        s.set_waiters(t0, 3);
+        assert!(!s.recount_due(t0 + TTL * 3));
+        s.set_waiters(t0, 1_000);
+        assert!(!s.recount_due(t0 + TTL * 3 - ms(1)));
+        assert!(s.recount_due(t0 + TTL * 3));
+    }
+
+    #[test]
+    fn taking_turns_a_round_called_for_by_reads_is_spread_over_the_readers_only() {
+        let t0 = Instant::now();
+        let mut s = subscribed(1);
+        s.set_waiters(t0, 10_000);
+        s.read(t0, 0, Ok(None));
+        s.settle(t0, 1.0, false);
+        assert_eq!(s.next(t0), (Action::Wait, Some(t0 + SPREAD_SLOT * 100)));
+        // A keyspace event reaches every waiter: the whole spread.
+        let mut s = subscribed(1);
+        s.set_waiters(t0, 10_000);
+        s.key_event(t0, 0, KeyEvent::Gone);
+        s.settle(t0, 1.0, true);
+        assert_eq!(s.next(t0), (Action::Wait, Some(t0 + SPREAD_MAX)));
     }
 
     #[test]
