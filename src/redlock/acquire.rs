@@ -604,12 +604,14 @@ impl Redlock {
             // Re-read after anything that can move it.
             let now = clock::now();
             let (action, at) = standby.next(now);
+            if matches!(action, Action::Read { .. } | Action::Skip) && standby.recount_due(now) {
+                // Counted before the turn is decided; then decide again at the new now.
+                standby.set_waiters(now, self.count_waiters().await);
+                continue;
+            }
             match action {
                 Action::Round => return Watched::Round,
                 Action::Read { fallback } => {
-                    if standby.recount_due(now) {
-                        standby.set_waiters(now, self.count_waiters().await);
-                    }
                     self.inner.observer.standby_read(fallback);
                     let started = clock::now();
                     let reads = self.read_keys().await;

@@ -62,8 +62,8 @@ pub const SPREAD_MAX: Duration = Duration::from_millis(250);
 /// readers per read interval, the chance that none did is below e^-40.
 pub const READERS: u64 = 50;
 
-/// How often, in ttls, a standby that may take turns counts the waiters again (a fleet that grew
-/// without a change of holder announces no count).
+/// How often, in ttls, a standby counts the waiters again (a fleet that grew without a change
+/// of holder announces no count), with up to [`READERS`] waiters.
 const RECOUNT_EVERY_TTLS: u32 = 3;
 
 /// What a standby knows of the lock key on one node.
@@ -138,6 +138,7 @@ pub struct Standby {
     holder: Option<Announced>,
     /// The number of waiters last counted (on a node, or by an acquisition announcement).
     waiters: u64,
+    /// When the waiters were last counted (or the count was tried).
     counted_at: Option<Instant>,
     longest_ttl: Duration,
     poll_every: Duration,
@@ -335,7 +336,9 @@ impl Standby {
         validity: Duration,
         waiters: u64,
     ) -> bool {
-        self.set_waiters(now, waiters);
+        if waiters > 0 {
+            self.set_waiters(now, waiters);
+        }
         let known = self.holder.as_ref().map_or(0, |h| h.fencing_token);
         if announced.fencing_token <= known {
             return false;
@@ -381,23 +384,26 @@ impl Standby {
         self.keys.iter_mut().for_each(|key| *key = Key::Unknown);
     }
 
-    /// The number of waiters, as counted at `now` on a node (`PUBSUB NUMSUB`); 0 changes
-    /// nothing.
+    /// The number of waiters, as counted at `now` on a node (`PUBSUB NUMSUB`); 0 (no answer)
+    /// keeps the last count, and the count is tried again later.
     pub fn set_waiters(&mut self, now: Instant, waiters: u64) {
+        self.counted_at = Some(now);
         if waiters > 0 {
             self.waiters = waiters;
-            self.counted_at = Some(now);
         }
     }
 
-    /// Whether to count the waiters again before reading: only where there were enough to
-    /// take turns (or nearly), at most every three of the longest ttl.
+    /// Whether to count the waiters again before a read or a skip: every three of the longest
+    /// ttl, and that many times more rarely per [`READERS`] waiters (all of them together
+    /// count about `READERS` times per three ttls).
     pub fn recount_due(&self, now: Instant) -> bool {
-        let every = self.longest_ttl.saturating_mul(RECOUNT_EVERY_TTLS);
-        self.waiters > READERS / 2
-            && self
-                .counted_at
-                .is_none_or(|at| now.saturating_duration_since(at) >= every)
+        let rarer = u32::try_from((self.waiters / READERS).max(1)).unwrap_or(u32::MAX);
+        let every = self
+            .longest_ttl
+            .saturating_mul(RECOUNT_EVERY_TTLS)
+            .saturating_mul(rarer);
+        self.counted_at
+            .is_none_or(|at| now.saturating_duration_since(at) >= every)
     }
 
     /// The longest ttl any contender uses, as learnt since.
@@ -715,14 +721,19 @@ mod tests {
     }
 
     #[test]
-    fn the_waiters_are_counted_again_only_where_they_may_take_turns() {
+    fn the_waiters_are_counted_again_every_three_ttls_and_more_rarely_when_many() {
         let t0 = Instant::now();
         let mut s = subscribed(3);
+        // No answer: tried again later.
+        s.set_waiters(t0, 0);
+        assert!(!s.recount_due(t0 + TTL));
+        assert!(s.recount_due(t0 + TTL * 3));
         s.set_waiters(t0, 3);
-        assert!(!s.recount_due(t0 + TTL * 3));
-        s.set_waiters(t0, 1_000);
         assert!(!s.recount_due(t0 + TTL * 3 - ms(1)));
         assert!(s.recount_due(t0 + TTL * 3));
+        s.set_waiters(t0, 100 * READERS);
+        assert!(!s.recount_due(t0 + TTL * 299));
+        assert!(s.recount_due(t0 + TTL * 300));
     }
 
     #[test]
