@@ -521,7 +521,8 @@ async fn many_waiters_take_turns_reading_and_a_crashed_holder_is_still_replaced(
     let reads = calls(cluster.node(0), "get") - reads_before;
     // Reading at every deadline (the key's expiry, renewed every ttl/3: one read per waiter
     // every 2/3 to 1 ttl) would be 2,000 to 3,000 reads; by turns, about a quarter of that
-    // (and the 25 waiters that counted fewer than READERS / 2 always read).
+    // (the waiters that started early counted fewer and read at every deadline until they
+    // count again).
     let all_read = (WAITERS as u64) * 5;
     assert!(
         reads < all_read / 2,
