@@ -2,7 +2,9 @@
 //!
 //! `cargo bench --bench fleet` (a few minutes), or one size:
 //! `cargo bench --bench fleet -- --standbys 1000`, `-- --locks 1000`; `--secs N` sets the
-//! measurement window (default 10 s), `--warmup N` the warm-up before it (default 5 s).
+//! measurement window (default 10 s), `--warmup N` the warm-up before it (default 5 s),
+//! `--releases N` the takeovers after a release measured per size (default 9); `--sidecars`
+//! runs real sidecar processes instead of engines (see below).
 //! Prints markdown tables; asserts nothing about timing.
 //!
 //! Three local `redis-server` nodes (`--maxclients` raised to what `ulimit -n` allows). Two
@@ -18,12 +20,45 @@
 //! Per size and node, over the window after the warm-up: client requests/s (`INFO
 //! commandstats`, scripts and other commands; the commands scripts run inside count apart),
 //! Redis CPU µs/s (`used_cpu_sys` + `used_cpu_user`, and the commandstats `usec` sum), memory
-//! (`used_memory`), clients. Then on lock 0: the takeover after a release (the holder releases;
-//! time until another contender holds it), and after a crash (the holder stops without
-//! releasing; time from the moment its key has expired on a quorum of nodes, read from their
-//! `PTTL`, until another contender holds it). Before the sizes, once: the floor (an idle
-//! node's CPU, a bare `GET` round trip and rate) and the Redis CPU per call of each script
-//! beside bare `SET NX PX`, `PEXPIRE` and `GET`.
+//! (`used_memory`), clients; and the contenders' own CPU (utime + stime of their processes,
+//! `/proc/PID/stat`). Then the takeovers:
+//! - **After a release**, `--releases` times, one after another: the holder releases; the time
+//!   from just before its release call until another contender holds the lock (both moments
+//!   stamped by the worker processes, on the machine's monotonic clock). The next release is
+//!   sent once the takeover before it has come. S standbys: on lock 0 each time; a contender
+//!   that released ends, so S shrinks by one per sample, and at most S − 1 are taken (one
+//!   standby stays for the crash). L locks: one release on each of locks 0, 1, ... (at most L),
+//!   each lock keeping two standbys. Printed as p50 and max over the samples (nearest rank),
+//!   and each sample in order.
+//! - **After a crash**, once, on lock 0 (it waits a ttl): the holder stops without releasing;
+//!   the time from the moment its key has expired on a quorum of nodes, read from their `PTTL`
+//!   right after the crash, until another contender holds it.
+//!
+//! Before the sizes, once: the floor (an idle node's CPU, a bare `GET` round trip and rate)
+//! and the Redis CPU per call of each script beside bare `SET NX PX`, `PEXPIRE` and `GET`.
+//!
+//! ## `--sidecars`
+//!
+//! The S-standbys shape with real sidecars: S + 1 `redlock-sidecar run` processes (the binary
+//! Cargo builds beside this benchmark) on one lock, with the sidecar's defaults (no `--ttl`:
+//! 10 s, renewal every ttl/3), `--kubernetes off`, each with its own `--identity` and
+//! `--listen` port on 127.0.0.1, no `REDLOCK_*` variable in its environment, logs at the
+//! default level to a file. Sizes S = 10 and 50 by default (`--standbys N` for others); S over
+//! 50 and `--locks` are refused. Same per-node cost over the window; the contenders' CPU is
+//! the sidecars'.
+//!
+//! Who leads, and when, comes from each sidecar's `/leader/watch` stream: one thread per
+//! sidecar reads it and stamps each event with the monotonic clock as its line is read. A
+//! sidecar leads when its own stream says `"is_leader":true`, which is what an application
+//! watching it sees; the streams add no client on the Redis nodes (a subscriber to the lock's
+//! acquisition channel would, and would time the winner's announcement rather than the
+//! sidecar's own state).
+//! - **Takeover after release**: SIGTERM to the leader (a sidecar releases its lock on the way
+//!   out), timed from just before the signal to the first `"is_leader":true` of another
+//!   sidecar: unlike the engines' figure it includes the signal and the sidecar's shutdown up
+//!   to its release. The signalled sidecar exits, so S shrinks by one per sample, as above.
+//! - **Takeover after crash**: SIGKILL to the leader; from the moment its key has expired on a
+//!   quorum (`PTTL` read right after the kill) to another sidecar's `"is_leader":true`.
 
 mod support;
 
@@ -234,7 +269,19 @@ struct Args {
     locks: Vec<usize>,
     secs: u64,
     warmup: u64,
+    releases: usize,
+    /// Contenders are `redlock-sidecar run` processes (S standbys only, S ≤ [`MAX_SIDECARS`]).
+    sidecars: bool,
     costs_only: bool,
+}
+
+/// The most standbys `--sidecars` runs: one process each.
+const MAX_SIDECARS: usize = 50;
+
+/// Prints why the arguments are refused and exits 2.
+fn refuse(why: &str) -> ! {
+    eprintln!("fleet: {why}");
+    std::process::exit(2);
 }
 
 fn parse_args(args: &[String]) -> Args {
@@ -243,6 +290,8 @@ fn parse_args(args: &[String]) -> Args {
         locks: Vec::new(),
         secs: 10,
         warmup: 5,
+        releases: 9,
+        sidecars: false,
         costs_only: false,
     };
     let mut it = args.iter();
@@ -259,11 +308,30 @@ fn parse_args(args: &[String]) -> Args {
             "--locks" => parsed.locks.push(number("--locks", it.next()) as usize),
             "--secs" => parsed.secs = number("--secs", it.next()),
             "--warmup" => parsed.warmup = number("--warmup", it.next()),
+            "--releases" => parsed.releases = number("--releases", it.next()) as usize,
             "--costs-only" => parsed.costs_only = true,
+            "--sidecars" => parsed.sidecars = true,
             "--bench" => {}
             other => {
-                panic!("unknown argument {other:?} (--standbys N, --locks N, --secs N, --warmup N)")
+                panic!(
+                    "unknown argument {other:?} (--standbys N, --locks N, --secs N, --warmup N, \
+                     --releases N, --sidecars)"
+                )
             }
+        }
+    }
+    if parsed.sidecars {
+        if !parsed.locks.is_empty() {
+            refuse("--sidecars runs S standbys on one lock only; --locks is for engines");
+        }
+        if let Some(s) = parsed.standbys.iter().find(|s| **s > MAX_SIDECARS) {
+            refuse(&format!(
+                "--sidecars starts one process per contender: at most {MAX_SIDECARS} standbys, \
+                 not {s} (run engines without --sidecars for more)"
+            ));
+        }
+        if parsed.standbys.is_empty() {
+            parsed.standbys = vec![10, MAX_SIDECARS];
         }
     }
     if parsed.standbys.is_empty() && parsed.locks.is_empty() {
@@ -288,16 +356,29 @@ fn main() {
         .collect();
     let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
     support::settle(&servers);
-    println!("## Fleet benchmark\n");
-    println!(
-        "Machine: {}. {NODES} local nodes, unpinned; engine defaults (ttl {} s, renewal every \
-         ttl/3, standby retry 1 s); window {} s after a {} s warm-up. `ulimit -n` {fds}, so \
-         `maxclients` {maxclients} per node and at most {PER_WORKER} engines per worker process.\n",
-        support::machine(),
-        TTL.as_secs(),
-        args.secs,
-        args.warmup
-    );
+    println!("## Fleet benchmark: {}\n", mode_name(&args));
+    if args.sidecars {
+        println!(
+            "Machine: {}. {NODES} local nodes, unpinned; `redlock-sidecar run` with its defaults \
+             (ttl {} s, renewal every ttl/3), one process per contender; window {} s after a {} s \
+             warm-up. `ulimit -n` {fds}, so `maxclients` {maxclients} per node.\n",
+            support::machine(),
+            TTL.as_secs(),
+            args.secs,
+            args.warmup
+        );
+    } else {
+        println!(
+            "Machine: {}. {NODES} local nodes, unpinned; engine defaults (ttl {} s, renewal every \
+             ttl/3, standby retry 1 s); window {} s after a {} s warm-up. `ulimit -n` {fds}, so \
+             `maxclients` {maxclients} per node and at most {PER_WORKER} engines per worker \
+             process.\n",
+            support::machine(),
+            TTL.as_secs(),
+            args.secs,
+            args.warmup
+        );
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -310,6 +391,10 @@ fn main() {
     }
     let mut rows = Vec::new();
     for &s in &args.standbys {
+        if args.sidecars {
+            rows.push(run_sidecars(&servers, &urls, s, &args));
+            continue;
+        }
         rows.push(run_size(
             &servers,
             &urls,
@@ -681,7 +766,12 @@ struct Row {
     skipped: Option<String>,
     nodes: Vec<NodeCost>,
     client_cpu_usec: f64,
-    takeover_release: Option<Duration>,
+    /// One sample per release that was followed by a takeover.
+    takeover_release: Samples,
+    /// Releases asked for (after the cap, see [`release_plan`]).
+    releases_planned: usize,
+    /// Why fewer than `--releases` were planned, or why some did not come.
+    release_note: Option<String>,
     takeover_crash: Option<Duration>,
     crash_wait: Option<Duration>,
     leaders_changed: usize,
@@ -708,18 +798,9 @@ impl Workers {
 
     /// utime + stime of every worker, in µs.
     fn cpu_usec(&self) -> f64 {
-        // SAFETY: sysconf has no preconditions.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
         self.children
             .iter()
-            .filter_map(|(child, _)| {
-                let stat = std::fs::read_to_string(format!("/proc/{}/stat", child.id())).ok()?;
-                let rest = stat.rsplit_once(')')?.1;
-                let fields: Vec<&str> = rest.split_whitespace().collect();
-                let utime: f64 = fields.get(11)?.parse().ok()?;
-                let stime: f64 = fields.get(12)?.parse().ok()?;
-                Some((utime + stime) / hz * 1e6)
-            })
+            .filter_map(|(child, _)| process_cpu_usec(child.id()))
             .sum()
     }
 }
@@ -812,6 +893,27 @@ fn stamp(line: &str, word: &str, lock: usize) -> Option<u64> {
         .flatten()
 }
 
+/// How many release takeovers a size can give, and why fewer than asked. S standbys: each
+/// release ends its contender, so at most S − 1 (one standby stays for the crash). L locks:
+/// one release on each of locks 0..N (each keeps a standby), so at most L.
+fn release_plan(shape: Shape, asked: usize) -> (usize, Option<String>) {
+    let most = match shape {
+        Shape::Standbys(s) => s.saturating_sub(1),
+        Shape::Locks(l) => l,
+    };
+    if asked <= most {
+        return (asked, None);
+    }
+    let why = match shape {
+        Shape::Standbys(s) => format!(
+            "{asked} releases asked, {most} made: each ends its contender, and one of the {s} \
+             standbys must stay for the crash"
+        ),
+        Shape::Locks(l) => format!("{asked} releases asked, {most} made: one per lock of {l}"),
+    };
+    (most, Some(why))
+}
+
 fn run_size(
     servers: &[RedisServer],
     urls: &[String],
@@ -825,13 +927,15 @@ fn run_size(
         skipped: None,
         nodes: Vec::new(),
         client_cpu_usec: 0.0,
-        takeover_release: None,
+        takeover_release: Samples::default(),
+        releases_planned: 0,
+        release_note: None,
         takeover_crash: None,
         crash_wait: None,
         leaders_changed: 0,
         setup: Duration::ZERO,
     };
-    println!("### {}\n", shape.name());
+    println!("### {} — {}\n", shape.name(), mode_name(args));
     // Each engine: one connection per node (its subscriptions ride on it).
     let per_node = engines as u64;
     if per_node + 16 > maxclients {
@@ -897,18 +1001,42 @@ fn run_size(
     row.client_cpu_usec = (cpu_after - cpu_before) / window_start.elapsed().as_secs_f64();
     row.leaders_changed = acquired.saturating_sub(shape.locks());
 
-    // Takeover after a release, on lock 0.
-    workers.send("RELEASE 0");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut released = None;
-    while Instant::now() < deadline && row.takeover_release.is_none() {
-        let Some((line, _)) = workers.next(Duration::from_millis(100)) else {
-            continue;
+    // Takeovers after a release, one at a time: each waits for the previous one's ACQUIRED.
+    let (planned, note) = release_plan(shape, args.releases);
+    row.releases_planned = planned;
+    row.release_note = note;
+    for k in 0..planned {
+        // Standbys: lock 0 each time (the releasing contender ends). Locks: lock k.
+        let lock = match shape {
+            Shape::Standbys(_) => 0,
+            Shape::Locks(_) => k,
         };
-        if let Some(t) = stamp(&line, "RELEASED", 0) {
-            released = Some(t);
-        } else if let (Some(t), Some(r)) = (stamp(&line, "ACQUIRED", 0), released) {
-            row.takeover_release = Some(Duration::from_nanos(t.saturating_sub(r)));
+        workers.send(&format!("RELEASE {lock}"));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut released = None;
+        let mut took = None;
+        while took.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Some((line, _)) = workers.next(left) else {
+                break;
+            };
+            if let Some(t) = stamp(&line, "RELEASED", lock) {
+                released = Some(t);
+            } else if let (Some(t), Some(r)) = (stamp(&line, "ACQUIRED", lock), released) {
+                took = Some(Duration::from_nanos(t.saturating_sub(r)));
+            }
+        }
+        match took {
+            Some(d) => row.takeover_release.push(d),
+            None => {
+                let why = format!(
+                    "release {} of {planned} (lock {lock}): no takeover within 30 s",
+                    k + 1
+                );
+                eprintln!("fleet: {}: {why}", shape.name());
+                row.release_note = Some(why);
+                break;
+            }
         }
     }
     // Takeover after a crash: from the moment the key is gone on a quorum of nodes.
@@ -917,9 +1045,10 @@ fn run_size(
     let mut free_at = None;
     let mut crashed_at = None;
     let key = format!("redlock:{{{prefix}-0}}");
-    while Instant::now() < deadline && row.takeover_crash.is_none() {
-        let Some((line, _)) = workers.next(Duration::from_millis(100)) else {
-            continue;
+    while row.takeover_crash.is_none() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Some((line, _)) = workers.next(left) else {
+            break;
         };
         if let Some(t) = stamp(&line, "CRASHED", 0) {
             crashed_at = Some(t);
@@ -949,16 +1078,26 @@ fn run_size(
     row
 }
 
+/// What the contenders are, for headings.
+fn mode_name(args: &Args) -> &'static str {
+    if args.sidecars {
+        "sidecars (`redlock-sidecar run` processes)"
+    } else {
+        "engines (`Redlock` in worker processes)"
+    }
+}
+
 fn pct_core(usec_per_sec: f64) -> f64 {
     usec_per_sec / 1e4
 }
 
 fn print_row(row: &Row, args: &Args) {
     println!(
-        "Set-up {:.1} s; window {} s. Contenders' own CPU (all worker processes): {:.0} µs/s \
+        "Set-up {:.1} s; window {} s. Contenders' own CPU (all {} processes): {:.0} µs/s \
          ({:.1} % of a core).\n",
         row.setup.as_secs_f64(),
         args.secs,
+        if args.sidecars { "sidecar" } else { "worker" },
         row.client_cpu_usec,
         pct_core(row.client_cpu_usec)
     );
@@ -987,20 +1126,59 @@ fn print_row(row: &Row, args: &Args) {
             .collect();
         println!("\n- node {i} client commands: {}", detail.join(", "));
     }
+    let samples: Vec<String> = row.takeover_release.0.iter().map(|d| fmt_dur(*d)).collect();
     println!(
-        "\nTakeover after release: {}; after a crash: {} after the key expired on a quorum \
-         ({} after the crash). Leadership changes during warm-up and window: {}.\n",
-        row.takeover_release.map_or("none".into(), fmt_dur),
+        "\nTakeover after release, {} of {} releases: p50 {}, max {} (in order: {}).{}",
+        row.takeover_release.len(),
+        row.releases_planned,
+        pct_or_none(&row.takeover_release, 50.0),
+        pct_or_none(&row.takeover_release, 100.0),
+        if samples.is_empty() {
+            "none".into()
+        } else {
+            samples.join(", ")
+        },
+        row.release_note
+            .as_ref()
+            .map_or(String::new(), |why| format!(" Note: {why}."))
+    );
+    println!(
+        "\nTakeover after a crash: {} after the key expired on a quorum ({} after the crash). \
+         Leadership changes during warm-up and window: {}.\n",
         row.takeover_crash.map_or("none".into(), fmt_dur),
         row.crash_wait.map_or("–".into(), fmt_dur),
         row.leaders_changed
     );
 }
 
+/// A percentile of `samples` (100: the max), or `none` without samples.
+fn pct_or_none(samples: &Samples, p: f64) -> String {
+    if samples.len() == 0 {
+        "none".into()
+    } else if p >= 100.0 {
+        fmt_dur(samples.max())
+    } else {
+        fmt_dur(samples.pct(p))
+    }
+}
+
+/// `p50 / max (n)` of the takeovers after a release.
+fn release_cell(row: &Row) -> String {
+    format!(
+        "{} / {} ({})",
+        pct_or_none(&row.takeover_release, 50.0),
+        pct_or_none(&row.takeover_release, 100.0),
+        row.takeover_release.len()
+    )
+}
+
 fn print_summary(rows: &[Row], args: &Args) {
-    println!("### Summary (mean over the {NODES} nodes, per node)\n");
     println!(
-        "| size | requests/s | Redis CPU µs/s | % of a core | per contender: requests/s, µs/s | used_memory | takeover after release | after crash (past expiry) |"
+        "### Summary: {} (mean over the {NODES} nodes, per node)\n",
+        mode_name(args)
+    );
+    println!(
+        "| size | requests/s | Redis CPU µs/s | % of a core | per contender: requests/s, µs/s | used_memory | takeover after release p50 / max (n) | after crash (past expiry) |"
     );
     println!("|---|---|---|---|---|---|---|---|");
     for row in rows {
@@ -1025,7 +1203,7 @@ fn print_summary(rows: &[Row], args: &Args) {
             requests / contenders,
             cpu / contenders,
             memory / 1e6,
-            row.takeover_release.map_or("none".into(), fmt_dur),
+            release_cell(row),
             row.takeover_crash.map_or("none".into(), fmt_dur),
         );
     }
@@ -1048,5 +1226,364 @@ fn print_summary(rows: &[Row], args: &Args) {
             if scaled <= goal { "met" } else { "MISSED" }
         );
     }
-    let _ = args;
+}
+
+// ---------------------------------------------------------------------------------------
+// Sidecars: S + 1 `redlock-sidecar run` processes on one lock.
+// ---------------------------------------------------------------------------------------
+
+/// What a `/leader/watch` reader thread reports, with the moment (mono ns) it read it.
+enum Seen {
+    /// An event: whether the sidecar leads.
+    Leading(bool),
+    /// The stream ended (the process exited) or never opened.
+    Closed(String),
+}
+
+/// One `redlock-sidecar run` child.
+struct SidecarProcess {
+    child: Child,
+    identity: String,
+    /// Its stderr (the default info-level logs), shown when a takeover does not come.
+    log: std::path::PathBuf,
+    /// Signalled to end (SIGTERM or SIGKILL): it no longer counts as a contender.
+    ended: bool,
+}
+
+/// The sidecars of one size and the events of their `/leader/watch` streams.
+struct Sidecars {
+    procs: Vec<SidecarProcess>,
+    events: mpsc::Receiver<(usize, Seen, u64)>,
+    /// Per sidecar: its last reported state (`None` until its stream's first event).
+    leading: Vec<Option<bool>>,
+    /// `Leading(true)` events that followed a non-leading state (new tenures) so far.
+    tenures: usize,
+}
+
+impl Sidecars {
+    /// Starts `count` sidecars on `lock` with the default ttl, and one reader thread per
+    /// sidecar that connects to its `/leader/watch` (retrying until its port is bound, at
+    /// most until `deadline`) and reports every event.
+    fn spawn(urls: &[String], lock: &str, count: usize, deadline: Instant) -> Sidecars {
+        let bin = env!("CARGO_BIN_EXE_redlock-sidecar");
+        let (tx, events) = mpsc::channel();
+        let redis = urls.join(",");
+        let procs = (0..count)
+            .map(|i| {
+                let port = support::free_port();
+                let identity = format!("sidecar-{i}");
+                let log = std::env::temp_dir().join(format!(
+                    "redlock-fleet-{}-{identity}.log",
+                    std::process::id()
+                ));
+                let stderr = std::fs::File::create(&log).expect("a log file");
+                let mut command = Command::new(bin);
+                // Defaults are the defaults: no setting comes from this environment.
+                for (name, _) in std::env::vars_os() {
+                    if name.to_string_lossy().starts_with("REDLOCK_") {
+                        command.env_remove(name);
+                    }
+                }
+                let child = command
+                    .args([
+                        "run",
+                        "--lock",
+                        lock,
+                        "--redis",
+                        &redis,
+                        "--listen",
+                        &format!("127.0.0.1:{port}"),
+                        "--identity",
+                        &identity,
+                        "--kubernetes",
+                        "off",
+                    ])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(stderr)
+                    .spawn()
+                    .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
+                let tx = tx.clone();
+                std::thread::spawn(move || read_watch(i, port, deadline, tx));
+                SidecarProcess {
+                    child,
+                    identity,
+                    log,
+                    ended: false,
+                }
+            })
+            .collect();
+        Sidecars {
+            procs,
+            events,
+            leading: vec![None; count],
+            tenures: 0,
+        }
+    }
+
+    /// The next event before `deadline`, with the state it brings recorded.
+    fn next(&mut self, deadline: Instant) -> Option<(usize, Seen, u64)> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (i, seen, at) = self.events.recv_timeout(left).ok()?;
+        match &seen {
+            Seen::Leading(now) => {
+                let before = self.leading[i].replace(*now);
+                if *now && before != Some(true) && !self.procs[i].ended {
+                    self.tenures += 1;
+                }
+            }
+            Seen::Closed(why) => {
+                if !self.procs[i].ended {
+                    panic!(
+                        "{}: /leader/watch closed ({why}); its log:\n{}",
+                        self.procs[i].identity,
+                        self.log_text(i)
+                    );
+                }
+                self.leading[i] = Some(false);
+            }
+        }
+        Some((i, seen, at))
+    }
+
+    /// The sidecar that last said it leads, among those not ended.
+    fn leader(&self) -> Option<usize> {
+        (0..self.procs.len()).find(|&i| !self.procs[i].ended && self.leading[i] == Some(true))
+    }
+
+    /// Waits until every stream has reported and one sidecar leads.
+    fn wait_ready(&mut self, deadline: Instant) -> Result<(), String> {
+        while self.leading.iter().any(Option::is_none) || self.leader().is_none() {
+            if self.next(deadline).is_none() {
+                let silent = self.leading.iter().filter(|l| l.is_none()).count();
+                return Err(format!(
+                    "{silent} of {} watch streams silent, leader {:?}",
+                    self.procs.len(),
+                    self.leader()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads events until `deadline`.
+    fn drain(&mut self, deadline: Instant) {
+        while self.next(deadline).is_some() {}
+    }
+
+    /// Waits for a sidecar other than `old` to say it leads: (it, when its stream said so).
+    fn new_leader(&mut self, old: usize, deadline: Instant) -> Option<(usize, u64)> {
+        loop {
+            match self.next(deadline)? {
+                (i, Seen::Leading(true), at) if i != old && !self.procs[i].ended => {
+                    return Some((i, at))
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Sends `sig` to sidecar `i`, which no longer counts as a contender.
+    fn signal(&mut self, i: usize, sig: i32) {
+        let p = &mut self.procs[i];
+        p.ended = true;
+        // SAFETY: kill(2) on our own child, not reaped yet (reaped on drop).
+        let rc = unsafe { libc::kill(p.child.id() as i32, sig) };
+        assert_eq!(rc, 0, "kill({}, {sig}) failed", p.child.id());
+    }
+
+    /// utime + stime of every sidecar still running, in µs.
+    fn cpu_usec(&self) -> f64 {
+        self.procs
+            .iter()
+            .filter(|p| !p.ended)
+            .filter_map(|p| process_cpu_usec(p.child.id()))
+            .sum()
+    }
+
+    fn log_text(&self, i: usize) -> String {
+        std::fs::read_to_string(&self.procs[i].log).unwrap_or_default()
+    }
+}
+
+impl Drop for Sidecars {
+    fn drop(&mut self) {
+        for p in &mut self.procs {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+            let _ = std::fs::remove_file(&p.log);
+        }
+    }
+}
+
+/// utime + stime of process `pid` (`/proc/PID/stat`), in µs.
+fn process_cpu_usec(pid: u32) -> Option<f64> {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // Fields 14 and 15 of stat(5); `fields[0]` is field 3.
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / hz * 1e6)
+}
+
+/// Reads sidecar `i`'s `/leader/watch` on `port` and reports each event's `is_leader` with
+/// the moment its line was read; connects as soon as the port accepts (until `deadline`).
+fn read_watch(i: usize, port: u16, deadline: Instant, tx: mpsc::Sender<(usize, Seen, u64)>) {
+    let stream = loop {
+        match std::net::TcpStream::connect((std::net::Ipv4Addr::LOCALHOST, port)) {
+            Ok(stream) => break stream,
+            Err(e) if Instant::now() >= deadline => {
+                let _ = tx.send((i, Seen::Closed(format!("connect: {e}")), mono_ns()));
+                return;
+            }
+            // Not bound yet: the process is still starting.
+            Err(_) => std::thread::sleep(Duration::from_millis(2)),
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    let mut request = &stream;
+    if let Err(e) = request.write_all(
+        b"GET /leader/watch HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n",
+    ) {
+        let _ = tx.send((i, Seen::Closed(format!("request: {e}")), mono_ns()));
+        return;
+    }
+    // Each server-sent event is one `data: {json}` line (in one chunk of the response).
+    for line in BufReader::new(&stream).split(b'\n') {
+        let at = mono_ns();
+        let Ok(line) = line else { break };
+        let line = String::from_utf8_lossy(&line);
+        let seen = if line.contains("\"is_leader\":true") {
+            Seen::Leading(true)
+        } else if line.contains("\"is_leader\":false") {
+            Seen::Leading(false)
+        } else {
+            continue;
+        };
+        if tx.send((i, seen, at)).is_err() {
+            return;
+        }
+    }
+    let _ = tx.send((i, Seen::Closed("stream ended".into()), mono_ns()));
+}
+
+/// S standbys and one leader as sidecar processes: per-node cost over the window, the
+/// sidecars' CPU, takeovers after SIGTERM (the leader releases) and after SIGKILL.
+fn run_sidecars(servers: &[RedisServer], urls: &[String], s: usize, args: &Args) -> Row {
+    let shape = Shape::Standbys(s);
+    let count = shape.per_lock();
+    let mut row = Row {
+        shape,
+        skipped: None,
+        nodes: Vec::new(),
+        client_cpu_usec: 0.0,
+        takeover_release: Samples::default(),
+        releases_planned: 0,
+        release_note: None,
+        takeover_crash: None,
+        crash_wait: None,
+        leaders_changed: 0,
+        setup: Duration::ZERO,
+    };
+    println!("### {} — {}\n", shape.name(), mode_name(args));
+    let lock = format!("fleet-{}", mono_ns() % 1_000_000);
+    let setup_start = Instant::now();
+    let mut fleet = Sidecars::spawn(urls, &lock, count, setup_start + Duration::from_secs(60));
+    if let Err(e) = fleet.wait_ready(setup_start + Duration::from_secs(60)) {
+        panic!("{}: sidecars not ready within 60 s: {e}", shape.name());
+    }
+    row.setup = setup_start.elapsed();
+    // The first tenure is the start, not a change.
+    let tenures_at_start = fleet.tenures;
+    eprintln!(
+        "fleet: {} — {count} sidecars up in {:.1} s",
+        shape.name(),
+        row.setup.as_secs_f64()
+    );
+    fleet.drain(Instant::now() + Duration::from_secs(args.warmup));
+    let before: Vec<Snapshot> = servers.iter().map(snapshot).collect();
+    let cpu_before = fleet.cpu_usec();
+    let window_start = Instant::now();
+    fleet.drain(window_start + Duration::from_secs(args.secs));
+    let cpu_after = fleet.cpu_usec();
+    row.nodes = servers
+        .iter()
+        .zip(&before)
+        .map(|(s, b)| cost(b, &snapshot(s)))
+        .collect();
+    row.client_cpu_usec = (cpu_after - cpu_before) / window_start.elapsed().as_secs_f64();
+    row.leaders_changed = fleet.tenures - tenures_at_start;
+
+    // Takeovers after SIGTERM: the leader releases on its way out; from the signal to the
+    // event of the sidecar that leads next.
+    let (planned, note) = release_plan(shape, args.releases);
+    row.releases_planned = planned;
+    row.release_note = note;
+    for k in 0..planned {
+        let Some(old) = fleet.leader() else {
+            row.release_note = Some(format!("release {} of {planned}: nobody leads", k + 1));
+            break;
+        };
+        let signalled = mono_ns();
+        fleet.signal(old, libc::SIGTERM);
+        match fleet.new_leader(old, Instant::now() + Duration::from_secs(30)) {
+            Some((_, at)) => row
+                .takeover_release
+                .push(Duration::from_nanos(at.saturating_sub(signalled))),
+            None => {
+                let why = format!(
+                    "release {} of {planned}: no sidecar led within 30 s of SIGTERM to {}",
+                    k + 1,
+                    fleet.procs[old].identity
+                );
+                eprintln!(
+                    "fleet: {}: {why}; its log:\n{}",
+                    shape.name(),
+                    fleet.log_text(old)
+                );
+                row.release_note = Some(why);
+                break;
+            }
+        }
+    }
+
+    // Takeover after SIGKILL: from the moment the key is gone on a quorum of nodes.
+    if let Some(old) = fleet.leader() {
+        let key = format!("redlock:{{{lock}}}");
+        let crashed = mono_ns();
+        fleet.signal(old, libc::SIGKILL);
+        let mut expiries: Vec<u64> = servers
+            .iter()
+            .filter_map(|s| {
+                let read_at = mono_ns();
+                let pttl: i64 = s.cmd(&["PTTL", &key]).parse().ok()?;
+                Some(read_at + pttl.max(0) as u64 * 1_000_000)
+            })
+            .collect();
+        expiries.sort_unstable();
+        let free_at = expiries.get(NODES / 2).copied();
+        if let (Some((_, at)), Some(free)) =
+            (fleet.new_leader(old, Instant::now() + TTL * 3), free_at)
+        {
+            row.takeover_crash = Some(Duration::from_nanos(at.saturating_sub(free)));
+            row.crash_wait = Some(Duration::from_nanos(at.saturating_sub(crashed)));
+        } else {
+            eprintln!(
+                "fleet: {}: no sidecar led within {} s of SIGKILL to {}",
+                shape.name(),
+                (TTL * 3).as_secs(),
+                fleet.procs[old].identity
+            );
+        }
+    }
+    drop(fleet);
+    for server in servers {
+        server.cmd(&["FLUSHALL"]);
+    }
+    support::settle(servers);
+    print_row(&row, args);
+    row
 }
