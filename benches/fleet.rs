@@ -20,16 +20,17 @@
 //! Per size and node, over the window after the warm-up: client requests/s (`INFO
 //! commandstats`, scripts and other commands; the commands scripts run inside count apart),
 //! Redis CPU µs/s (`used_cpu_sys` + `used_cpu_user`, and the commandstats `usec` sum), memory
-//! (`used_memory`), clients; and the contenders' own CPU (utime + stime of their processes,
-//! `/proc/PID/stat`). Then the takeovers:
+//! (`used_memory`), clients; and the contenders' own CPU, summed over their processes: utime +
+//! stime (`/proc/PID/stat`, whole clock ticks per process) and the on-CPU time of the threads
+//! present at each reading (`/proc/PID/task/*/schedstat`, ns). Then the takeovers:
 //! - **After a release**, `--releases` times, one after another: the holder releases; the time
 //!   from just before its release call until another contender holds the lock (both moments
 //!   stamped by the worker processes, on the machine's monotonic clock). The next release is
 //!   sent once the takeover before it has come. S standbys: on lock 0 each time; a contender
 //!   that released ends, so S shrinks by one per sample, and at most S − 1 are taken (one
 //!   standby stays for the crash). L locks: one release on each of locks 0, 1, ... (at most L),
-//!   each lock keeping two standbys. Printed as p50 and max over the samples (nearest rank),
-//!   and each sample in order.
+//!   so two standbys wait at every sample. Printed as p50 and max over the samples (nearest
+//!   rank), and each sample in order.
 //! - **After a crash**, once, on lock 0 (it waits a ttl): the holder stops without releasing;
 //!   the time from the moment its key has expired on a quorum of nodes, read from their `PTTL`
 //!   right after the crash, until another contender holds it.
@@ -47,18 +48,23 @@
 //! 50 and `--locks` are refused. Same per-node cost over the window; the contenders' CPU is
 //! the sidecars'.
 //!
-//! Who leads, and when, comes from each sidecar's `/leader/watch` stream: one thread per
-//! sidecar reads it and stamps each event with the monotonic clock as its line is read. A
-//! sidecar leads when its own stream says `"is_leader":true`, which is what an application
-//! watching it sees; the streams add no client on the Redis nodes (a subscriber to the lock's
-//! acquisition channel would, and would time the winner's announcement rather than the
-//! sidecar's own state).
+//! Who leads, and when, comes from the lock's acquisition channel on node 0
+//! (`redlock:{name}:acquired`), subscribed by the bench before the sidecars start and read by
+//! one thread that stamps each message with the monotonic clock as it reads it. A winner's
+//! engine announces its round there (with its identity) as soon as the round is won, from a
+//! task started before the sidecar publishes its leadership; so the time is until a sidecar
+//! has won the lock, plus the hop through node 0. One message per takeover, and one client
+//! more on node 0, which node 0 counts among the lock's waiters (standbys spread their rounds
+//! after a release by such a count). Reading the sidecars' `/leader/watch` streams
+//! instead would make every standby write an event at each holder change (the release, then
+//! the acquisition), in the middle of the takeover being timed. Set-up ends when a sidecar
+//! has won and every sidecar is subscribed on every node (`PUBSUB NUMSUB`).
 //! - **Takeover after release**: SIGTERM to the leader (a sidecar releases its lock on the way
-//!   out), timed from just before the signal to the first `"is_leader":true` of another
-//!   sidecar: unlike the engines' figure it includes the signal and the sidecar's shutdown up
-//!   to its release. The signalled sidecar exits, so S shrinks by one per sample, as above.
+//!   out), timed from just before the signal to the next announcement of another sidecar:
+//!   unlike the engines' figure it includes the signal and the sidecar's shutdown up to its
+//!   release. The signalled sidecar exits, so S shrinks by one per sample, as above.
 //! - **Takeover after crash**: SIGKILL to the leader; from the moment its key has expired on a
-//!   quorum (`PTTL` read right after the kill) to another sidecar's `"is_leader":true`.
+//!   quorum (`PTTL` read right after the kill) to the next announcement of another sidecar.
 
 mod support;
 
@@ -70,6 +76,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
+use redlock_sidecar::redlock::push::{Acquired, Channels};
 use redlock_sidecar::redlock::{LockError, NoObserver, Redlock};
 use support::{fmt_dur, RedisServer, Samples};
 use tokio::sync::watch;
@@ -765,7 +772,10 @@ struct Row {
     shape: Shape,
     skipped: Option<String>,
     nodes: Vec<NodeCost>,
+    /// Contenders' CPU over the window, µs/s: utime + stime.
     client_cpu_usec: f64,
+    /// The same from `schedstat`.
+    client_sched_usec: f64,
     /// One sample per release that was followed by a takeover.
     takeover_release: Samples,
     /// Releases asked for (after the cap, see [`release_plan`]).
@@ -796,12 +806,13 @@ impl Workers {
         self.lines.recv_timeout(timeout).ok()
     }
 
-    /// utime + stime of every worker, in µs.
-    fn cpu_usec(&self) -> f64 {
-        self.children
-            .iter()
-            .filter_map(|(child, _)| process_cpu_usec(child.id()))
-            .sum()
+    /// CPU time of every worker, in µs (see [`process_cpu_usec`]).
+    fn cpu_usec(&self) -> (f64, f64) {
+        sum_cpu(
+            self.children
+                .iter()
+                .filter_map(|(child, _)| process_cpu_usec(child.id())),
+        )
     }
 }
 
@@ -927,6 +938,7 @@ fn run_size(
         skipped: None,
         nodes: Vec::new(),
         client_cpu_usec: 0.0,
+        client_sched_usec: 0.0,
         takeover_release: Samples::default(),
         releases_planned: 0,
         release_note: None,
@@ -998,7 +1010,9 @@ fn run_size(
         .zip(&before)
         .map(|(s, b)| cost(b, &snapshot(s)))
         .collect();
-    row.client_cpu_usec = (cpu_after - cpu_before) / window_start.elapsed().as_secs_f64();
+    let secs = window_start.elapsed().as_secs_f64();
+    row.client_cpu_usec = (cpu_after.0 - cpu_before.0) / secs;
+    row.client_sched_usec = (cpu_after.1 - cpu_before.1) / secs;
     row.leaders_changed = acquired.saturating_sub(shape.locks());
 
     // Takeovers after a release, one at a time: each waits for the previous one's ACQUIRED.
@@ -1093,13 +1107,16 @@ fn pct_core(usec_per_sec: f64) -> f64 {
 
 fn print_row(row: &Row, args: &Args) {
     println!(
-        "Set-up {:.1} s; window {} s. Contenders' own CPU (all {} processes): {:.0} µs/s \
-         ({:.1} % of a core).\n",
+        "Set-up {:.1} s; window {} s. Contenders' own CPU (all {} processes): utime + stime \
+         {:.0} µs/s ({:.2} % of a core); on CPU per `schedstat` {:.0} µs/s ({:.2} % of a \
+         core).\n",
         row.setup.as_secs_f64(),
         args.secs,
         if args.sidecars { "sidecar" } else { "worker" },
         row.client_cpu_usec,
-        pct_core(row.client_cpu_usec)
+        pct_core(row.client_cpu_usec),
+        row.client_sched_usec,
+        pct_core(row.client_sched_usec)
     );
     println!(
         "| node | scripts/s | other requests/s | commands inside scripts/s | Redis CPU µs/s (`used_cpu_*`) | % of a core | commandstats µs/s | used_memory | clients |"
@@ -1232,12 +1249,12 @@ fn print_summary(rows: &[Row], args: &Args) {
 // Sidecars: S + 1 `redlock-sidecar run` processes on one lock.
 // ---------------------------------------------------------------------------------------
 
-/// What a `/leader/watch` reader thread reports, with the moment (mono ns) it read it.
-enum Seen {
-    /// An event: whether the sidecar leads.
-    Leading(bool),
-    /// The stream ended (the process exited) or never opened.
-    Closed(String),
+/// A won round, as announced on the lock's acquisition channel of node 0.
+struct Announced {
+    /// The winner: its index among the sidecars.
+    winner: usize,
+    /// The moment (mono ns) the bench read the announcement.
+    at: u64,
 }
 
 /// One `redlock-sidecar run` child.
@@ -1250,23 +1267,24 @@ struct SidecarProcess {
     ended: bool,
 }
 
-/// The sidecars of one size and the events of their `/leader/watch` streams.
+/// The sidecars of one size, and the announcements of the rounds they win.
 struct Sidecars {
     procs: Vec<SidecarProcess>,
-    events: mpsc::Receiver<(usize, Seen, u64)>,
-    /// Per sidecar: its last reported state (`None` until its stream's first event).
-    leading: Vec<Option<bool>>,
-    /// `Leading(true)` events that followed a non-leading state (new tenures) so far.
+    announced: mpsc::Receiver<Result<Announced, String>>,
+    /// The subscription's socket: shut down on drop, which ends its reader thread.
+    subscription: std::net::TcpStream,
+    /// The last winner announced.
+    leader: Option<usize>,
+    /// Rounds won so far.
     tenures: usize,
 }
 
 impl Sidecars {
-    /// Starts `count` sidecars on `lock` with the default ttl, and one reader thread per
-    /// sidecar that connects to its `/leader/watch` (retrying until its port is bound, at
-    /// most until `deadline`) and reports every event.
-    fn spawn(urls: &[String], lock: &str, count: usize, deadline: Instant) -> Sidecars {
+    /// Subscribes to `lock`'s acquisition channel on `server`, then starts `count` sidecars
+    /// on the lock with the default ttl.
+    fn spawn(server: &RedisServer, urls: &[String], lock: &str, count: usize) -> Sidecars {
+        let (subscription, announced) = subscribe_acquired(server, lock);
         let bin = env!("CARGO_BIN_EXE_redlock-sidecar");
-        let (tx, events) = mpsc::channel();
         let redis = urls.join(",");
         let procs = (0..count)
             .map(|i| {
@@ -1303,8 +1321,6 @@ impl Sidecars {
                     .stderr(stderr)
                     .spawn()
                     .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
-                let tx = tx.clone();
-                std::thread::spawn(move || read_watch(i, port, deadline, tx));
                 SidecarProcess {
                     child,
                     identity,
@@ -1315,70 +1331,74 @@ impl Sidecars {
             .collect();
         Sidecars {
             procs,
-            events,
-            leading: vec![None; count],
+            announced,
+            subscription,
+            leader: None,
             tenures: 0,
         }
     }
 
-    /// The next event before `deadline`, with the state it brings recorded.
-    fn next(&mut self, deadline: Instant) -> Option<(usize, Seen, u64)> {
+    /// The next announcement before `deadline`.
+    fn next(&mut self, deadline: Instant) -> Option<Announced> {
         let left = deadline.saturating_duration_since(Instant::now());
-        let (i, seen, at) = self.events.recv_timeout(left).ok()?;
-        match &seen {
-            Seen::Leading(now) => {
-                let before = self.leading[i].replace(*now);
-                if *now && before != Some(true) && !self.procs[i].ended {
-                    self.tenures += 1;
-                }
+        match self.announced.recv_timeout(left) {
+            Ok(Ok(announced)) => {
+                self.leader = Some(announced.winner);
+                self.tenures += 1;
+                Some(announced)
             }
-            Seen::Closed(why) => {
-                if !self.procs[i].ended {
-                    panic!(
-                        "{}: /leader/watch closed ({why}); its log:\n{}",
-                        self.procs[i].identity,
-                        self.log_text(i)
-                    );
-                }
-                self.leading[i] = Some(false);
-            }
+            Ok(Err(why)) => panic!("the acquisition channel subscription ended: {why}"),
+            Err(_) => None,
         }
-        Some((i, seen, at))
     }
 
-    /// The sidecar that last said it leads, among those not ended.
+    /// The last winner announced, unless it was signalled to end since.
     fn leader(&self) -> Option<usize> {
-        (0..self.procs.len()).find(|&i| !self.procs[i].ended && self.leading[i] == Some(true))
+        self.leader.filter(|&i| !self.procs[i].ended)
     }
 
-    /// Waits until every stream has reported and one sidecar leads.
-    fn wait_ready(&mut self, deadline: Instant) -> Result<(), String> {
-        while self.leading.iter().any(Option::is_none) || self.leader().is_none() {
+    /// Waits until a sidecar leads and every sidecar is subscribed on every node (the
+    /// acquisition channel's subscribers, the bench's own on node 0 besides).
+    fn wait_ready(&mut self, servers: &[RedisServer], lock: &str, deadline: Instant) {
+        while self.leader.is_none() {
             if self.next(deadline).is_none() {
-                let silent = self.leading.iter().filter(|l| l.is_none()).count();
-                return Err(format!(
-                    "{silent} of {} watch streams silent, leader {:?}",
-                    self.procs.len(),
-                    self.leader()
-                ));
+                panic!("no sidecar announced a won round before the deadline");
             }
         }
-        Ok(())
+        let channel = acquired_channel(lock);
+        for (n, server) in servers.iter().enumerate() {
+            let want = self.procs.len() + usize::from(n == 0);
+            loop {
+                let reply = server.cmd(&["PUBSUB", "NUMSUB", &channel]);
+                let have: usize = reply
+                    .lines()
+                    .nth(1)
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                if have == want {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "node {n}: {have} subscribers of the acquisition channel, expected {want}"
+                );
+                // Subscriptions come up as the processes start: read again shortly.
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
     }
 
-    /// Reads events until `deadline`.
+    /// Reads announcements until `deadline`.
     fn drain(&mut self, deadline: Instant) {
         while self.next(deadline).is_some() {}
     }
 
-    /// Waits for a sidecar other than `old` to say it leads: (it, when its stream said so).
+    /// Waits for a won round of a sidecar other than `old`: (it, when it was announced).
     fn new_leader(&mut self, old: usize, deadline: Instant) -> Option<(usize, u64)> {
         loop {
-            match self.next(deadline)? {
-                (i, Seen::Leading(true), at) if i != old && !self.procs[i].ended => {
-                    return Some((i, at))
-                }
-                _ => {}
+            let announced = self.next(deadline)?;
+            if announced.winner != old && !self.procs[announced.winner].ended {
+                return Some((announced.winner, announced.at));
             }
         }
     }
@@ -1392,13 +1412,14 @@ impl Sidecars {
         assert_eq!(rc, 0, "kill({}, {sig}) failed", p.child.id());
     }
 
-    /// utime + stime of every sidecar still running, in µs.
-    fn cpu_usec(&self) -> f64 {
-        self.procs
-            .iter()
-            .filter(|p| !p.ended)
-            .filter_map(|p| process_cpu_usec(p.child.id()))
-            .sum()
+    /// CPU time of every sidecar still running, in µs (see [`process_cpu_usec`]).
+    fn cpu_usec(&self) -> (f64, f64) {
+        sum_cpu(
+            self.procs
+                .iter()
+                .filter(|p| !p.ended)
+                .filter_map(|p| process_cpu_usec(p.child.id())),
+        )
     }
 
     fn log_text(&self, i: usize) -> String {
@@ -1408,6 +1429,7 @@ impl Sidecars {
 
 impl Drop for Sidecars {
     fn drop(&mut self) {
+        let _ = self.subscription.shutdown(std::net::Shutdown::Both);
         for p in &mut self.procs {
             let _ = p.child.kill();
             let _ = p.child.wait();
@@ -1416,8 +1438,9 @@ impl Drop for Sidecars {
     }
 }
 
-/// utime + stime of process `pid` (`/proc/PID/stat`), in µs.
-fn process_cpu_usec(pid: u32) -> Option<f64> {
+/// A process' CPU time so far, in µs: (utime + stime from `/proc/PID/stat`, in clock ticks;
+/// on-CPU time from `/proc/PID/task/*/schedstat`, in ns, summed over its threads now).
+fn process_cpu_usec(pid: u32) -> Option<(f64, f64)> {
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -1426,48 +1449,81 @@ fn process_cpu_usec(pid: u32) -> Option<f64> {
     // Fields 14 and 15 of stat(5); `fields[0]` is field 3.
     let utime: f64 = fields.get(11)?.parse().ok()?;
     let stime: f64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) / hz * 1e6)
+    let sched_ns: u64 = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    Some(((utime + stime) / hz * 1e6, sched_ns as f64 / 1e3))
 }
 
-/// Reads sidecar `i`'s `/leader/watch` on `port` and reports each event's `is_leader` with
-/// the moment its line was read; connects as soon as the port accepts (until `deadline`).
-fn read_watch(i: usize, port: u16, deadline: Instant, tx: mpsc::Sender<(usize, Seen, u64)>) {
-    let stream = loop {
-        match std::net::TcpStream::connect((std::net::Ipv4Addr::LOCALHOST, port)) {
-            Ok(stream) => break stream,
-            Err(e) if Instant::now() >= deadline => {
-                let _ = tx.send((i, Seen::Closed(format!("connect: {e}")), mono_ns()));
+/// Sums per-process CPU times.
+fn sum_cpu(times: impl Iterator<Item = (f64, f64)>) -> (f64, f64) {
+    times.fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y))
+}
+
+/// The acquisition channel of `lock` (database 0).
+fn acquired_channel(lock: &str) -> String {
+    Channels::new(&format!("redlock:{{{lock}}}"), 0).acquired
+}
+
+/// Subscribes to `lock`'s acquisition channel on `server` (returning once the server has
+/// confirmed) and reads it in a thread: every announcement of a sidecar's won round, stamped
+/// with the monotonic clock as it is read. Returns a handle on the socket and the receiver.
+fn subscribe_acquired(
+    server: &RedisServer,
+    lock: &str,
+) -> (
+    std::net::TcpStream,
+    mpsc::Receiver<Result<Announced, String>>,
+) {
+    let channel = acquired_channel(lock);
+    let stream = std::net::TcpStream::connect((std::net::Ipv4Addr::LOCALHOST, server.port))
+        .expect("connect to node 0");
+    let _ = stream.set_nodelay(true);
+    (&stream)
+        .write_all(&support::encode_command(&["SUBSCRIBE", &channel]))
+        .expect("SUBSCRIBE");
+    let mut reader = BufReader::new(stream.try_clone().expect("a second handle"));
+    let confirmed = support::read_reply(&mut reader).expect("SUBSCRIBE answered");
+    assert!(
+        confirmed.starts_with("subscribe\n"),
+        "SUBSCRIBE answered {confirmed:?}"
+    );
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || loop {
+        let reply = support::read_reply(&mut reader);
+        let at = mono_ns();
+        let text = match reply {
+            Ok(text) => text,
+            Err(why) => {
+                let _ = tx.send(Err(why));
                 return;
             }
-            // Not bound yet: the process is still starting.
-            Err(_) => std::thread::sleep(Duration::from_millis(2)),
-        }
-    };
-    let _ = stream.set_nodelay(true);
-    let mut request = &stream;
-    if let Err(e) = request.write_all(
-        b"GET /leader/watch HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n",
-    ) {
-        let _ = tx.send((i, Seen::Closed(format!("request: {e}")), mono_ns()));
-        return;
-    }
-    // Each server-sent event is one `data: {json}` line (in one chunk of the response).
-    for line in BufReader::new(&stream).split(b'\n') {
-        let at = mono_ns();
-        let Ok(line) = line else { break };
-        let line = String::from_utf8_lossy(&line);
-        let seen = if line.contains("\"is_leader\":true") {
-            Seen::Leading(true)
-        } else if line.contains("\"is_leader\":false") {
-            Seen::Leading(false)
-        } else {
+        };
+        // `message`, the channel, the payload: `v1 <token> <validity> <waiters> <identity>`.
+        let mut parts = text.splitn(3, '\n');
+        let (Some("message"), Some(_), Some(payload)) = (parts.next(), parts.next(), parts.next())
+        else {
             continue;
         };
-        if tx.send((i, seen, at)).is_err() {
+        let winner = Acquired::parse(payload).and_then(|a| {
+            a.identity
+                .strip_prefix("sidecar-")
+                .and_then(|i| i.parse().ok())
+        });
+        let Some(winner) = winner else {
+            let _ = tx.send(Err(format!(
+                "an announcement not from a sidecar: {payload:?}"
+            )));
+            return;
+        };
+        if tx.send(Ok(Announced { winner, at })).is_err() {
             return;
         }
-    }
-    let _ = tx.send((i, Seen::Closed("stream ended".into()), mono_ns()));
+    });
+    (stream, rx)
 }
 
 /// S standbys and one leader as sidecar processes: per-node cost over the window, the
@@ -1480,6 +1536,7 @@ fn run_sidecars(servers: &[RedisServer], urls: &[String], s: usize, args: &Args)
         skipped: None,
         nodes: Vec::new(),
         client_cpu_usec: 0.0,
+        client_sched_usec: 0.0,
         takeover_release: Samples::default(),
         releases_planned: 0,
         release_note: None,
@@ -1491,10 +1548,8 @@ fn run_sidecars(servers: &[RedisServer], urls: &[String], s: usize, args: &Args)
     println!("### {} — {}\n", shape.name(), mode_name(args));
     let lock = format!("fleet-{}", mono_ns() % 1_000_000);
     let setup_start = Instant::now();
-    let mut fleet = Sidecars::spawn(urls, &lock, count, setup_start + Duration::from_secs(60));
-    if let Err(e) = fleet.wait_ready(setup_start + Duration::from_secs(60)) {
-        panic!("{}: sidecars not ready within 60 s: {e}", shape.name());
-    }
+    let mut fleet = Sidecars::spawn(&servers[0], urls, &lock, count);
+    fleet.wait_ready(servers, &lock, setup_start + Duration::from_secs(60));
     row.setup = setup_start.elapsed();
     // The first tenure is the start, not a change.
     let tenures_at_start = fleet.tenures;
@@ -1514,7 +1569,9 @@ fn run_sidecars(servers: &[RedisServer], urls: &[String], s: usize, args: &Args)
         .zip(&before)
         .map(|(s, b)| cost(b, &snapshot(s)))
         .collect();
-    row.client_cpu_usec = (cpu_after - cpu_before) / window_start.elapsed().as_secs_f64();
+    let secs = window_start.elapsed().as_secs_f64();
+    row.client_cpu_usec = (cpu_after.0 - cpu_before.0) / secs;
+    row.client_sched_usec = (cpu_after.1 - cpu_before.1) / secs;
     row.leaders_changed = fleet.tenures - tenures_at_start;
 
     // Takeovers after SIGTERM: the leader releases on its way out; from the signal to the
