@@ -2,7 +2,9 @@
 //!
 //! `cargo bench --bench fleet` (a few minutes), or one size:
 //! `cargo bench --bench fleet -- --standbys 1000`, `-- --locks 1000`; `--secs N` sets the
-//! measurement window (default 10 s), `--warmup N` the warm-up before it (default 5 s).
+//! measurement window (default 10 s), `--warmup N` the warm-up before it (default 5 s),
+//! `--releases N` the takeovers after a release measured per size (default 9); `--sidecars`
+//! runs real sidecar processes instead of engines (see below).
 //! Prints markdown tables; asserts nothing about timing.
 //!
 //! Three local `redis-server` nodes (`--maxclients` raised to what `ulimit -n` allows). Two
@@ -18,12 +20,51 @@
 //! Per size and node, over the window after the warm-up: client requests/s (`INFO
 //! commandstats`, scripts and other commands; the commands scripts run inside count apart),
 //! Redis CPU µs/s (`used_cpu_sys` + `used_cpu_user`, and the commandstats `usec` sum), memory
-//! (`used_memory`), clients. Then on lock 0: the takeover after a release (the holder releases;
-//! time until another contender holds it), and after a crash (the holder stops without
-//! releasing; time from the moment its key has expired on a quorum of nodes, read from their
-//! `PTTL`, until another contender holds it). Before the sizes, once: the floor (an idle
-//! node's CPU, a bare `GET` round trip and rate) and the Redis CPU per call of each script
-//! beside bare `SET NX PX`, `PEXPIRE` and `GET`.
+//! (`used_memory`), clients; and the contenders' own CPU, summed over their processes: utime +
+//! stime (`/proc/PID/stat`, whole clock ticks per process) and the on-CPU time of the threads
+//! present at each reading (`/proc/PID/task/*/schedstat`, ns). Then the takeovers:
+//! - **After a release**, `--releases` times, one after another: the holder releases; the time
+//!   from just before its release call until another contender holds the lock (both moments
+//!   stamped by the worker processes, on the machine's monotonic clock). The next release is
+//!   sent once the takeover before it has come. S standbys: on lock 0 each time; a contender
+//!   that released ends, so S shrinks by one per sample, and at most S − 1 are taken (one
+//!   standby stays for the crash). L locks: one release on each of locks 0, 1, ... (at most L),
+//!   so two standbys wait at every sample. Printed as p50 and max over the samples (nearest
+//!   rank), and each sample in order.
+//! - **After a crash**, once, on lock 0 (it waits a ttl): the holder stops without releasing;
+//!   the time from the moment its key has expired on a quorum of nodes, read from their `PTTL`
+//!   right after the crash, until another contender holds it.
+//!
+//! Before the sizes, once: the floor (an idle node's CPU, a bare `GET` round trip and rate)
+//! and the Redis CPU per call of each script beside bare `SET NX PX`, `PEXPIRE` and `GET`.
+//!
+//! ## `--sidecars`
+//!
+//! The S-standbys shape with real sidecars: S + 1 `redlock-sidecar run` processes (the binary
+//! Cargo builds beside this benchmark) on one lock, with the sidecar's defaults (no `--ttl`:
+//! 10 s, renewal every ttl/3), `--kubernetes off`, each with its own `--identity` and
+//! `--listen` port on 127.0.0.1, no `REDLOCK_*` variable in its environment, logs at the
+//! default level to a file. Sizes S = 10 and 50 by default (`--standbys N` for others); S over
+//! 50 and `--locks` are refused. Same per-node cost over the window; the contenders' CPU is
+//! the sidecars'.
+//!
+//! Who leads, and when, comes from the lock's acquisition channel on node 0
+//! (`redlock:{name}:acquired`), subscribed by the bench before the sidecars start and read by
+//! one thread that stamps each message with the monotonic clock as it reads it. A winner's
+//! engine announces its round there (with its identity) as soon as the round is won, from a
+//! task started before the sidecar publishes its leadership; so the time is until a sidecar
+//! has won the lock, plus the hop through node 0. One message per takeover, and one client
+//! more on node 0, which node 0 counts among the lock's waiters (standbys spread their rounds
+//! after a release by such a count). Reading the sidecars' `/leader/watch` streams
+//! instead would make every standby write an event at each holder change (the release, then
+//! the acquisition), in the middle of the takeover being timed. Set-up ends when a sidecar
+//! has won and every sidecar is subscribed on every node (`PUBSUB NUMSUB`).
+//! - **Takeover after release**: SIGTERM to the leader (a sidecar releases its lock on the way
+//!   out), timed from just before the signal to the next announcement of another sidecar:
+//!   unlike the engines' figure it includes the signal and the sidecar's shutdown up to its
+//!   release. The signalled sidecar exits, so S shrinks by one per sample, as above.
+//! - **Takeover after crash**: SIGKILL to the leader; from the moment its key has expired on a
+//!   quorum (`PTTL` read right after the kill) to the next announcement of another sidecar.
 
 mod support;
 
@@ -35,6 +76,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
+use redlock_sidecar::redlock::push::{Acquired, Channels};
 use redlock_sidecar::redlock::{LockError, NoObserver, Redlock};
 use support::{fmt_dur, RedisServer, Samples};
 use tokio::sync::watch;
@@ -234,7 +276,19 @@ struct Args {
     locks: Vec<usize>,
     secs: u64,
     warmup: u64,
+    releases: usize,
+    /// Contenders are `redlock-sidecar run` processes (S standbys only, S ≤ [`MAX_SIDECARS`]).
+    sidecars: bool,
     costs_only: bool,
+}
+
+/// The most standbys `--sidecars` runs: one process each.
+const MAX_SIDECARS: usize = 50;
+
+/// Prints why the arguments are refused and exits 2.
+fn refuse(why: &str) -> ! {
+    eprintln!("fleet: {why}");
+    std::process::exit(2);
 }
 
 fn parse_args(args: &[String]) -> Args {
@@ -243,6 +297,8 @@ fn parse_args(args: &[String]) -> Args {
         locks: Vec::new(),
         secs: 10,
         warmup: 5,
+        releases: 9,
+        sidecars: false,
         costs_only: false,
     };
     let mut it = args.iter();
@@ -259,11 +315,30 @@ fn parse_args(args: &[String]) -> Args {
             "--locks" => parsed.locks.push(number("--locks", it.next()) as usize),
             "--secs" => parsed.secs = number("--secs", it.next()),
             "--warmup" => parsed.warmup = number("--warmup", it.next()),
+            "--releases" => parsed.releases = number("--releases", it.next()) as usize,
             "--costs-only" => parsed.costs_only = true,
+            "--sidecars" => parsed.sidecars = true,
             "--bench" => {}
             other => {
-                panic!("unknown argument {other:?} (--standbys N, --locks N, --secs N, --warmup N)")
+                panic!(
+                    "unknown argument {other:?} (--standbys N, --locks N, --secs N, --warmup N, \
+                     --releases N, --sidecars)"
+                )
             }
+        }
+    }
+    if parsed.sidecars {
+        if !parsed.locks.is_empty() {
+            refuse("--sidecars runs S standbys on one lock only; --locks is for engines");
+        }
+        if let Some(s) = parsed.standbys.iter().find(|s| **s > MAX_SIDECARS) {
+            refuse(&format!(
+                "--sidecars starts one process per contender: at most {MAX_SIDECARS} standbys, \
+                 not {s} (run engines without --sidecars for more)"
+            ));
+        }
+        if parsed.standbys.is_empty() {
+            parsed.standbys = vec![10, MAX_SIDECARS];
         }
     }
     if parsed.standbys.is_empty() && parsed.locks.is_empty() {
@@ -288,16 +363,29 @@ fn main() {
         .collect();
     let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
     support::settle(&servers);
-    println!("## Fleet benchmark\n");
-    println!(
-        "Machine: {}. {NODES} local nodes, unpinned; engine defaults (ttl {} s, renewal every \
-         ttl/3, standby retry 1 s); window {} s after a {} s warm-up. `ulimit -n` {fds}, so \
-         `maxclients` {maxclients} per node and at most {PER_WORKER} engines per worker process.\n",
-        support::machine(),
-        TTL.as_secs(),
-        args.secs,
-        args.warmup
-    );
+    println!("## Fleet benchmark: {}\n", mode_name(&args));
+    if args.sidecars {
+        println!(
+            "Machine: {}. {NODES} local nodes, unpinned; `redlock-sidecar run` with its defaults \
+             (ttl {} s, renewal every ttl/3), one process per contender; window {} s after a {} s \
+             warm-up. `ulimit -n` {fds}, so `maxclients` {maxclients} per node.\n",
+            support::machine(),
+            TTL.as_secs(),
+            args.secs,
+            args.warmup
+        );
+    } else {
+        println!(
+            "Machine: {}. {NODES} local nodes, unpinned; engine defaults (ttl {} s, renewal every \
+             ttl/3, standby retry 1 s); window {} s after a {} s warm-up. `ulimit -n` {fds}, so \
+             `maxclients` {maxclients} per node and at most {PER_WORKER} engines per worker \
+             process.\n",
+            support::machine(),
+            TTL.as_secs(),
+            args.secs,
+            args.warmup
+        );
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -310,6 +398,10 @@ fn main() {
     }
     let mut rows = Vec::new();
     for &s in &args.standbys {
+        if args.sidecars {
+            rows.push(run_sidecars(&servers, &urls, s, &args));
+            continue;
+        }
         rows.push(run_size(
             &servers,
             &urls,
@@ -680,8 +772,16 @@ struct Row {
     shape: Shape,
     skipped: Option<String>,
     nodes: Vec<NodeCost>,
+    /// Contenders' CPU over the window, µs/s: utime + stime.
     client_cpu_usec: f64,
-    takeover_release: Option<Duration>,
+    /// The same from `schedstat`.
+    client_sched_usec: f64,
+    /// One sample per release that was followed by a takeover.
+    takeover_release: Samples,
+    /// Releases asked for (after the cap, see [`release_plan`]).
+    releases_planned: usize,
+    /// Why fewer than `--releases` were planned, or why some did not come.
+    release_note: Option<String>,
     takeover_crash: Option<Duration>,
     crash_wait: Option<Duration>,
     leaders_changed: usize,
@@ -706,21 +806,13 @@ impl Workers {
         self.lines.recv_timeout(timeout).ok()
     }
 
-    /// utime + stime of every worker, in µs.
-    fn cpu_usec(&self) -> f64 {
-        // SAFETY: sysconf has no preconditions.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-        self.children
-            .iter()
-            .filter_map(|(child, _)| {
-                let stat = std::fs::read_to_string(format!("/proc/{}/stat", child.id())).ok()?;
-                let rest = stat.rsplit_once(')')?.1;
-                let fields: Vec<&str> = rest.split_whitespace().collect();
-                let utime: f64 = fields.get(11)?.parse().ok()?;
-                let stime: f64 = fields.get(12)?.parse().ok()?;
-                Some((utime + stime) / hz * 1e6)
-            })
-            .sum()
+    /// CPU time of every worker, in µs (see [`process_cpu_usec`]).
+    fn cpu_usec(&self) -> (f64, f64) {
+        sum_cpu(
+            self.children
+                .iter()
+                .filter_map(|(child, _)| process_cpu_usec(child.id())),
+        )
     }
 }
 
@@ -812,6 +904,27 @@ fn stamp(line: &str, word: &str, lock: usize) -> Option<u64> {
         .flatten()
 }
 
+/// How many release takeovers a size can give, and why fewer than asked. S standbys: each
+/// release ends its contender, so at most S − 1 (one standby stays for the crash). L locks:
+/// one release on each of locks 0..N (each keeps a standby), so at most L.
+fn release_plan(shape: Shape, asked: usize) -> (usize, Option<String>) {
+    let most = match shape {
+        Shape::Standbys(s) => s.saturating_sub(1),
+        Shape::Locks(l) => l,
+    };
+    if asked <= most {
+        return (asked, None);
+    }
+    let why = match shape {
+        Shape::Standbys(s) => format!(
+            "{asked} releases asked, {most} made: each ends its contender, and one of the {s} \
+             standbys must stay for the crash"
+        ),
+        Shape::Locks(l) => format!("{asked} releases asked, {most} made: one per lock of {l}"),
+    };
+    (most, Some(why))
+}
+
 fn run_size(
     servers: &[RedisServer],
     urls: &[String],
@@ -825,13 +938,16 @@ fn run_size(
         skipped: None,
         nodes: Vec::new(),
         client_cpu_usec: 0.0,
-        takeover_release: None,
+        client_sched_usec: 0.0,
+        takeover_release: Samples::default(),
+        releases_planned: 0,
+        release_note: None,
         takeover_crash: None,
         crash_wait: None,
         leaders_changed: 0,
         setup: Duration::ZERO,
     };
-    println!("### {}\n", shape.name());
+    println!("### {} — {}\n", shape.name(), mode_name(args));
     // Each engine: one connection per node (its subscriptions ride on it).
     let per_node = engines as u64;
     if per_node + 16 > maxclients {
@@ -894,21 +1010,47 @@ fn run_size(
         .zip(&before)
         .map(|(s, b)| cost(b, &snapshot(s)))
         .collect();
-    row.client_cpu_usec = (cpu_after - cpu_before) / window_start.elapsed().as_secs_f64();
+    let secs = window_start.elapsed().as_secs_f64();
+    row.client_cpu_usec = (cpu_after.0 - cpu_before.0) / secs;
+    row.client_sched_usec = (cpu_after.1 - cpu_before.1) / secs;
     row.leaders_changed = acquired.saturating_sub(shape.locks());
 
-    // Takeover after a release, on lock 0.
-    workers.send("RELEASE 0");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut released = None;
-    while Instant::now() < deadline && row.takeover_release.is_none() {
-        let Some((line, _)) = workers.next(Duration::from_millis(100)) else {
-            continue;
+    // Takeovers after a release, one at a time: each waits for the previous one's ACQUIRED.
+    let (planned, note) = release_plan(shape, args.releases);
+    row.releases_planned = planned;
+    row.release_note = note;
+    for k in 0..planned {
+        // Standbys: lock 0 each time (the releasing contender ends). Locks: lock k.
+        let lock = match shape {
+            Shape::Standbys(_) => 0,
+            Shape::Locks(_) => k,
         };
-        if let Some(t) = stamp(&line, "RELEASED", 0) {
-            released = Some(t);
-        } else if let (Some(t), Some(r)) = (stamp(&line, "ACQUIRED", 0), released) {
-            row.takeover_release = Some(Duration::from_nanos(t.saturating_sub(r)));
+        workers.send(&format!("RELEASE {lock}"));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut released = None;
+        let mut took = None;
+        while took.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Some((line, _)) = workers.next(left) else {
+                break;
+            };
+            if let Some(t) = stamp(&line, "RELEASED", lock) {
+                released = Some(t);
+            } else if let (Some(t), Some(r)) = (stamp(&line, "ACQUIRED", lock), released) {
+                took = Some(Duration::from_nanos(t.saturating_sub(r)));
+            }
+        }
+        match took {
+            Some(d) => row.takeover_release.push(d),
+            None => {
+                let why = format!(
+                    "release {} of {planned} (lock {lock}): no takeover within 30 s",
+                    k + 1
+                );
+                eprintln!("fleet: {}: {why}", shape.name());
+                row.release_note = Some(why);
+                break;
+            }
         }
     }
     // Takeover after a crash: from the moment the key is gone on a quorum of nodes.
@@ -917,9 +1059,10 @@ fn run_size(
     let mut free_at = None;
     let mut crashed_at = None;
     let key = format!("redlock:{{{prefix}-0}}");
-    while Instant::now() < deadline && row.takeover_crash.is_none() {
-        let Some((line, _)) = workers.next(Duration::from_millis(100)) else {
-            continue;
+    while row.takeover_crash.is_none() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Some((line, _)) = workers.next(left) else {
+            break;
         };
         if let Some(t) = stamp(&line, "CRASHED", 0) {
             crashed_at = Some(t);
@@ -949,18 +1092,31 @@ fn run_size(
     row
 }
 
+/// What the contenders are, for headings.
+fn mode_name(args: &Args) -> &'static str {
+    if args.sidecars {
+        "sidecars (`redlock-sidecar run` processes)"
+    } else {
+        "engines (`Redlock` in worker processes)"
+    }
+}
+
 fn pct_core(usec_per_sec: f64) -> f64 {
     usec_per_sec / 1e4
 }
 
 fn print_row(row: &Row, args: &Args) {
     println!(
-        "Set-up {:.1} s; window {} s. Contenders' own CPU (all worker processes): {:.0} µs/s \
-         ({:.1} % of a core).\n",
+        "Set-up {:.1} s; window {} s. Contenders' own CPU (all {} processes): utime + stime \
+         {:.0} µs/s ({:.2} % of a core); on CPU per `schedstat` {:.0} µs/s ({:.2} % of a \
+         core).\n",
         row.setup.as_secs_f64(),
         args.secs,
+        if args.sidecars { "sidecar" } else { "worker" },
         row.client_cpu_usec,
-        pct_core(row.client_cpu_usec)
+        pct_core(row.client_cpu_usec),
+        row.client_sched_usec,
+        pct_core(row.client_sched_usec)
     );
     println!(
         "| node | scripts/s | other requests/s | commands inside scripts/s | Redis CPU µs/s (`used_cpu_*`) | % of a core | commandstats µs/s | used_memory | clients |"
@@ -987,20 +1143,59 @@ fn print_row(row: &Row, args: &Args) {
             .collect();
         println!("\n- node {i} client commands: {}", detail.join(", "));
     }
+    let samples: Vec<String> = row.takeover_release.0.iter().map(|d| fmt_dur(*d)).collect();
     println!(
-        "\nTakeover after release: {}; after a crash: {} after the key expired on a quorum \
-         ({} after the crash). Leadership changes during warm-up and window: {}.\n",
-        row.takeover_release.map_or("none".into(), fmt_dur),
+        "\nTakeover after release, {} of {} releases: p50 {}, max {} (in order: {}).{}",
+        row.takeover_release.len(),
+        row.releases_planned,
+        pct_or_none(&row.takeover_release, 50.0),
+        pct_or_none(&row.takeover_release, 100.0),
+        if samples.is_empty() {
+            "none".into()
+        } else {
+            samples.join(", ")
+        },
+        row.release_note
+            .as_ref()
+            .map_or(String::new(), |why| format!(" Note: {why}."))
+    );
+    println!(
+        "\nTakeover after a crash: {} after the key expired on a quorum ({} after the crash). \
+         Leadership changes during warm-up and window: {}.\n",
         row.takeover_crash.map_or("none".into(), fmt_dur),
         row.crash_wait.map_or("–".into(), fmt_dur),
         row.leaders_changed
     );
 }
 
+/// A percentile of `samples` (100: the max), or `none` without samples.
+fn pct_or_none(samples: &Samples, p: f64) -> String {
+    if samples.len() == 0 {
+        "none".into()
+    } else if p >= 100.0 {
+        fmt_dur(samples.max())
+    } else {
+        fmt_dur(samples.pct(p))
+    }
+}
+
+/// `p50 / max (n)` of the takeovers after a release.
+fn release_cell(row: &Row) -> String {
+    format!(
+        "{} / {} ({})",
+        pct_or_none(&row.takeover_release, 50.0),
+        pct_or_none(&row.takeover_release, 100.0),
+        row.takeover_release.len()
+    )
+}
+
 fn print_summary(rows: &[Row], args: &Args) {
-    println!("### Summary (mean over the {NODES} nodes, per node)\n");
     println!(
-        "| size | requests/s | Redis CPU µs/s | % of a core | per contender: requests/s, µs/s | used_memory | takeover after release | after crash (past expiry) |"
+        "### Summary: {} (mean over the {NODES} nodes, per node)\n",
+        mode_name(args)
+    );
+    println!(
+        "| size | requests/s | Redis CPU µs/s | % of a core | per contender: requests/s, µs/s | used_memory | takeover after release p50 / max (n) | after crash (past expiry) |"
     );
     println!("|---|---|---|---|---|---|---|---|");
     for row in rows {
@@ -1025,7 +1220,7 @@ fn print_summary(rows: &[Row], args: &Args) {
             requests / contenders,
             cpu / contenders,
             memory / 1e6,
-            row.takeover_release.map_or("none".into(), fmt_dur),
+            release_cell(row),
             row.takeover_crash.map_or("none".into(), fmt_dur),
         );
     }
@@ -1048,5 +1243,404 @@ fn print_summary(rows: &[Row], args: &Args) {
             if scaled <= goal { "met" } else { "MISSED" }
         );
     }
-    let _ = args;
+}
+
+// ---------------------------------------------------------------------------------------
+// Sidecars: S + 1 `redlock-sidecar run` processes on one lock.
+// ---------------------------------------------------------------------------------------
+
+/// A won round, as announced on the lock's acquisition channel of node 0.
+struct Announced {
+    /// The winner: its index among the sidecars.
+    winner: usize,
+    /// The moment (mono ns) the bench read the announcement.
+    at: u64,
+}
+
+/// One `redlock-sidecar run` child.
+struct SidecarProcess {
+    child: Child,
+    identity: String,
+    /// Its stderr (the default info-level logs), shown when a takeover does not come.
+    log: std::path::PathBuf,
+    /// Signalled to end (SIGTERM or SIGKILL): it no longer counts as a contender.
+    ended: bool,
+}
+
+/// The sidecars of one size, and the announcements of the rounds they win.
+struct Sidecars {
+    procs: Vec<SidecarProcess>,
+    announced: mpsc::Receiver<Result<Announced, String>>,
+    /// The subscription's socket: shut down on drop, which ends its reader thread.
+    subscription: std::net::TcpStream,
+    /// The last winner announced.
+    leader: Option<usize>,
+    /// Rounds won so far.
+    tenures: usize,
+}
+
+impl Sidecars {
+    /// Subscribes to `lock`'s acquisition channel on `server`, then starts `count` sidecars
+    /// on the lock with the default ttl.
+    fn spawn(server: &RedisServer, urls: &[String], lock: &str, count: usize) -> Sidecars {
+        let (subscription, announced) = subscribe_acquired(server, lock);
+        let bin = env!("CARGO_BIN_EXE_redlock-sidecar");
+        let redis = urls.join(",");
+        let procs = (0..count)
+            .map(|i| {
+                let port = support::free_port();
+                let identity = format!("sidecar-{i}");
+                let log = std::env::temp_dir().join(format!(
+                    "redlock-fleet-{}-{identity}.log",
+                    std::process::id()
+                ));
+                let stderr = std::fs::File::create(&log).expect("a log file");
+                let mut command = Command::new(bin);
+                // Defaults are the defaults: no setting comes from this environment.
+                for (name, _) in std::env::vars_os() {
+                    if name.to_string_lossy().starts_with("REDLOCK_") {
+                        command.env_remove(name);
+                    }
+                }
+                let child = command
+                    .args([
+                        "run",
+                        "--lock",
+                        lock,
+                        "--redis",
+                        &redis,
+                        "--listen",
+                        &format!("127.0.0.1:{port}"),
+                        "--identity",
+                        &identity,
+                        "--kubernetes",
+                        "off",
+                    ])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(stderr)
+                    .spawn()
+                    .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
+                SidecarProcess {
+                    child,
+                    identity,
+                    log,
+                    ended: false,
+                }
+            })
+            .collect();
+        Sidecars {
+            procs,
+            announced,
+            subscription,
+            leader: None,
+            tenures: 0,
+        }
+    }
+
+    /// The next announcement before `deadline`.
+    fn next(&mut self, deadline: Instant) -> Option<Announced> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match self.announced.recv_timeout(left) {
+            Ok(Ok(announced)) => {
+                self.leader = Some(announced.winner);
+                self.tenures += 1;
+                Some(announced)
+            }
+            Ok(Err(why)) => panic!("the acquisition channel subscription ended: {why}"),
+            Err(_) => None,
+        }
+    }
+
+    /// The last winner announced, unless it was signalled to end since.
+    fn leader(&self) -> Option<usize> {
+        self.leader.filter(|&i| !self.procs[i].ended)
+    }
+
+    /// Waits until a sidecar leads and every sidecar is subscribed on every node (the
+    /// acquisition channel's subscribers, the bench's own on node 0 besides).
+    fn wait_ready(&mut self, servers: &[RedisServer], lock: &str, deadline: Instant) {
+        while self.leader.is_none() {
+            if self.next(deadline).is_none() {
+                panic!("no sidecar announced a won round before the deadline");
+            }
+        }
+        let channel = acquired_channel(lock);
+        for (n, server) in servers.iter().enumerate() {
+            let want = self.procs.len() + usize::from(n == 0);
+            loop {
+                let reply = server.cmd(&["PUBSUB", "NUMSUB", &channel]);
+                let have: usize = reply
+                    .lines()
+                    .nth(1)
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                if have == want {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "node {n}: {have} subscribers of the acquisition channel, expected {want}"
+                );
+                // Subscriptions come up as the processes start: read again shortly.
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+
+    /// Reads announcements until `deadline`.
+    fn drain(&mut self, deadline: Instant) {
+        while self.next(deadline).is_some() {}
+    }
+
+    /// Waits for a won round of a sidecar other than `old`: (it, when it was announced).
+    fn new_leader(&mut self, old: usize, deadline: Instant) -> Option<(usize, u64)> {
+        loop {
+            let announced = self.next(deadline)?;
+            if announced.winner != old && !self.procs[announced.winner].ended {
+                return Some((announced.winner, announced.at));
+            }
+        }
+    }
+
+    /// Sends `sig` to sidecar `i`, which no longer counts as a contender.
+    fn signal(&mut self, i: usize, sig: i32) {
+        let p = &mut self.procs[i];
+        p.ended = true;
+        // SAFETY: kill(2) on our own child, not reaped yet (reaped on drop).
+        let rc = unsafe { libc::kill(p.child.id() as i32, sig) };
+        assert_eq!(rc, 0, "kill({}, {sig}) failed", p.child.id());
+    }
+
+    /// CPU time of every sidecar still running, in µs (see [`process_cpu_usec`]).
+    fn cpu_usec(&self) -> (f64, f64) {
+        sum_cpu(
+            self.procs
+                .iter()
+                .filter(|p| !p.ended)
+                .filter_map(|p| process_cpu_usec(p.child.id())),
+        )
+    }
+
+    fn log_text(&self, i: usize) -> String {
+        std::fs::read_to_string(&self.procs[i].log).unwrap_or_default()
+    }
+}
+
+impl Drop for Sidecars {
+    fn drop(&mut self) {
+        let _ = self.subscription.shutdown(std::net::Shutdown::Both);
+        for p in &mut self.procs {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+            let _ = std::fs::remove_file(&p.log);
+        }
+    }
+}
+
+/// A process' CPU time so far, in µs: (utime + stime from `/proc/PID/stat`, in clock ticks;
+/// on-CPU time from `/proc/PID/task/*/schedstat`, in ns, summed over its threads now).
+fn process_cpu_usec(pid: u32) -> Option<(f64, f64)> {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // Fields 14 and 15 of stat(5); `fields[0]` is field 3.
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    let sched_ns: u64 = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    Some(((utime + stime) / hz * 1e6, sched_ns as f64 / 1e3))
+}
+
+/// Sums per-process CPU times.
+fn sum_cpu(times: impl Iterator<Item = (f64, f64)>) -> (f64, f64) {
+    times.fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y))
+}
+
+/// The acquisition channel of `lock` (database 0).
+fn acquired_channel(lock: &str) -> String {
+    Channels::new(&format!("redlock:{{{lock}}}"), 0).acquired
+}
+
+/// Subscribes to `lock`'s acquisition channel on `server` (returning once the server has
+/// confirmed) and reads it in a thread: every announcement of a sidecar's won round, stamped
+/// with the monotonic clock as it is read. Returns a handle on the socket and the receiver.
+fn subscribe_acquired(
+    server: &RedisServer,
+    lock: &str,
+) -> (
+    std::net::TcpStream,
+    mpsc::Receiver<Result<Announced, String>>,
+) {
+    let channel = acquired_channel(lock);
+    let stream = std::net::TcpStream::connect((std::net::Ipv4Addr::LOCALHOST, server.port))
+        .expect("connect to node 0");
+    let _ = stream.set_nodelay(true);
+    (&stream)
+        .write_all(&support::encode_command(&["SUBSCRIBE", &channel]))
+        .expect("SUBSCRIBE");
+    let mut reader = BufReader::new(stream.try_clone().expect("a second handle"));
+    let confirmed = support::read_reply(&mut reader).expect("SUBSCRIBE answered");
+    assert!(
+        confirmed.starts_with("subscribe\n"),
+        "SUBSCRIBE answered {confirmed:?}"
+    );
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || loop {
+        let reply = support::read_reply(&mut reader);
+        let at = mono_ns();
+        let text = match reply {
+            Ok(text) => text,
+            Err(why) => {
+                let _ = tx.send(Err(why));
+                return;
+            }
+        };
+        // `message`, the channel, the payload: `v1 <token> <validity> <waiters> <identity>`.
+        let mut parts = text.splitn(3, '\n');
+        let (Some("message"), Some(_), Some(payload)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let winner = Acquired::parse(payload).and_then(|a| {
+            a.identity
+                .strip_prefix("sidecar-")
+                .and_then(|i| i.parse().ok())
+        });
+        let Some(winner) = winner else {
+            let _ = tx.send(Err(format!(
+                "an announcement not from a sidecar: {payload:?}"
+            )));
+            return;
+        };
+        if tx.send(Ok(Announced { winner, at })).is_err() {
+            return;
+        }
+    });
+    (stream, rx)
+}
+
+/// S standbys and one leader as sidecar processes: per-node cost over the window, the
+/// sidecars' CPU, takeovers after SIGTERM (the leader releases) and after SIGKILL.
+fn run_sidecars(servers: &[RedisServer], urls: &[String], s: usize, args: &Args) -> Row {
+    let shape = Shape::Standbys(s);
+    let count = shape.per_lock();
+    let mut row = Row {
+        shape,
+        skipped: None,
+        nodes: Vec::new(),
+        client_cpu_usec: 0.0,
+        client_sched_usec: 0.0,
+        takeover_release: Samples::default(),
+        releases_planned: 0,
+        release_note: None,
+        takeover_crash: None,
+        crash_wait: None,
+        leaders_changed: 0,
+        setup: Duration::ZERO,
+    };
+    println!("### {} — {}\n", shape.name(), mode_name(args));
+    let lock = format!("fleet-{}", mono_ns() % 1_000_000);
+    let setup_start = Instant::now();
+    let mut fleet = Sidecars::spawn(&servers[0], urls, &lock, count);
+    fleet.wait_ready(servers, &lock, setup_start + Duration::from_secs(60));
+    row.setup = setup_start.elapsed();
+    // The first tenure is the start, not a change.
+    let tenures_at_start = fleet.tenures;
+    eprintln!(
+        "fleet: {} — {count} sidecars up in {:.1} s",
+        shape.name(),
+        row.setup.as_secs_f64()
+    );
+    fleet.drain(Instant::now() + Duration::from_secs(args.warmup));
+    let before: Vec<Snapshot> = servers.iter().map(snapshot).collect();
+    let cpu_before = fleet.cpu_usec();
+    let window_start = Instant::now();
+    fleet.drain(window_start + Duration::from_secs(args.secs));
+    let cpu_after = fleet.cpu_usec();
+    row.nodes = servers
+        .iter()
+        .zip(&before)
+        .map(|(s, b)| cost(b, &snapshot(s)))
+        .collect();
+    let secs = window_start.elapsed().as_secs_f64();
+    row.client_cpu_usec = (cpu_after.0 - cpu_before.0) / secs;
+    row.client_sched_usec = (cpu_after.1 - cpu_before.1) / secs;
+    row.leaders_changed = fleet.tenures - tenures_at_start;
+
+    // Takeovers after SIGTERM: the leader releases on its way out; from the signal to the
+    // event of the sidecar that leads next.
+    let (planned, note) = release_plan(shape, args.releases);
+    row.releases_planned = planned;
+    row.release_note = note;
+    for k in 0..planned {
+        let Some(old) = fleet.leader() else {
+            row.release_note = Some(format!("release {} of {planned}: nobody leads", k + 1));
+            break;
+        };
+        let signalled = mono_ns();
+        fleet.signal(old, libc::SIGTERM);
+        match fleet.new_leader(old, Instant::now() + Duration::from_secs(30)) {
+            Some((_, at)) => row
+                .takeover_release
+                .push(Duration::from_nanos(at.saturating_sub(signalled))),
+            None => {
+                let why = format!(
+                    "release {} of {planned}: no sidecar led within 30 s of SIGTERM to {}",
+                    k + 1,
+                    fleet.procs[old].identity
+                );
+                eprintln!(
+                    "fleet: {}: {why}; its log:\n{}",
+                    shape.name(),
+                    fleet.log_text(old)
+                );
+                row.release_note = Some(why);
+                break;
+            }
+        }
+    }
+
+    // Takeover after SIGKILL: from the moment the key is gone on a quorum of nodes.
+    if let Some(old) = fleet.leader() {
+        let key = format!("redlock:{{{lock}}}");
+        let crashed = mono_ns();
+        fleet.signal(old, libc::SIGKILL);
+        let mut expiries: Vec<u64> = servers
+            .iter()
+            .filter_map(|s| {
+                let read_at = mono_ns();
+                let pttl: i64 = s.cmd(&["PTTL", &key]).parse().ok()?;
+                Some(read_at + pttl.max(0) as u64 * 1_000_000)
+            })
+            .collect();
+        expiries.sort_unstable();
+        let free_at = expiries.get(NODES / 2).copied();
+        if let (Some((_, at)), Some(free)) =
+            (fleet.new_leader(old, Instant::now() + TTL * 3), free_at)
+        {
+            row.takeover_crash = Some(Duration::from_nanos(at.saturating_sub(free)));
+            row.crash_wait = Some(Duration::from_nanos(at.saturating_sub(crashed)));
+        } else {
+            eprintln!(
+                "fleet: {}: no sidecar led within {} s of SIGKILL to {}",
+                shape.name(),
+                (TTL * 3).as_secs(),
+                fleet.procs[old].identity
+            );
+        }
+    }
+    drop(fleet);
+    for server in servers {
+        server.cmd(&["FLUSHALL"]);
+    }
+    support::settle(servers);
+    print_row(&row, args);
+    row
 }
