@@ -21,9 +21,10 @@
 //!   release push (below), spread over the waiters that saw the same: every standby whose turn
 //!   it is reads at about the same moment after a crash.
 //! - **Release push.** A release announcement schedules a round after a random pause within
-//!   `SPREAD_SLOT` × the number of waiters (capped at `SPREAD_MAX`; counted once when the
-//!   standby starts watching, then taken from each acquisition announcement): the first of many waiters starts within about one slot, and the
-//!   acquisition announcement of the winner reaches the others before most of them start.
+//!   `SPREAD_SLOT` × the number of waiters (capped at `SPREAD_MAX`; counted when the standby
+//!   starts watching and again every few ttls, and taken from each acquisition announcement):
+//!   the first of many waiters starts within about one slot, and the acquisition announcement
+//!   of the winner reaches the others before most of them start.
 //!   An announcement of a release by someone other than the known holder is stale and ignored.
 //! - **Acquisition push.** An announcement with a fencing token above the last one known sets
 //!   the holder, cancels a scheduled round (the standby stands down), and marks every node
