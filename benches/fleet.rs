@@ -788,6 +788,26 @@ struct Row {
     setup: Duration,
 }
 
+impl Row {
+    /// A row for `shape` with nothing measured yet.
+    fn new(shape: Shape) -> Row {
+        Row {
+            shape,
+            skipped: None,
+            nodes: Vec::new(),
+            client_cpu_usec: 0.0,
+            client_sched_usec: 0.0,
+            takeover_release: Samples::default(),
+            releases_planned: 0,
+            release_note: None,
+            takeover_crash: None,
+            crash_wait: None,
+            leaders_changed: 0,
+            setup: Duration::ZERO,
+        }
+    }
+}
+
 struct Workers {
     children: Vec<(Child, ChildStdin)>,
     lines: mpsc::Receiver<(String, u64)>,
@@ -933,20 +953,7 @@ fn run_size(
     maxclients: u64,
 ) -> Row {
     let engines = shape.locks() * shape.per_lock();
-    let mut row = Row {
-        shape,
-        skipped: None,
-        nodes: Vec::new(),
-        client_cpu_usec: 0.0,
-        client_sched_usec: 0.0,
-        takeover_release: Samples::default(),
-        releases_planned: 0,
-        release_note: None,
-        takeover_crash: None,
-        crash_wait: None,
-        leaders_changed: 0,
-        setup: Duration::ZERO,
-    };
+    let mut row = Row::new(shape);
     println!("### {} — {}\n", shape.name(), mode_name(args));
     // Each engine: one connection per node (its subscriptions ride on it).
     let per_node = engines as u64;
@@ -1531,20 +1538,7 @@ fn subscribe_acquired(
 fn run_sidecars(servers: &[RedisServer], urls: &[String], s: usize, args: &Args) -> Row {
     let shape = Shape::Standbys(s);
     let count = shape.per_lock();
-    let mut row = Row {
-        shape,
-        skipped: None,
-        nodes: Vec::new(),
-        client_cpu_usec: 0.0,
-        client_sched_usec: 0.0,
-        takeover_release: Samples::default(),
-        releases_planned: 0,
-        release_note: None,
-        takeover_crash: None,
-        crash_wait: None,
-        leaders_changed: 0,
-        setup: Duration::ZERO,
-    };
+    let mut row = Row::new(shape);
     println!("### {} — {}\n", shape.name(), mode_name(args));
     let lock = format!("fleet-{}", mono_ns() % 1_000_000);
     let setup_start = Instant::now();

@@ -466,16 +466,6 @@ async fn a_release_right_after_acquire_leaves_no_key_behind() {
     }
 }
 
-/// `calls=` of `cmdstat_<command>` on `node`'s `INFO commandstats`.
-fn calls(node: &RedisNode, command: &str) -> u64 {
-    let prefix = format!("cmdstat_{command}:calls=");
-    node.command(&["INFO", "commandstats"])
-        .lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_waiters_take_turns_reading_and_a_crashed_holder_is_still_replaced() {
     const WAITERS: usize = 400;
@@ -515,10 +505,10 @@ async fn many_waiters_take_turns_reading_and_a_crashed_holder_is_still_replaced(
     // Every waiter counts the waiters again within three ttls, and then reads by turns.
     tokio::time::sleep(TTL * 5).await;
     let window = TTL * 5;
-    let reads_before = calls(cluster.node(0), "get");
+    let reads_before = cluster.node(0).calls("get");
     let rounds_before = rounds.load(Ordering::Relaxed);
     tokio::time::sleep(window).await;
-    let reads = calls(cluster.node(0), "get") - reads_before;
+    let reads = cluster.node(0).calls("get") - reads_before;
     // Reading at every deadline (the key's expiry, renewed every ttl/3: one read per waiter
     // every 2/3 to 1 ttl) would be 2,000 to 3,000 reads; by turns, about a quarter of that
     // (the waiters that started early counted fewer and read at every deadline until they

@@ -87,19 +87,9 @@ impl Sidecar {
     }
 }
 
-/// `calls=` of `cmdstat_<command>` on `node`'s `INFO commandstats`.
-fn calls(node: &support::RedisNode, command: &str) -> u64 {
-    let prefix = format!("cmdstat_{command}:calls=");
-    node.command(&["INFO", "commandstats"])
-        .lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 /// Scripts run on `node` (every acquire, extend, release runs by `EVALSHA`, or `EVAL` once).
 fn scripts(node: &support::RedisNode) -> u64 {
-    calls(node, "evalsha") + calls(node, "eval")
+    node.calls("evalsha") + node.calls("eval")
 }
 
 async fn leader_and_standby(cluster: &RedisCluster, ttl: &str) -> (Sidecar, Sidecar) {

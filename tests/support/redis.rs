@@ -650,6 +650,16 @@ impl RedisNode {
         self.try_command(args)
             .unwrap_or_else(|e| panic!("redis {} {args:?}: {e}", self.addr()))
     }
+
+    /// How many times `command` (lower case) ran here: `calls=` of its `INFO commandstats` line.
+    pub fn calls(&self, command: &str) -> u64 {
+        let prefix = format!("cmdstat_{command}:calls=");
+        self.command(&["INFO", "commandstats"])
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    }
 }
 
 impl Drop for RedisNode {
