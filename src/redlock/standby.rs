@@ -137,6 +137,10 @@ pub struct Standby {
     round_at: Option<Instant>,
     /// The last holder announced or read.
     holder: Option<Announced>,
+    /// Who released last, until a round shows the lock again: an acquisition announcement of
+    /// theirs that arrives after their release is stale (it would stand the waiters down for
+    /// a validity that the release already ended).
+    released_by: Option<String>,
     /// The number of waiters last counted (on a node, or by an acquisition announcement).
     waiters: u64,
     /// When the waiters were last counted (or the count was tried).
@@ -161,6 +165,7 @@ impl Standby {
             resubscribed: false,
             round_at: None,
             holder: None,
+            released_by: None,
             waiters: 1,
             counted_at: None,
             longest_ttl,
@@ -219,6 +224,7 @@ impl Standby {
     /// are read before anything is decided.
     pub fn round_busy(&mut self, started: Instant, held: &[bool], holder_ttl: Option<Duration>) {
         self.round_at = None;
+        self.released_by = None;
         for (key, held) in self.keys.iter_mut().zip(held) {
             *key = match (held, holder_ttl) {
                 (true, Some(ttl)) => Key::Held(saturating_add(started, ttl)),
@@ -259,6 +265,7 @@ impl Standby {
         // Every waiter hears a release.
         self.schedule_round(now, jitter, self.waiters);
         self.holder = None;
+        self.released_by = Some(identity.to_owned());
         true
     }
 
@@ -341,9 +348,13 @@ impl Standby {
             self.set_waiters(now, waiters);
         }
         let known = self.holder.as_ref().map_or(0, |h| h.fencing_token);
-        if announced.fencing_token <= known {
+        // A late copy of the releaser's own announcement; if they really hold the lock again,
+        // the round still to come finds it so.
+        let released = self.released_by.as_deref() == Some(announced.identity.as_str());
+        if announced.fencing_token <= known || released {
             return false;
         }
+        self.released_by = None;
         self.holder = Some(announced);
         self.round_at = None;
         let until = saturating_add(now, validity);
@@ -751,6 +762,29 @@ mod tests {
         s.key_event(t0, 0, KeyEvent::Gone);
         s.settle(t0, 1.0, true);
         assert_eq!(s.next(t0), (Action::Wait, Some(t0 + SPREAD_MAX)));
+    }
+
+    #[test]
+    fn an_acquisition_announced_after_its_holders_release_does_not_stand_the_round_down() {
+        let t0 = Instant::now();
+        let mut s = subscribed(3);
+        s.round_busy(t0, &[true, true, true], Some(TTL));
+        // "b" won, announced its acquisition and released at once; the release arrives
+        // first (the announcement is sent apart and was late).
+        assert!(s.released(t0, 0, "b", 0.0));
+        let announced = Announced {
+            identity: "b".into(),
+            fencing_token: 9,
+        };
+        assert!(!s.acquired(t0 + ms(1), announced, ms(9000), 1));
+        assert_eq!(s.next(t0 + ms(1)), (Action::Round, None));
+        // Another holder's announcement still stands it down.
+        let announced = Announced {
+            identity: "c".into(),
+            fencing_token: 10,
+        };
+        assert!(s.acquired(t0 + ms(2), announced, ms(9000), 1));
+        assert_eq!(s.next(t0 + ms(2)).0, Action::Wait);
     }
 
     #[test]
