@@ -945,6 +945,40 @@ fn release_plan(shape: Shape, asked: usize) -> (usize, Option<String>) {
     (most, Some(why))
 }
 
+/// The measurement window: each node's cost and the contenders' CPU from when it opens until
+/// it closes.
+struct Window {
+    before: Vec<Snapshot>,
+    cpu_before: (f64, f64),
+    start: Instant,
+}
+
+impl Window {
+    fn open(servers: &[RedisServer], cpu_usec: (f64, f64)) -> Window {
+        Window {
+            before: servers.iter().map(snapshot).collect(),
+            cpu_before: cpu_usec,
+            start: Instant::now(),
+        }
+    }
+
+    /// When a window of `secs` ends.
+    fn end(&self, secs: u64) -> Instant {
+        self.start + Duration::from_secs(secs)
+    }
+
+    fn close(self, servers: &[RedisServer], cpu_usec: (f64, f64), row: &mut Row) {
+        row.nodes = servers
+            .iter()
+            .zip(&self.before)
+            .map(|(s, b)| cost(b, &snapshot(s)))
+            .collect();
+        let secs = self.start.elapsed().as_secs_f64();
+        row.client_cpu_usec = (cpu_usec.0 - self.cpu_before.0) / secs;
+        row.client_sched_usec = (cpu_usec.1 - self.cpu_before.1) / secs;
+    }
+}
+
 fn run_size(
     servers: &[RedisServer],
     urls: &[String],
@@ -1003,23 +1037,9 @@ fn run_size(
         Instant::now() + Duration::from_secs(args.warmup),
         &mut acquired,
     );
-    let before: Vec<Snapshot> = servers.iter().map(snapshot).collect();
-    let cpu_before = workers.cpu_usec();
-    let window_start = Instant::now();
-    drain(
-        &workers,
-        window_start + Duration::from_secs(args.secs),
-        &mut acquired,
-    );
-    let cpu_after = workers.cpu_usec();
-    row.nodes = servers
-        .iter()
-        .zip(&before)
-        .map(|(s, b)| cost(b, &snapshot(s)))
-        .collect();
-    let secs = window_start.elapsed().as_secs_f64();
-    row.client_cpu_usec = (cpu_after.0 - cpu_before.0) / secs;
-    row.client_sched_usec = (cpu_after.1 - cpu_before.1) / secs;
+    let window = Window::open(servers, workers.cpu_usec());
+    drain(&workers, window.end(args.secs), &mut acquired);
+    window.close(servers, workers.cpu_usec(), &mut row);
     row.leaders_changed = acquired.saturating_sub(shape.locks());
 
     // Takeovers after a release, one at a time: each waits for the previous one's ACQUIRED.
@@ -1553,19 +1573,9 @@ fn run_sidecars(servers: &[RedisServer], urls: &[String], s: usize, args: &Args)
         row.setup.as_secs_f64()
     );
     fleet.drain(Instant::now() + Duration::from_secs(args.warmup));
-    let before: Vec<Snapshot> = servers.iter().map(snapshot).collect();
-    let cpu_before = fleet.cpu_usec();
-    let window_start = Instant::now();
-    fleet.drain(window_start + Duration::from_secs(args.secs));
-    let cpu_after = fleet.cpu_usec();
-    row.nodes = servers
-        .iter()
-        .zip(&before)
-        .map(|(s, b)| cost(b, &snapshot(s)))
-        .collect();
-    let secs = window_start.elapsed().as_secs_f64();
-    row.client_cpu_usec = (cpu_after.0 - cpu_before.0) / secs;
-    row.client_sched_usec = (cpu_after.1 - cpu_before.1) / secs;
+    let window = Window::open(servers, fleet.cpu_usec());
+    fleet.drain(window.end(args.secs));
+    window.close(servers, fleet.cpu_usec(), &mut row);
     row.leaders_changed = fleet.tenures - tenures_at_start;
 
     // Takeovers after SIGTERM: the leader releases on its way out; from the signal to the

@@ -289,7 +289,7 @@ impl Standby {
             .filter(|key| matches!(key, Key::Held(_)))
             .count();
         if self.round_at.is_none() && !self.keys.contains(&Key::Unknown) && held < self.quorum {
-            let waking = if pushed || !self.takes_turns() {
+            let waking = if pushed {
                 self.waiters
             } else {
                 self.waiters.min(2 * READERS)
