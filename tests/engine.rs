@@ -551,3 +551,42 @@ async fn many_waiters_take_turns_reading_and_a_crashed_holder_is_still_replaced(
     }
     assert_eq!(won, 1, "exactly one waiter took over");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_made_while_the_connections_are_redialled_still_deletes_the_keys() {
+    // A ttl far longer than the release's own bound (2 × node timeout): a key left behind
+    // would still be there when we look.
+    const TTL: Duration = Duration::from_secs(10);
+    let cluster = RedisCluster::start(3);
+    cluster.wait_votes_count(TTL);
+    let mut proxies = Vec::new();
+    for node in &cluster.nodes {
+        proxies.push(support::proxy::FaultProxy::start(node.addr()).await);
+    }
+    let urls: Vec<String> = proxies.iter().map(|p| p.url()).collect();
+    let holder = Redlock::new(
+        support::engine_config(&urls, "test", "holder", TTL),
+        Arc::new(NoObserver),
+    )
+    .expect("valid config");
+    // `acquire` keeps a subscription per node: it notices a dropped connection and redials.
+    let never = CancellationToken::new();
+    let lease = holder
+        .acquire(Some(Instant::now() + TTL), &never, |_, _| {})
+        .await
+        .expect("holder acquires");
+    // Every connection is dropped, and the new ones take longer to open than a node timeout
+    // (100 ms): the release finds every node still connecting and gives up on its answers.
+    for proxy in &proxies {
+        proxy.set_latency(Duration::from_millis(80), Duration::ZERO);
+        proxy.drop_connections();
+    }
+    support::wait_until(Duration::from_secs(5), "the nodes are redialled", || {
+        proxies.iter().all(|p| p.connections_accepted() >= 2)
+    });
+    holder.release(&lease).await;
+    // The deletes were still sent once the connections opened: no key waits for its ttl.
+    support::wait_until(TTL / 2, "the released key is gone from every node", || {
+        cluster.nodes.iter().all(|n| key_on(n) == "(nil)")
+    });
+}

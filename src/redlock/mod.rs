@@ -426,7 +426,8 @@ impl<T: Send + 'static> Drop for Answers<T> {
 /// holder releases. Were the delete sent first, the late `SET` would leave a key that
 /// blocks that node's vote for a whole ttl. Deletes therefore wait (bounded by the node
 /// timeout) until no call that may write the key there is in flight; from then on, the
-/// connection's own order keeps them behind it.
+/// connection's own order keeps them behind it. And a delete is never given up before it is
+/// sent (see `Inner::delete_on`).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Order {
     /// Touches nothing a delete could race with.
@@ -484,6 +485,32 @@ impl Inner {
         }
         let mut writes = self.key_writes[index].subscribe();
         let _ = tokio::time::timeout(self.cfg.node_timeout, writes.wait_for(|n| *n == 0)).await;
+    }
+
+    /// Runs `script`, a delete of our key, on node `index` once the node's writes have settled,
+    /// and waits for its answer for up to twice the node timeout. The call runs in its own
+    /// task, bounded by the ttl: the client sheds a request whose caller has given up before
+    /// its connection wrote it, and a delete so shed (on a busy client) left our key, and so a
+    /// lost round's split or an old holder's lock, for a whole ttl.
+    async fn delete_on<T: redis::FromRedisValue + Send + 'static>(
+        self: Arc<Self>,
+        index: usize,
+        script: &'static Script,
+        args: Arc<[String]>,
+    ) -> Result<(T, Arc<NodeFacts>), NodeError> {
+        let wait = self.cfg.node_timeout.saturating_mul(2);
+        let bound = self.cfg.ttl.max(wait);
+        let call = tokio::spawn(async move {
+            self.key_writes_settled(index).await;
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            self.nodes[index]
+                .eval::<T>(script, &self.keys(), &args, bound)
+                .await
+        });
+        match tokio::time::timeout(wait, call).await {
+            Ok(Ok(answer)) => answer,
+            _ => Err(NodeError::timeout(wait)),
+        }
     }
 }
 
@@ -587,14 +614,15 @@ impl Redlock {
                 // Counted now, so that a delete issued right after this returns waits for it.
                 let write = (order == Order::MayWrite).then(|| KeyWrite::start(&inner, index));
                 let call: BoxFuture<'static, Answer<T>> = Box::pin(async move {
-                    if order == Order::AfterWrites {
-                        inner.key_writes_settled(index).await;
-                    }
                     let start = Instant::now();
-                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                    let result = inner.nodes[index]
-                        .eval::<T>(script, &inner.keys(), &args, inner.cfg.node_timeout)
-                        .await;
+                    let result = if order == Order::AfterWrites {
+                        inner.clone().delete_on::<T>(index, script, args).await
+                    } else {
+                        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                        inner.nodes[index]
+                            .eval::<T>(script, &inner.keys(), &args, inner.cfg.node_timeout)
+                            .await
+                    };
                     drop(write);
                     let outcome = result.as_ref().map(|_| ()).map_err(|e| e.kind);
                     inner
@@ -744,18 +772,15 @@ impl Redlock {
         which: impl Fn(&Option<Vote>) -> bool,
         votes: &[Option<Vote>],
     ) {
-        let inner = &self.inner;
-        let keys = inner.keys();
-        let args = [value];
+        let args: Arc<[String]> = vec![value.to_owned()].into();
         let calls = votes
             .iter()
             .enumerate()
             .filter(|(_, vote)| which(vote))
-            .map(|(index, _)| async move {
-                inner.key_writes_settled(index).await;
-                inner.nodes[index]
-                    .eval::<i64>(&CLEANUP, &keys, &args, inner.cfg.node_timeout)
-                    .await
+            .map(|(index, _)| {
+                self.inner
+                    .clone()
+                    .delete_on::<i64>(index, &CLEANUP, args.clone())
             });
         futures_util::future::join_all(calls).await;
     }

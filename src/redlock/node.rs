@@ -412,7 +412,7 @@ impl NodeError {
         self.kind == NodeErrorKind::Auth && self.message.to_ascii_lowercase().contains("noperm")
     }
 
-    fn timeout(after: Duration) -> NodeError {
+    pub(crate) fn timeout(after: Duration) -> NodeError {
         NodeError {
             kind: NodeErrorKind::Timeout,
             message: format!("no answer within {after:?}"),
