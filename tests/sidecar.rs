@@ -710,10 +710,18 @@ async fn a_round_that_wins_after_sigterm_is_released_without_ever_leading() {
     support::wait_until_async(
         Duration::from_secs(10),
         "the round's script waits at the paused node",
+        // The connection may have subscribed first (`flags=Pb`): it is the same connection.
         || async {
-            node.command(&["CLIENT", "LIST"])
-                .lines()
-                .any(|c| c.contains("flags=b") && c.contains("cmd=evalsha"))
+            node.command(&["CLIENT", "LIST"]).lines().any(|client| {
+                let field = |name: &str| {
+                    client
+                        .split(' ')
+                        .find_map(|f| f.strip_prefix(name))
+                        .unwrap_or("")
+                        .to_owned()
+                };
+                field("flags=").contains('b') && field("cmd=") == "evalsha"
+            })
         },
     )
     .await;
