@@ -53,6 +53,8 @@ pub struct Metrics {
     node_set_conflicts: IntCounter,
     push_subscribed: IntGaugeVec,
     standby_reads: IntCounterVec,
+    standby_reads_skipped: IntCounter,
+    standby_waiters: IntGauge,
     ttl: Gauge,
     renew_interval: Gauge,
     safety_margin: Gauge,
@@ -210,6 +212,16 @@ impl Metrics {
                 &["reason"],
             )
             .unwrap(),
+            standby_reads_skipped: IntCounter::with_opts(opts(
+                "redlock_standby_reads_skipped_total",
+                "Key expiries at which a waiting standby left the read to others: past 50 waiters, standbys take turns",
+            ))
+            .unwrap(),
+            standby_waiters: IntGauge::with_opts(opts(
+                "redlock_standby_waiters",
+                "Sidecars subscribed to the lock's acquisition channel on one node (leader included), as this standby last counted them; 0 until counted",
+            ))
+            .unwrap(),
             ttl: Gauge::with_opts(opts(
                 "redlock_ttl_seconds",
                 "Configured lock ttl (--ttl); 0 until set",
@@ -272,6 +284,8 @@ impl Metrics {
             Box::new(self.node_set_conflicts.clone()),
             Box::new(self.push_subscribed.clone()),
             Box::new(self.standby_reads.clone()),
+            Box::new(self.standby_reads_skipped.clone()),
+            Box::new(self.standby_waiters.clone()),
             Box::new(self.ttl.clone()),
             Box::new(self.renew_interval.clone()),
             Box::new(self.safety_margin.clone()),
@@ -470,6 +484,15 @@ impl Observer for Metrics {
     fn standby_read(&self, fallback: bool) {
         let reason = if fallback { "fallback" } else { "deadline" };
         self.standby_reads.with_label_values(&[reason]).inc();
+    }
+
+    fn standby_read_skipped(&self) {
+        self.standby_reads_skipped.inc();
+    }
+
+    fn waiters_counted(&self, waiters: u64) {
+        self.standby_waiters
+            .set(i64::try_from(waiters).unwrap_or(i64::MAX));
     }
 }
 

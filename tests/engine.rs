@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redlock_sidecar::redlock::{
-    ConfigError, Credentials, LockError, NoObserver, NodeErrorKind, NodeSpec, Redlock,
+    ConfigError, Credentials, LockError, NoObserver, NodeErrorKind, NodeSpec, Observer, Redlock,
     RedlockConfig, Vote,
 };
 use support::{RedisCluster, RedisNode};
@@ -471,10 +471,25 @@ async fn many_waiters_take_turns_reading_and_a_crashed_holder_is_still_replaced(
     const WAITERS: usize = 400;
     // Longer than the other tests' ttl: a loaded machine may miss a renewal or two.
     const TTL: Duration = Duration::from_secs(3);
+    /// What the waiters report about their turns (the sidecar's metrics hear the same).
+    #[derive(Default)]
+    struct Turns {
+        skipped: AtomicU64,
+        most_waiters: AtomicU64,
+    }
+    impl Observer for Turns {
+        fn standby_read_skipped(&self) {
+            self.skipped.fetch_add(1, Ordering::Relaxed);
+        }
+        fn waiters_counted(&self, waiters: u64) {
+            self.most_waiters.fetch_max(waiters, Ordering::Relaxed);
+        }
+    }
+    let turns = Arc::new(Turns::default());
     let redlock = |urls: &[String], identity: &str| {
         Redlock::new(
             support::engine_config(urls, "test", identity, TTL),
-            Arc::new(NoObserver),
+            turns.clone(),
         )
         .expect("valid config")
     };
@@ -517,8 +532,17 @@ async fn many_waiters_take_turns_reading_and_a_crashed_holder_is_still_replaced(
     let window = TTL * 5;
     let reads_before = cluster.node(0).calls("get");
     let rounds_before = rounds.load(Ordering::Relaxed);
+    let skipped_before = turns.skipped.load(Ordering::Relaxed);
     tokio::time::sleep(window).await;
     let reads = cluster.node(0).calls("get") - reads_before;
+    let skipped = turns.skipped.load(Ordering::Relaxed) - skipped_before;
+    assert!(skipped > 0, "no waiter reported a read left to others");
+    let most = turns.most_waiters.load(Ordering::Relaxed);
+    assert!(
+        most > 50 && most <= WAITERS as u64 + 1,
+        "the waiters counted at most {most} of the {} subscribers",
+        WAITERS + 1
+    );
     // Reading at every deadline (the key's expiry, renewed every ttl/3: one read per waiter
     // every 2/3 to 1 ttl) would be 2,000 to 3,000 reads; by turns, about a quarter of that
     // (the waiters that started early counted fewer and read at every deadline until they

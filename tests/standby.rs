@@ -131,6 +131,13 @@ async fn an_idle_standby_runs_no_acquire_script_while_the_leader_renews() {
     let reads = b.metric("redlock_standby_reads_total", "").await;
     assert!(reads <= 6.0, "the standby read the nodes {reads} times");
     assert_eq!(b.holder().await.as_deref(), Some("a"));
+    // It counted who waits with it (both sidecars listen on the lock's channels), and with
+    // so few it never leaves a read to others.
+    assert_eq!(b.metric("redlock_standby_waiters", "").await, 2.0);
+    assert_eq!(
+        b.metric("redlock_standby_reads_skipped_total", "").await,
+        0.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

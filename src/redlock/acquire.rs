@@ -571,6 +571,7 @@ impl Redlock {
                 )
                 .await;
             if let Ok((_, n)) = numsub {
+                self.inner.observer.waiters_counted(n);
                 return n;
             }
         }
@@ -645,6 +646,7 @@ impl Redlock {
                     continue;
                 }
                 Action::Skip => {
+                    self.inner.observer.standby_read_skipped();
                     standby.skip(now, rand::rng().random_range(0.0..=1.0));
                     continue;
                 }

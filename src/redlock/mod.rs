@@ -129,6 +129,10 @@ pub trait Observer: Send + Sync + 'static {
     fn subscription(&self, _index: usize, _up: bool) {}
     /// A waiting standby read the nodes; `fallback` when a push subscription was missing.
     fn standby_read(&self, _fallback: bool) {}
+    /// A waiting standby left a read to others (they take turns past 50 waiters).
+    fn standby_read_skipped(&self) {}
+    /// A waiting standby counted `waiters` subscribers of the lock's channel on a node.
+    fn waiters_counted(&self, _waiters: u64) {}
 }
 
 /// An observer that records nothing.
