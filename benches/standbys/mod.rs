@@ -200,16 +200,14 @@ pub fn run(servers: &[RedisServer]) {
             server.cmd(&["CONFIG", "SET", "notify-keyspace-events", "Kgx"]);
         }
     }
+    // `CONFIG GET` answers the name, then the value (an empty line when none is set).
+    let events = servers[0].cmd(&["CONFIG", "GET", "notify-keyspace-events"]);
+    let events = events.lines().nth(1).map(str::trim).unwrap_or("");
     println!(
         "\n## Standbys on one lock: {} nodes, ttl {}, keyspace events {}\n",
         servers.len(),
         fmt_dur(ttl),
-        servers[0]
-            .cmd(&["CONFIG", "GET", "notify-keyspace-events"])
-            .lines()
-            .last()
-            .unwrap_or("")
-            .trim()
+        if events.is_empty() { "off" } else { events }
     );
     for size in sizes {
         runtime.block_on(standbys(servers, size, ttl));
