@@ -11,15 +11,15 @@
 
 mod support;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use redlock_sidecar::redlock::cluster::{epoch_key, key_slot};
 use redlock_sidecar::redlock::{votes, LockError, NoObserver, Redlock};
 use support::cluster_mode::ClusterMode;
-use support::tenures::{ms_between, Sidecar, Watch};
-use support::{engine_config, http, Proc, RedisNode};
+use support::failover::{leader_after, Contender, SLACK, TTL};
+use support::tenures::{ms_between, Watch};
+use support::{engine_config, Proc, RedisNode};
 use tokio::task::block_in_place;
 use tokio_util::sync::CancellationToken;
 
@@ -229,100 +229,6 @@ async fn a_slot_in_migration_is_followed_with_asking_then_moved() {
 // ------------------------------------------------------------------------------------------------
 
 const LOCK: &str = "cluster";
-const TTL: Duration = Duration::from_secs(2);
-const TIMING: [&str; 12] = [
-    "--ttl",
-    "2s",
-    "--renew-interval",
-    "400ms",
-    "--safety-margin",
-    "500ms",
-    "--node-timeout",
-    "250ms",
-    "--connect-timeout",
-    "500ms",
-    "--retry-delay",
-    "50ms",
-];
-/// Beyond failover time + ttl + drift, what a loaded 2-core machine may add.
-const SLACK: Duration = Duration::from_secs(3);
-
-struct Contender {
-    name: String,
-    addr: SocketAddr,
-    proc: Proc,
-}
-
-impl Sidecar for Contender {
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-    fn proc(&self) -> &Proc {
-        &self.proc
-    }
-}
-
-impl Contender {
-    fn start(name: &str, redis: &str) -> Contender {
-        let addr: SocketAddr = format!("127.0.0.1:{}", support::free_port())
-            .parse()
-            .expect("loopback address");
-        let listen = addr.to_string();
-        let mut args = vec!["run", "--lock", LOCK, "--redis", redis];
-        args.extend(TIMING);
-        args.extend([
-            "--listen",
-            &listen,
-            "--identity",
-            name,
-            "--kubernetes",
-            "off",
-        ]);
-        Contender {
-            name: name.to_owned(),
-            addr,
-            proc: Proc::spawn(&args, &[("REDLOCK_LOG", "info")]),
-        }
-    }
-
-    async fn holder(&self) -> Option<String> {
-        let body = http::get(self.addr, "/leader").await.ok()?.json().ok()?;
-        body["holder"].as_str().map(str::to_owned)
-    }
-
-    async fn stop(mut self, watch: &mut Watch) {
-        self.proc.sigterm();
-        let status = self
-            .proc
-            .wait_exit_async(Duration::from_secs(10))
-            .await
-            .unwrap_or_else(|| panic!("{} did not exit\n{}", self.name, self.proc.output_text()));
-        assert_eq!(status.code(), Some(0), "{}", self.proc.output_text());
-        watch.keep_log(self.name.clone(), self.proc.stderr_text());
-    }
-}
-
-/// Waits until a sidecar answers "leader" for a request sent after `after`.
-async fn leader_after(watch: &Watch, after: SystemTime, running: &[&Contender]) -> SystemTime {
-    let end = tokio::time::Instant::now() + support::tenures::ELECTION;
-    loop {
-        if let Some(t) = watch.tenures().iter().find(|t| t.leading_at > after) {
-            return t.leading_at;
-        }
-        if tokio::time::Instant::now() >= end {
-            let logs: Vec<String> = running
-                .iter()
-                .map(|c| format!("--- {} ---\n{}", c.name, c.proc.output_text()))
-                .collect();
-            panic!("no leader after the failover\n{}", logs.join("\n"));
-        }
-        tokio::time::sleep(support::tenures::POLL).await;
-    }
-}
-
 fn secs(from: SystemTime, to: SystemTime) -> f64 {
     ms_between(from, to) / 1e3
 }
@@ -335,12 +241,12 @@ async fn a_cluster_failover_and_a_killed_master_under_a_held_lock_give_one_leade
     // The sidecars name another master: routing is theirs to do.
     let url = cluster.masters[(owner + 1) % 3].url();
     let mut watch = Watch::new();
-    let a = Contender::start("a", &url);
+    let a = Contender::start(LOCK, "a", &url);
     watch.add(&a);
     watch
         .next_tenure(SystemTime::UNIX_EPOCH, Some("a"), "a leads", &[&a])
         .await;
-    let b = Contender::start("b", &url);
+    let b = Contender::start(LOCK, "b", &url);
     watch.add(&b);
     support::wait_until_async(
         Duration::from_secs(10),

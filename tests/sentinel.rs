@@ -12,110 +12,29 @@
 
 mod support;
 
-use std::net::SocketAddr;
 use std::time::{Duration, SystemTime};
 
 use redlock_sidecar::redlock::{votes, EPOCH_KEY};
+use support::failover::{leader_after, Contender, SLACK, TTL};
 use support::sentinel::SentinelGroup;
-use support::tenures::{ms_between, Sidecar, Watch};
-use support::{http, Proc, RedisNode, TempDir};
+use support::tenures::{ms_between, Watch};
+use support::{Proc, RedisNode, TempDir};
 use tokio::task::block_in_place;
 
 const LOCK: &str = "sentinel";
 const KEY: &str = "redlock:{sentinel}";
-const TTL: Duration = Duration::from_secs(2);
-/// ttl 2 s: renew every 400 ms, stop claiming 500 ms before the validity ends.
-const TIMING: [&str; 12] = [
-    "--ttl",
-    "2s",
-    "--renew-interval",
-    "400ms",
-    "--safety-margin",
-    "500ms",
-    "--node-timeout",
-    "250ms",
-    "--connect-timeout",
-    "500ms",
-    "--retry-delay",
-    "50ms",
-];
-/// Beyond failover time + ttl + drift, what a loaded 2-core machine may add before a leader
-/// shows on `/leader` (rounds, retries, the poll).
-const SLACK: Duration = Duration::from_secs(3);
-
-/// One `run` sidecar on the group.
-struct Contender {
-    name: String,
-    addr: SocketAddr,
-    proc: Proc,
-}
-
-impl Sidecar for Contender {
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-    fn proc(&self) -> &Proc {
-        &self.proc
-    }
-}
-
-impl Contender {
-    fn start(name: &str, redis: &str) -> Contender {
-        let addr: SocketAddr = format!("127.0.0.1:{}", support::free_port())
-            .parse()
-            .expect("loopback address");
-        let listen = addr.to_string();
-        let mut args = vec!["run", "--lock", LOCK, "--redis", redis];
-        args.extend(TIMING);
-        args.extend([
-            "--listen",
-            &listen,
-            "--identity",
-            name,
-            "--kubernetes",
-            "off",
-        ]);
-        Contender {
-            name: name.to_owned(),
-            addr,
-            proc: Proc::spawn(&args, &[("REDLOCK_LOG", "info")]),
-        }
-    }
-
-    /// The holder this sidecar sees, from its `/leader` body.
-    async fn holder(&self) -> Option<String> {
-        let body = http::get(self.addr, "/leader").await.ok()?.json().ok()?;
-        body["holder"].as_str().map(str::to_owned)
-    }
-
-    /// SIGTERM, wait for exit 0, and hand the log to `watch`.
-    async fn stop(mut self, watch: &mut Watch) {
-        self.proc.sigterm();
-        let status = self
-            .proc
-            .wait_exit_async(Duration::from_secs(10))
-            .await
-            .unwrap_or_else(|| panic!("{} did not exit\n{}", self.name, self.proc.output_text()));
-        assert_eq!(status.code(), Some(0), "{}", self.proc.output_text());
-        watch.keep_log(self.name.clone(), self.proc.stderr_text());
-    }
-}
-
 /// A leads on the group's first master, B follows and sees A hold the lock.
 async fn a_leads_and_b_follows(group: &SentinelGroup) -> (Watch, Contender, Contender) {
     // The master has been up for long: its grants count at once.
     group.master.backdate_epoch(Duration::from_secs(60));
     let url = group.url();
     let mut watch = Watch::new();
-    let a = Contender::start("a", &url);
+    let a = Contender::start(LOCK, "a", &url);
     watch.add(&a);
     watch
         .next_tenure(SystemTime::UNIX_EPOCH, Some("a"), "a leads", &[&a])
         .await;
-    let b = Contender::start("b", &url);
+    let b = Contender::start(LOCK, "b", &url);
     watch.add(&b);
     support::wait_until_async(
         Duration::from_secs(10),
@@ -124,25 +43,6 @@ async fn a_leads_and_b_follows(group: &SentinelGroup) -> (Watch, Contender, Cont
     )
     .await;
     (watch, a, b)
-}
-
-/// Waits until a sidecar answers "leader" for a request sent after `after`; returns when that
-/// request was sent.
-async fn leader_after(watch: &Watch, after: SystemTime, running: &[&Contender]) -> SystemTime {
-    let end = tokio::time::Instant::now() + support::tenures::ELECTION;
-    loop {
-        if let Some(t) = watch.tenures().iter().find(|t| t.leading_at > after) {
-            return t.leading_at;
-        }
-        if tokio::time::Instant::now() >= end {
-            let logs: Vec<String> = running
-                .iter()
-                .map(|c| format!("--- {} ---\n{}", c.name, c.proc.output_text()))
-                .collect();
-            panic!("no leader after the failover\n{}", logs.join("\n"));
-        }
-        tokio::time::sleep(support::tenures::POLL).await;
-    }
 }
 
 /// The age of `node`'s epoch marker, if it holds the node's own lineage (read-only).

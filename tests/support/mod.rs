@@ -7,6 +7,7 @@
 
 pub mod checker;
 pub mod cluster_mode;
+pub mod failover;
 pub mod fenced;
 pub mod http;
 pub mod process;
