@@ -15,7 +15,9 @@
 //! Contenders are `Redlock` engines (the library API), hosted by worker processes this
 //! benchmark starts from its own binary (`--worker`): each engine holds one connection per node
 //! (RESP3: its subscriptions ride on it), and one process may hold at most `ulimit -n`
-//! descriptors.
+//! descriptors. S standbys: the first holder runs alone in a worker of its own and has won
+//! before the standbys' workers start, at `nice 10`, so that they cannot starve its renewals
+//! (or the nodes) on the machine's 2 cores, as standbys on other hosts would not.
 //!
 //! Per size and node, over the window after the warm-up: client requests/s (`INFO
 //! commandstats`, scripts and other commands; the commands scripts run inside count apart),
@@ -162,7 +164,7 @@ fn worker(args: &[String]) {
                 let redlock = engine(
                     &urls,
                     &format!("{prefix}-{lock}"),
-                    &format!("w{first}-{l}-{e}"),
+                    &format!("w{}-{first}-{l}-{e}", std::process::id()),
                 );
                 let rx = command.subscribe();
                 tokio::spawn(contender(redlock, lock, rx, started.clone(), say.clone()));
@@ -857,14 +859,69 @@ impl Drop for Workers {
 fn spawn_workers(urls: &[String], prefix: &str, shape: Shape) -> Workers {
     let exe = std::env::current_exe().expect("own binary");
     let (tx, rx) = mpsc::channel();
-    // Each worker: (first lock, locks, engines per lock).
-    let mut plan = Vec::new();
+    let joined = urls.join(",");
+    // One worker: (first lock, locks, engines per lock), at a lower priority when `niced`.
+    let spawn = |(first, locks, per_lock): (usize, usize, usize), niced: bool| {
+        let mut command = if niced {
+            let mut nice = Command::new("nice");
+            nice.args(["-n", "10"]).arg(&exe);
+            nice
+        } else {
+            Command::new(&exe)
+        };
+        let mut child = command
+            .args([
+                "--worker",
+                prefix,
+                &joined,
+                &first.to_string(),
+                &locks.to_string(),
+                &per_lock.to_string(),
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start a worker");
+        let stdout = child.stdout.take().expect("stdout");
+        let stdin = child.stdin.take().expect("stdin");
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send((line, mono_ns())).is_err() {
+                    break;
+                }
+            }
+        });
+        (child, stdin)
+    };
+    let mut children = Vec::new();
     match shape {
         Shape::Standbys(_) => {
-            let mut left = shape.per_lock();
+            // The first holder runs alone, at normal priority, and wins before any standby
+            // starts: the standbys' workers (niced) then cannot starve its renewals, as
+            // standbys on other hosts would not.
+            children.push(spawn((0, 1, 1), false));
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let mut seen = Vec::new();
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let (line, at) = rx.recv_timeout(left).expect("the first holder acquires");
+                let won = line.starts_with("ACQUIRED");
+                seen.push((line, at));
+                if won {
+                    break;
+                }
+            }
+            // Seen again by whoever reads the lines.
+            for line in seen {
+                let _ = tx.send(line);
+            }
+            let mut left = shape.per_lock() - 1;
             while left > 0 {
                 let n = left.min(PER_WORKER);
-                plan.push((0, 1, n));
+                children.push(spawn((0, 1, n), true));
                 left -= n;
             }
         }
@@ -873,43 +930,11 @@ fn spawn_workers(urls: &[String], prefix: &str, shape: Shape) -> Workers {
             let mut first = 0;
             while first < l {
                 let n = (l - first).min(per);
-                plan.push((first, n, 3));
+                children.push(spawn((first, n, 3), false));
                 first += n;
             }
         }
     }
-    let joined = urls.join(",");
-    let children = plan
-        .into_iter()
-        .map(|(first, locks, per_lock)| {
-            let mut child = Command::new(&exe)
-                .args([
-                    "--worker",
-                    prefix,
-                    &joined,
-                    &first.to_string(),
-                    &locks.to_string(),
-                    &per_lock.to_string(),
-                ])
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .expect("start a worker");
-            let stdout = child.stdout.take().expect("stdout");
-            let stdin = child.stdin.take().expect("stdin");
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stdout).lines() {
-                    let Ok(line) = line else { break };
-                    if tx.send((line, mono_ns())).is_err() {
-                        break;
-                    }
-                }
-            });
-            (child, stdin)
-        })
-        .collect();
     Workers {
         children,
         lines: rx,
