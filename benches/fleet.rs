@@ -21,8 +21,9 @@
 //!
 //! Per size and node, over the window after the warm-up: client requests/s (`INFO
 //! commandstats`, scripts and other commands; the commands scripts run inside count apart),
-//! Redis CPU µs/s (`used_cpu_sys` + `used_cpu_user`, and the commandstats `usec` sum), memory
-//! (`used_memory`), clients; and the contenders' own CPU, summed over their processes: utime +
+//! Redis CPU µs/s (`used_cpu_sys` + `used_cpu_user`, and the commandstats `usec` of the
+//! client's commands: scripts with what they ran inside, a `GET` or `PTTL` inside one counted
+//! twice), memory (`used_memory`), clients; and the contenders' own CPU, summed over their processes: utime +
 //! stime (`/proc/PID/stat`, whole clock ticks per process) and the on-CPU time of the threads
 //! present at each reading (`/proc/PID/task/*/schedstat`, ns). Then the takeovers:
 //! - **After a release**, `--releases` times, one after another: the holder releases; the time
@@ -518,7 +519,10 @@ fn cost(before: &Snapshot, after: &Snapshot) -> NodeCost {
     let mut detail = Vec::new();
     for name in after.calls.keys() {
         let (c, u) = delta(name);
-        usec += u;
+        // A script's `usec` already holds the commands it ran: count those once.
+        if CLIENT_COMMANDS.contains(&name.as_str()) {
+            usec += u;
+        }
         if CLIENT_COMMANDS.contains(&name.as_str()) && c > 0 {
             detail.push((name.clone(), c as f64 / secs));
         }
