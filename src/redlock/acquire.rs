@@ -484,9 +484,6 @@ impl Redlock {
                     // Once: how many wait with us, so a release does not wake them all at once.
                     counted_waiters = true;
                     let waiters = self.count_waiters().await;
-                    self.inner
-                        .waiters_seen
-                        .fetch_max(waiters, Ordering::Relaxed);
                     standby.set_waiters(clock::now(), waiters);
                 }
                 standby.round_busy(started, &held, *holder_ttl);
@@ -558,7 +555,8 @@ impl Redlock {
     }
 
     /// The subscribers of the acquisition channel on the first node that answers, from a
-    /// random one on (0 if none): counts spread over the nodes.
+    /// random one on (0 if none): counts spread over the nodes. Every count, the first or a
+    /// recount, also goes into the next acquisition announcement (`waiters_seen`).
     async fn count_waiters(&self) -> u64 {
         let nodes = &self.inner.nodes;
         let first = rand::rng().random_range(0..nodes.len().max(1));
@@ -571,6 +569,7 @@ impl Redlock {
                 )
                 .await;
             if let Ok((_, n)) = numsub {
+                self.inner.waiters_seen.fetch_max(n, Ordering::Relaxed);
                 self.inner.observer.waiters_counted(n);
                 return n;
             }
