@@ -29,7 +29,8 @@
 //! - **After a release**, `--releases` times, one after another: the holder releases; the time
 //!   from just before its release call until another contender holds the lock (both moments
 //!   stamped by the worker processes, on the machine's monotonic clock). The next release is
-//!   sent once the takeover before it has come. S standbys: on lock 0 each time; a contender
+//!   sent 1 s after the takeover before it (so the standbys have taken in its announcement,
+//!   as between releases in a fleet; runs before 2026-11-25 sent it at once). S standbys: on lock 0 each time; a contender
 //!   that released ends, so S shrinks by one per sample, and at most S − 1 are taken (one
 //!   standby stays for the crash). L locks: one release on each of locks 0, 1, ... (at most L),
 //!   so two standbys wait at every sample. Printed as p50 and max over the samples (nearest
@@ -90,6 +91,9 @@ const NODES: usize = 3;
 const TTL: Duration = Duration::from_secs(10);
 /// Engines per worker process: one connection per node each, 3 nodes, well under 20,000 fds.
 const PER_WORKER: usize = 2_500;
+/// The pause before each release sample, as between releases in a fleet: the standbys have
+/// taken in the last takeover's acquisition announcement (S of them, on every node).
+const SETTLE_BEFORE_RELEASE: Duration = Duration::from_secs(1);
 /// Descriptors a server keeps for itself beyond its clients (Redis reserves 32).
 const SERVER_RESERVED_FDS: u64 = 64;
 
@@ -1081,6 +1085,7 @@ fn run_size(
             Shape::Standbys(_) => 0,
             Shape::Locks(_) => k,
         };
+        std::thread::sleep(SETTLE_BEFORE_RELEASE);
         workers.send(&format!("RELEASE {lock}"));
         let deadline = Instant::now() + Duration::from_secs(30);
         let mut released = None;
@@ -1617,6 +1622,7 @@ fn run_sidecars(servers: &[RedisServer], urls: &[String], s: usize, args: &Args)
             row.release_note = Some(format!("release {} of {planned}: nobody leads", k + 1));
             break;
         };
+        std::thread::sleep(SETTLE_BEFORE_RELEASE);
         let signalled = mono_ns();
         fleet.signal(old, libc::SIGTERM);
         match fleet.new_leader(old, Instant::now() + Duration::from_secs(30)) {

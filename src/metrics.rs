@@ -52,6 +52,7 @@ pub struct Metrics {
     guard_runs: IntCounterVec,
     node_set_conflicts: IntCounter,
     push_subscribed: IntGaugeVec,
+    release_watch: IntGaugeVec,
     standby_reads: IntCounterVec,
     standby_reads_skipped: IntCounter,
     standby_waiters: IntGauge,
@@ -204,6 +205,14 @@ impl Metrics {
                 &["node"],
             )
             .unwrap(),
+            release_watch: IntGaugeVec::new(
+                opts(
+                    "redlock_release_watch",
+                    "1 while this sidecar subscribes to a node's release announcements: past 50 subscribers there, newcomers do not (a release wakes about 50; the others learn of the new holder from its announcement)",
+                ),
+                &["node"],
+            )
+            .unwrap(),
             standby_reads: IntCounterVec::new(
                 opts(
                     "redlock_standby_reads_total",
@@ -283,6 +292,7 @@ impl Metrics {
             Box::new(self.guard_runs.clone()),
             Box::new(self.node_set_conflicts.clone()),
             Box::new(self.push_subscribed.clone()),
+            Box::new(self.release_watch.clone()),
             Box::new(self.standby_reads.clone()),
             Box::new(self.standby_reads_skipped.clone()),
             Box::new(self.standby_waiters.clone()),
@@ -327,6 +337,7 @@ impl Metrics {
         for node in &self.nodes {
             self.node_up.with_label_values(&[node]).set(0);
             self.push_subscribed.with_label_values(&[node]).set(0);
+            self.release_watch.with_label_values(&[node]).set(0);
             self.node_vote_counted.with_label_values(&[node]).set(0);
             for op in Op::ALL {
                 self.node_request_duration
@@ -488,6 +499,12 @@ impl Observer for Metrics {
 
     fn standby_read_skipped(&self) {
         self.standby_reads_skipped.inc();
+    }
+
+    fn release_watch(&self, index: usize, watching: bool) {
+        self.release_watch
+            .with_label_values(&[self.node_label(index)])
+            .set(i64::from(watching));
     }
 
     fn waiters_counted(&self, waiters: u64) {

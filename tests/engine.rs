@@ -576,6 +576,136 @@ async fn many_waiters_take_turns_reading_and_a_crashed_holder_is_still_replaced(
     assert_eq!(won, 1, "exactly one waiter took over");
 }
 
+/// Subscribers of `channel` on `node` (`PUBSUB NUMSUB`).
+fn subscribers(node: &RedisNode, channel: &str) -> u64 {
+    let reply = node.command(&["PUBSUB", "NUMSUB", channel]);
+    let count = reply.lines().nth(1).unwrap_or_default();
+    count
+        .parse()
+        .unwrap_or_else(|_| panic!("NUMSUB {channel}: {reply:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_the_waiters_that_watch_and_many_watchers_thin_out_to_about_fifty() {
+    const WAITERS: usize = 200;
+    // No waiter reads the nodes before the holder's key would expire (about 15 s from the
+    // start), nor counts the release channel's subscribers before 7.5 s: until then, only the
+    // release announcement can show that the lock is free.
+    const TTL: Duration = Duration::from_secs(15);
+    let cluster = RedisCluster::start(3);
+    cluster.wait_votes_count(TTL);
+    let urls = cluster.urls();
+    /// Reads of the nodes by the waiters.
+    #[derive(Default)]
+    struct Reads(AtomicU64);
+    impl Observer for Reads {
+        fn standby_read(&self, _fallback: bool) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    let redlock = |identity: &str, observer: Arc<dyn Observer>| {
+        Redlock::new(
+            support::engine_config(&urls, "test", identity, TTL),
+            observer,
+        )
+        .expect("valid config")
+    };
+    let holder = redlock("holder", Arc::new(NoObserver));
+    let lease = holder.try_acquire().await.expect("holder acquires");
+    let rounds = Arc::new(AtomicU64::new(0));
+    let reads = Arc::new(Reads::default());
+    let stop = CancellationToken::new();
+    let mut waiters = Vec::new();
+    // All at once, as after a mass restart: every one of them watches releases at first.
+    for i in 0..WAITERS {
+        let (rounds, stop) = (rounds.clone(), stop.clone());
+        let waiter = redlock(&format!("waiter-{i}"), reads.clone());
+        waiters.push(tokio::spawn(async move {
+            let lease = waiter
+                .acquire(None, &stop, |_, _| {
+                    rounds.fetch_add(1, Ordering::Relaxed);
+                })
+                .await;
+            (waiter, lease)
+        }));
+    }
+    let released = "redlock:{test}:released";
+    let acquired = "redlock:{test}:acquired";
+    // Each waiter reads the nodes once its subscriptions are up; then none reads until the
+    // holder's key would expire.
+    let mut last = (0, Instant::now());
+    support::wait_until_async(
+        TTL / 5,
+        "every waiter subscribed, ran a round and read the nodes, and no read for 1 s",
+        || {
+            let count = reads.0.load(Ordering::Relaxed);
+            if count != last.0 {
+                last = (count, Instant::now());
+            }
+            let ready = rounds.load(Ordering::Relaxed) >= WAITERS as u64
+                && count >= WAITERS as u64
+                && last.1.elapsed() >= Duration::from_secs(1)
+                && cluster
+                    .iter()
+                    .all(|node| subscribers(node, acquired) >= WAITERS as u64);
+            async move { ready }
+        },
+    )
+    .await;
+    let reads_before = reads.0.load(Ordering::Relaxed);
+    holder.release(&lease).await;
+    support::wait_until_async(
+        TTL / 5,
+        "a waiter takes over, woken by the release",
+        || async { waiters.iter().any(|w| w.is_finished()) },
+    )
+    .await;
+    assert_eq!(
+        reads.0.load(Ordering::Relaxed),
+        reads_before,
+        "a read, not the release announcement, showed the lock free"
+    );
+    let finished = waiters
+        .iter()
+        .position(|w| w.is_finished())
+        .expect("one finished");
+    let (winner, lease) = waiters.swap_remove(finished).await.expect("winner");
+    let mut lease = lease.expect("the waiter that finished holds the lock");
+    // The winner renews; the others keep waiting, and those that watch releases count the
+    // channel's subscribers again: about fifty stay on each node.
+    let mut renew_at = Instant::now() + TTL / 3;
+    let deadline = Instant::now() + TTL * 3;
+    loop {
+        if Instant::now() >= renew_at {
+            lease = winner.extend(&lease).await.expect("the winner renews");
+            renew_at = Instant::now() + TTL / 3;
+        }
+        let counts: Vec<(u64, u64)> = cluster
+            .iter()
+            .map(|node| (subscribers(node, acquired), subscribers(node, released)))
+            .collect();
+        if counts.iter().all(|(waiting, watching)| {
+            *waiting >= WAITERS as u64 - 1 && *watching < WAITERS as u64 / 2
+        }) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still too many watch releases (waiters, watchers per node): {counts:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        waiters.iter().all(|w| !w.is_finished()),
+        "a second waiter took the lock"
+    );
+    stop.cancel();
+    for waiter in waiters {
+        let (_, lease) = waiter.await.expect("waiter");
+        assert!(lease.is_err(), "a second waiter took the lock");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_made_while_the_connections_are_redialled_still_deletes_the_keys() {
     // A ttl far longer than the release's own bound (2 × node timeout): a key left behind

@@ -33,7 +33,7 @@ use tokio::sync::broadcast;
 use super::error::Tally;
 use super::fencing::MAX_TOKEN;
 use super::push::{Push, PushKind};
-use super::standby::{Action, Announced, Standby, SPREAD_SLOT};
+use super::standby::{watches_releases, Action, Announced, Standby, SPREAD_SLOT};
 use super::timing::{self, CLOCK_DRIFT_FLOOR};
 use super::votes::{DataAge, NotCounted, Proof};
 use super::{
@@ -44,6 +44,22 @@ use super::{
 /// `{granted, fence, epoch_age_ms, max_ttl_ms, candidate_stored, holder_value, holder_pttl,
 /// node_set}`; `granted` is 1, 0 (held by `holder_value`) or −1 (another node set's record).
 type AcquireReply = (i64, u64, i64, u64, i64, String, i64, String);
+
+/// Subscribers of a lock's channels on one node (0: not counted).
+#[derive(Clone, Copy, Debug, Default)]
+struct Counted {
+    /// Of the acquisition channel: every contender that waits (and the holder).
+    waiters: u64,
+    /// Of the release channel: those a release wakes.
+    watchers: u64,
+}
+
+impl Counted {
+    fn apply_to(self, standby: &mut Standby, now: Instant) {
+        standby.set_waiters(now, self.waiters);
+        standby.set_release_watchers(self.watchers);
+    }
+}
 
 /// How often a node-set conflict is logged at most.
 const CONFLICT_LOG_EVERY: Duration = Duration::from_secs(60);
@@ -483,8 +499,8 @@ impl Redlock {
                 if !counted_waiters {
                     // Once: how many wait with us, so a release does not wake them all at once.
                     counted_waiters = true;
-                    let waiters = self.count_waiters().await;
-                    standby.set_waiters(clock::now(), waiters);
+                    let counted = self.count_waiters().await;
+                    counted.apply_to(&mut standby, clock::now());
                 }
                 standby.round_busy(started, &held, *holder_ttl);
                 match self
@@ -554,27 +570,38 @@ impl Redlock {
         }
     }
 
-    /// The subscribers of the acquisition channel on the first node that answers, from a
-    /// random one on (0 if none): counts spread over the nodes. Every count, the first or a
-    /// recount, also goes into the next acquisition announcement (`waiters_seen`).
-    async fn count_waiters(&self) -> u64 {
+    /// The subscribers of the acquisition channel (the waiters) and of the release channel
+    /// (those a release wakes) on the first node that answers, from a random one on (0 if
+    /// none): counts spread over the nodes. Every count, the first or a recount, also goes
+    /// into the next acquisition announcement (`waiters_seen`), and decides again whether to
+    /// watch releases on that node (see `standby::watches_releases`).
+    async fn count_waiters(&self) -> Counted {
         let nodes = &self.inner.nodes;
         let first = rand::rng().random_range(0..nodes.len().max(1));
-        for node in nodes.iter().cycle().skip(first).take(nodes.len()) {
-            let channel = super::push::Channels::new(&self.inner.key, node.db()).acquired;
+        for index in (0..nodes.len()).cycle().skip(first).take(nodes.len()) {
+            let node = &nodes[index];
+            let channels = super::push::Channels::new(&self.inner.key, node.db());
             let numsub = node
-                .command::<(String, u64)>(
-                    redis::cmd("PUBSUB").arg("NUMSUB").arg(&channel),
+                .command::<(String, u64, String, u64)>(
+                    redis::cmd("PUBSUB")
+                        .arg("NUMSUB")
+                        .arg(&channels.acquired)
+                        .arg(&channels.released),
                     self.inner.cfg.node_timeout,
                 )
                 .await;
-            if let Ok((_, n)) = numsub {
-                self.inner.waiters_seen.fetch_max(n, Ordering::Relaxed);
-                self.inner.observer.waiters_counted(n);
-                return n;
+            if let Ok((_, waiters, _, watchers)) = numsub {
+                self.inner
+                    .waiters_seen
+                    .fetch_max(waiters, Ordering::Relaxed);
+                self.inner.observer.waiters_counted(waiters);
+                let watching = self.inner.watching_releases.borrow()[index];
+                let watching = watches_releases(watching, watchers, rand::random());
+                self.inner.watch_releases(index, watching);
+                return Counted { waiters, watchers };
             }
         }
-        0
+        Counted::default()
     }
 
     /// The longest ttl any contender of this lock is known to use.
@@ -606,7 +633,7 @@ impl Redlock {
             let (action, at) = standby.next(now);
             if matches!(action, Action::Read { .. } | Action::Skip) && standby.recount_due(now) {
                 // Counted before the turn is decided; then decide again at the new now.
-                standby.set_waiters(now, self.count_waiters().await);
+                self.count_waiters().await.apply_to(standby, now);
                 continue;
             }
             match action {

@@ -133,6 +133,9 @@ pub trait Observer: Send + Sync + 'static {
     fn standby_read_skipped(&self) {}
     /// A waiting standby counted `waiters` subscribers of the lock's channel on a node.
     fn waiters_counted(&self, _waiters: u64) {}
+    /// Whether this contender subscribes to release announcements on node `index` (past
+    /// 50 waiters, only about 50 do).
+    fn release_watch(&self, _index: usize, _watching: bool) {}
 }
 
 /// An observer that records nothing.
@@ -381,6 +384,9 @@ struct Inner {
     waiters_seen: AtomicU64,
     /// Per node: whether its push subscription is live.
     subscribed: watch::Sender<Vec<bool>>,
+    /// Per node: whether this contender subscribes to release announcements there (see
+    /// `standby::watches_releases`).
+    watching_releases: watch::Sender<Vec<bool>>,
     /// Per node: calls in flight that may still write our key there (acquire, restore,
     /// an extend whose answer may call for a restore). Deletes wait for them to settle.
     key_writes: Vec<watch::Sender<usize>>,
@@ -554,6 +560,7 @@ impl Redlock {
                 max_ttl_seen: AtomicU64::new(0),
                 key_writes: (0..nodes.len()).map(|_| watch::channel(0).0).collect(),
                 subscribed: watch::channel(vec![false; nodes.len()]).0,
+                watching_releases: watch::channel(vec![false; nodes.len()]).0,
                 nodes,
                 pushes: broadcast::channel(1024).0,
                 waiters_seen: AtomicU64::new(0),

@@ -1002,11 +1002,13 @@ impl Node {
     /// does not list it costs only its messages), and streams what they carry: on the node's
     /// connection where it speaks RESP3 (connecting first if needed, within `timeout`), else on
     /// a dedicated pub/sub connection (for a Sentinel group, to the master named now). One
-    /// stream at a time per node.
+    /// stream at a time per node. `dropped` is a channel an earlier stream on the same
+    /// connection subscribed to and this one does not want.
     pub async fn pushes(
         &self,
         channels: &[&str],
         optional: Option<&str>,
+        dropped: Option<&str>,
         timeout: Duration,
     ) -> Result<Pushes, NodeError> {
         let deadline = tokio::time::Instant::now() + timeout;
@@ -1022,6 +1024,9 @@ impl Node {
             conn.subscribe(channels).await?;
             if let Some(optional) = optional {
                 let _ = conn.subscribe(optional).await;
+            }
+            if let Some(dropped) = dropped {
+                conn.unsubscribe(dropped).await?;
             }
             Ok::<_, RedisError>(())
         };

@@ -22,9 +22,11 @@
 use std::sync::Weak;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use futures_util::StreamExt;
 
-use super::standby::{key_event, KeyEvent};
+use super::standby::{key_event, release_recheck_in, watches_releases, KeyEvent, READERS};
 use super::Inner;
 
 /// One message from node `node`.
@@ -131,7 +133,9 @@ impl Channels {
 }
 
 /// Keeps node `index`'s subscription, reconnecting with backoff; publishes its state and
-/// every message it understands.
+/// every message it understands. The release channel is subscribed only by those that
+/// watch releases there (see [`watches_releases`]): decided on each subscription from the
+/// channel's subscribers, and again at each count of the waiters (a change subscribes again).
 pub(super) async fn listen(inner: Weak<Inner>, index: usize) {
     let mut backoff = Duration::from_millis(500);
     loop {
@@ -141,31 +145,100 @@ pub(super) async fn listen(inner: Weak<Inner>, index: usize) {
         let channels = Channels::new(&strong.key, strong.nodes[index].db());
         let connect_timeout = strong.cfg.connect_timeout;
         let keyspace = strong.cfg.keyspace_events;
-        let announcements = [channels.released.as_str(), channels.acquired.as_str()];
+        let ttl = strong.cfg.ttl;
+        let was = strong.watching_releases.borrow()[index];
+        let watchers = strong.release_watchers(index, &channels.released).await;
+        let watching = watches_releases(was, watchers, rand::random());
+        strong.watch_releases(index, watching);
+        let mut announcements = vec![channels.acquired.as_str()];
+        if watching {
+            announcements.push(channels.released.as_str());
+        }
         // Apart, so that an ACL that does not list the keyspace channel costs only the
         // keyspace events.
         let optional = keyspace.then_some(channels.keyspace.as_str());
+        // A stream before this one on the same connection may have taken it.
+        let dropped = (!watching).then_some(channels.released.as_str());
         let messages = strong.nodes[index]
-            .pushes(&announcements, optional, connect_timeout)
+            .pushes(&announcements, optional, dropped, connect_timeout)
             .await;
         let pushes = strong.pushes.clone();
         let subscribed = strong.subscribed.clone();
+        let mut changed = strong.watching_releases.subscribe();
         let observer = strong.observer.clone();
         drop(strong);
+        let mut resubscribe = false;
         if let Ok(mut messages) = messages {
             backoff = Duration::from_millis(500);
             subscribed.send_modify(|s| s[index] = true);
             observer.subscription(index, true);
-            while let Some((channel, payload)) = messages.next().await {
-                if let Some(kind) = channels.decode(&channel, &payload) {
-                    let _ = pushes.send(Push { node: index, kind });
+            let mut recheck =
+                watching.then(|| Instant::now() + release_recheck_in(ttl, true, rand::random()));
+            loop {
+                let recheck_due = async {
+                    match recheck {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    message = messages.next() => {
+                        let Some((channel, payload)) = message else { break };
+                        if let Some(kind) = channels.decode(&channel, &payload) {
+                            let _ = pushes.send(Push { node: index, kind });
+                        }
+                    }
+                    alive = async { changed.wait_for(|w| w[index] != watching).await.is_ok() } => {
+                        if !alive {
+                            return;
+                        }
+                        resubscribe = true;
+                        break;
+                    }
+                    () = recheck_due => {
+                        let Some(strong) = inner.upgrade() else {
+                            return;
+                        };
+                        let watchers = strong.release_watchers(index, &channels.released).await;
+                        // A change ends this stream (above).
+                        strong.watch_releases(index, watches_releases(true, watchers, rand::random()));
+                        recheck = (watchers >= READERS).then(|| {
+                            Instant::now() + release_recheck_in(ttl, false, rand::random())
+                        });
+                    }
                 }
             }
             subscribed.send_modify(|s| s[index] = false);
             observer.subscription(index, false);
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(30));
+        if !resubscribe {
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(30));
+        }
+    }
+}
+
+impl Inner {
+    /// The subscribers of node `index`'s release channel `channel` (0 when it does not answer).
+    async fn release_watchers(&self, index: usize, channel: &str) -> u64 {
+        self.nodes[index]
+            .command::<(String, u64)>(
+                redis::cmd("PUBSUB").arg("NUMSUB").arg(channel),
+                self.cfg.node_timeout,
+            )
+            .await
+            .map_or(0, |(_, n)| n)
+    }
+
+    /// Records whether this contender watches releases on node `index`; a change makes
+    /// that node's subscription take or drop the release channel.
+    pub(super) fn watch_releases(&self, index: usize, watching: bool) {
+        self.watching_releases.send_if_modified(|w| {
+            let changed = w[index] != watching;
+            w[index] = watching;
+            changed
+        });
+        self.observer.release_watch(index, watching);
     }
 }
 

@@ -63,6 +63,39 @@ pub const SPREAD_MAX: Duration = Duration::from_millis(250);
 /// readers per read interval, the chance that none did is below e^-40.
 pub const READERS: u64 = 50;
 
+/// Whether a contender subscribes to a node's release announcements (`watching`: it does
+/// now), given how many subscribers the node's release channel has (`PUBSUB NUMSUB`; 0 when
+/// the count failed), on subscribing and at each count of the waiters: below [`READERS`] it
+/// does; above (many contenders that started at once) one that does stays with chance
+/// `READERS / watchers` (`draw` in [0, 1]), so about [`READERS`] remain.
+///
+/// So a release wakes about [`READERS`] waiters per node, not all of them (the node writes
+/// one message per subscriber and the waiters' hosts take each in), the first round still
+/// starts within about one [`SPREAD_SLOT`], and the others learn of the new holder from its
+/// acquisition announcement (or, should no watcher take over, at their next read).
+pub fn watches_releases(watching: bool, watchers: u64, draw: f64) -> bool {
+    if watchers < READERS {
+        true
+    } else if watching && watchers > READERS {
+        draw * (watchers as f64) < READERS as f64
+    } else {
+        watching
+    }
+}
+
+/// When a contender that watches releases on a node counts that channel's subscribers
+/// again (see [`watches_releases`]): once between a half and one and a half `ttl` after it
+/// subscribed (`first`; many that started at once thin out then), and afterwards, while they
+/// were [`READERS`] or more, three times as rarely; `draw` in [0, 1] spreads them.
+pub fn release_recheck_in(ttl: Duration, first: bool, draw: f64) -> Duration {
+    let every = if first {
+        ttl
+    } else {
+        ttl.saturating_mul(RECOUNT_EVERY_TTLS)
+    };
+    every.mul_f64(0.5 + draw.clamp(0.0, 1.0))
+}
+
 /// How often, in ttls, a standby counts the waiters again (a fleet that grew without a change
 /// of holder announces no count), with up to [`READERS`] waiters.
 const RECOUNT_EVERY_TTLS: u32 = 3;
@@ -143,6 +176,8 @@ pub struct Standby {
     released_by: Option<String>,
     /// The number of waiters last counted (on a node, or by an acquisition announcement).
     waiters: u64,
+    /// The subscribers of a node's release channel, last counted: those a release wakes.
+    release_watchers: Option<u64>,
     /// When the waiters were last counted (or the count was tried).
     counted_at: Option<Instant>,
     longest_ttl: Duration,
@@ -167,6 +202,7 @@ impl Standby {
             holder: None,
             released_by: None,
             waiters: 1,
+            release_watchers: None,
             counted_at: None,
             longest_ttl,
             poll_every,
@@ -262,8 +298,9 @@ impl Standby {
         if let Some(key) = self.keys.get_mut(index) {
             *key = Key::Free;
         }
-        // Every waiter hears a release.
-        self.schedule_round(now, jitter, self.waiters);
+        // Those who subscribe to releases hear it (every waiter, up to `READERS`).
+        let woken = self.release_watchers.unwrap_or(self.waiters);
+        self.schedule_round(now, jitter, woken);
         self.holder = None;
         self.released_by = Some(identity.to_owned());
         true
@@ -402,6 +439,13 @@ impl Standby {
         self.counted_at = Some(now);
         if waiters > 0 {
             self.waiters = waiters;
+        }
+    }
+
+    /// The subscribers of a node's release channel, counted with the waiters (0: no answer).
+    pub fn set_release_watchers(&mut self, watchers: u64) {
+        if watchers > 0 {
+            self.release_watchers = Some(watchers);
         }
     }
 
@@ -565,6 +609,52 @@ mod tests {
         // A late copy of the old holder's release changes nothing.
         assert!(!s.released(t0 + ms(2), 2, "a", 0.0));
         assert_eq!(s.next(t0 + ms(2)).0, Action::Wait);
+    }
+
+    #[test]
+    fn a_release_is_spread_over_those_it_wakes_not_over_every_waiter() {
+        let t0 = Instant::now();
+        let mut s = subscribed(1);
+        s.set_waiters(t0, 1000);
+        s.set_release_watchers(0);
+        assert!(s.released(t0, 0, "a", 1.0));
+        // Release watchers not counted (yet): every waiter may have heard it.
+        assert_eq!(s.next(t0), (Action::Wait, Some(t0 + SPREAD_MAX)));
+        let mut s = subscribed(1);
+        s.set_waiters(t0, 1000);
+        s.set_release_watchers(READERS);
+        assert!(s.released(t0, 0, "a", 1.0));
+        assert_eq!(
+            s.next(t0),
+            (Action::Wait, Some(t0 + SPREAD_SLOT * READERS as u32))
+        );
+    }
+
+    #[test]
+    fn about_readers_contenders_subscribe_to_releases() {
+        assert!(
+            watches_releases(false, 0, 0.99),
+            "a failed count subscribes"
+        );
+        assert!(watches_releases(false, READERS - 1, 0.99));
+        assert!(!watches_releases(false, READERS, 0.0));
+        assert!(!watches_releases(false, 10_000, 0.0), "never joins a crowd");
+        assert!(watches_releases(true, READERS, 0.99), "exactly enough stay");
+        assert!(!watches_releases(true, READERS + 1, 0.99));
+        // Too many (they started at once): each stays with chance READERS / watchers.
+        let watchers = 8 * READERS;
+        let stay = (0..1000)
+            .filter(|i| watches_releases(true, watchers, f64::from(*i) / 1000.0))
+            .count();
+        assert_eq!(stay, 125);
+    }
+
+    #[test]
+    fn watchers_count_again_within_a_ttl_and_then_every_few() {
+        assert_eq!(release_recheck_in(TTL, true, 0.0), TTL / 2);
+        assert_eq!(release_recheck_in(TTL, true, 1.0), TTL * 3 / 2);
+        assert_eq!(release_recheck_in(TTL, false, 0.5), TTL * 3);
+        assert_eq!(release_recheck_in(TTL, false, 7.0), TTL * 9 / 2);
     }
 
     #[test]
