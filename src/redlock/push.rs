@@ -2,10 +2,12 @@
 //!
 //! ## Behaviour
 //! - One subscription per node, on the node's connection where it speaks RESP3 (else on a
-//!   dedicated pub/sub connection, see [`super::node::Node::pushes`]), to the release channel
-//!   `redlock:{name}:released` (the release script publishes the released value there;
-//!   unchanged, so older versions understand it) and the acquisition channel
-//!   `redlock:{name}:acquired` (a won round announces itself there from Rust, see [`Acquired`]).
+//!   dedicated pub/sub connection, see [`super::node::Node::pushes`]), to the acquisition
+//!   channel `redlock:{name}:acquired` (a won round announces itself there from Rust, see
+//!   [`Acquired`]) and, where this contender watches releases (about 50 per node past 50
+//!   contenders, see [`watches_releases`]), the release channel `redlock:{name}:released` (the
+//!   release script publishes the released value there; unchanged, so older versions, which
+//!   always subscribe, understand it).
 //! - With `keyspace_events` (opt-in), also the node's keyspace channel of the lock key
 //!   (`__keyspace@<db>__:redlock:{name}`). Events arrive only where the node is configured to
 //!   publish them (`notify-keyspace-events`); nothing asks the node's configuration (managed

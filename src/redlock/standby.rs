@@ -20,9 +20,11 @@
 //! - **Spread rounds.** A round the reads or events call for is scheduled like one after a
 //!   release push (below), spread over the waiters that saw the same: every standby whose turn
 //!   it is reads at about the same moment after a crash.
-//! - **Release push.** A release announcement schedules a round after a random pause within
-//!   `SPREAD_SLOT` × the number of waiters (capped at `SPREAD_MAX`; counted when the standby
-//!   starts watching and again every few ttls, and taken from each acquisition announcement):
+//! - **Release push**, to those that watch releases ([`watches_releases`]: every waiter up to
+//!   [`READERS`] subscribers of a node's release channel, about that many past it). A release
+//!   announcement schedules a round after a random pause within `SPREAD_SLOT` × the number of
+//!   watchers (else of waiters; capped at `SPREAD_MAX`; counted when the standby starts
+//!   watching and again every few ttls, the waiters also taken from each acquisition announcement):
 //!   the first of many waiters starts within about one slot, and the acquisition announcement
 //!   of the winner reaches the others before most of them start.
 //!   An announcement of a release by someone other than the known holder is stale and ignored.
@@ -41,7 +43,7 @@
 //!   taken for renewed, at the pace of its last read); a read so drawn is followed by one read
 //!   at the deadline it shows, so whoever saw the holder's last renewal also reads when that
 //!   key expires. About `2 × READERS` standbys' worth of reads reach a node, whatever the
-//!   number of waiters; releases and acquisitions still reach every standby by push. Reads
+//!   number of waiters; acquisitions still reach every standby by push, releases the watchers. Reads
 //!   made for want of push, of unknown nodes, and with fewer waiters are never skipped.
 
 use std::time::{Duration, Instant};
