@@ -3,13 +3,13 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redlock_sidecar::redlock::{
-    ConfigError, Credentials, LockError, NoObserver, NodeErrorKind, NodeSpec, Observer, Redlock,
-    RedlockConfig, Vote,
+    ConfigError, Credentials, Lease, LockError, NoObserver, NodeErrorKind, NodeSpec, Observer, Op,
+    Redlock, RedlockConfig, Vote,
 };
 use support::{RedisCluster, RedisNode};
 use tokio_util::sync::CancellationToken;
@@ -511,19 +511,11 @@ async fn many_waiters_take_turns_reading_and_a_crashed_holder_is_still_replaced(
     };
     let rounds = Arc::new(AtomicU64::new(0));
     let stop = CancellationToken::new();
-    let mut waiters = Vec::new();
-    for i in 0..WAITERS {
-        let (rounds, stop) = (rounds.clone(), stop.clone());
-        let waiter = redlock(&urls, &format!("waiter-{i}"));
-        waiters.push(tokio::spawn(async move {
-            let lease = waiter
-                .acquire(None, &stop, |_, _| {
-                    rounds.fetch_add(1, Ordering::Relaxed);
-                })
-                .await;
-            (waiter, lease)
-        }));
-    }
+    let waiters = start_waiters(
+        (0..WAITERS).map(|i| redlock(&urls, &format!("waiter-{i}"))),
+        &rounds,
+        &stop,
+    );
     support::wait_until(Duration::from_secs(30), "every waiter ran a round", || {
         rounds.load(Ordering::Relaxed) >= WAITERS as u64
     });
@@ -576,6 +568,28 @@ async fn many_waiters_take_turns_reading_and_a_crashed_holder_is_still_replaced(
     assert_eq!(won, 1, "exactly one waiter took over");
 }
 
+/// Each of `waiters` waits for the lock (`acquire`) until it wins or `stop`; `rounds` counts
+/// the rounds they all run. Each task ends with its engine and what `acquire` returned.
+fn start_waiters(
+    waiters: impl Iterator<Item = Redlock>,
+    rounds: &Arc<AtomicU64>,
+    stop: &CancellationToken,
+) -> Vec<tokio::task::JoinHandle<(Redlock, Result<Lease, LockError>)>> {
+    waiters
+        .map(|waiter| {
+            let (rounds, stop) = (rounds.clone(), stop.clone());
+            tokio::spawn(async move {
+                let lease = waiter
+                    .acquire(None, &stop, |_, _| {
+                        rounds.fetch_add(1, Ordering::Relaxed);
+                    })
+                    .await;
+                (waiter, lease)
+            })
+        })
+        .collect()
+}
+
 /// Subscribers of `channel` on `node` (`PUBSUB NUMSUB`).
 fn subscribers(node: &RedisNode, channel: &str) -> u64 {
     let reply = node.command(&["PUBSUB", "NUMSUB", channel]);
@@ -588,19 +602,35 @@ fn subscribers(node: &RedisNode, channel: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_wakes_the_waiters_that_watch_and_many_watchers_thin_out_to_about_fifty() {
     const WAITERS: usize = 200;
-    // No waiter reads the nodes before the holder's key would expire (about 15 s from the
-    // start), nor counts the release channel's subscribers before 7.5 s: until then, only the
-    // release announcement can show that the lock is free.
-    const TTL: Duration = Duration::from_secs(15);
+    // No waiter reads the nodes before the holder's key would expire (about 30 s from the
+    // start), nor counts the release channel's subscribers (and so subscribes again, and reads)
+    // before 15 s, even on a loaded machine: until then, only the release announcement can
+    // show that the lock is free.
+    const TTL: Duration = Duration::from_secs(30);
     let cluster = RedisCluster::start(3);
-    cluster.wait_votes_count(TTL);
+    cluster.backdate_epochs(TTL);
     let urls = cluster.urls();
-    /// Reads of the nodes by the waiters.
+    /// Reads of the nodes by the waiters; once `released`, those made before any waiter's
+    /// acquire call after the release had an answer (a read that showed the lock free would
+    /// come before the round it calls for).
     #[derive(Default)]
-    struct Reads(AtomicU64);
+    struct Reads {
+        all: AtomicU64,
+        released: AtomicBool,
+        round_since: AtomicBool,
+        before_a_round: AtomicU64,
+    }
     impl Observer for Reads {
+        fn node_call(&self, _: usize, op: Op, _: Duration, _: Result<(), NodeErrorKind>) {
+            if op == Op::Acquire && self.released.load(Ordering::SeqCst) {
+                self.round_since.store(true, Ordering::SeqCst);
+            }
+        }
         fn standby_read(&self, _fallback: bool) {
-            self.0.fetch_add(1, Ordering::Relaxed);
+            self.all.fetch_add(1, Ordering::SeqCst);
+            if self.released.load(Ordering::SeqCst) && !self.round_since.load(Ordering::SeqCst) {
+                self.before_a_round.fetch_add(1, Ordering::SeqCst);
+            }
         }
     }
     let redlock = |identity: &str, observer: Arc<dyn Observer>| {
@@ -615,20 +645,12 @@ async fn a_release_wakes_the_waiters_that_watch_and_many_watchers_thin_out_to_ab
     let rounds = Arc::new(AtomicU64::new(0));
     let reads = Arc::new(Reads::default());
     let stop = CancellationToken::new();
-    let mut waiters = Vec::new();
     // All at once, as after a mass restart: every one of them watches releases at first.
-    for i in 0..WAITERS {
-        let (rounds, stop) = (rounds.clone(), stop.clone());
-        let waiter = redlock(&format!("waiter-{i}"), reads.clone());
-        waiters.push(tokio::spawn(async move {
-            let lease = waiter
-                .acquire(None, &stop, |_, _| {
-                    rounds.fetch_add(1, Ordering::Relaxed);
-                })
-                .await;
-            (waiter, lease)
-        }));
-    }
+    let mut waiters = start_waiters(
+        (0..WAITERS).map(|i| redlock(&format!("waiter-{i}"), reads.clone())),
+        &rounds,
+        &stop,
+    );
     let released = "redlock:{test}:released";
     let acquired = "redlock:{test}:acquired";
     // Each waiter reads the nodes once its subscriptions are up; then none reads until the
@@ -638,7 +660,7 @@ async fn a_release_wakes_the_waiters_that_watch_and_many_watchers_thin_out_to_ab
         TTL / 5,
         "every waiter subscribed, ran a round and read the nodes, and no read for 1 s",
         || {
-            let count = reads.0.load(Ordering::Relaxed);
+            let count = reads.all.load(Ordering::SeqCst);
             if count != last.0 {
                 last = (count, Instant::now());
             }
@@ -652,7 +674,7 @@ async fn a_release_wakes_the_waiters_that_watch_and_many_watchers_thin_out_to_ab
         },
     )
     .await;
-    let reads_before = reads.0.load(Ordering::Relaxed);
+    reads.released.store(true, Ordering::SeqCst);
     holder.release(&lease).await;
     support::wait_until_async(
         TTL / 5,
@@ -661,8 +683,8 @@ async fn a_release_wakes_the_waiters_that_watch_and_many_watchers_thin_out_to_ab
     )
     .await;
     assert_eq!(
-        reads.0.load(Ordering::Relaxed),
-        reads_before,
+        reads.before_a_round.load(Ordering::SeqCst),
+        0,
         "a read, not the release announcement, showed the lock free"
     );
     let finished = waiters

@@ -1026,7 +1026,8 @@ impl Node {
                 let _ = conn.subscribe(optional).await;
             }
             if let Some(dropped) = dropped {
-                conn.unsubscribe(dropped).await?;
+                // Left subscribed, it only hears releases as before.
+                let _ = conn.unsubscribe(dropped).await;
             }
             Ok::<_, RedisError>(())
         };
