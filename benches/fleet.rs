@@ -1,10 +1,12 @@
 //! Fleet benchmark: what many contenders cost the Redis nodes they share.
 //!
-//! `cargo bench --bench fleet` (a few minutes), or one size:
+//! `cargo bench --bench fleet` (a few minutes: S = 10, 100, 1,000; L = 100, 1,000; the floor of
+//! L = 1,000), or one size:
 //! `cargo bench --bench fleet -- --standbys 1000`, `-- --locks 1000`; `--secs N` sets the
 //! measurement window (default 10 s), `--warmup N` the warm-up before it (default 5 s),
 //! `--releases N` the takeovers after a release measured per size (default 9); `--sidecars`
-//! runs real sidecar processes instead of engines (see below).
+//! runs real sidecar processes instead of engines (see below); `--bare-locks N` runs the floor
+//! of the L-locks shape (see below).
 //! Prints markdown tables; asserts nothing about timing.
 //!
 //! Three local `redis-server` nodes (`--maxclients` raised to what `ulimit -n` allows). Two
@@ -30,7 +32,7 @@
 //!   from just before its release call until another contender holds the lock (both moments
 //!   stamped by the worker processes, on the machine's monotonic clock). The next release is
 //!   sent 1 s after the takeover before it (so the standbys have taken in its announcement,
-//!   as between releases in a fleet; runs before 2026-11-25 sent it at once). S standbys: on lock 0 each time; a contender
+//!   as between releases in a fleet; earlier runs sent it at once). S standbys: on lock 0 each time; a contender
 //!   that released ends, so S shrinks by one per sample, and at most S − 1 are taken (one
 //!   standby stays for the crash). L locks: one release on each of locks 0, 1, ... (at most L),
 //!   so two standbys wait at every sample. Printed as p50 and max over the samples (nearest
@@ -38,6 +40,14 @@
 //! - **After a crash**, once, on lock 0 (it waits a ttl): the holder stops without releasing;
 //!   the time from the moment its key has expired on a quorum of nodes, read from their `PTTL`
 //!   right after the crash, until another contender holds it.
+//!
+//! **The floor of L locks** (`--bare-locks N`): the same clients and connections as L locks
+//! (3 × L clients, one connection per node each, in worker processes), sending bare commands
+//! at the rates the L-locks goal implies: per lock, one "leader" sends each node `PEXPIRE`
+//! every ttl/3 (as often as a leader renews), and two "standbys" each send each node a
+//! pipelined `GET` + `PTTL` once per ttl (the read an idle standby is allowed). No scripts, no
+//! subscriptions, no takeovers: what these requests cost a node whoever sends them, measured
+//! the same way. Its first requests are spread evenly over each period.
 //!
 //! Before the sizes, once: the floor (an idle node's CPU, a bare `GET` round trip and rate)
 //! and the Redis CPU per call of each script beside bare `SET NX PX`, `PEXPIRE` and `GET`.
@@ -214,6 +224,106 @@ fn worker(args: &[String]) {
     });
 }
 
+/// `--bare-worker PREFIX URLS FIRST_LOCK LOCKS`: hosts the clients of [`Shape::Bare`] for
+/// locks FIRST_LOCK.., reports `READY` once all are connected, exits when stdin closes.
+fn bare_worker(args: &[String]) {
+    let [prefix, urls, first, locks] = args else {
+        panic!("--bare-worker PREFIX URLS FIRST_LOCK LOCKS");
+    };
+    let urls: Vec<String> = urls.split(',').map(str::to_owned).collect();
+    let first: usize = first.parse().expect("FIRST_LOCK");
+    let locks: usize = locks.parse().expect("LOCKS");
+    raise_fd_limit();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(async move {
+        for lock in first..first + locks {
+            let key = format!("redlock:{{{prefix}-{lock}}}");
+            let mut conns = Vec::new();
+            for role in 0..3 {
+                let mut per_node = Vec::new();
+                for url in &urls {
+                    per_node.push(
+                        redis::Client::open(url.as_str())
+                            .expect("url")
+                            .get_multiplexed_async_connection()
+                            .await
+                            .expect("connect"),
+                    );
+                }
+                conns.push((role, per_node));
+            }
+            for (role, per_node) in conns {
+                tokio::spawn(bare_client(
+                    key.clone(),
+                    lock * 3 + role,
+                    role == 0,
+                    per_node,
+                ));
+            }
+        }
+        println!("READY");
+        let mut sink = String::new();
+        while std::io::stdin().read_line(&mut sink).is_ok_and(|n| n > 0) {}
+        std::process::exit(0);
+    });
+}
+
+/// One client of the floor: a "leader" (`leads`) sets the key on every node and then sends
+/// each node a bare `PEXPIRE` every ttl/3, as often as a leader renews; a "standby" sends each
+/// node a pipelined `GET` + `PTTL` once per ttl, the read the issue allows an idle standby.
+/// Their first requests are spread over the period by `index` (golden-ratio steps).
+async fn bare_client(
+    key: String,
+    index: usize,
+    leads: bool,
+    mut conns: Vec<MultiplexedConnection>,
+) {
+    let ttl_ms = TTL.as_millis().to_string();
+    let period = if leads { TTL / 3 } else { TTL };
+    let phase = (index as f64 * 0.618_033_988_75).fract();
+    if leads {
+        for conn in &mut conns {
+            let _: Result<(), _> = redis::cmd("SET")
+                .arg(&key)
+                .arg("bare")
+                .arg("PX")
+                .arg(&ttl_ms)
+                .query_async(conn)
+                .await;
+        }
+    }
+    let mut next = tokio::time::Instant::now() + period.mul_f64(phase);
+    loop {
+        tokio::time::sleep_until(next).await;
+        next += period;
+        let calls = conns.iter_mut().map(|conn| {
+            let (key, ttl_ms) = (&key, &ttl_ms);
+            async move {
+                if leads {
+                    let _: Result<i64, _> = redis::cmd("PEXPIRE")
+                        .arg(key)
+                        .arg(ttl_ms)
+                        .query_async(conn)
+                        .await;
+                } else {
+                    let _: Result<(Option<String>, i64), _> = redis::pipe()
+                        .cmd("GET")
+                        .arg(key)
+                        .cmd("PTTL")
+                        .arg(key)
+                        .query_async(conn)
+                        .await;
+                }
+            }
+        });
+        futures_util::future::join_all(calls).await;
+    }
+}
+
 /// One contender: waits for the lock (the engine's `acquire`), then renews every ttl/3 until
 /// told to release or to crash (stop without releasing: its key expires).
 async fn contender(
@@ -281,6 +391,8 @@ async fn contender(
 struct Args {
     standbys: Vec<usize>,
     locks: Vec<usize>,
+    /// Sizes of the floor of the L-locks shape ([`Shape::Bare`]).
+    bare_locks: Vec<usize>,
     secs: u64,
     warmup: u64,
     releases: usize,
@@ -302,6 +414,7 @@ fn parse_args(args: &[String]) -> Args {
     let mut parsed = Args {
         standbys: Vec::new(),
         locks: Vec::new(),
+        bare_locks: Vec::new(),
         secs: 10,
         warmup: 5,
         releases: 9,
@@ -320,6 +433,9 @@ fn parse_args(args: &[String]) -> Args {
                 .standbys
                 .push(number("--standbys", it.next()) as usize),
             "--locks" => parsed.locks.push(number("--locks", it.next()) as usize),
+            "--bare-locks" => parsed
+                .bare_locks
+                .push(number("--bare-locks", it.next()) as usize),
             "--secs" => parsed.secs = number("--secs", it.next()),
             "--warmup" => parsed.warmup = number("--warmup", it.next()),
             "--releases" => parsed.releases = number("--releases", it.next()) as usize,
@@ -328,15 +444,18 @@ fn parse_args(args: &[String]) -> Args {
             "--bench" => {}
             other => {
                 panic!(
-                    "unknown argument {other:?} (--standbys N, --locks N, --secs N, --warmup N, \
-                     --releases N, --sidecars)"
+                    "unknown argument {other:?} (--standbys N, --locks N, --bare-locks N, --secs N, \
+                     --warmup N, --releases N, --sidecars)"
                 )
             }
         }
     }
     if parsed.sidecars {
-        if !parsed.locks.is_empty() {
-            refuse("--sidecars runs S standbys on one lock only; --locks is for engines");
+        if !parsed.locks.is_empty() || !parsed.bare_locks.is_empty() {
+            refuse(
+                "--sidecars runs S standbys on one lock only; --locks and --bare-locks are for \
+                 engines",
+            );
         }
         if let Some(s) = parsed.standbys.iter().find(|s| **s > MAX_SIDECARS) {
             refuse(&format!(
@@ -348,9 +467,10 @@ fn parse_args(args: &[String]) -> Args {
             parsed.standbys = vec![10, MAX_SIDECARS];
         }
     }
-    if parsed.standbys.is_empty() && parsed.locks.is_empty() {
+    if parsed.standbys.is_empty() && parsed.locks.is_empty() && parsed.bare_locks.is_empty() {
         parsed.standbys = vec![10, 100, 1_000];
         parsed.locks = vec![100, 1_000];
+        parsed.bare_locks = vec![1_000];
     }
     parsed
 }
@@ -359,6 +479,10 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("--worker") {
         worker(&args[1..]);
+        return;
+    }
+    if args.first().map(String::as_str) == Some("--bare-worker") {
+        bare_worker(&args[1..]);
         return;
     }
     let args = parse_args(&args);
@@ -417,14 +541,9 @@ fn main() {
             maxclients,
         ));
     }
-    for &l in &args.locks {
-        rows.push(run_size(
-            &servers,
-            &urls,
-            Shape::Locks(l),
-            &args,
-            maxclients,
-        ));
+    let locks = args.locks.iter().map(|&l| Shape::Locks(l));
+    for shape in locks.chain(args.bare_locks.iter().map(|&l| Shape::Bare(l))) {
+        rows.push(run_size(&servers, &urls, shape, &args, maxclients));
     }
     print_summary(&rows, &args);
     println!("\nWhole run: {:.0} s.", bench_start.elapsed().as_secs_f64());
@@ -495,6 +614,9 @@ const CLIENT_COMMANDS: [&str; 12] = [
     "client",
 ];
 
+/// The commands the floor's clients send that contenders run only inside scripts.
+const BARE_COMMANDS: [&str; 2] = ["pexpire", "set"];
+
 /// What one node spent between two snapshots, per second.
 #[derive(Clone, Default)]
 struct NodeCost {
@@ -509,7 +631,9 @@ struct NodeCost {
     detail: Vec<(String, f64)>,
 }
 
-fn cost(before: &Snapshot, after: &Snapshot) -> NodeCost {
+/// `bare`: the clients send `PEXPIRE` and `SET` themselves ([`Shape::Bare`]); otherwise those
+/// run only inside scripts.
+fn cost(before: &Snapshot, after: &Snapshot, bare: bool) -> NodeCost {
     let secs = after
         .at
         .zip(before.at)
@@ -521,18 +645,20 @@ fn cost(before: &Snapshot, after: &Snapshot) -> NodeCost {
     };
     let (mut scripts, mut other, mut inside, mut usec) = (0u64, 0u64, 0u64, 0u64);
     let mut detail = Vec::new();
+    let is_client =
+        |name: &str| CLIENT_COMMANDS.contains(&name) || (bare && BARE_COMMANDS.contains(&name));
     for name in after.calls.keys() {
         let (c, u) = delta(name);
         // A script's `usec` already holds the commands it ran: count those once.
-        if CLIENT_COMMANDS.contains(&name.as_str()) {
+        if is_client(name) {
             usec += u;
         }
-        if CLIENT_COMMANDS.contains(&name.as_str()) && c > 0 {
+        if is_client(name) && c > 0 {
             detail.push((name.clone(), c as f64 / secs));
         }
         if name == "evalsha" || name == "eval" {
             scripts += c;
-        } else if CLIENT_COMMANDS.contains(&name.as_str()) {
+        } else if is_client(name) {
             other += c;
         } else {
             inside += c;
@@ -558,7 +684,7 @@ async fn floor(servers: &[RedisServer]) {
     let idle: Vec<NodeCost> = servers
         .iter()
         .zip(&before)
-        .map(|(s, b)| cost(b, &snapshot(s)))
+        .map(|(s, b)| cost(b, &snapshot(s), false))
         .collect();
     let server = &servers[0];
     let mut conn = connect(server).await;
@@ -755,6 +881,9 @@ enum Shape {
     Standbys(usize),
     /// L locks, three contenders each.
     Locks(usize),
+    /// The floor of the L-locks shape: L × 3 clients with one connection per node each,
+    /// sending bare commands at the engine's request rates (see [`bare_client`]).
+    Bare(usize),
 }
 
 impl Shape {
@@ -762,18 +891,19 @@ impl Shape {
         match self {
             Shape::Standbys(s) => format!("S = {s} standbys on one lock"),
             Shape::Locks(l) => format!("L = {l} locks × (leader + 2 standbys)"),
+            Shape::Bare(l) => format!("floor of L = {l}: bare `PEXPIRE` and `GET` + `PTTL`"),
         }
     }
     fn locks(self) -> usize {
         match self {
             Shape::Standbys(_) => 1,
-            Shape::Locks(l) => l,
+            Shape::Locks(l) | Shape::Bare(l) => l,
         }
     }
     fn per_lock(self) -> usize {
         match self {
             Shape::Standbys(s) => s + 1,
-            Shape::Locks(_) => 3,
+            Shape::Locks(_) | Shape::Bare(_) => 3,
         }
     }
 }
@@ -877,15 +1007,20 @@ fn spawn_workers(urls: &[String], prefix: &str, shape: Shape) -> Workers {
         } else {
             Command::new(&exe)
         };
+        let mut args = vec![
+            "--worker".to_owned(),
+            prefix.to_owned(),
+            joined.clone(),
+            first.to_string(),
+            locks.to_string(),
+            per_lock.to_string(),
+        ];
+        if let Shape::Bare(_) = shape {
+            args[0] = "--bare-worker".to_owned();
+            args.pop();
+        }
         let mut child = command
-            .args([
-                "--worker",
-                prefix,
-                &joined,
-                &first.to_string(),
-                &locks.to_string(),
-                &per_lock.to_string(),
-            ])
+            .args(&args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -933,7 +1068,7 @@ fn spawn_workers(urls: &[String], prefix: &str, shape: Shape) -> Workers {
                 left -= n;
             }
         }
-        Shape::Locks(l) => {
+        Shape::Locks(l) | Shape::Bare(l) => {
             let per = PER_WORKER / 3;
             let mut first = 0;
             while first < l {
@@ -964,6 +1099,7 @@ fn release_plan(shape: Shape, asked: usize) -> (usize, Option<String>) {
     let most = match shape {
         Shape::Standbys(s) => s.saturating_sub(1),
         Shape::Locks(l) => l,
+        Shape::Bare(_) => return (0, None),
     };
     if asked <= most {
         return (asked, None);
@@ -973,7 +1109,9 @@ fn release_plan(shape: Shape, asked: usize) -> (usize, Option<String>) {
             "{asked} releases asked, {most} made: each ends its contender, and one of the {s} \
              standbys must stay for the crash"
         ),
-        Shape::Locks(l) => format!("{asked} releases asked, {most} made: one per lock of {l}"),
+        Shape::Locks(l) | Shape::Bare(l) => {
+            format!("{asked} releases asked, {most} made: one per lock of {l}")
+        }
     };
     (most, Some(why))
 }
@@ -1004,7 +1142,7 @@ impl Window {
         row.nodes = servers
             .iter()
             .zip(&self.before)
-            .map(|(s, b)| cost(b, &snapshot(s)))
+            .map(|(s, b)| cost(b, &snapshot(s), matches!(row.shape, Shape::Bare(_))))
             .collect();
         let secs = self.start.elapsed().as_secs_f64();
         row.client_cpu_usec = (cpu_usec.0 - self.cpu_before.0) / secs;
@@ -1083,7 +1221,7 @@ fn run_size(
         // Standbys: lock 0 each time (the releasing contender ends). Locks: lock k.
         let lock = match shape {
             Shape::Standbys(_) => 0,
-            Shape::Locks(_) => k,
+            Shape::Locks(_) | Shape::Bare(_) => k,
         };
         std::thread::sleep(SETTLE_BEFORE_RELEASE);
         workers.send(&format!("RELEASE {lock}"));
@@ -1114,7 +1252,23 @@ fn run_size(
             }
         }
     }
-    // Takeover after a crash: from the moment the key is gone on a quorum of nodes.
+    // Takeover after a crash: from the moment the key is gone on a quorum of nodes. The
+    // floor's clients hold no lock.
+    if !matches!(shape, Shape::Bare(_)) {
+        crash_takeover(servers, &mut workers, &prefix, &mut row);
+    }
+    drop(workers);
+    for server in servers {
+        server.cmd(&["FLUSHALL"]);
+    }
+    support::settle(servers);
+    print_row(&row, args);
+    row
+}
+
+/// Crashes lock 0's holder and times the takeover from the moment its key has expired on a
+/// quorum of nodes.
+fn crash_takeover(servers: &[RedisServer], workers: &mut Workers, prefix: &str, row: &mut Row) {
     workers.send("CRASH 0");
     let deadline = Instant::now() + TTL * 3;
     let mut free_at = None;
@@ -1144,13 +1298,6 @@ fn run_size(
             row.crash_wait = Some(Duration::from_nanos(t.saturating_sub(c)));
         }
     }
-    drop(workers);
-    for server in servers {
-        server.cmd(&["FLUSHALL"]);
-    }
-    support::settle(servers);
-    print_row(&row, args);
-    row
 }
 
 /// What the contenders are, for headings.
@@ -1293,15 +1440,22 @@ fn print_summary(rows: &[Row], args: &Args) {
         let worst = row.nodes.iter().map(|c| c.cpu_usec).fold(0.0, f64::max);
         let (goal_at, goal, size) = match row.shape {
             Shape::Standbys(s) => (10_000.0, 1.0, s as f64),
-            Shape::Locks(l) => (10_000.0, 10.0, l as f64),
+            Shape::Locks(l) | Shape::Bare(l) => (10_000.0, 10.0, l as f64),
         };
         // Linear in the number of contenders: the cost this size would have at the goal's size.
         let scaled = pct_core(worst) * goal_at / size;
+        let verdict = match row.shape {
+            // Not a contender: what these requests cost whoever sends them.
+            Shape::Bare(_) => "the floor of the L-locks goal".to_owned(),
+            _ => format!(
+                "goal {goal} %: {}",
+                if scaled <= goal { "met" } else { "MISSED" }
+            ),
+        };
         println!(
-            "- {}: busiest node {:.2} % of a core; scaled linearly to {goal_at:.0}: {scaled:.1} % (goal {goal} %: {})",
+            "- {}: busiest node {:.2} % of a core; scaled linearly to {goal_at:.0}: {scaled:.1} % ({verdict})",
             row.shape.name(),
             pct_core(worst),
-            if scaled <= goal { "met" } else { "MISSED" }
         );
     }
 }
