@@ -129,6 +129,15 @@ fn raise_fd_limit() -> u64 {
     }
 }
 
+/// The runtime of the bench and of each worker process: two threads, as the machine has cores.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
 fn engine(urls: &[String], lock: &str, identity: &str) -> Redlock {
     let cfg = support::engine_config(urls, lock, identity, TTL);
     Redlock::new(cfg, Arc::new(NoObserver)).expect("valid config")
@@ -155,11 +164,7 @@ fn worker(args: &[String]) {
     let locks: usize = locks.parse().expect("LOCKS");
     let per_lock: usize = per_lock.parse().expect("PER_LOCK");
     raise_fd_limit();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let runtime = runtime();
     let out = Arc::new(std::sync::Mutex::new(std::io::stdout()));
     let say = move |line: String| {
         let mut out = out.lock().unwrap_or_else(|e| e.into_inner());
@@ -234,11 +239,7 @@ fn bare_worker(args: &[String]) {
     let first: usize = first.parse().expect("FIRST_LOCK");
     let locks: usize = locks.parse().expect("LOCKS");
     raise_fd_limit();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let runtime = runtime();
     runtime.block_on(async move {
         for lock in first..first + locks {
             let key = format!("redlock:{{{prefix}-{lock}}}");
@@ -517,11 +518,7 @@ fn main() {
             args.warmup
         );
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let runtime = runtime();
     runtime.block_on(floor(&servers));
     runtime.block_on(script_costs(&servers[0]));
     if args.costs_only {
@@ -1351,6 +1348,10 @@ fn print_row(row: &Row, args: &Args) {
             .collect();
         println!("\n- node {i} client commands: {}", detail.join(", "));
     }
+    if let Shape::Bare(_) = row.shape {
+        println!("\nNo takeovers: the floor's clients hold no lock.\n");
+        return;
+    }
     let samples: Vec<String> = row.takeover_release.0.iter().map(|d| fmt_dur(*d)).collect();
     println!(
         "\nTakeover after release, {} of {} releases: p50 {}, max {} (in order: {}).{}",
@@ -1387,8 +1388,11 @@ fn pct_or_none(samples: &Samples, p: f64) -> String {
     }
 }
 
-/// `p50 / max (n)` of the takeovers after a release.
+/// `p50 / max (n)` of the takeovers after a release (`–` for the floor, which has none).
 fn release_cell(row: &Row) -> String {
+    if let Shape::Bare(_) = row.shape {
+        return "–".into();
+    }
     format!(
         "{} / {} ({})",
         pct_or_none(&row.takeover_release, 50.0),
@@ -1429,7 +1433,10 @@ fn print_summary(rows: &[Row], args: &Args) {
             cpu / contenders,
             memory / 1e6,
             release_cell(row),
-            row.takeover_crash.map_or("none".into(), fmt_dur),
+            match row.shape {
+                Shape::Bare(_) => "–".into(),
+                _ => row.takeover_crash.map_or("none".into(), fmt_dur),
+            },
         );
     }
     println!("\nGoals (per node): 10,000 idle standbys on one lock ≤ 1 % of a core; 10,000 locks with a leader and two standbys each ≤ 10 % of a core, renewals included.");
