@@ -42,7 +42,7 @@
 //!   right after the crash, until another contender holds it.
 //!
 //! **The floor of L locks** (`--bare-locks N`): the same clients and connections as L locks
-//! (3 × L clients, one connection per node each, in worker processes), sending bare commands
+//! (3 × L clients, one RESP2 connection per node each, in worker processes), sending bare commands
 //! at the rates the L-locks goal implies: per lock, one "leader" sends each node `PEXPIRE`
 //! every ttl/3 (as often as a leader renews), and two "standbys" each send each node a
 //! pipelined `GET` + `PTTL` once per ttl (the read an idle standby is allowed). No scripts, no
@@ -275,7 +275,7 @@ fn bare_worker(args: &[String]) {
 
 /// One client of the floor: a "leader" (`leads`) sets the key on every node and then sends
 /// each node a bare `PEXPIRE` every ttl/3, as often as a leader renews; a "standby" sends each
-/// node a pipelined `GET` + `PTTL` once per ttl, the read the issue allows an idle standby.
+/// node a pipelined `GET` + `PTTL` once per ttl, the one read per ttl an idle standby may make.
 /// Their first requests are spread over the period by `index` (golden-ratio steps).
 async fn bare_client(
     key: String,
