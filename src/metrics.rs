@@ -451,6 +451,13 @@ impl Metrics {
     fn node_label(&self, index: usize) -> &str {
         self.nodes.get(index).map_or("unknown", String::as_str)
     }
+
+    /// Sets a per-node 0/1 gauge for node `index`.
+    fn set_node_flag(&self, gauge: &IntGaugeVec, index: usize, on: bool) {
+        gauge
+            .with_label_values(&[self.node_label(index)])
+            .set(i64::from(on));
+    }
 }
 
 impl Observer for Metrics {
@@ -477,9 +484,7 @@ impl Observer for Metrics {
     }
 
     fn node_counted(&self, index: usize, counted: bool) {
-        self.node_vote_counted
-            .with_label_values(&[self.node_label(index)])
-            .set(i64::from(counted));
+        self.set_node_flag(&self.node_vote_counted, index, counted);
     }
 
     fn node_set_conflict(&self) {
@@ -487,9 +492,7 @@ impl Observer for Metrics {
     }
 
     fn subscription(&self, index: usize, up: bool) {
-        self.push_subscribed
-            .with_label_values(&[self.node_label(index)])
-            .set(i64::from(up));
+        self.set_node_flag(&self.push_subscribed, index, up);
     }
 
     fn standby_read(&self, fallback: bool) {
@@ -502,9 +505,7 @@ impl Observer for Metrics {
     }
 
     fn release_watch(&self, index: usize, watching: bool) {
-        self.release_watch
-            .with_label_values(&[self.node_label(index)])
-            .set(i64::from(watching));
+        self.set_node_flag(&self.release_watch, index, watching);
     }
 
     fn waiters_counted(&self, waiters: u64) {

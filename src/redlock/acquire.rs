@@ -33,7 +33,7 @@ use tokio::sync::broadcast;
 use super::error::Tally;
 use super::fencing::MAX_TOKEN;
 use super::push::{Push, PushKind};
-use super::standby::{watches_releases, Action, Announced, Standby, SPREAD_SLOT};
+use super::standby::{Action, Announced, Standby, SPREAD_SLOT};
 use super::timing::{self, CLOCK_DRIFT_FLOOR};
 use super::votes::{DataAge, NotCounted, Proof};
 use super::{
@@ -595,9 +595,7 @@ impl Redlock {
                     .waiters_seen
                     .fetch_max(waiters, Ordering::Relaxed);
                 self.inner.observer.waiters_counted(waiters);
-                let watching = self.inner.watching_releases.borrow()[index];
-                let watching = watches_releases(watching, watchers, rand::random());
-                self.inner.watch_releases(index, watching);
+                self.inner.decide_release_watch(index, watchers);
                 return Counted { waiters, watchers };
             }
         }

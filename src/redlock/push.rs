@@ -148,10 +148,8 @@ pub(super) async fn listen(inner: Weak<Inner>, index: usize) {
         let connect_timeout = strong.cfg.connect_timeout;
         let keyspace = strong.cfg.keyspace_events;
         let ttl = strong.cfg.ttl;
-        let was = strong.watching_releases.borrow()[index];
         let watchers = strong.release_watchers(index, &channels.released).await;
-        let watching = watches_releases(was, watchers, rand::random());
-        strong.watch_releases(index, watching);
+        let watching = strong.decide_release_watch(index, watchers);
         let mut announcements = vec![channels.acquired.as_str()];
         if watching {
             announcements.push(channels.released.as_str());
@@ -203,7 +201,7 @@ pub(super) async fn listen(inner: Weak<Inner>, index: usize) {
                         };
                         let watchers = strong.release_watchers(index, &channels.released).await;
                         // A change ends this stream (above).
-                        strong.watch_releases(index, watches_releases(true, watchers, rand::random()));
+                        strong.decide_release_watch(index, watchers);
                         recheck = (watchers >= READERS).then(|| {
                             Instant::now() + release_recheck_in(ttl, false, rand::random())
                         });
@@ -232,15 +230,20 @@ impl Inner {
             .map_or(0, |(_, n)| n)
     }
 
-    /// Records whether this contender watches releases on node `index`; a change makes
-    /// that node's subscription take or drop the release channel.
-    pub(super) fn watch_releases(&self, index: usize, watching: bool) {
+    /// Decides again whether this contender watches releases on node `index`, from the
+    /// subscribers of its release channel just counted (see [`watches_releases`]), and
+    /// records it: a change makes that node's subscription take or drop the channel.
+    pub(super) fn decide_release_watch(&self, index: usize, watchers: u64) -> bool {
+        // The read guard ends with this statement, before the send below.
+        let was = self.watching_releases.borrow()[index];
+        let watching = watches_releases(was, watchers, rand::random());
         self.watching_releases.send_if_modified(|w| {
             let changed = w[index] != watching;
             w[index] = watching;
             changed
         });
         self.observer.release_watch(index, watching);
+        watching
     }
 }
 
