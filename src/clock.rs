@@ -26,7 +26,9 @@ pub const FALLBACK_SLICE: Duration = Duration::from_millis(100);
 /// Process start on both clocks: the origin that maps `CLOCK_BOOTTIME` onto `Instant`.
 static ORIGIN: LazyLock<(Instant, Duration)> = LazyLock::new(|| (Instant::now(), boottime()));
 
-fn boottime() -> Duration {
+/// The `CLOCK_BOOTTIME` reading: the same in every process of the host, so a deadline on it
+/// can be handed to another process (guard's supervisor).
+pub fn boottime() -> Duration {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -40,6 +42,15 @@ fn boottime() -> Duration {
 pub fn now() -> Instant {
     let (instant, boot) = *ORIGIN;
     instant + boottime().saturating_sub(boot)
+}
+
+/// The `CLOCK_BOOTTIME` reading at which [`now`] reaches `at`.
+pub fn boottime_of(at: Instant) -> Duration {
+    let (instant, boot) = *ORIGIN;
+    match at.checked_duration_since(instant) {
+        Some(after) => boot + after,
+        None => boot.saturating_sub(instant - at),
+    }
 }
 
 /// `start + duration`, saturating: if the sum is past what an `Instant` can hold, the latest
@@ -76,13 +87,30 @@ pub async fn sleep_until(deadline: Instant) {
 
 /// A non-blocking timerfd on `CLOCK_BOOTTIME` that fires at `target` (absolute).
 fn boot_timer(target: Duration) -> Option<AsyncFd<OwnedFd>> {
-    // SAFETY: plain syscalls on a descriptor we own from creation; the fd is closed by OwnedFd.
-    unsafe {
-        let fd = libc::timerfd_create(libc::CLOCK_BOOTTIME, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC);
-        if fd < 0 {
-            return None;
+    let fd = BootTimer::new()?;
+    fd.arm(target).ok()?;
+    // SAFETY: the descriptor is owned by the AsyncFd, so it stays open while registered.
+    unsafe { AsyncFd::register(fd.0).ok() }
+}
+
+/// A non-blocking timerfd on `CLOCK_BOOTTIME`: readable once the instant it is armed for has
+/// come, counting time the host spent suspended. Usable from `poll(2)` without a runtime.
+pub struct BootTimer(OwnedFd);
+
+impl BootTimer {
+    /// A disarmed timer; `None` if the kernel refuses one.
+    pub fn new() -> Option<BootTimer> {
+        // SAFETY: timerfd_create returns a new descriptor that only OwnedFd owns from here.
+        unsafe {
+            let fd =
+                libc::timerfd_create(libc::CLOCK_BOOTTIME, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC);
+            (fd >= 0).then(|| BootTimer(OwnedFd::from_raw_fd(fd)))
         }
-        let fd = OwnedFd::from_raw_fd(fd);
+    }
+
+    /// Fires at `target` (a [`boottime`] reading), at once if it has passed; replaces any
+    /// earlier arming.
+    pub fn arm(&self, target: Duration) -> std::io::Result<()> {
         let spec = libc::itimerspec {
             it_interval: libc::timespec {
                 tv_sec: 0,
@@ -94,17 +122,32 @@ fn boot_timer(target: Duration) -> Option<AsyncFd<OwnedFd>> {
                 tv_nsec: target.subsec_nanos().max(1) as libc::c_long,
             },
         };
-        let armed = libc::timerfd_settime(
-            fd.as_raw_fd(),
-            libc::TFD_TIMER_ABSTIME,
-            &spec,
-            std::ptr::null_mut(),
-        );
+        // SAFETY: timerfd_settime reads `spec`; the descriptor is ours.
+        let armed = unsafe {
+            libc::timerfd_settime(
+                self.0.as_raw_fd(),
+                libc::TFD_TIMER_ABSTIME,
+                &spec,
+                std::ptr::null_mut(),
+            )
+        };
         if armed != 0 {
-            return None;
+            return Err(std::io::Error::last_os_error());
         }
-        // The descriptor is owned by the AsyncFd, so it stays open while registered.
-        AsyncFd::register(fd).ok()
+        Ok(())
+    }
+
+    /// Takes the expiry count, so that the descriptor is readable only at the next firing.
+    pub fn clear(&self) {
+        let mut count = 0u64;
+        // SAFETY: read of 8 bytes into a local u64; the descriptor is non-blocking.
+        unsafe { libc::read(self.0.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
+    }
+}
+
+impl AsRawFd for BootTimer {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.0.as_raw_fd()
     }
 }
 
@@ -130,6 +173,22 @@ mod tests {
             "{far:?}"
         );
         assert!(far.checked_add(Duration::MAX).is_none());
+    }
+
+    #[test]
+    fn boottime_of_maps_instants_onto_the_boot_clock() {
+        let at = now();
+        let boot = boottime_of(at);
+        let read = boottime();
+        assert!(read >= boot && read - boot < Duration::from_millis(50));
+        assert_eq!(
+            boottime_of(at + Duration::from_secs(3)) - boot,
+            Duration::from_secs(3)
+        );
+        assert_eq!(
+            boot - boottime_of(at - Duration::from_millis(7)),
+            Duration::from_millis(7)
+        );
     }
 
     #[tokio::test]

@@ -5,24 +5,30 @@
 //! `REDLOCK_REDIS` may carry passwords inline, `REDLOCK_REDIS_PASSWORD` is one), plus
 //! `REDLOCK_LOCK`, `REDLOCK_FENCING_TOKEN` and `REDLOCK_HOLDER`.
 
+use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::io::AsyncReadExt;
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::{debug, warn};
 
-use super::{supervisor, tree};
+use super::supervisor::{self, Fence};
+use super::tree;
 use crate::config::GuardConfig;
 
 /// The prefix of guard's own settings, none of which CMD inherits.
 const PRIVATE_PREFIX: &str = "REDLOCK_";
 
-/// CMD's process group (CMD leads it).
+/// CMD's process group (CMD leads it), and the pipe on which the supervisor gets its fence.
 pub struct CmdGroup {
     pgid: i32,
+    /// Non-blocking: a write never waits for the supervisor.
+    fence: std::fs::File,
+    /// The fence last handed over.
+    fenced: Fence,
 }
 
 impl CmdGroup {
@@ -31,6 +37,21 @@ impl CmdGroup {
         // SAFETY: kill(2) with a negative pid signals the process group; no memory involved.
         // The group cannot be reused while the supervisor runs: it has not reaped CMD.
         unsafe { libc::kill(-self.pgid, sig) };
+    }
+
+    /// Hands the supervisor new SIGTERM and SIGKILL points (it signals CMD at them on its
+    /// own); false if it could not take them at once (it is gone, or not reading).
+    pub fn fence(&mut self, term_at: Instant, kill_at: Instant) -> bool {
+        let fence = Fence::at(term_at, kill_at);
+        if fence == self.fenced {
+            return true;
+        }
+        // One line, shorter than PIPE_BUF: written whole or not at all.
+        let sent = (&self.fence).write_all(fence.encode().as_bytes()).is_ok();
+        if sent {
+            self.fenced = fence;
+        }
+        sent
     }
 }
 
@@ -52,14 +73,26 @@ impl Children {
         }
     }
 
-    /// Starts the supervisor, which starts CMD; returns CMD's process group.
+    /// Starts the supervisor, which starts CMD with SIGTERM and SIGKILL due at `term_at` and
+    /// `kill_at` (moved later by [`CmdGroup::fence`]); returns CMD's process group.
     pub async fn start(
         &mut self,
         cfg: &GuardConfig,
         token: u64,
         identity: &str,
+        (term_at, kill_at): (Instant, Instant),
     ) -> std::io::Result<CmdGroup> {
         let (read, write) = pipe()?;
+        // The supervisor's fence: the first one is in the pipe before it starts.
+        let (fence_read, fence_write) = pipe()?;
+        let fenced = Fence::at(term_at, kill_at);
+        let mut fence = std::fs::File::from(fence_write);
+        fence.write_all(fenced.encode().as_bytes())?;
+        set_nonblocking(&fence)?;
+        // Above the descriptors they go to, so that moving one cannot overwrite the other.
+        let report_fd = dup_above(&write, supervisor::FENCE_FD)?;
+        let fence_fd = dup_above(&fence_read, supervisor::FENCE_FD)?;
+        drop(fence_read);
         let mut command = std::process::Command::new("/proc/self/exe");
         // The supervisor passes its environment on to CMD.
         for (name, _) in std::env::vars_os() {
@@ -79,19 +112,16 @@ impl Children {
             // A group of its own: a SIGKILL to guard's process group (or to CMD's) leaves it
             // alive to clean up.
             .process_group(0);
-        let write_fd = write.as_raw_fd();
-        // SAFETY: getpid, getppid, dup2, fcntl, prctl and _exit are async-signal-safe, as
-        // pre_exec requires.
+        let (report_raw, fence_raw) = (report_fd.as_raw_fd(), fence_fd.as_raw_fd());
+        // SAFETY: getpid, getppid, dup2, prctl and _exit are async-signal-safe, as pre_exec
+        // requires.
         let parent = unsafe { libc::getpid() };
         unsafe {
             command.pre_exec(move || {
-                let fd = supervisor::REPORT_FD;
-                let moved = if write_fd == fd {
-                    libc::fcntl(fd, libc::F_SETFD, 0)
-                } else {
-                    libc::dup2(write_fd, fd)
-                };
-                if moved < 0 {
+                // dup2 leaves the new descriptors open across exec.
+                if libc::dup2(report_raw, supervisor::REPORT_FD) < 0
+                    || libc::dup2(fence_raw, supervisor::FENCE_FD) < 0
+                {
                     return Err(std::io::Error::last_os_error());
                 }
                 // guard's death, even by SIGKILL, reaches the supervisor as SIGTERM.
@@ -113,7 +143,7 @@ impl Children {
         self.supervisor = Some(child.id() as i32);
         // Reaped through `supervisor_exit`, never through std's handle.
         drop(child);
-        drop(write);
+        drop((write, report_fd, fence_fd));
         let mut report = String::new();
         tokio::net::unix::pipe::Receiver::from_owned_fd(read)?
             .read_to_string(&mut report)
@@ -123,7 +153,11 @@ impl Children {
             words.next(),
             words.next().and_then(|w| w.parse::<i32>().ok()),
         ) {
-            (Some("started"), Some(pid)) => Ok(CmdGroup { pgid: pid }),
+            (Some("started"), Some(pid)) => Ok(CmdGroup {
+                pgid: pid,
+                fence,
+                fenced,
+            }),
             (Some("error"), Some(errno)) => Err(std::io::Error::from_raw_os_error(errno)),
             _ => Err(std::io::Error::other(
                 "the supervisor ended before starting CMD",
@@ -180,6 +214,29 @@ impl Children {
 }
 
 /// A pipe whose ends are closed on exec.
+/// A close-on-exec copy of `fd` numbered above `min`.
+fn dup_above(fd: &OwnedFd, min: i32) -> std::io::Result<OwnedFd> {
+    // SAFETY: fcntl returns a new descriptor, owned by nobody else.
+    let copy = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, min + 1) };
+    if copy < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: just created above.
+    Ok(unsafe { OwnedFd::from_raw_fd(copy) })
+}
+
+fn set_nonblocking(file: &std::fs::File) -> std::io::Result<()> {
+    // SAFETY: fcntl on a descriptor we own.
+    let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0
+        || unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
     // SAFETY: pipe2 writes two descriptors into `fds`.

@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use super::children::Children;
+use super::children::{Children, CmdGroup};
 use super::outcome::{Kind, Outcome};
 use super::report::Report;
 use super::schedule::{self, Action, Limits, State, Why, RENEW_FAILED, SUPERSEDED};
@@ -38,7 +38,20 @@ pub async fn run_cmd(
     let lock = &cfg.redlock.lock;
     let token = lease.fencing_token;
     info!(lock = %lock, fencing_token = token, validity_ms = lease.remaining_at(clock::now()).as_millis() as u64, "acquired the lock; starting CMD");
-    let cmd = match children.start(cfg, token, &redlock.config().identity).await {
+    // Deadlines of the tenure are on the lease's clock, which counts host suspends.
+    let limits = Limits {
+        kill_grace: cfg.kill_grace,
+        min_hold: cfg.min_hold,
+        max_hold: cfg.max_hold,
+    };
+    let mut state = State::new(
+        limits,
+        clock::now(),
+        lease::step_down_at(&lease, &cfg.renewal),
+    );
+    let identity = &redlock.config().identity;
+    let first_fence = schedule::signal_points(&state);
+    let mut cmd = match children.start(cfg, token, identity, first_fence).await {
         Ok(cmd) => cmd,
         Err(err) => {
             error!(command = %cfg.command[0], error = %err, "cannot start CMD");
@@ -56,15 +69,7 @@ pub async fn run_cmd(
             };
         }
     };
-    // Deadlines of the tenure are on the lease's clock, which counts host suspends.
-    let started = clock::now();
     report.run("ran");
-    let limits = Limits {
-        kill_grace: cfg.kill_grace,
-        min_hold: cfg.min_hold,
-        max_hold: cfg.max_hold,
-    };
-    let mut state = State::new(limits, started, lease::step_down_at(&lease, &cfg.renewal));
     let stop_renewing = CancellationToken::new();
     let mut renewals = Some(spawn_renewals(
         redlock,
@@ -83,6 +88,8 @@ pub async fn run_cmd(
         if let Role::Leader(term) = &rx.borrow_and_update().role {
             state.published(term.step_down_at);
         }
+        // The supervisor signals CMD at these points on its own, should this thread stall.
+        let fenced = hand_over_fence(&mut cmd, &state);
         let now = clock::now();
         let (action, wake) = schedule::next(&state, now);
         match action {
@@ -96,8 +103,10 @@ pub async fn run_cmd(
                     }
                     Why::Lost(_) => warn!(lock = %lock, "stopping CMD: the lock was lost"),
                 }
-                cmd.signal(libc::SIGTERM);
                 state.terminated(why, now);
+                if !hand_over_fence(&mut cmd, &state) {
+                    cmd.signal(libc::SIGTERM);
+                }
                 continue;
             }
             Action::Kill => {
@@ -106,8 +115,10 @@ pub async fn run_cmd(
                 } else {
                     warn!("CMD still running; sending SIGKILL");
                 }
-                cmd.signal(libc::SIGKILL);
                 state.killed();
+                if !fenced {
+                    cmd.signal(libc::SIGKILL);
+                }
                 continue;
             }
             Action::StopRenewing => {
@@ -203,6 +214,15 @@ pub async fn run_cmd(
             info!(lock = %lock, exit_code = code, "CMD finished");
             held(Kind::Ran, code)
         }
+    }
+}
+
+/// Hands the supervisor the SIGTERM and SIGKILL points as they stand; false if it could not
+/// take them (guard then signals CMD itself, as a fallback).
+fn hand_over_fence(cmd: &mut CmdGroup, state: &State) -> bool {
+    match schedule::fence(state) {
+        Some((term_at, kill_at)) => cmd.fence(term_at, kill_at),
+        None => true,
     }
 }
 

@@ -15,6 +15,9 @@
 //! - **Renewals ended on their own** (the tenure was lost): SIGTERM at once, SIGKILL
 //!   `kill_grace` later but never after the step-down point; a superseded tenure (a quorum
 //!   shows another holder or no key) gets SIGKILL at once.
+//! - **The supervisor holds the same deadlines.** [`fence`] gives the SIGTERM and SIGKILL
+//!   points as they stand; the holder hands them to the supervisor after every event, and the
+//!   supervisor signals CMD at them on its own, whatever guard's thread is doing.
 //! - **After CMD exited**, the lock is released once `--min-hold` has passed since CMD started;
 //!   at once if guard was stopping CMD, if a signal came (forwarded to CMD, or during the
 //!   hold), or if renewals have ended.
@@ -151,7 +154,6 @@ impl State {
 /// What to do at `now`, and until when to wait (`None`: until the next event) if nothing.
 /// After a non-[`Action::Wait`] action, carry it out, record it in the state, and ask again.
 pub fn next(s: &State, now: Instant) -> (Action, Option<Instant>) {
-    let grace = s.limits.kill_grace;
     if s.exited {
         let release_at = if s.stopping.is_some() || s.signalled || !s.renewing {
             now
@@ -160,6 +162,7 @@ pub fn next(s: &State, now: Instant) -> (Action, Option<Instant>) {
         };
         return due(now, release_at, Action::Release);
     }
+    let (term_at, kill_at) = signal_points(s);
     match s.stopping {
         None => {
             if let Some(reason) = s.lost {
@@ -169,7 +172,6 @@ pub fn next(s: &State, now: Instant) -> (Action, Option<Instant>) {
             if max_hold_at.is_some_and(|at| now >= at) {
                 return (Action::Terminate(Why::MaxHold), None);
             }
-            let term_at = s.step_down_at.checked_sub(grace).unwrap_or(s.step_down_at);
             if now >= term_at {
                 return (Action::Terminate(Why::Lost(RENEW_FAILED)), None);
             }
@@ -178,15 +180,30 @@ pub fn next(s: &State, now: Instant) -> (Action, Option<Instant>) {
         }
         Some((why, _)) if why == Why::MaxHold && s.renewing => (Action::StopRenewing, None),
         Some(_) if s.killed => (Action::Wait, None),
-        Some((_, term_sent)) => {
-            let kill_at = if s.lost == Some(SUPERSEDED) {
-                // Proof that the lock is someone else's leaves no grace period.
-                now
-            } else {
-                (term_sent + grace).min(s.step_down_at)
-            };
-            due(now, kill_at, Action::Kill)
-        }
+        Some(_) => due(now, kill_at, Action::Kill),
+    }
+}
+
+/// When CMD must get SIGTERM and SIGKILL as things stand (`None` once CMD has exited): the
+/// points [`next`] acts on, handed to the supervisor so that they hold even if guard stops.
+pub fn fence(s: &State) -> Option<(Instant, Instant)> {
+    (!s.exited).then(|| signal_points(s))
+}
+
+/// SIGTERM `kill_grace` before the step-down point and SIGKILL at it; once CMD got SIGTERM,
+/// SIGKILL `kill_grace` after that but never past the step-down point.
+pub fn signal_points(s: &State) -> (Instant, Instant) {
+    let step_down = s.step_down_at;
+    match s.stopping {
+        None => (
+            step_down
+                .checked_sub(s.limits.kill_grace)
+                .unwrap_or(step_down),
+            step_down,
+        ),
+        // Proof that the lock is someone else's leaves no grace period.
+        Some((_, term_sent)) if s.lost == Some(SUPERSEDED) => (term_sent, term_sent),
+        Some((_, term_sent)) => (term_sent, (term_sent + s.limits.kill_grace).min(step_down)),
     }
 }
 
