@@ -22,7 +22,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::k8s::KubeMode;
-use crate::redlock::secrets::{self, SecretFiles};
+use crate::redlock::secrets::SecretFiles;
 use crate::redlock::timing::{
     self, MAX_CONNECT_TIMEOUT, MAX_FENCE_RETENTION, MAX_NODE_TIMEOUT, MAX_RETRY_DELAY, MAX_TTL,
 };
@@ -510,13 +510,13 @@ impl RedisArgs {
                 .redis_client_cert
                 .clone()
                 .zip(self.redis_client_key.clone()),
+            sentinel_password: self.sentinel_password_file.clone(),
         };
         // Read once now (a bad file is a configuration error), and again by every connection.
         let loaded = files.load()?;
-        let sentinel_password = match &self.sentinel_password_file {
-            Some(path) => Some(secrets::read_password("--sentinel-password-file", path)?),
-            None => self.sentinel_password.clone(),
-        };
+        let sentinel_password = loaded
+            .sentinel_password
+            .or_else(|| self.sentinel_password.clone());
         let creds = Credentials {
             username: self.redis_username.clone(),
             password: loaded.password.or_else(|| self.redis_password.clone()),

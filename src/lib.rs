@@ -19,6 +19,8 @@ pub mod k8s;
 pub mod leadership;
 /// The leadership loop: acquire, renew, step down, contend again.
 pub mod lease;
+/// Logging that drops lines rather than block when stderr does not drain.
+pub mod logging;
 /// Prometheus metrics.
 pub mod metrics;
 /// Operator commands: `check` and `status`.

@@ -2,7 +2,7 @@
 
 use redlock_sidecar::config::{self, Command, LogFormat};
 use redlock_sidecar::redlock::{NoObserver, Redlock};
-use redlock_sidecar::{entropy, guard, install, ops, sidecar};
+use redlock_sidecar::{entropy, guard, install, logging, ops, sidecar};
 
 /// `install` could not write the copy (sysexits' EX_IOERR).
 const EXIT_IO_ERROR: i32 = 74;
@@ -21,14 +21,14 @@ fn main() {
             let cfg = args
                 .config()
                 .unwrap_or_else(|e| config::exit_invalid(&e.to_string()));
-            init_tracing(cli.log_format);
+            let _flush = logging::init(cli.log_format);
             runtime(false).block_on(sidecar::run(cfg))
         }
         Command::Guard(args) => {
             let cfg = args
                 .config()
                 .unwrap_or_else(|e| config::exit_invalid(&e.to_string()));
-            init_tracing(cli.log_format);
+            let _flush = logging::init(cli.log_format);
             // One thread: CMD's parent-death signal follows the thread that spawned it.
             runtime(true).block_on(guard::guard(cfg))
         }
@@ -73,7 +73,7 @@ where
     F: FnOnce(Redlock) -> Fut,
     Fut: std::future::Future<Output = (String, bool)>,
 {
-    init_tracing(LogFormat::Text);
+    let _flush = logging::init(LogFormat::Text);
     runtime(true).block_on(async move {
         let redlock = Redlock::new(cfg, std::sync::Arc::new(NoObserver))
             .unwrap_or_else(|e| config::exit_invalid(&e.to_string()));
@@ -99,17 +99,4 @@ fn runtime(single_thread: bool) -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .expect("the tokio runtime starts")
-}
-
-fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("REDLOCK_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-    }
 }

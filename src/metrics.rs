@@ -56,6 +56,7 @@ pub struct Metrics {
     standby_reads: IntCounterVec,
     standby_reads_skipped: IntCounter,
     standby_waiters: IntGauge,
+    log_lines_dropped: IntCounter,
     ttl: Gauge,
     renew_interval: Gauge,
     safety_margin: Gauge,
@@ -231,6 +232,11 @@ impl Metrics {
                 "Sidecars subscribed to the lock's acquisition channel on one node (leader included), as this standby last counted them; 0 until counted",
             ))
             .unwrap(),
+            log_lines_dropped: IntCounter::with_opts(opts(
+                "redlock_log_lines_dropped_total",
+                "Log lines dropped because stderr did not drain (logging never blocks the lock's renewals)",
+            ))
+            .unwrap(),
             ttl: Gauge::with_opts(opts(
                 "redlock_ttl_seconds",
                 "Configured lock ttl (--ttl); 0 until set",
@@ -296,6 +302,7 @@ impl Metrics {
             Box::new(self.standby_reads.clone()),
             Box::new(self.standby_reads_skipped.clone()),
             Box::new(self.standby_waiters.clone()),
+            Box::new(self.log_lines_dropped.clone()),
             Box::new(self.ttl.clone()),
             Box::new(self.renew_interval.clone()),
             Box::new(self.safety_margin.clone()),
@@ -423,6 +430,9 @@ impl Metrics {
     /// The text exposition of every family, with state gauges as of now.
     pub fn render(&self, state: &Leadership) -> String {
         self.set_state(state, crate::clock::now());
+        let dropped = crate::logging::dropped_lines();
+        self.log_lines_dropped
+            .inc_by(dropped.saturating_sub(self.log_lines_dropped.get()));
         let mut out = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         String::from_utf8(out).unwrap_or_default()

@@ -1502,3 +1502,180 @@ fn cmd_gets_the_lock_variables_but_none_of_guards_own_settings_or_credentials() 
     );
     assert!(!env.contains(password), "no credential reaches CMD: {env}");
 }
+
+/// How the stalled-guard tests stop guard's own thread while it holds the lock.
+#[derive(Clone, Copy, Debug)]
+enum Stall {
+    /// guard's stderr is a pipe nobody reads, filled; then a renewal fails (two nodes paused
+    /// for 1 s), which guard logs.
+    StderrFull,
+    /// The password file is replaced by a FIFO (as a hung mount behaves) and every client
+    /// connection is dropped: guard must read the file again to reconnect.
+    PasswordFileBlocks,
+    /// guard is SIGSTOPped past the lock's validity.
+    Sigstop,
+}
+
+/// G1 holds the lock and its CMD appends a line every 20 ms for about 4 s; `stall` stops G1's
+/// thread; G2 waits for the lock and appends its own lines while it holds it. Whatever G1 is
+/// doing, none of its CMD's lines may fall between G2's: CMD dies before the lock can expire.
+fn a_stalled_guard_never_overlaps_the_next_holder(stall: Stall) {
+    const PASSWORD: &str = "s3cret";
+    let mut cluster = match stall {
+        Stall::PasswordFileBlocks => {
+            let mut cluster = RedisCluster::start_with(3, &["--requirepass", PASSWORD]);
+            for i in 0..3 {
+                cluster.node_mut(i).set_auth(None, PASSWORD);
+            }
+            cluster.wait_votes_count(TTL_SECS);
+            cluster
+        }
+        _ => ready_cluster(3),
+    };
+    let dir = TempDir::new("stalled");
+    let sections = dir.path().join("sections");
+    let (g1_password, g1_password_arg) = file_arg(&dir, "g1-password");
+    let (g2_password, g2_password_arg) = file_arg(&dir, "g2-password");
+    std::fs::write(&g1_password, PASSWORD).unwrap();
+    std::fs::write(&g2_password, PASSWORD).unwrap();
+    let with_password = |file: &str| match stall {
+        Stall::PasswordFileBlocks => vec!["--redis-password-file".to_owned(), file.to_owned()],
+        _ => vec![],
+    };
+    let g1_script = format!(
+        "i=0; while [ $i -lt 200 ]; do echo g1 >> {0}; sleep 0.02; i=$((i+1)); done",
+        sections.display()
+    );
+    let g1_options = with_password(&g1_password_arg);
+    let g1_options: Vec<&str> = g1_options.iter().map(String::as_str).collect();
+    let argv = guard_argv(&cluster, "2s", "g1", &g1_options, &sh(&g1_script));
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    // A pipe for G1's stderr: the test keeps the read end and never reads it.
+    let (stderr_read, stderr_write) = std::io::pipe().expect("pipe");
+    let mut g1 = match stall {
+        Stall::StderrFull => Proc::spawn_with_stderr(
+            &support::bin(),
+            &argv,
+            &[("REDLOCK_LOG", "debug")],
+            Some(stderr_write.try_clone().unwrap().into()),
+        ),
+        _ => Proc::spawn(&argv, &[]),
+    };
+    support::wait_until(Duration::from_secs(10), "G1's CMD runs", || {
+        std::fs::read_to_string(&sections).is_ok_and(|s| s.contains("g1"))
+    });
+    match stall {
+        Stall::StderrFull => {
+            fill_pipe(stderr_write, &stderr_read);
+            cluster.node_mut(0).pause();
+            cluster.node_mut(1).pause();
+            // The fault's length (half the ttl), not a wait for a condition.
+            std::thread::sleep(Duration::from_secs(1));
+            cluster.node_mut(0).resume();
+            cluster.node_mut(1).resume();
+        }
+        Stall::PasswordFileBlocks => {
+            let fifo = dir.path().join("fifo");
+            let path = std::ffi::CString::new(fifo.display().to_string()).unwrap();
+            // SAFETY: mkfifo reads the NUL-terminated path.
+            assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+            std::fs::rename(&fifo, &g1_password).unwrap();
+            for node in cluster.iter() {
+                for kind in ["normal", "pubsub"] {
+                    let _ = node.try_command(&["CLIENT", "KILL", "TYPE", kind]);
+                }
+            }
+        }
+        Stall::Sigstop => assert!(g1.sigstop()),
+    }
+    let g2_script = format!(
+        "echo g2-start >> {0}; sleep 1; echo g2-end >> {0}",
+        sections.display()
+    );
+    let mut g2_options = vec!["--wait", "30s"];
+    let g2_password_options = with_password(&g2_password_arg);
+    g2_options.extend(g2_password_options.iter().map(String::as_str));
+    let mut g2 = guard(&cluster, "g2", &g2_options, &sh(&g2_script));
+    assert_eq!(
+        exit_code(&mut g2, Duration::from_secs(30)),
+        0,
+        "{}",
+        g2.output_text()
+    );
+    let lines = std::fs::read_to_string(&sections).unwrap();
+    let g2_section: Vec<&str> = lines
+        .lines()
+        .skip_while(|l| *l != "g2-start")
+        .take_while(|l| *l != "g2-end")
+        .collect();
+    assert!(!g2_section.is_empty(), "G2 ran CMD: {lines}");
+    let overlapping = g2_section.iter().filter(|l| **l == "g1").count();
+    assert_eq!(
+        overlapping, 0,
+        "{stall:?}: G1's CMD wrote while G2 held the lock"
+    );
+    if matches!(stall, Stall::Sigstop) {
+        assert!(g1.sigcont());
+    }
+    g1.sigkill();
+}
+
+/// Fills the pipe whose ends are `write` and `read` (blocking writes from a thread of their
+/// own, which stays blocked), and waits until it is full.
+fn fill_pipe(write: std::io::PipeWriter, read: &std::io::PipeReader) {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    std::thread::spawn(move || {
+        let mut write = write;
+        let chunk = [b'x'; 512];
+        while write.write_all(&chunk).is_ok() {}
+    });
+    // SAFETY: fcntl and ioctl on a pipe descriptor the test owns, writing one local int.
+    let capacity = unsafe { libc::fcntl(read.as_raw_fd(), libc::F_GETPIPE_SZ) };
+    support::wait_until(Duration::from_secs(10), "G1's stderr pipe is full", || {
+        let mut queued: libc::c_int = 0;
+        unsafe { libc::ioctl(read.as_raw_fd(), libc::FIONREAD, &mut queued) };
+        queued + 512 > capacity
+    });
+}
+
+#[test]
+fn a_guard_blocked_on_a_full_stderr_pipe_stops_cmd_before_the_next_holder_runs() {
+    a_stalled_guard_never_overlaps_the_next_holder(Stall::StderrFull);
+}
+
+#[test]
+fn a_guard_whose_password_file_blocks_stops_cmd_before_the_next_holder_runs() {
+    a_stalled_guard_never_overlaps_the_next_holder(Stall::PasswordFileBlocks);
+}
+
+#[test]
+fn a_sigstopped_guard_has_cmd_killed_before_the_next_holder_runs() {
+    a_stalled_guard_never_overlaps_the_next_holder(Stall::Sigstop);
+}
+
+#[test]
+fn a_password_file_that_blocks_at_start_up_exits_2_naming_the_flag() {
+    let dir = TempDir::new("fifo");
+    let fifo = dir.path().join("password");
+    let path = std::ffi::CString::new(fifo.display().to_string()).unwrap();
+    // SAFETY: mkfifo reads the NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+    let fifo = fifo.display().to_string();
+    for command in ["run", "guard"] {
+        let mut args = vec![
+            command,
+            "--lock",
+            "nightly",
+            "--redis",
+            "redis://127.0.0.1:1",
+            "--redis-password-file",
+            &fifo,
+        ];
+        if command == "guard" {
+            args.extend(["--", "true"]);
+        }
+        let line = support::process::assert_invalid_config(&args, "--redis-password-file");
+        assert!(line.contains("did not finish within"), "{line}");
+    }
+}

@@ -242,12 +242,12 @@ impl NodeSpec {
     }
 
     /// This spec with the credential files read again (rotated secrets), or as it is when
-    /// none comes from a file.
-    fn current(&self) -> Result<NodeSpec, NodeError> {
-        if !self.files.any() {
+    /// none comes from a file. The files are read off this thread, within a deadline.
+    async fn current(&self) -> Result<NodeSpec, NodeError> {
+        if !self.files.any() && self.files.sentinel_password.is_none() {
             return Ok(self.clone());
         }
-        let loaded = self.files.load().map_err(|err| NodeError {
+        let loaded = self.files.reload().await.map_err(|err| NodeError {
             kind: NodeErrorKind::Auth,
             message: err.to_string(),
         })?;
@@ -256,9 +256,26 @@ impl NodeSpec {
             let settings = spec.info.redis_settings().clone().set_password(password);
             spec.info = spec.info.set_redis_settings(settings);
         }
+        if let (Some(password), Some(sentinel)) = (loaded.sentinel_password, &mut spec.sentinel) {
+            for info in &mut sentinel.infos {
+                let settings = info.redis_settings().clone().set_password(password.clone());
+                *info = info.clone().set_redis_settings(settings);
+            }
+            sentinel.password = Some(password);
+        }
         spec.ca_pem = loaded.ca_pem.or(spec.ca_pem);
         spec.client_cert = loaded.client_cert.or(spec.client_cert);
         Ok(spec)
+    }
+
+    /// Clients for the Sentinels of a `redis+sentinel://` node, with their credentials.
+    fn sentinel_clients(&self, sentinel: &SentinelSpec) -> Result<Vec<Client>, NodeError> {
+        sentinel
+            .infos
+            .iter()
+            .map(|info| self.client_for(info))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| NodeError::from_redis(&e, sentinel.password.as_deref()))
     }
 
     /// The password to scrub from error texts.
@@ -575,7 +592,7 @@ impl Dial {
         timeout: Duration,
     ) -> Result<(Client, String), NodeError> {
         // Credentials kept in files are read again for every connection.
-        let fresh = spec.current()?;
+        let fresh = spec.current().await?;
         let spec = &fresh;
         match self {
             Dial::Direct(client) if !spec.files.any() => {
@@ -588,6 +605,13 @@ impl Dial {
                 Ok((client, spec.label.clone()))
             }
             Dial::Sentinel(group) => {
+                if let Some(sentinel) = &spec.sentinel {
+                    let password = sentinel.password.as_deref();
+                    if !group.has_password(password) {
+                        let clients = spec.sentinel_clients(sentinel)?;
+                        group.set_credentials(clients, sentinel.password.clone());
+                    }
+                }
                 let (host, port) = group.resolve(timeout).await?;
                 let info = spec.info_at(&host, port)?;
                 let client = spec
@@ -622,12 +646,7 @@ impl Node {
                     .map_err(|e| NodeError::from_redis(&e, spec.password()))?,
             )),
             Some(sentinel) => {
-                let clients = sentinel
-                    .infos
-                    .iter()
-                    .map(|info| spec.client_for(info))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| NodeError::from_redis(&e, sentinel.password.as_deref()))?;
+                let clients = spec.sentinel_clients(sentinel)?;
                 Dial::Sentinel(Arc::new(Group::new(
                     sentinel.url.clone(),
                     clients,
@@ -1198,7 +1217,7 @@ pub(super) async fn open_at(
     push: Option<&PushTag>,
 ) -> Result<(MultiplexedConnection, NodeFacts), NodeError> {
     // Credentials kept in files are read again for every connection.
-    let spec = &spec.current()?;
+    let spec = &spec.current().await?;
     let client = spec.client_at(host, port)?;
     let (conn, mut facts) = open(spec, &client, settings, push).await?;
     facts.address = sentinel::addr_label(&spec.info_at(host, port)?);

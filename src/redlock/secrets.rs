@@ -4,14 +4,22 @@
 //! ## Behaviour
 //! - At start-up every file is read once: unreadable, oversized (a device like `/dev/zero`
 //!   never ends) or empty files are configuration errors naming the flag (exit 2).
-//! - Every new connection to a node reads the files again: a rotated password, CA bundle or
-//!   client certificate is used from the next connection on. Live connections keep theirs
-//!   (Redis and TLS do not ask again). A file that cannot be read then fails that connection
-//!   attempt with a message naming the flag and the path, never the contents; the next
-//!   attempt reads it again.
+//! - Every new connection to a node reads the files again: a rotated password (Redis' or the
+//!   Sentinels'), CA bundle or client certificate is used from the next connection on. Live
+//!   connections keep theirs (Redis and TLS do not ask again). A file that cannot be read then
+//!   fails that connection attempt with a message naming the flag and the path, never the
+//!   contents; the next attempt reads it again.
+//! - **A read never blocks its caller.** Each file is read on a thread of its own, and waited
+//!   for at most [`READ_TIMEOUT`]: a path that blocks on open (a FIFO, a hung network or FUSE
+//!   mount) fails the attempt (at start-up: exit 2 naming the flag) instead of stalling the
+//!   thread that renews the lock. While such a read has not returned, new reads of the same
+//!   path fail at once, so stuck threads do not pile up.
 
+use std::collections::{HashMap, HashSet};
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use super::error::ConfigError;
 use super::node::ClientCert;
@@ -20,6 +28,11 @@ use super::node::ClientCert;
 const MAX_PEM_BYTES: u64 = 4 << 20;
 /// Largest password file read.
 const MAX_PASSWORD_BYTES: u64 = 64 << 10;
+/// How long reading the credential files may take, all of them together.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Paths whose read has started and not returned yet.
+static READING: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
 
 /// Where the file-based credentials live; each is optional.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -30,6 +43,8 @@ pub struct SecretFiles {
     pub ca: Option<PathBuf>,
     /// `--redis-client-cert` and `--redis-client-key`.
     pub client_cert: Option<(PathBuf, PathBuf)>,
+    /// `--sentinel-password-file`.
+    pub sentinel_password: Option<PathBuf>,
 }
 
 /// What the files held when they were last read.
@@ -41,42 +56,174 @@ pub struct Loaded {
     pub ca_pem: Option<Vec<u8>>,
     /// The client certificate and key.
     pub client_cert: Option<ClientCert>,
+    /// The Sentinels' password, without its trailing line break.
+    pub sentinel_password: Option<String>,
 }
 
+/// One file to read: the flag that names it, its path and the most bytes it may hold.
+type FileRead = (&'static str, PathBuf, u64);
+
 impl SecretFiles {
-    /// Whether any credential comes from a file.
+    /// Whether any credential of the Redis nodes comes from a file.
     pub fn any(&self) -> bool {
         self.password.is_some() || self.ca.is_some() || self.client_cert.is_some()
     }
 
-    /// Reads every file that is set.
+    /// Reads every file that is set, waiting for them (at start-up, before any runtime).
     pub fn load(&self) -> Result<Loaded, ConfigError> {
-        let ca_pem = self
-            .ca
-            .as_deref()
-            .map(|path| read_bounded("--redis-ca-file", path, MAX_PEM_BYTES))
-            .transpose()?;
-        let client_cert = match &self.client_cert {
-            Some((cert, key)) => Some(ClientCert {
-                cert_pem: read_bounded("--redis-client-cert", cert, MAX_PEM_BYTES)?,
-                key_pem: read_bounded("--redis-client-key", key, MAX_PEM_BYTES)?,
-            }),
-            None => None,
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reads = self.reads();
+        for read in &reads {
+            let tx = tx.clone();
+            spawn_read(read, move |result| {
+                let _ = tx.send(result);
+            })?;
+        }
+        let deadline = Instant::now() + READ_TIMEOUT;
+        let mut contents = HashMap::new();
+        for _ in &reads {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(result) => {
+                    let (flag, bytes) = result?;
+                    contents.insert(flag, bytes);
+                }
+                Err(_) => return Err(self.timed_out(&reads, &contents)),
+            }
+        }
+        self.assemble(contents)
+    }
+
+    /// Reads every file that is set, on threads of their own: never blocks the runtime.
+    pub async fn reload(&self) -> Result<Loaded, ConfigError> {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let reads = self.reads();
+        for read in &reads {
+            let tx = tx.clone();
+            spawn_read(read, move |result| {
+                let _ = tx.send(result);
+            })?;
+        }
+        let mut contents = HashMap::new();
+        let all = async {
+            for _ in &reads {
+                if let Some(result) = rx.recv().await {
+                    let (flag, bytes) = result?;
+                    contents.insert(flag, bytes);
+                }
+            }
+            Ok::<_, ConfigError>(())
         };
-        let password = self
-            .password
-            .as_deref()
-            .map(|path| read_password("--redis-password-file", path))
-            .transpose()?;
+        match tokio::time::timeout(READ_TIMEOUT, all).await {
+            Ok(done) => done?,
+            Err(_) => return Err(self.timed_out(&reads, &contents)),
+        }
+        self.assemble(contents)
+    }
+
+    fn reads(&self) -> Vec<FileRead> {
+        let mut reads = Vec::new();
+        let mut add = |flag, path: &Option<PathBuf>, max| {
+            if let Some(path) = path {
+                reads.push((flag, path.clone(), max));
+            }
+        };
+        add("--redis-ca-file", &self.ca, MAX_PEM_BYTES);
+        let (cert, key) = self.client_cert.clone().unzip();
+        add("--redis-client-cert", &cert, MAX_PEM_BYTES);
+        add("--redis-client-key", &key, MAX_PEM_BYTES);
+        add("--redis-password-file", &self.password, MAX_PASSWORD_BYTES);
+        add(
+            "--sentinel-password-file",
+            &self.sentinel_password,
+            MAX_PASSWORD_BYTES,
+        );
+        reads
+    }
+
+    /// The error for reads that did not return in time: names the first such file.
+    fn timed_out(&self, reads: &[FileRead], done: &HashMap<&'static str, Vec<u8>>) -> ConfigError {
+        let (flag, path, _) = reads
+            .iter()
+            .find(|(flag, _, _)| !done.contains_key(flag))
+            .unwrap_or(&reads[0]);
+        ConfigError::new(
+            flag,
+            format!(
+                "reading {} did not finish within {} s (a FIFO, or a hung mount?)",
+                path.display(),
+                READ_TIMEOUT.as_secs()
+            ),
+        )
+    }
+
+    fn assemble(
+        &self,
+        mut contents: HashMap<&'static str, Vec<u8>>,
+    ) -> Result<Loaded, ConfigError> {
+        let mut password =
+            |flag: &'static str, path: &Option<PathBuf>| match (path, contents.remove(flag)) {
+                (Some(path), Some(bytes)) => password_in(flag, path, bytes).map(Some),
+                _ => Ok(None),
+            };
+        let redis_password = password("--redis-password-file", &self.password)?;
+        let sentinel_password = password("--sentinel-password-file", &self.sentinel_password)?;
+        let client_cert = match (
+            contents.remove("--redis-client-cert"),
+            contents.remove("--redis-client-key"),
+        ) {
+            (Some(cert_pem), Some(key_pem)) => Some(ClientCert { cert_pem, key_pem }),
+            _ => None,
+        };
         Ok(Loaded {
-            password,
-            ca_pem,
+            password: redis_password,
+            ca_pem: contents.remove("--redis-ca-file"),
             client_cert,
+            sentinel_password,
         })
     }
 }
 
-/// The contents of `path`, refused beyond `max` bytes.
+/// Reads `read` on a thread of its own and hands the outcome to `deliver`; refused at once
+/// while an earlier read of the same path has not returned.
+fn spawn_read(
+    (flag, path, max): &FileRead,
+    deliver: impl FnOnce(Result<(&'static str, Vec<u8>), ConfigError>) + Send + 'static,
+) -> Result<(), ConfigError> {
+    let mut reading = READING.lock().unwrap_or_else(PoisonError::into_inner);
+    if !reading
+        .get_or_insert_with(HashSet::new)
+        .insert(path.clone())
+    {
+        return Err(ConfigError::new(
+            flag,
+            format!(
+                "an earlier read of {} has not returned yet (a FIFO, or a hung mount?)",
+                path.display()
+            ),
+        ));
+    }
+    drop(reading);
+    let (flag, path, max) = (*flag, path.clone(), *max);
+    let spawned = std::thread::Builder::new()
+        .name("redlock-secret".into())
+        .spawn(move || {
+            let result = read_bounded(flag, &path, max);
+            if let Some(reading) = READING
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_mut()
+            {
+                reading.remove(&path);
+            }
+            deliver(result.map(|bytes| (flag, bytes)));
+        });
+    spawned
+        .map(drop)
+        .map_err(|e| ConfigError::new(flag, format!("cannot start a thread to read the file: {e}")))
+}
+
+/// The contents of `path`, refused beyond `max` bytes. Blocks: call it through [`spawn_read`].
 fn read_bounded(flag: &'static str, path: &Path, max: u64) -> Result<Vec<u8>, ConfigError> {
     let mut bytes = Vec::new();
     std::fs::File::open(path)
@@ -91,10 +238,9 @@ fn read_bounded(flag: &'static str, path: &Path, max: u64) -> Result<Vec<u8>, Co
     Ok(bytes)
 }
 
-/// The password in `path` (given by `flag`), without its trailing line break; never echoed in
-/// an error.
-pub fn read_password(flag: &'static str, path: &Path) -> Result<String, ConfigError> {
-    let bytes = read_bounded(flag, path, MAX_PASSWORD_BYTES)?;
+/// The password in `bytes`, read from `path` (given by `flag`), without its trailing line
+/// break; never echoed in an error.
+fn password_in(flag: &'static str, path: &Path, bytes: Vec<u8>) -> Result<String, ConfigError> {
     let text = String::from_utf8(bytes)
         .map_err(|_| ConfigError::new(flag, format!("{} is not UTF-8 text", path.display())))?;
     let password = text.trim_end_matches(['\n', '\r']);

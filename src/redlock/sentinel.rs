@@ -223,12 +223,24 @@ fn parse_host_port(text: &str) -> Result<(String, u16), String> {
 /// A Sentinel group at run time: clients for its Sentinels, and how to dial its master.
 pub struct Group {
     url: SentinelUrl,
-    sentinels: Vec<Client>,
+    /// Replaced when the Sentinels' password file changes ([`Group::set_credentials`]).
+    sentinels: std::sync::RwLock<Arc<Sentinels>>,
     /// The Sentinel that answered last: asked first next time (they are all asked at once,
     /// so this only orders the log).
     preferred: AtomicUsize,
-    /// The Sentinels' password, scrubbed from every error kept.
+}
+
+/// Clients for every Sentinel of a group, with the password they carry.
+struct Sentinels {
+    clients: Vec<Client>,
+    /// Scrubbed from every error kept.
     password: Option<String>,
+}
+
+impl Sentinels {
+    fn error(&self, err: &redis::RedisError) -> NodeError {
+        NodeError::from_redis(err, self.password.as_deref())
+    }
 }
 
 impl Group {
@@ -237,10 +249,36 @@ impl Group {
     pub fn new(url: SentinelUrl, sentinels: Vec<Client>, password: Option<String>) -> Group {
         Group {
             url,
-            sentinels,
+            sentinels: std::sync::RwLock::new(Arc::new(Sentinels {
+                clients: sentinels,
+                password,
+            })),
             preferred: AtomicUsize::new(0),
-            password,
         }
+    }
+
+    /// Whether the Sentinels' clients carry `password`.
+    pub fn has_password(&self, password: Option<&str>) -> bool {
+        self.sentinels().password.as_deref() == password
+    }
+
+    /// New clients for the Sentinels (a rotated password): used from the next request on.
+    pub fn set_credentials(&self, sentinels: Vec<Client>, password: Option<String>) {
+        let fresh = Arc::new(Sentinels {
+            clients: sentinels,
+            password,
+        });
+        *self
+            .sentinels
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = fresh;
+    }
+
+    fn sentinels(&self) -> Arc<Sentinels> {
+        self.sentinels
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// The master's name.
@@ -253,15 +291,12 @@ impl Group {
         &self.url
     }
 
-    fn error(&self, err: &redis::RedisError) -> NodeError {
-        NodeError::from_redis(err, self.password.as_deref())
-    }
-
     /// Asks every Sentinel at once for the master's address; the first that gives one wins.
     /// Each Sentinel's attempt is bounded by `timeout`.
     pub async fn resolve(&self, timeout: Duration) -> Result<(String, u16), NodeError> {
-        let preferred = self.preferred.load(Ordering::Relaxed) % self.sentinels.len().max(1);
-        let order = (0..self.sentinels.len()).map(|i| (i + preferred) % self.sentinels.len());
+        let count = self.url.sentinels.len();
+        let preferred = self.preferred.load(Ordering::Relaxed) % count.max(1);
+        let order = (0..count).map(|i| (i + preferred) % count);
         let mut asks: FuturesUnordered<_> = order
             .map(|index| async move { (index, self.ask(index, timeout).await) })
             .collect();
@@ -309,16 +344,17 @@ impl Group {
             let config = AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(timeout))
                 .set_response_timeout(Some(timeout));
-            let mut conn = self.sentinels[index]
+            let sentinels = self.sentinels();
+            let mut conn = sentinels.clients[index]
                 .get_multiplexed_async_connection_with_config(&config)
                 .await
-                .map_err(|e| self.error(&e))?;
+                .map_err(|e| sentinels.error(&e))?;
             let answer: Option<(String, String)> = redis::cmd("SENTINEL")
                 .arg("GET-MASTER-ADDR-BY-NAME")
                 .arg(&self.url.master)
                 .query_async(&mut conn)
                 .await
-                .map_err(|e| self.error(&e))?;
+                .map_err(|e| sentinels.error(&e))?;
             match answer {
                 None => Ok(None),
                 Some((host, port)) => match port.parse::<u16>() {
@@ -350,10 +386,10 @@ impl Group {
         let mut backoff = Duration::from_millis(250);
         let mut index = self.preferred.load(Ordering::Relaxed);
         loop {
-            index %= self.sentinels.len().max(1);
+            index %= self.url.sentinels.len().max(1);
             let watch = async {
-                let pubsub =
-                    tokio::time::timeout(timeout, self.sentinels[index].get_async_pubsub()).await;
+                let client = self.sentinels().clients[index].clone();
+                let pubsub = tokio::time::timeout(timeout, client.get_async_pubsub()).await;
                 let Ok(Ok(mut pubsub)) = pubsub else {
                     return false;
                 };
@@ -378,7 +414,7 @@ impl Group {
                 backoff = Duration::from_millis(250);
             } else {
                 backoff = (backoff * 2).min(Duration::from_secs(5));
-                if index + 1 == self.sentinels.len() {
+                if index + 1 == self.url.sentinels.len() {
                     warn!(group = %self.url.master, "no Sentinel accepts a +switch-master subscription; failovers are followed on errors only");
                 }
             }

@@ -31,11 +31,27 @@ impl Proc {
     /// own, so each gets `REDLOCK_NODE_SET` = [`super::TEST_NODE_SET`]; an entry
     /// `("REDLOCK_NODE_SET", "")` in `envs` removes it (the fingerprint of `--redis` applies).
     pub fn spawn_program(program: &Path, args: &[&str], envs: &[(&str, &str)]) -> Proc {
+        Proc::spawn_with_stderr(program, args, envs, None)
+    }
+
+    /// [`Proc::spawn_program`] with stderr going to `stderr` (e.g. a pipe nobody reads)
+    /// instead of a file the test can read.
+    pub fn spawn_with_stderr(
+        program: &Path,
+        args: &[&str],
+        envs: &[(&str, &str)],
+        stderr: Option<Stdio>,
+    ) -> Proc {
         let dir = TempDir::new("proc");
         let out = File::create(dir.path().join("stdout"))
             .unwrap_or_else(|e| panic!("cannot create stdout file: {e}"));
-        let err = File::create(dir.path().join("stderr"))
-            .unwrap_or_else(|e| panic!("cannot create stderr file: {e}"));
+        let err = match stderr {
+            Some(stderr) => stderr,
+            None => Stdio::from(
+                File::create(dir.path().join("stderr"))
+                    .unwrap_or_else(|e| panic!("cannot create stderr file: {e}")),
+            ),
+        };
         let mut command = Command::new(program);
         command.env("REDLOCK_NODE_SET", super::TEST_NODE_SET);
         for (key, value) in envs {
@@ -49,7 +65,7 @@ impl Proc {
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::from(out))
-            .stderr(Stdio::from(err))
+            .stderr(err)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot spawn {}: {e}", program.display()));
         Proc {
