@@ -1561,9 +1561,15 @@ fn a_stalled_guard_never_overlaps_the_next_holder(stall: Stall) {
         ),
         _ => Proc::spawn(&argv, &[]),
     };
-    support::wait_until(Duration::from_secs(10), "G1's CMD runs", || {
-        std::fs::read_to_string(&sections).is_ok_and(|s| s.contains("g1"))
-    });
+    let started = Instant::now();
+    while !std::fs::read_to_string(&sections).is_ok_and(|s| s.contains("g1")) {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "G1's CMD did not start: {}",
+            g1.output_text()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     match stall {
         Stall::StderrFull => {
             fill_pipe(stderr_write, &stderr_read);

@@ -143,11 +143,6 @@ pub fn supervise(parent: i32, command: &[String]) -> i32 {
             fence = newer;
         }
         let (due, next) = fence_due(&fence, &mut fenced, clock::boottime());
-        let (due, next): (Vec<i32>, Option<Duration>) = if std::env::var_os("NOFENCE").is_some() {
-            (vec![], None)
-        } else {
-            (due, next)
-        };
         for signal in due {
             signal_cmd(cmd, signal);
         }

@@ -12,10 +12,11 @@
 //! - **A read never blocks its caller.** Each file is read on a thread of its own, and waited
 //!   for at most [`READ_TIMEOUT`]: a path that blocks on open (a FIFO, a hung network or FUSE
 //!   mount) fails the attempt (at start-up: exit 2 naming the flag) instead of stalling the
-//!   thread that renews the lock. While such a read has not returned, new reads of the same
-//!   path fail at once, so stuck threads do not pile up.
+//!   thread that renews the lock. Reads of a path that is being read already wait for that
+//!   read instead of starting another (three nodes reconnecting at once read the file once),
+//!   so a path that hangs holds one thread, not one per attempt.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
@@ -31,8 +32,11 @@ const MAX_PASSWORD_BYTES: u64 = 64 << 10;
 /// How long reading the credential files may take, all of them together.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Paths whose read has started and not returned yet.
-static READING: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
+/// Who waits for the outcome of a read.
+type Deliver = Box<dyn FnOnce(Result<Vec<u8>, ConfigError>) + Send>;
+
+/// Paths whose read has started and not returned yet, with everyone waiting for it.
+static READING: Mutex<Option<HashMap<PathBuf, Vec<Deliver>>>> = Mutex::new(None);
 
 /// Where the file-based credentials live; each is optional.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -184,43 +188,47 @@ impl SecretFiles {
     }
 }
 
-/// Reads `read` on a thread of its own and hands the outcome to `deliver`; refused at once
-/// while an earlier read of the same path has not returned.
+/// Reads `read` on a thread of its own and hands the outcome to `deliver`; joins the read
+/// already under way if there is one.
 fn spawn_read(
     (flag, path, max): &FileRead,
     deliver: impl FnOnce(Result<(&'static str, Vec<u8>), ConfigError>) + Send + 'static,
 ) -> Result<(), ConfigError> {
-    let mut reading = READING.lock().unwrap_or_else(PoisonError::into_inner);
-    if !reading
-        .get_or_insert_with(HashSet::new)
-        .insert(path.clone())
+    let flag = *flag;
+    let deliver: Deliver = Box::new(move |result| deliver(result.map(|bytes| (flag, bytes))));
     {
-        return Err(ConfigError::new(
-            flag,
-            format!(
-                "an earlier read of {} has not returned yet (a FIFO, or a hung mount?)",
-                path.display()
-            ),
-        ));
+        let mut reading = READING.lock().unwrap_or_else(PoisonError::into_inner);
+        let reading = reading.get_or_insert_with(HashMap::new);
+        if let Some(waiting) = reading.get_mut(path) {
+            waiting.push(deliver);
+            return Ok(());
+        }
+        reading.insert(path.clone(), vec![deliver]);
     }
-    drop(reading);
-    let (flag, path, max) = (*flag, path.clone(), *max);
+    let (path, max) = (path.clone(), *max);
+    let read = path.clone();
     let spawned = std::thread::Builder::new()
         .name("redlock-secret".into())
         .spawn(move || {
-            let result = read_bounded(flag, &path, max);
-            if let Some(reading) = READING
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .as_mut()
-            {
-                reading.remove(&path);
+            let result = read_bounded(flag, &read, max);
+            for deliver in take_waiting(&read) {
+                deliver(result.clone());
             }
-            deliver(result.map(|bytes| (flag, bytes)));
         });
-    spawned
-        .map(drop)
-        .map_err(|e| ConfigError::new(flag, format!("cannot start a thread to read the file: {e}")))
+    spawned.map(drop).map_err(|e| {
+        take_waiting(&path);
+        ConfigError::new(flag, format!("cannot start a thread to read the file: {e}"))
+    })
+}
+
+/// Ends the read of `path`: who waited for it.
+fn take_waiting(path: &Path) -> Vec<Deliver> {
+    READING
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .as_mut()
+        .and_then(|reading| reading.remove(path))
+        .unwrap_or_default()
 }
 
 /// The contents of `path`, refused beyond `max` bytes. Blocks: call it through [`spawn_read`].
@@ -251,4 +259,73 @@ fn password_in(flag: &'static str, path: &Path, bytes: Vec<u8>) -> Result<String
         ));
     }
     Ok(password.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "redlock-secrets-{name}-{}-{}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn fifo(dir: &Path) -> PathBuf {
+        let path = dir.join("fifo");
+        let c = std::ffi::CString::new(path.display().to_string()).unwrap();
+        // SAFETY: mkfifo reads the NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        path
+    }
+
+    #[tokio::test]
+    async fn reads_of_one_file_at_once_all_get_its_contents() {
+        let dir = temp_dir("shared");
+        let path = dir.join("password");
+        std::fs::write(&path, "pw\n").unwrap();
+        let files = SecretFiles {
+            password: Some(path),
+            ..SecretFiles::default()
+        };
+        let (a, b, c) = tokio::join!(files.reload(), files.reload(), files.reload());
+        for loaded in [a, b, c] {
+            assert_eq!(loaded.unwrap().password.as_deref(), Some("pw"));
+        }
+        assert_eq!(files.load().unwrap().password.as_deref(), Some("pw"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_file_that_blocks_fails_the_read_on_time_and_never_blocks_the_caller() {
+        let dir = temp_dir("fifo");
+        let files = SecretFiles {
+            sentinel_password: Some(fifo(&dir)),
+            ..SecretFiles::default()
+        };
+        let started = Instant::now();
+        // Two at once, and one after: all wait for the same stuck read.
+        let (a, b) = tokio::join!(files.reload(), files.reload());
+        let c = files.reload().await;
+        for result in [a, b, c] {
+            let err = result
+                .err()
+                .expect("a FIFO nobody writes never gives a password");
+            assert_eq!(err.flag, "--sentinel-password-file");
+            assert!(err.reason.contains("did not finish within"), "{err}");
+        }
+        assert!(started.elapsed() < 3 * READ_TIMEOUT + Duration::from_secs(1));
+        // The sync read at start-up is bounded the same way.
+        let err = files.load().err().expect("times out");
+        assert!(err.reason.contains("did not finish within"), "{err}");
+        // Writing the FIFO ends the stuck read (and its thread).
+        let path = files.sentinel_password.clone().unwrap();
+        let writer = std::thread::spawn(move || std::fs::write(path, "new\n"));
+        writer.join().unwrap().unwrap();
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 }
