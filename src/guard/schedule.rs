@@ -482,4 +482,29 @@ mod tests {
         job.renew(7.5);
         assert_eq!(job.next(7.6), (Action::Wait, Some(job.at(8.9))));
     }
+
+    #[test]
+    fn the_supervisors_fence_follows_renewals_and_decisions_and_ends_with_cmd() {
+        let mut job = Job::new(0.0, Some(20.0));
+        let fence = |job: &Job| fence(&job.state);
+        assert_eq!(fence(&job), Some((job.at(6.9), job.at(STEP_DOWN))));
+        // A renewal moves both points later.
+        job.renew(3.0);
+        assert_eq!(fence(&job), Some((job.at(9.9), job.at(11.9))));
+        // --max-hold: SIGTERM now, SIGKILL kill_grace later (before the step-down point).
+        job.renew(19.0);
+        assert_eq!(
+            job.run(20.0),
+            vec![Action::Terminate(Why::MaxHold), Action::StopRenewing]
+        );
+        assert_eq!(fence(&job), Some((job.at(20.0), job.at(22.0))));
+        job.state.cmd_exited();
+        assert_eq!(fence(&job), None);
+        // A superseded tenure: both at once.
+        let mut job = Job::new(0.0, None);
+        job.state
+            .renewals_ended(Some(SUPERSEDED), job.at(STEP_DOWN));
+        job.run(1.0);
+        assert_eq!(fence(&job), Some((job.at(1.0), job.at(1.0))));
+    }
 }
