@@ -230,3 +230,63 @@ fn sentinels_and_the_master_each_get_their_own_password_and_neither_is_shown() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_sentinel_password_file_is_used_by_the_next_connections() {
+    let group = SentinelGroup::start_with_passwords(None, Some("old-pw"));
+    group.master.backdate_epoch(Duration::from_secs(60));
+    let dir = TempDir::new("sentinel-rotation");
+    let file = dir.path().join("password");
+    std::fs::write(&file, "old-pw\n").unwrap();
+    let file_arg = file.display().to_string();
+    let a = Contender::start_with(
+        LOCK,
+        "a",
+        &group.url(),
+        &["--sentinel-password-file", &file_arg],
+    );
+    support::wait_until_async(Duration::from_secs(15), "a leads", || async {
+        a.holder().await.as_deref() == Some("a")
+    })
+    .await;
+    // The Sentinels now accept only the new password, and the file holds it (renamed over
+    // the old one, as a Secret volume updates).
+    for sentinel in &group.sentinels {
+        let answer = sentinel.try_command(&["ACL", "SETUSER", "default", "resetpass", ">new-pw"]);
+        assert_eq!(answer.as_deref(), Ok("OK"));
+    }
+    let next = dir.path().join("password.new");
+    std::fs::write(&next, "new-pw\n").unwrap();
+    std::fs::rename(&next, &file).unwrap();
+    // Every connection to the master is dropped: the next one is made through the Sentinels.
+    let sidecar_clients = || {
+        let list = group.master.command(&["CLIENT", "LIST"]);
+        // The sidecar's (RESP3, with its pushes), not the replica's, the Sentinels' or this test's.
+        list.lines().filter(|l| l.contains("resp=3")).count()
+    };
+    assert!(
+        sidecar_clients() > 0,
+        "the sidecar is connected to the master"
+    );
+    for kind in ["normal", "pubsub"] {
+        let _ = group.master.try_command(&["CLIENT", "KILL", "TYPE", kind]);
+    }
+    support::wait_until(
+        Duration::from_secs(5),
+        "the sidecar's connections are gone",
+        || sidecar_clients() == 0,
+    );
+    support::wait_until(
+        Duration::from_secs(10),
+        "the sidecar reconnected to the master through the Sentinels",
+        || sidecar_clients() > 0,
+    );
+    support::wait_until_async(Duration::from_secs(10), "a leads again", || async {
+        a.holder().await.as_deref() == Some("a")
+    })
+    .await;
+    assert!(
+        !a.proc.output_text().contains("new-pw") && !a.proc.output_text().contains("old-pw"),
+        "no password shows"
+    );
+}

@@ -49,6 +49,11 @@ impl Sidecar for Contender {
 
 impl Contender {
     pub fn start(lock: &str, name: &str, redis: &str) -> Contender {
+        Contender::start_with(lock, name, redis, &[])
+    }
+
+    /// [`Contender::start`] with more flags.
+    pub fn start_with(lock: &str, name: &str, redis: &str, extra: &[&str]) -> Contender {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port())
             .parse()
             .expect("loopback address");
@@ -63,6 +68,7 @@ impl Contender {
             "--kubernetes",
             "off",
         ]);
+        args.extend(extra);
         Contender {
             name: name.to_owned(),
             addr,
