@@ -1527,6 +1527,8 @@ impl Sidecars {
                 let child = command
                     .args([
                         "run",
+                        "--control-listen",
+                        "127.0.0.1:0",
                         "--lock",
                         lock,
                         "--redis",

@@ -105,6 +105,8 @@ impl Sidecar {
         let child = Command::new(bin)
             .args([
                 "run",
+                "--control-listen",
+                "127.0.0.1:0",
                 "--lock",
                 LOCK,
                 "--redis",

@@ -50,11 +50,13 @@ for url in "${URLS[@]}"; do  # every node answers before anything uses them
 done
 "$BIN" check --redis "$REDIS" --ttl "$TTL"
 
-declare -A ADMIN SIDECAR
+declare -A ADMIN CONTROL SIDECAR
 for name in alpha beta gamma; do
   port=$(free_port)
   ADMIN[$name]="127.0.0.1:$port"
+  CONTROL[$name]="127.0.0.1:$(free_port)"
   "$BIN" run --lock demo --redis "$REDIS" --ttl "$TTL" --listen "127.0.0.1:$port" --identity "$name" \
+    --control-listen "${CONTROL[$name]}" \
     >"$WORK/$name.log" 2>&1 &
   SIDECAR[$name]=$!
   PIDS+=($!)

@@ -108,6 +108,7 @@ SIDECAR_PIDS=()
 start_sidecar() { # start_sidecar I [LOCK]: sidecar I of the workload demo-app, on lock demo by default
   local i="$1" lock="${2:-demo}"
   "${BIN}" run --lock "${lock}" --redis "${REDIS_URLS}" --listen "127.0.0.1:${SIDECAR_PORTS[$i]}" \
+    --control-listen 127.0.0.1:0 \
     --identity "sidecar-${i}" --kubernetes off --log-format text --workload demo-app \
     >>"${WORK}/sidecar-${i}.log" 2>&1 &
   SIDECAR_PIDS[i]=$!

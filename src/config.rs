@@ -59,6 +59,12 @@ pub const MAX_IDENTITY_LEN: usize = 253;
 
 /// Default admin port for `run`.
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:9707";
+/// Where the routes that change state listen by default: loopback only.
+pub const DEFAULT_CONTROL_LISTEN: &str = "127.0.0.1:9708";
+/// The longest `--app-ready-interval`, `--app-unready-after` and resign hold.
+pub const MAX_APP_WAIT: Duration = Duration::from_secs(3600);
+/// The shortest `--app-ready-interval`: a probe every 50 ms is already more than any app needs.
+pub const MIN_APP_READY_INTERVAL: Duration = Duration::from_millis(50);
 
 #[derive(Parser, Debug)]
 #[command(name = "redlock-sidecar", version, about = "Hold a Redlock (a lock on a quorum of independent Redis masters) for the app next to you, with fencing tokens.", after_help = EXIT_CODES)]
@@ -257,6 +263,18 @@ pub struct RunArgs {
     /// When /readyz answers 200.
     #[arg(long, env = "REDLOCK_READY_WHEN", value_enum, default_value_t = ReadyWhen::Quorum)]
     pub ready_when: ReadyWhen,
+    /// Loopback address of the routes that change state (POST /v1/leader/resign).
+    #[arg(long, env = "REDLOCK_CONTROL_LISTEN", default_value = DEFAULT_CONTROL_LISTEN)]
+    pub control_listen: SocketAddr,
+    /// Contend only while this URL of the app answers 2xx (http://HOST[:PORT][/PATH]).
+    #[arg(long, env = "REDLOCK_APP_READY")]
+    pub app_ready: Option<String>,
+    /// How often the app is probed; also the bound on each probe.
+    #[arg(long, env = "REDLOCK_APP_READY_INTERVAL", value_parser = duration_at_most(MAX_APP_WAIT), default_value = "1s")]
+    pub app_ready_interval: Duration,
+    /// A leader whose app has failed for this long steps down and releases at once.
+    #[arg(long, env = "REDLOCK_APP_UNREADY_AFTER", value_parser = duration_at_most(MAX_APP_WAIT), default_value = "5s")]
+    pub app_unready_after: Duration,
     /// Bound on the graceful release at SIGTERM; keep it below terminationGracePeriodSeconds.
     #[arg(long, env = "REDLOCK_SHUTDOWN_TIMEOUT", value_parser = duration_at_most(MAX_SHUTDOWN_TIMEOUT), default_value = "10s")]
     pub shutdown_timeout: Duration,
@@ -446,11 +464,23 @@ pub struct RunConfig {
     pub redlock: RedlockConfig,
     pub renewal: Renewal,
     pub listen: SocketAddr,
+    /// `--control-listen`: loopback.
+    pub control_listen: SocketAddr,
     pub ready_when: ReadyWhen,
     pub shutdown_timeout: Duration,
+    /// How the app's readiness is checked, if it is.
+    pub app_check: Option<AppCheck>,
     pub kubernetes: crate::k8s::KubeSettings,
     /// `--workload` (empty: not set).
     pub workload: String,
+}
+
+/// `--app-ready` and its timing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppCheck {
+    pub url: crate::candidacy::probe::AppUrl,
+    pub interval: Duration,
+    pub unready_after: Duration,
 }
 
 /// Everything `guard` needs.
@@ -616,6 +646,13 @@ impl RunArgs {
                 "must be at most 253 characters without control characters",
             ));
         }
+        if !self.control_listen.ip().is_loopback() {
+            return Err(ConfigError::new(
+                "--control-listen",
+                "must be a loopback address (e.g. 127.0.0.1:9708): its routes change state",
+            ));
+        }
+        let app_check = self.app_check()?;
         let kubernetes = crate::k8s::KubeSettings {
             mode: self.kubernetes,
             label_key: self.leader_label.clone(),
@@ -629,11 +666,41 @@ impl RunArgs {
             redlock,
             renewal,
             listen: self.listen,
+            control_listen: self.control_listen,
             ready_when: self.ready_when,
             shutdown_timeout: self.shutdown_timeout,
+            app_check,
             kubernetes,
             workload: self.workload.clone(),
         })
+    }
+
+    fn app_check(&self) -> Result<Option<AppCheck>, ConfigError> {
+        let Some(url) = &self.app_ready else {
+            return Ok(None);
+        };
+        let url = crate::candidacy::probe::AppUrl::parse(url)
+            .map_err(|why| ConfigError::new("--app-ready", why))?;
+        if self.app_ready_interval < MIN_APP_READY_INTERVAL {
+            return Err(ConfigError::new(
+                "--app-ready-interval",
+                format!("must be at least {}", fmt(MIN_APP_READY_INTERVAL)),
+            ));
+        }
+        if self.app_unready_after < self.app_ready_interval {
+            return Err(ConfigError::new(
+                "--app-unready-after",
+                format!(
+                    "must be at least --app-ready-interval ({}): one slow answer must not move the work",
+                    fmt(self.app_ready_interval)
+                ),
+            ));
+        }
+        Ok(Some(AppCheck {
+            url,
+            interval: self.app_ready_interval,
+            unready_after: self.app_unready_after,
+        }))
     }
 }
 

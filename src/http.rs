@@ -11,6 +11,15 @@
 //! Unknown paths answer 404, other methods 405; request bodies are limited to 1 KiB.
 //! No route changes any state.
 //!
+//! Routes that change state live on a second listener, the **control listener**
+//! (`--control-listen`, loopback only, [`control_router`]):
+//!
+//! | route | answers |
+//! |---|---|
+//! | `POST /v1/leader/resign[?hold=DURATION]` | leading: steps down, releases the lock at once and does not contend for `hold` (default one ttl, at most an hour); 200 `{"resigned": true, "hold_ms"}` once no longer leading. Not leading: 409 `{"error"}`. A bad `hold`: 400 `{"error"}` |
+//!
+//! Its errors are JSON (`{"error": "..."}`): 404 for unknown paths, 405 for other methods.
+//!
 //! ## Behaviour
 //! The port is meant for probes and scrapers next to the pod; the limits keep a slow or
 //! hostile client from holding it (HTTP/1.1 only):
@@ -28,11 +37,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, RawQuery, State};
 use axum::http::{header, Request, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use futures_util::StreamExt;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -43,6 +52,7 @@ use tokio_stream::wrappers::WatchStream;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
+use crate::candidacy::CandidacyTx;
 use crate::config::ReadyWhen;
 use crate::leadership::{Leadership, LeadershipRx};
 use crate::metrics::Metrics;
@@ -153,7 +163,39 @@ pub fn router(state: AdminState) -> Router {
 /// module doc; then lets the open connections close (each within [`CLOSE_GRACE`]).
 pub async fn serve(listener: TcpListener, state: AdminState) -> std::io::Result<()> {
     let shutdown = state.shutdown.clone();
-    let app = router(state);
+    serve_router(listener, router(state), shutdown).await
+}
+
+/// What the control routes read and change.
+#[derive(Clone)]
+pub struct ControlState {
+    /// The leadership channel (read).
+    pub leadership: LeadershipRx,
+    /// Whether this sidecar stands for leadership (written by a resign).
+    pub candidacy: CandidacyTx,
+    /// A resign's hold when the request names none: one ttl.
+    pub default_hold: Duration,
+}
+
+/// The router for the control listener (routes that change state).
+pub fn control_router(state: ControlState) -> Router {
+    Router::new()
+        .route("/v1/leader/resign", post(resign))
+        .fallback(|| async { json_error(StatusCode::NOT_FOUND, "no such route") })
+        .method_not_allowed_fallback(|| async {
+            json_error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
+        })
+        .layer(DefaultBodyLimit::max(1024))
+        .with_state(state)
+}
+
+/// Serves `app` on `listener` until `shutdown` fires, within the limits in the module doc;
+/// then lets the open connections close (each within [`CLOSE_GRACE`]).
+pub async fn serve_router(
+    listener: TcpListener,
+    app: Router,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         // A slot first: while all are taken, new connections wait in the accept queue.
@@ -271,6 +313,55 @@ async fn metrics(State(state): State<AdminState>) -> Response {
         text,
     )
         .into_response()
+}
+
+fn json_error(status: StatusCode, error: &str) -> Response {
+    (status, Json(serde_json::json!({ "error": error }))).into_response()
+}
+
+/// The longest a resign waits for the lock loop to step down before it answers.
+const RESIGN_ANSWER_WITHIN: Duration = Duration::from_secs(5);
+
+async fn resign(State(state): State<ControlState>, RawQuery(query): RawQuery) -> Response {
+    let hold = match resign_hold(query.as_deref(), state.default_hold) {
+        Ok(hold) => hold,
+        Err(why) => return json_error(StatusCode::BAD_REQUEST, &why),
+    };
+    let now = crate::clock::now();
+    if state.leadership.borrow().leading_at(now).is_none() {
+        return json_error(StatusCode::CONFLICT, "not leading");
+    }
+    state.candidacy.send_modify(|c| c.resign(hold, now));
+    let mut leadership = state.leadership.clone();
+    let stepped_down = leadership.wait_for(|l| l.leading_at(crate::clock::now()).is_none());
+    let _ = tokio::time::timeout(RESIGN_ANSWER_WITHIN, stepped_down).await;
+    let hold_ms = u64::try_from(hold.as_millis()).unwrap_or(u64::MAX);
+    (
+        StatusCode::OK,
+        Json(serde_json::json!({ "resigned": true, "hold_ms": hold_ms })),
+    )
+        .into_response()
+}
+
+/// The `hold` of a resign's query (`hold=DURATION`, nothing else), or why it is refused.
+fn resign_hold(query: Option<&str>, default: Duration) -> Result<Duration, String> {
+    let mut hold = default;
+    for pair in query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        match pair.split_once('=') {
+            Some(("hold", text)) => {
+                hold = humantime::parse_duration(text)
+                    .ok()
+                    .filter(|d| *d <= crate::config::MAX_APP_WAIT)
+                    .ok_or_else(|| "hold: a duration such as 30s or 2m, at most 1h".to_owned())?;
+            }
+            _ => return Err("the only query parameter is hold=DURATION".to_owned()),
+        }
+    }
+    Ok(hold)
 }
 
 async fn watch(

@@ -29,6 +29,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::candidacy::{self, Candidacy, CandidacyRx};
 use crate::clock;
 use crate::config::Renewal;
 use crate::leadership::{HolderView, Leadership, LeadershipTx, Role, Term};
@@ -205,29 +206,52 @@ pub async fn hold(
     }
 }
 
-/// The `run` loop: contend, hold, step down and contend again, until `cancel`.
-/// On cancellation it steps down and releases the lock before returning.
+/// The `run` loop: contend while `candidacy` allows, hold, step down and contend again, until
+/// `cancel`. On cancellation it steps down and releases the lock before returning.
 pub async fn run(
     redlock: Redlock,
     renewal: Renewal,
     tx: LeadershipTx,
     metrics: std::sync::Arc<Metrics>,
+    mut candidacy: CandidacyRx,
     cancel: CancellationToken,
 ) {
     let lock = redlock.config().lock.clone();
     loop {
-        let acquired = redlock
-            .acquire_watching(
+        if !candidacy.borrow().may_contend(clock::now()) {
+            info!(lock = %lock, why = candidacy.borrow().why_not(clock::now()), "not contending");
+        }
+        if !candidacy::until(&mut candidacy, &cancel, Candidacy::may_contend).await {
+            return;
+        }
+        // The wait ends on cancellation or when the app stops being fit to lead; a round in
+        // flight is finished first (the engine never abandons one half-way).
+        let unfit = cancel.child_token();
+        let acquired = {
+            let acquire = redlock.acquire_watching(
                 None,
-                &cancel,
+                &unfit,
                 |result, elapsed| observe_attempt(&tx, &metrics, result, elapsed),
                 |seen| observe_holder(&tx, seen),
-            )
-            .await;
+            );
+            let watch = cancel_when_not(&mut candidacy, &unfit, Candidacy::may_contend);
+            tokio::pin!(acquire, watch);
+            loop {
+                tokio::select! {
+                    result = &mut acquire => break result,
+                    () = &mut watch => {}
+                }
+            }
+        };
         let lease = match acquired {
             Ok(lease) => lease,
-            Err(_) => return, // only cancellation ends an unbounded wait
+            Err(_) => continue, // only cancellation ends an unbounded wait
         };
+        if !cancel.is_cancelled() && !candidacy.borrow().may_contend(clock::now()) {
+            info!(lock = %lock, fencing_token = lease.fencing_token, why = candidacy.borrow().why_not(clock::now()), "won the lock as this sidecar stopped contending; releasing it without leading");
+            release(&redlock, &lease).await;
+            continue;
+        }
         if cancel.is_cancelled() {
             // The signal came while the winning round was in flight: the process is going
             // away, so it must never be seen leading. Give the lock back unpublished.
@@ -245,11 +269,29 @@ pub async fn run(
             validity_ms = lease.remaining_at(clock::now()).as_millis() as u64,
             "acquired the lock"
         );
-        match hold(&redlock, lease, renewal, &tx, &metrics, &cancel).await {
+        let unfit = cancel.child_token();
+        let held = {
+            let hold = hold(&redlock, lease, renewal, &tx, &metrics, &unfit);
+            let watch = cancel_when_not(&mut candidacy, &unfit, Candidacy::may_lead);
+            tokio::pin!(hold, watch);
+            loop {
+                tokio::select! {
+                    end = &mut hold => break end,
+                    () = &mut watch => {}
+                }
+            }
+        };
+        match held {
             HoldEnd::Cancelled(lease) => {
                 publish_follower(&tx);
+                if !cancel.is_cancelled() {
+                    let why = candidacy.borrow().why_not(clock::now());
+                    warn!(lock = %lock, fencing_token = lease.fencing_token, why, "stepping down and releasing the lock at once");
+                }
                 release(&redlock, &lease).await;
-                return;
+                if cancel.is_cancelled() {
+                    return;
+                }
             }
             HoldEnd::Lost(reason, lease) => {
                 publish_follower(&tx);
@@ -273,6 +315,19 @@ pub async fn run(
             }
         }
     }
+}
+
+/// Cancels `token` once `verdict` stops holding; then (or once `token` is cancelled) pends, so
+/// the caller's `select!` moves on only when its other branch ends.
+async fn cancel_when_not(
+    candidacy: &mut CandidacyRx,
+    token: &CancellationToken,
+    verdict: fn(&Candidacy, std::time::Instant) -> bool,
+) {
+    if candidacy::until(candidacy, token, |c, now| !verdict(c, now)).await {
+        token.cancel();
+    }
+    std::future::pending().await
 }
 
 /// Releases `lease` on every node (owner-checked, announced to waiters) and logs how many

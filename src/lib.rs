@@ -1,6 +1,8 @@
 //! redlock-sidecar: hold a Redlock (a lock on a quorum of independent Redis masters)
 //! for the app next to it, with fencing tokens, and publish who leads.
 
+/// Whether this sidecar stands for leadership: the app's readiness and hand-overs.
+pub mod candidacy;
 /// The clock lock deadlines use: monotonic, counting time the host spent suspended.
 pub mod clock;
 /// Command line and environment, validated into typed configs.

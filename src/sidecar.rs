@@ -10,6 +10,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::candidacy::{probe, Candidacy};
 use crate::config::RunConfig;
 use crate::http::{self, AdminState};
 use crate::k8s::{self, Kube};
@@ -25,6 +26,13 @@ pub async fn run(cfg: RunConfig) -> i32 {
         Err(err) => {
             crate::config::exit_invalid(&format!("--listen: cannot bind {}: {err}", cfg.listen))
         }
+    };
+    let control_listener = match http::bind(cfg.control_listen).await {
+        Ok(listener) => listener,
+        Err(err) => crate::config::exit_invalid(&format!(
+            "--control-listen: cannot bind {}: {err}",
+            cfg.control_listen
+        )),
     };
     let kube_errors = k8s::errors_counter();
     let (redlock, metrics) = lease::instrumented_engine(&cfg.redlock, Some(kube_errors.clone()))
@@ -57,6 +65,23 @@ pub async fn run(cfg: RunConfig) -> i32 {
             warn!(error = %err, "admin endpoint stopped");
         }
     });
+    let (candidacy_tx, candidacy_rx) = tokio::sync::watch::channel(match &cfg.app_check {
+        Some(check) => Candidacy::checked(check.unready_after),
+        None => Candidacy::unchecked(),
+    });
+    if let Some(check) = cfg.app_check.clone() {
+        tokio::spawn(probe::run(check.url, check.interval, candidacy_tx.clone()));
+    }
+    let control = http::control_router(http::ControlState {
+        leadership: rx.clone(),
+        candidacy: candidacy_tx,
+        default_hold: cfg.redlock.ttl,
+    });
+    let control_task = tokio::spawn(http::serve_router(
+        control_listener,
+        control,
+        http_stop.clone(),
+    ));
     tokio::spawn(Arc::clone(&metrics).follow(rx.clone()));
     let kube_task = kube
         .map(|kube| tokio::spawn(kube.observe(rx.clone(), cancel.clone(), cfg.shutdown_timeout)));
@@ -65,6 +90,7 @@ pub async fn run(cfg: RunConfig) -> i32 {
         cfg.renewal,
         tx,
         metrics,
+        candidacy_rx,
         cancel.clone(),
     ));
 
@@ -85,6 +111,7 @@ pub async fn run(cfg: RunConfig) -> i32 {
     }
     http_stop.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(1), http_task).await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), control_task).await;
     0
 }
 

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant, SystemTime};
 use http::{header, Method, Request, Response, StatusCode};
 use kube::client::Body;
 use prometheus::IntCounterVec;
+use redlock_sidecar::candidacy::Candidacy;
 use redlock_sidecar::config::Renewal;
 use redlock_sidecar::k8s::{errors_counter, lease_name, Kube, KubeMode, KubeSettings};
 use redlock_sidecar::leadership::{HolderView, Leadership, LeadershipTx, Role, Term};
@@ -883,7 +884,15 @@ async fn kubernetes_api_failures_never_touch_a_real_lock() {
         lease::instrumented_engine(&cfg, Some(errors.clone())).expect("engine");
     let (tx, mut rx) = lease::channel(&redlock);
     let cancel = CancellationToken::new();
-    let lock_loop = tokio::spawn(lease::run(redlock, renewal, tx, metrics, cancel.clone()));
+    let candidacy = tokio::sync::watch::channel(Candidacy::unchecked()).1;
+    let lock_loop = tokio::spawn(lease::run(
+        redlock,
+        renewal,
+        tx,
+        metrics,
+        candidacy,
+        cancel.clone(),
+    ));
 
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     tokio::spawn(refuse_everything(handle));

@@ -54,6 +54,9 @@ impl Proc {
         };
         let mut command = Command::new(program);
         command.env("REDLOCK_NODE_SET", super::TEST_NODE_SET);
+        // Many sidecars run at once here: each gets a control port of its own unless the test
+        // names one.
+        command.env("REDLOCK_CONTROL_LISTEN", "127.0.0.1:0");
         for (key, value) in envs {
             if *key == "REDLOCK_NODE_SET" && value.is_empty() {
                 command.env_remove(key);

@@ -1,0 +1,393 @@
+//! Leadership follows the app: `run --app-ready` sidecars next to small local apps whose
+//! readiness the test turns on and off, and the control listener's resign route, through the
+//! real binary on real redis-server nodes.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use support::{http, Proc, RedisCluster};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const TTL: Duration = Duration::from_secs(2);
+/// `--app-unready-after` in these tests.
+const UNREADY_AFTER: Duration = Duration::from_millis(600);
+/// `--app-ready-interval` in these tests.
+const PROBE_EVERY: Duration = Duration::from_millis(100);
+/// What a loaded 2-core machine may add to a hand-over (a round, the poll of `/leader`).
+const SLACK: Duration = Duration::from_millis(1500);
+/// The hold of the resign test.
+const HOLD: Duration = Duration::from_secs(3);
+
+/// An app with a readiness endpoint that answers 200 or 503 as the test says.
+struct App {
+    addr: SocketAddr,
+    ready: Arc<AtomicBool>,
+}
+
+impl App {
+    async fn start(ready: bool) -> App {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let ready = Arc::new(AtomicBool::new(ready));
+        let answer = ready.clone();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let ready = answer.load(Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1024];
+                    let _ = conn.read(&mut buf).await;
+                    let status = if ready {
+                        "200 OK"
+                    } else {
+                        "503 Service Unavailable"
+                    };
+                    let reply = format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\n\r\n");
+                    let _ = conn.write_all(reply.as_bytes()).await;
+                });
+            }
+        });
+        App { addr, ready }
+    }
+
+    fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::SeqCst);
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/ready", self.addr)
+    }
+}
+
+struct Sidecar {
+    proc: Proc,
+    addr: SocketAddr,
+    control: SocketAddr,
+    name: String,
+}
+
+impl Sidecar {
+    fn start(name: &str, cluster: &RedisCluster, app: Option<&App>) -> Sidecar {
+        let addr = loopback();
+        let control = loopback();
+        let (listen, control_listen) = (addr.to_string(), control.to_string());
+        let redis = cluster.urls_joined();
+        let app_url = app.map(App::url);
+        let (interval, after) = (
+            format!("{}ms", PROBE_EVERY.as_millis()),
+            format!("{}ms", UNREADY_AFTER.as_millis()),
+        );
+        let mut args = vec![
+            "run",
+            "--lock",
+            "work",
+            "--redis",
+            &redis,
+            "--ttl",
+            "2s",
+            "--safety-margin",
+            "300ms",
+            "--retry-delay",
+            "50ms",
+            "--node-timeout",
+            "250ms",
+            "--listen",
+            &listen,
+            "--control-listen",
+            &control_listen,
+            "--identity",
+            name,
+            "--kubernetes",
+            "off",
+        ];
+        if let Some(url) = &app_url {
+            args.extend([
+                "--app-ready",
+                url,
+                "--app-ready-interval",
+                &interval,
+                "--app-unready-after",
+                &after,
+            ]);
+        }
+        Sidecar {
+            proc: Proc::spawn(&args, &[("REDLOCK_LOG", "info")]),
+            addr,
+            control,
+            name: name.to_owned(),
+        }
+    }
+
+    async fn leader(&self) -> Option<serde_json::Value> {
+        http::get(self.addr, "/leader").await.ok()?.json().ok()
+    }
+
+    async fn is_leader(&self) -> bool {
+        self.leader()
+            .await
+            .is_some_and(|b| b["is_leader"].as_bool() == Some(true))
+    }
+
+    async fn token(&self) -> Option<u64> {
+        self.leader().await?["fencing_token"].as_u64()
+    }
+
+    async fn holder(&self) -> Option<String> {
+        self.leader().await?["holder"].as_str().map(str::to_owned)
+    }
+}
+
+fn loopback() -> SocketAddr {
+    format!("127.0.0.1:{}", support::free_port())
+        .parse()
+        .unwrap()
+}
+
+fn ready_cluster() -> RedisCluster {
+    let cluster = RedisCluster::start(3);
+    cluster.wait_votes_count(TTL);
+    cluster
+}
+
+/// Waits until exactly one of `sidecars` leads, within `within`; returns its index. Never two.
+async fn one_leader(sidecars: &[&Sidecar], within: Duration) -> usize {
+    let deadline = Instant::now() + within;
+    loop {
+        let mut leaders = Vec::new();
+        for (i, s) in sidecars.iter().enumerate() {
+            if s.is_leader().await {
+                leaders.push(i);
+            }
+        }
+        assert!(leaders.len() <= 1, "never two leaders: {leaders:?}");
+        if let [leader] = leaders[..] {
+            return leader;
+        }
+        if Instant::now() >= deadline {
+            let logs: Vec<String> = sidecars
+                .iter()
+                .map(|s| format!("--- {} ---\n{}", s.name, s.proc.output_text()))
+                .collect();
+            panic!("no leader within {within:?}\n{}", logs.join("\n"));
+        }
+        tokio::time::sleep(support::POLL_EVERY).await;
+    }
+}
+
+/// Waits until `sidecars[which]` leads, within `within`; never two leaders meanwhile.
+async fn leads(sidecars: &[&Sidecar], which: usize, within: Duration) {
+    let deadline = Instant::now() + within;
+    while one_leader(sidecars, within).await != which {
+        assert!(
+            Instant::now() < deadline,
+            "{} did not lead within {within:?}",
+            sidecars[which].name
+        );
+        tokio::time::sleep(support::POLL_EVERY).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_app_fails_hands_over_and_returns_as_a_standby() {
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let apps = [App::start(true).await, App::start(true).await];
+    let sidecars = [
+        Sidecar::start("a", &cluster, Some(&apps[0])),
+        Sidecar::start("b", &cluster, Some(&apps[1])),
+    ];
+    let both = [&sidecars[0], &sidecars[1]];
+    let first = one_leader(&both, Duration::from_secs(15)).await;
+    let other = 1 - first;
+    let token = sidecars[first].token().await.unwrap();
+
+    // The leader's app fails: the other takes over once the failures have lasted
+    // --app-unready-after (plus a probe), not at the first failed probe and not a ttl later.
+    let broke = Instant::now();
+    apps[first].set_ready(false);
+    leads(&both, other, UNREADY_AFTER + PROBE_EVERY + SLACK).await;
+    let took = broke.elapsed();
+    assert!(
+        took >= UNREADY_AFTER,
+        "a leader keeps leading through {UNREADY_AFTER:?} of failures; handed over after {took:?}"
+    );
+    let new_token = sidecars[other].token().await.unwrap();
+    assert!(new_token > token, "tokens grow: {token} then {new_token}");
+    let log = sidecars[first].proc.output_text();
+    assert!(
+        log.contains("stepping down and releasing the lock at once")
+            && log.contains("app not ready"),
+        "{log}"
+    );
+
+    // Back to ready: the former leader contends again as a standby (it sees the holder) and
+    // takes nothing from the healthy leader.
+    apps[first].set_ready(true);
+    support::wait_until_async(
+        Duration::from_secs(10),
+        "the former leader follows the new one",
+        || async {
+            sidecars[first].holder().await.as_deref() == Some(sidecars[other].name.as_str())
+        },
+    )
+    .await;
+    assert!(sidecars[other].is_leader().await);
+    assert_eq!(sidecars[other].token().await, Some(new_token));
+
+    // A standby whose app is not ready does not take over: the leader's app fails, the
+    // standby's too; nobody leads until the standby's app is ready again.
+    apps[other].set_ready(false);
+    apps[first].set_ready(false);
+    support::wait_until_async(
+        UNREADY_AFTER + PROBE_EVERY + SLACK,
+        "the leader steps down",
+        || async { !sidecars[other].is_leader().await },
+    )
+    .await;
+    assert!(!sidecars[first].is_leader().await);
+    apps[first].set_ready(true);
+    leads(&both, first, PROBE_EVERY + SLACK).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_that_never_became_ready_never_leads() {
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let app = App::start(false).await;
+    let sidecar = Sidecar::start("starting", &cluster, Some(&app));
+    support::wait_until_async(Duration::from_secs(10), "the sidecar serves", || async {
+        sidecar.leader().await.is_some()
+    })
+    .await;
+    let waits = Instant::now();
+    while !sidecar.proc.output_text().contains("app not ready yet") {
+        assert!(
+            waits.elapsed() < Duration::from_secs(10),
+            "it logs why it waits: {}",
+            sidecar.proc.output_text()
+        );
+        tokio::time::sleep(support::POLL_EVERY).await;
+    }
+    assert!(!sidecar.is_leader().await);
+    assert!(
+        cluster
+            .iter()
+            .all(|node| node.command(&["EXISTS", "redlock:{work}"]) == "0"),
+        "no key was taken"
+    );
+    app.set_ready(true);
+    leads(&[&sidecar], 0, PROBE_EVERY + SLACK).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resign_on_the_control_listener_hands_over_at_once_and_the_public_port_changes_nothing() {
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let sidecars = [
+        Sidecar::start("a", &cluster, None),
+        Sidecar::start("b", &cluster, None),
+    ];
+    let both = [&sidecars[0], &sidecars[1]];
+    let first = one_leader(&both, Duration::from_secs(15)).await;
+    let other = 1 - first;
+    let (leader, standby) = (&sidecars[first], &sidecars[other]);
+
+    // The public port has no state-changing route.
+    let public = http::request("POST", leader.addr, "/v1/leader/resign")
+        .await
+        .unwrap();
+    assert!(matches!(public.status, 404 | 405), "{}", public.status);
+    assert!(leader.is_leader().await);
+
+    // Bad input: a JSON error, and nothing changes.
+    for path in [
+        "/v1/leader/resign?hold=soon",
+        "/v1/leader/resign?hold=2h",
+        "/v1/leader/resign?force=1",
+    ] {
+        let answer = http::request("POST", leader.control, path).await.unwrap();
+        assert_eq!(answer.status, 400, "{path}");
+        assert!(answer.json().unwrap()["error"].is_string(), "{path}");
+    }
+    let answer = http::get(leader.control, "/v1/leader/resign")
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 405);
+    assert!(answer.json().unwrap()["error"].is_string());
+    assert!(leader.is_leader().await);
+
+    // A standby cannot resign.
+    let answer = http::request("POST", standby.control, "/v1/leader/resign")
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 409);
+    assert_eq!(answer.json().unwrap()["error"], "not leading");
+
+    // The leader resigns: it answers once it no longer leads, and the standby takes over
+    // within a round trip or so (a release wakes it), not a ttl later.
+    let asked = Instant::now();
+    let answer = http::request("POST", leader.control, "/v1/leader/resign?hold=3s")
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 200);
+    let body = answer.json().unwrap();
+    assert_eq!(body["resigned"], true);
+    assert_eq!(body["hold_ms"], HOLD.as_millis() as u64);
+    assert!(!leader.is_leader().await);
+    leads(&both, other, TTL).await;
+    let took = asked.elapsed();
+    assert!(took < TTL / 2, "handed over in {took:?}");
+
+    // During its hold the former leader does not contend: when the new leader goes away
+    // (SIGTERM releases the lock), the resigned one takes the lock only once its hold is over.
+    let mut sidecars = sidecars;
+    sidecars[other].proc.sigterm();
+    assert!(sidecars[other]
+        .proc
+        .wait_exit(Duration::from_secs(10))
+        .is_some());
+    let resigned = &sidecars[first];
+    leads(&[resigned], 0, HOLD + SLACK).await;
+    let led_after = asked.elapsed();
+    assert!(
+        led_after >= HOLD,
+        "led again {led_after:?} after resigning with a {HOLD:?} hold"
+    );
+    assert!(resigned.proc.output_text().contains("resigned"));
+}
+
+#[test]
+fn bad_candidacy_settings_exit_2_naming_the_flag() {
+    let base = ["run", "--lock", "x", "--redis", "redis://127.0.0.1:1"];
+    let cases: &[(&[&str], &str)] = &[
+        (&["--control-listen", "0.0.0.0:9708"], "--control-listen"),
+        (&["--control-listen", "[::]:9708"], "--control-listen"),
+        (&["--app-ready", "https://localhost/ready"], "--app-ready"),
+        (&["--app-ready", "localhost:8080"], "--app-ready"),
+        (
+            &[
+                "--app-ready",
+                "http://localhost:8080/",
+                "--app-ready-interval",
+                "1ms",
+            ],
+            "--app-ready-interval",
+        ),
+        (
+            &[
+                "--app-ready",
+                "http://localhost:8080/",
+                "--app-ready-interval",
+                "2s",
+                "--app-unready-after",
+                "1s",
+            ],
+            "--app-unready-after",
+        ),
+        (&["--app-unready-after", "2h"], "--app-unready-after"),
+    ];
+    for (extra, flag) in cases {
+        let args: Vec<&str> = base.iter().chain(extra.iter()).copied().collect();
+        support::process::assert_invalid_config(&args, flag);
+    }
+}
