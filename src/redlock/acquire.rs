@@ -580,7 +580,7 @@ impl Redlock {
         let first = rand::rng().random_range(0..nodes.len().max(1));
         for index in (0..nodes.len()).cycle().skip(first).take(nodes.len()) {
             let node = &nodes[index];
-            let channels = super::push::Channels::new(&self.inner.key, node.db());
+            let channels = self.inner.channels(index);
             let numsub = node
                 .command::<(String, u64, String, u64)>(
                     redis::cmd("PUBSUB")
