@@ -379,7 +379,8 @@ struct Inner {
     /// What the nodes push (see [`push`]).
     pushes: broadcast::Sender<push::Push>,
     /// How many waiters the lock had when last counted (see `standby`), announced with an
-    /// acquisition so the others spread their rounds after the next release.
+    /// acquisition: older versions spread their rounds by it (this one takes counts only
+    /// from the nodes).
     waiters_seen: AtomicU64,
     /// Per node: whether its push subscription is live.
     subscribed: watch::Sender<Vec<bool>>,

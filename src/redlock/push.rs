@@ -57,7 +57,9 @@ pub enum PushKind {
 }
 
 /// The announcement of a won round: `v1 <fencing token> <validity ms> <waiters> <identity>`.
-/// It never carries the lock value (whoever knows the value can release the lock).
+/// It never carries the lock value (whoever knows the value can release the lock). Anyone
+/// who may `PUBLISH` can send one: a waiter takes from it only what the nodes bear out (see
+/// [`super::standby`]), and not the waiter count, which is sent for older versions.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Acquired {
     /// The winner's identity.
