@@ -57,9 +57,10 @@
 //!   key expires. About `2 × READERS` standbys' worth of reads reach a node, whatever the
 //!   number of waiters; acquisitions still reach every standby by push, releases the watchers. Reads
 //!   made for want of push, of unknown nodes, and with fewer waiters are never skipped. A
-//!   standby that takes turns counts the waiters again every longest ttl (one `PUBSUB NUMSUB`
-//!   on one node; with fewer waiters every three): a crowd that has left silences its reads
-//!   for about a ttl, not for as long as the crowd was large.
+//!   standby that takes turns counts the waiters again before a deadline once its count is
+//!   half a longest ttl old (one `PUBSUB NUMSUB` on one node, about one per deadline in place
+//!   of a read of every node; with fewer waiters every three ttls): a crowd that has left
+//!   silences its reads for about a ttl, not for as long as the crowd was large.
 
 use std::time::{Duration, Instant};
 
@@ -114,7 +115,8 @@ pub fn release_recheck_in(ttl: Duration, first: bool, draw: f64) -> Duration {
 }
 
 /// How often, in ttls, a standby counts the waiters again (a fleet may grow without any
-/// announcement), with up to [`READERS`] waiters; taking turns, it counts every ttl.
+/// announcement), with up to [`READERS`] waiters; taking turns, it counts at about every
+/// deadline (see [`Standby::recount_due`]).
 const RECOUNT_EVERY_TTLS: u32 = 3;
 
 /// For how many longest ttls after the last read or round keyspace events alone may put the
@@ -556,12 +558,12 @@ impl Standby {
     }
 
     /// Whether to count the waiters again before a read or a skip: every three of the longest
-    /// ttl, and every ttl while the count says to take turns. A count is what one node showed
-    /// at one moment: a crowd that has left since must not silence this standby's reads for
-    /// longer than about a ttl.
+    /// ttl, and while the count says to take turns, once it is half a ttl old (so about at
+    /// every deadline). A count is what one node showed at one moment: a crowd that has left
+    /// since must not silence this standby's reads for longer than about a ttl.
     pub fn recount_due(&self, now: Instant) -> bool {
         let every = if self.takes_turns() {
-            self.longest_ttl
+            self.longest_ttl / 2
         } else {
             self.longest_ttl.saturating_mul(RECOUNT_EVERY_TTLS)
         };
@@ -940,8 +942,8 @@ mod tests {
         assert!(s.recount_due(t0 + TTL * 3));
         // However many were counted: a crowd that left silences reads for about a ttl.
         s.set_waiters(t0, 100 * READERS);
-        assert!(!s.recount_due(t0 + TTL - ms(1)));
-        assert!(s.recount_due(t0 + TTL));
+        assert!(!s.recount_due(t0 + TTL / 2 - ms(1)));
+        assert!(s.recount_due(t0 + TTL / 2));
         s.set_waiters(t0 + TTL, 2);
         assert!(!s.recount_due(t0 + TTL * 3));
     }
