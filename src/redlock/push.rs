@@ -299,7 +299,7 @@ mod tests {
         let c = Channels::new("redlock:{x}", 3);
         assert_eq!(c.keyspace, "__keyspace@3__:redlock:{x}");
         assert_eq!(
-            c.decode("redlock:{x}:released", "pod-a:abcdef"),
+            c.decode("redlock:{x}:db3:released", "pod-a:abcdef"),
             Some(PushKind::Released("pod-a".into()))
         );
         assert_eq!(

@@ -1125,6 +1125,67 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Whatever anyone publishes (acquisitions and releases of any identity, token and
+        /// validity, every 10 ms, and a fresh acquisition whenever a round is due), a standby
+        /// runs a round within a ttl of its crashed holder's keys' expiry.
+        #[test]
+        fn no_announcements_put_a_round_off_past_a_ttl_after_the_keys_expire(
+            messages in proptest::collection::vec(
+                (proptest::bool::ANY, 0usize..6, 0u64..20_000, 0usize..3),
+                0..1500,
+            )
+        ) {
+            let names = ["a", "ghost", "b"];
+            let t0 = Instant::now();
+            let gone = t0 + ms(1000);
+            let mut s = subscribed(3);
+            s.round_busy(t0, &[true, true, true], Some(gone - t0), Some("a"), 100);
+            let mut now = t0;
+            for step in 0u64.. {
+                proptest::prop_assert!(now <= gone + TTL * 3, "no round");
+                if let Some((release, token, validity, name)) = messages.get(step as usize) {
+                    let name = names[*name];
+                    if *release {
+                        s.released(now, (step % 3) as usize, name, 0.5);
+                    } else {
+                        let token = [0, 99, 100, 101 + step, 1 << 40, MAX_TOKEN - 200_000 - step]
+                            [*token];
+                        s.acquired(now, told(name, token), ms(*validity));
+                    }
+                    s.settle(now, 0.5, true);
+                }
+                match s.next(now).0 {
+                    Action::Round if now >= gone => break,
+                    // Before the crash, a round finds "a" holding.
+                    Action::Round => {
+                        s.round_busy(now, &[true, true, true], Some(gone - now), Some("a"), 100)
+                    }
+                    Action::Read { .. } => {
+                        let pttl = (now < gone).then(|| gone - now);
+                        for i in 0..3 {
+                            s.read(now, i, Ok(pttl));
+                        }
+                        s.shown(pttl.map(|_| "a"));
+                        s.settle(now, 0.5, false);
+                    }
+                    Action::Skip | Action::Wait => {}
+                }
+                if s.round_at.is_some() {
+                    // Above every token of the messages.
+                    let token = MAX_TOKEN - 100_000 + step;
+                    s.acquired(now, told("ghost", token), Duration::from_secs(3600));
+                }
+                now += ms(10);
+            }
+            let late = now.saturating_duration_since(gone);
+            proptest::prop_assert!(
+                late <= TTL + ms(50),
+                "a round {:?} after the keys expired", late
+            );
+        }
+    }
+
     #[test]
     fn keyspace_event_names() {
         assert_eq!(key_event("expired"), Some(KeyEvent::Gone));
