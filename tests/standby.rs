@@ -22,16 +22,20 @@ impl Sidecar {
     }
 
     fn start_with(name: &str, cluster: &RedisCluster, ttl: &str, extra: &[&str]) -> Sidecar {
+        Sidecar::start_on(name, &cluster.urls_joined(), ttl, extra)
+    }
+
+    /// A sidecar on the nodes `redis` (comma-separated URLs).
+    fn start_on(name: &str, redis: &str, ttl: &str, extra: &[&str]) -> Sidecar {
         let port = support::free_port();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let listen = addr.to_string();
-        let redis = cluster.urls_joined();
         let mut args = vec![
             "run",
             "--lock",
             LOCK,
             "--redis",
-            &redis,
+            redis,
             "--ttl",
             ttl,
             "--listen",
@@ -131,9 +135,13 @@ async fn an_idle_standby_runs_no_acquire_script_while_the_leader_renews() {
     let reads = b.metric("redlock_standby_reads_total", "").await;
     assert!(reads <= 6.0, "the standby read the nodes {reads} times");
     assert_eq!(b.holder().await.as_deref(), Some("a"));
-    // It counted who waits with it (both sidecars listen on the lock's channels), and with
-    // so few it never leaves a read to others.
-    assert_eq!(b.metric("redlock_standby_waiters", "").await, 2.0);
+    // It counted who waits with it (both sidecars listen on the lock's channels; a count
+    // taken before both subscriptions were up is taken again within 3 ttls), and with so
+    // few it never leaves a read to others.
+    support::wait_until_async(Duration::from_secs(7), "b counted two waiters", || async {
+        b.metric("redlock_standby_waiters", "").await == 2.0
+    })
+    .await;
     assert_eq!(
         b.metric("redlock_standby_reads_skipped_total", "").await,
         0.0
@@ -342,4 +350,162 @@ async fn a_node_that_refuses_resp3_gets_a_dedicated_subscription_connection() {
     let cluster = RedisCluster::start_with(1, &["--rename-command", "HELLO", ""]);
     cluster.backdate_epochs(Duration::from_secs(4));
     connections_and_push(&cluster, 2).await;
+}
+
+/// Standbys that must not be starved: ttl 2 s, a leader and a standby on one node.
+const TTL: Duration = Duration::from_secs(2);
+
+/// How soon a standby must take over after its leader is SIGKILLed: the leader's key expires
+/// within a ttl, and the standby reads within about a ttl of that, whatever it was told.
+const TAKEOVER: Duration = Duration::from_millis(2 * 2000 + 700);
+
+/// `n` connections subscribed to `channel` on `node` (a crowd of waiters, or anyone else's).
+fn subscribers(node: &support::RedisNode, channel: &str, n: usize) -> Vec<support::RawConn> {
+    (0..n)
+        .map(|_| {
+            let mut conn = node.conn().expect("connect");
+            conn.command(&["SUBSCRIBE", channel]).expect("subscribe");
+            conn
+        })
+        .collect()
+}
+
+/// SIGKILLs the leader `a` and waits until `b` leads; returns how long that took.
+async fn takeover_after_kill(a: &mut Sidecar, b: &Sidecar) -> Duration {
+    a.proc.sigkill();
+    let killed = Instant::now();
+    support::wait_until_async(TAKEOVER, "the standby takes over", || b.is_leader()).await;
+    let took = killed.elapsed();
+    eprintln!("takeover {took:?} after the kill");
+    took
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crowd_that_left_does_not_silence_a_standbys_reads() {
+    let cluster = RedisCluster::start(1);
+    cluster.backdate_epochs(TTL);
+    let node = cluster.node(0);
+    // 1,000 subscribers of the acquisition channel when the standby starts: it takes turns.
+    let crowd = subscribers(node, "redlock:{jobs}:acquired", 1000);
+    let (mut a, b) = leader_and_standby(&cluster, "2s").await;
+    support::wait_until_async(Duration::from_secs(5), "b counted the crowd", || async {
+        b.metric("redlock_standby_waiters", "").await >= 1000.0
+    })
+    .await;
+    support::wait_until_async(
+        Duration::from_secs(30),
+        "b leaves a read to the others",
+        || async { b.metric("redlock_standby_reads_skipped_total", "").await >= 1.0 },
+    )
+    .await;
+    // The crowd leaves, and the leader crashes.
+    drop(crowd);
+    takeover_after_kill(&mut a, &b).await;
+    assert!(b.metric("redlock_standby_waiters", "").await <= 2.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_waiter_count_does_not_silence_a_standbys_reads() {
+    let cluster = RedisCluster::start(1);
+    cluster.backdate_epochs(TTL);
+    let node = cluster.node(0);
+    let (mut a, b) = leader_and_standby(&cluster, "2s").await;
+    let fence: u64 = node
+        .command(&["GET", "redlock:{jobs}:fence"])
+        .parse()
+        .unwrap();
+    // Old news, and news (a token above the nodes' counter), each claiming a million waiters.
+    for token in [0, fence + 1] {
+        let forged = format!("v1 {token} 1 1000000 ghost");
+        node.command(&["PUBLISH", "redlock:{jobs}:acquired", &forged]);
+    }
+    // A standby that believed it would read at the next two deadlines, and then take turns.
+    let reads = || b.metric("redlock_standby_reads_total", "");
+    let before = reads().await;
+    support::wait_until_async(Duration::from_secs(10), "b read twice more", || async {
+        reads().await >= before + 2.0
+    })
+    .await;
+    takeover_after_kill(&mut a, &b).await;
+    assert_eq!(
+        b.metric("redlock_standby_reads_skipped_total", "").await,
+        0.0,
+        "with two waiters, no read is left to others"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_token_and_validity_do_not_silence_a_standbys_reads() {
+    let cluster = RedisCluster::start(1);
+    cluster.backdate_epochs(TTL);
+    let node = cluster.node(0);
+    let (mut a, b) = leader_and_standby(&cluster, "2s").await;
+    // The highest token there is, held for an hour.
+    node.command(&[
+        "PUBLISH",
+        "redlock:{jobs}:acquired",
+        "v1 9007199254740991 3600000 1 ghost",
+    ]);
+    b.wait_holder("ghost", Duration::from_secs(1)).await;
+    // The nodes overrule it at the next read, within the key's ttl.
+    b.wait_holder("a", TTL + Duration::from_millis(500)).await;
+    takeover_after_kill(&mut a, &b).await;
+}
+
+/// Stamps `node`'s epoch marker of database `db` as if it had kept its data for `age`.
+fn backdate_epoch_in(node: &support::RedisNode, db: u32, age: Duration) {
+    use redlock_sidecar::redlock::{votes, EPOCH_KEY};
+    let lineage = votes::lineage(&node.run_id().unwrap(), &node.replid().unwrap(), db.into());
+    let px = (votes::EPOCH_LIFETIME_MS - age.as_millis() as u64).to_string();
+    let mut conn = node.conn().expect("connect");
+    conn.command(&["SELECT", &db.to_string()]).unwrap();
+    conn.command(&["SET", EPOCH_KEY, &lineage, "PX", &px])
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deployments_on_two_databases_of_one_server_hear_only_their_own_announcements() {
+    let cluster = RedisCluster::start(1);
+    let node = cluster.node(0);
+    for db in [0, 1] {
+        backdate_epoch_in(node, db, Duration::from_secs(4));
+    }
+    let (zero, one) = (format!("{}/0", node.url()), format!("{}/1", node.url()));
+    // Many waiters of the other deployment watch its releases.
+    let _others = subscribers(node, "redlock:{jobs}:db1:released", 60);
+    let a1 = Sidecar::start_on("a1", &zero, "4s", &[]);
+    support::wait_until_async(Duration::from_secs(10), "a1 leads", || a1.is_leader()).await;
+    let a2 = Sidecar::start_on("a2", &zero, "4s", &[]);
+    a2.wait_holder("a1", Duration::from_secs(10)).await;
+    let mut b1 = Sidecar::start_on("b1", &one, "4s", &[]);
+    support::wait_until_async(Duration::from_secs(10), "b1 leads", || b1.is_leader()).await;
+    let b2 = Sidecar::start_on("b2", &one, "4s", &[]);
+    b2.wait_holder("b1", Duration::from_secs(10)).await;
+    // b1's acquisition announcement, with a later token, did not reach a2.
+    assert_eq!(a2.holder().await.as_deref(), Some("a1"));
+    // Only its own deployment's subscribers count: a2 watches releases.
+    support::wait_until_async(Duration::from_secs(5), "a2 watches releases", || async {
+        a2.metric("redlock_release_watch", "").await == 1.0
+    })
+    .await;
+    // b1's release does not wake a2 (nor b2, which leaves releases to the 60 that watch
+    // them there: it takes over once b1's keys are read gone).
+    let a2_rounds = || a2.metric("redlock_acquire_attempts_total", "");
+    let rounds = a2_rounds().await;
+    b1.proc.sigterm();
+    support::wait_until_async(Duration::from_secs(6), "b2 takes over", || b2.is_leader()).await;
+    assert_eq!(a2_rounds().await, rounds, "a2 ran no round on b1's release");
+    assert_eq!(a2.holder().await.as_deref(), Some("a1"));
+    // a1's release reaches a2 by push: it leads without reading the nodes first.
+    let reads = a2.metric("redlock_standby_reads_total", "").await;
+    let mut a1 = a1;
+    a1.proc.sigterm();
+    let released = Instant::now();
+    support::wait_until_async(Duration::from_secs(2), "a2 takes over", || a2.is_leader()).await;
+    eprintln!("a2 leads {:?} after a1's SIGTERM", released.elapsed());
+    assert_eq!(
+        a2.metric("redlock_standby_reads_total", "").await,
+        reads,
+        "the release push, not a read, woke a2"
+    );
 }

@@ -481,7 +481,11 @@ impl Redlock {
                 Err(err) => err,
             };
             if let LockError::Busy {
-                holder_ttl, votes, ..
+                holder,
+                holder_ttl,
+                holder_fence,
+                votes,
+                ..
             } = &err
             {
                 // Held: watch instead of asking again (see `standby`).
@@ -502,7 +506,13 @@ impl Redlock {
                     let counted = self.count_waiters().await;
                     counted.apply_to(&mut standby, clock::now());
                 }
-                standby.round_busy(started, &held, *holder_ttl);
+                standby.round_busy(
+                    started,
+                    &held,
+                    *holder_ttl,
+                    holder.as_deref(),
+                    *holder_fence,
+                );
                 match self
                     .watch(&mut standby, &mut pushes, deadline, cancel, &mut on_holder)
                     .await
@@ -580,7 +590,7 @@ impl Redlock {
         let first = rand::rng().random_range(0..nodes.len().max(1));
         for index in (0..nodes.len()).cycle().skip(first).take(nodes.len()) {
             let node = &nodes[index];
-            let channels = super::push::Channels::new(&self.inner.key, node.db());
+            let channels = self.inner.channels(index);
             let numsub = node
                 .command::<(String, u64, String, u64)>(
                     redis::cmd("PUBSUB")
@@ -657,13 +667,18 @@ impl Redlock {
                             }
                         }
                     }
+                    let needed = quorum(reads.len());
+                    let shown = holders
+                        .iter()
+                        .find(|(_, n)| *n >= needed)
+                        .map(|(identity, _)| *identity);
+                    standby.shown(shown);
                     let mut rng = rand::rng();
                     standby.turn_taken(rng.random_range(0.0..=1.0));
                     standby.settle(clock::now(), rng.random_range(0.0..=1.0), false);
-                    let needed = quorum(reads.len());
-                    if let Some((identity, _)) = holders.iter().find(|(_, n)| *n >= needed) {
+                    if let Some(identity) = shown {
                         on_holder(Some(HolderSeen {
-                            identity: (*identity).to_owned(),
+                            identity: identity.to_owned(),
                             fencing_token: None,
                         }));
                     }
@@ -725,9 +740,7 @@ impl Redlock {
                     // Our own announcement (a lease this engine won on another path).
                     return;
                 }
-                self.inner
-                    .waiters_seen
-                    .fetch_max(acquired.waiters, Ordering::Relaxed);
+                // The announced count of waiters is not taken: counts come from the nodes.
                 let fencing_token = acquired.fencing_token;
                 let news = standby.acquired(
                     now,
@@ -736,7 +749,6 @@ impl Redlock {
                         fencing_token,
                     },
                     acquired.validity,
-                    acquired.waiters,
                 );
                 if news {
                     on_holder(Some(HolderSeen {

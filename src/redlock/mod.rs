@@ -367,7 +367,6 @@ struct Inner {
     fence_key: String,
     ttl_key: String,
     node_set_key: String,
-    channel: String,
     nodes: Vec<Node>,
     /// The fingerprint of our node list, recorded beside the lock (see `votes`).
     node_set: String,
@@ -380,7 +379,8 @@ struct Inner {
     /// What the nodes push (see [`push`]).
     pushes: broadcast::Sender<push::Push>,
     /// How many waiters the lock had when last counted (see `standby`), announced with an
-    /// acquisition so the others spread their rounds after the next release.
+    /// acquisition: older versions spread their rounds by it (this one takes counts only
+    /// from the nodes).
     waiters_seen: AtomicU64,
     /// Per node: whether its push subscription is live.
     subscribed: watch::Sender<Vec<bool>>,
@@ -482,6 +482,11 @@ impl Inner {
         ]
     }
 
+    /// The lock's channels on node `index` (they are scoped by its database).
+    fn channels(&self, index: usize) -> push::Channels {
+        push::Channels::new(&self.key, self.nodes[index].db())
+    }
+
     /// Arguments 4 on of the scripts that keep the fencing counter: its retention in ms.
     fn retention_ms(&self) -> String {
         self.cfg.fence_retention.as_millis().to_string()
@@ -549,7 +554,6 @@ impl Redlock {
                 fence_key: format!("redlock:{{{name}}}:fence"),
                 ttl_key: format!("redlock:{{{name}}}:ttl"),
                 node_set_key: format!("redlock:{{{name}}}:nodes"),
-                channel: format!("redlock:{{{name}}}:released"),
                 node_set: cfg.node_set.clone().unwrap_or_else(|| {
                     votes::node_set_fingerprint(
                         &cfg.nodes.iter().map(NodeSpec::identity).collect::<Vec<_>>(),
@@ -618,10 +622,24 @@ impl Redlock {
         T: redis::FromRedisValue + Send + 'static,
     {
         let args: Arc<[String]> = args.into();
+        self.fan_out_each(op, order, script, |_| args.clone())
+    }
+
+    /// [`Redlock::fan_out`] with arguments of each node's own (`args(index)`).
+    fn fan_out_each<T>(
+        &self,
+        op: Op,
+        order: Order,
+        script: &'static Script,
+        args: impl Fn(usize) -> Arc<[String]>,
+    ) -> Answers<T>
+    where
+        T: redis::FromRedisValue + Send + 'static,
+    {
         let calls = (0..self.inner.nodes.len())
             .map(|index| {
                 let inner = self.inner.clone();
-                let args = args.clone();
+                let args = args(index);
                 // Counted now, so that a delete issued right after this returns waits for it.
                 let write = (order == Order::MayWrite).then(|| KeyWrite::start(&inner, index));
                 let call: BoxFuture<'static, Answer<T>> = Box::pin(async move {
@@ -757,17 +775,16 @@ impl Redlock {
         }
     }
 
-    /// Releases `lease` on every node (owner-checked) and announces it to waiters.
+    /// Releases `lease` on every node (owner-checked) and announces it to waiters, on each
+    /// node's own release channel (see [`push::Channels`]).
     ///
     /// Returns how many nodes deleted our key. Bounded by twice the node timeout: on each
     /// node, a call that may still write our key there is let finish first (see [`Order`]).
     pub async fn release(&self, lease: &Lease) -> usize {
-        let mut answers = self.fan_out::<i64>(
-            Op::Release,
-            Order::AfterWrites,
-            &RELEASE,
-            vec![lease.value.clone(), self.inner.channel.clone()],
-        );
+        let mut answers =
+            self.fan_out_each::<i64>(Op::Release, Order::AfterWrites, &RELEASE, |index| {
+                vec![lease.value.clone(), self.inner.channels(index).released].into()
+            });
         let mut deleted = 0;
         while let Some((_, answer)) = answers.recv().await {
             deleted += usize::from(matches!(answer, Ok((1, _))));
@@ -841,13 +858,9 @@ impl Redlock {
     /// run scripts at all is told by the node's `NOPERM`, reported as denied `evalsha`.
     pub async fn probe_access(&self, index: usize, timeout: Duration) -> Result<Access, NodeError> {
         let inner = &self.inner;
+        let channel = inner.channels(index).released;
         let answer = inner.nodes[index]
-            .eval::<(Vec<String>, Vec<String>, i64)>(
-                &PROBE,
-                &inner.keys(),
-                &[&inner.channel],
-                timeout,
-            )
+            .eval::<(Vec<String>, Vec<String>, i64)>(&PROBE, &inner.keys(), &[&channel], timeout)
             .await;
         match answer {
             Ok(((denied, denied_optional, checked), _)) => Ok(Access {
@@ -919,17 +932,21 @@ impl Redlock {
             let timeout = inner.cfg.node_timeout;
             let inner = &inner;
             let message = &message;
-            let announce = inner.nodes.iter().map(|node| async move {
-                let channel = push::Channels::new(&inner.key, node.db()).acquired;
-                let reached = node
-                    .command::<u64>(redis::cmd("PUBLISH").arg(&channel).arg(message), timeout)
-                    .await;
-                if let Ok(reached) = reached {
-                    inner
-                        .waiters_seen
-                        .store(reached, std::sync::atomic::Ordering::Relaxed);
-                }
-            });
+            let announce = inner
+                .nodes
+                .iter()
+                .enumerate()
+                .map(|(index, node)| async move {
+                    let channel = inner.channels(index).acquired;
+                    let reached = node
+                        .command::<u64>(redis::cmd("PUBLISH").arg(&channel).arg(message), timeout)
+                        .await;
+                    if let Ok(reached) = reached {
+                        inner
+                            .waiters_seen
+                            .store(reached, std::sync::atomic::Ordering::Relaxed);
+                    }
+                });
             futures_util::future::join_all(announce).await;
         });
     }

@@ -8,6 +8,11 @@
 //!   contenders, see [`watches_releases`]), the release channel `redlock:{name}:released` (the
 //!   release script publishes the released value there; unchanged, so older versions, which
 //!   always subscribe, understand it).
+//! - Channels are scoped like keys: on a database other than 0 its index is part of the
+//!   names (`redlock:{name}:db1:acquired`, see [`Channels::new`]), so one deployment's
+//!   announcements and subscriber counts never reach another database's contenders.
+//!   Announcements are input from anyone who may `PUBLISH` there: what a waiter takes from
+//!   them is bounded by what the nodes show (see [`super::standby`]).
 //! - With `keyspace_events` (opt-in), also the node's keyspace channel of the lock key
 //!   (`__keyspace@<db>__:redlock:{name}`). Events arrive only where the node is configured to
 //!   publish them (`notify-keyspace-events`); nothing asks the node's configuration (managed
@@ -52,7 +57,9 @@ pub enum PushKind {
 }
 
 /// The announcement of a won round: `v1 <fencing token> <validity ms> <waiters> <identity>`.
-/// It never carries the lock value (whoever knows the value can release the lock).
+/// It never carries the lock value (whoever knows the value can release the lock). Anyone
+/// who may `PUBLISH` can send one: a waiter takes from it only what the nodes bear out (see
+/// [`super::standby`]), and not the waiter count, which is sent for older versions.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Acquired {
     /// The winner's identity.
@@ -112,10 +119,21 @@ pub struct Channels {
 
 impl Channels {
     /// The channels of the lock whose key is `key`, on database `db`.
+    ///
+    /// Pub/sub is server-wide, whatever database a client selected, so the announcements are
+    /// scoped like the keys: a database other than 0 is part of the name
+    /// (`redlock:{name}:db3:released`). Database 0 keeps the names of older versions (and the
+    /// only database of cluster mode); the `{name}` hash tag stays, so a channel lives in the
+    /// lock key's slot.
     pub fn new(key: &str, db: i64) -> Channels {
+        let scope = if db == 0 {
+            String::new()
+        } else {
+            format!(":db{db}")
+        };
         Channels {
-            released: format!("{key}:released"),
-            acquired: format!("{key}:acquired"),
+            released: format!("{key}{scope}:released"),
+            acquired: format!("{key}{scope}:acquired"),
             keyspace: format!("__keyspace@{db}__:{key}"),
         }
     }
@@ -144,7 +162,7 @@ pub(super) async fn listen(inner: Weak<Inner>, index: usize) {
         let Some(strong) = inner.upgrade() else {
             return;
         };
-        let channels = Channels::new(&strong.key, strong.nodes[index].db());
+        let channels = strong.channels(index);
         let connect_timeout = strong.cfg.connect_timeout;
         let keyspace = strong.cfg.keyspace_events;
         let ttl = strong.cfg.ttl;
@@ -265,11 +283,23 @@ mod tests {
     }
 
     #[test]
+    fn the_channels_of_a_lock_are_scoped_by_database_like_its_keys() {
+        let zero = Channels::new("redlock:{x}", 0);
+        assert_eq!(zero.released, "redlock:{x}:released");
+        assert_eq!(zero.acquired, "redlock:{x}:acquired");
+        let one = Channels::new("redlock:{x}", 1);
+        assert_eq!(one.released, "redlock:{x}:db1:released");
+        assert_eq!(one.acquired, "redlock:{x}:db1:acquired");
+        assert_eq!(one.decode(&zero.released, "a:1"), None);
+        assert_eq!(one.decode(&zero.acquired, "v1 1 1 1 a"), None);
+    }
+
+    #[test]
     fn messages_are_told_apart_by_channel() {
         let c = Channels::new("redlock:{x}", 3);
         assert_eq!(c.keyspace, "__keyspace@3__:redlock:{x}");
         assert_eq!(
-            c.decode("redlock:{x}:released", "pod-a:abcdef"),
+            c.decode("redlock:{x}:db3:released", "pod-a:abcdef"),
             Some(PushKind::Released("pod-a".into()))
         );
         assert_eq!(

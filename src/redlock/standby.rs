@@ -23,17 +23,29 @@
 //! - **Release push**, to those that watch releases ([`watches_releases`]: every waiter up to
 //!   [`READERS`] subscribers of a node's release channel, about that many past it). A release
 //!   announcement schedules a round after a random pause within `SPREAD_SLOT` × the number of
-//!   watchers (else of waiters; capped at `SPREAD_MAX`; counted when the standby starts
-//!   watching and again every few ttls, the waiters also taken from each acquisition announcement):
-//!   the first of many waiters starts within about one slot, and the acquisition announcement
-//!   of the winner reaches the others before most of them start.
-//!   An announcement of a release by someone other than the known holder is stale and ignored.
-//! - **Acquisition push.** An announcement with a fencing token above the last one known sets
-//!   the holder, cancels a scheduled round (the standby stands down), and marks every node
-//!   held until the announced validity ends (no node of the winner's quorum drops the key
-//!   before).
-//! - **Keyspace events** (opt-in), where a node publishes them: a write to the key (`set`, `expire`, a
-//!   renewal) marks the node held for the longest ttl from the event; `del`,
+//!   watchers (else of waiters; capped at `SPREAD_MAX`; both counted on a node with
+//!   `PUBSUB NUMSUB` when the standby starts watching and again every few ttls): the first of
+//!   many waiters starts within about one slot, and the acquisition announcement of the winner
+//!   reaches the others before most of them start. An announcement of a release by someone
+//!   other than the known holder (announced, or shown by the nodes) is stale and ignored.
+//! - **Acquisition push.** An announcement is news if its fencing token is above the last one
+//!   announced and above the counter the last round saw on the nodes. News names the holder,
+//!   cancels a scheduled round (the standby stands down), and marks the nodes read free held
+//!   until the announced validity ends, at most the longest ttl from receipt (no node of the
+//!   winner's quorum drops the key before); a key whose expiry was read keeps that expiry (the
+//!   new holder's keys live longer: the read then shows them).
+//! - **Announcements are bounded by what the nodes show**: anyone who may `PUBLISH` on a node
+//!   can send them. An announcement that is not news changes nothing, and the waiter count
+//!   it carries is never taken (counts come from `PUBSUB NUMSUB`). Until a read or a round shows
+//!   an announced holder on a quorum, later announcements name the holder but stand nothing
+//!   down; a read that shows another holder, or the lock free, forgets it (and its token), and
+//!   if nothing had confirmed it, no announcement is taken until the next round, which then
+//!   runs whatever is announced. So a standby still reads at the key's own expiry, false
+//!   announcements put a round off by at most about one longest ttl, and a forged token never
+//!   outlives the next read or round that contradicts it.
+//! - **Keyspace events** (opt-in), where a node publishes them: a write to the key (`set`,
+//!   `expire`, a renewal) marks the node held for the longest ttl from the event, but never
+//!   past three longest ttls after the last read or round (events can be forged too); `del`,
 //!   `expired` or `evicted` marks it free. Events that never come cost nothing: the read at the
 //!   deadline still happens.
 //! - **No push, then polling.** While no node has a live subscription, the nodes are read at
@@ -44,7 +56,11 @@
 //!   at the deadline it shows, so whoever saw the holder's last renewal also reads when that
 //!   key expires. About `2 × READERS` standbys' worth of reads reach a node, whatever the
 //!   number of waiters; acquisitions still reach every standby by push, releases the watchers. Reads
-//!   made for want of push, of unknown nodes, and with fewer waiters are never skipped.
+//!   made for want of push, of unknown nodes, and with fewer waiters are never skipped. A
+//!   standby that takes turns counts the waiters again before a deadline once its count is
+//!   half a longest ttl old (one `PUBSUB NUMSUB` on one node, about one per deadline in place
+//!   of a read of every node; with fewer waiters every three ttls): a crowd that has left
+//!   silences its reads for about a ttl, not for as long as the crowd was large.
 
 use std::time::{Duration, Instant};
 
@@ -98,9 +114,14 @@ pub fn release_recheck_in(ttl: Duration, first: bool, draw: f64) -> Duration {
     every.mul_f64(0.5 + draw.clamp(0.0, 1.0))
 }
 
-/// How often, in ttls, a standby counts the waiters again (a fleet that grew without a change
-/// of holder announces no count), with up to [`READERS`] waiters.
+/// How often, in ttls, a standby counts the waiters again (a fleet may grow without any
+/// announcement), with up to [`READERS`] waiters; taking turns, it counts at about every
+/// deadline (see [`Standby::recount_due`]).
 const RECOUNT_EVERY_TTLS: u32 = 3;
+
+/// For how many longest ttls after the last read or round keyspace events alone may put the
+/// next read off: anyone who may `PUBLISH` can send them.
+const EVENTS_TRUSTED_TTLS: u32 = 3;
 
 /// What a standby knows of the lock key on one node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -149,6 +170,21 @@ enum Turn {
     Skip,
 }
 
+/// How far acquisition announcements are taken: they come from anyone who may `PUBLISH` on
+/// the nodes, so what they may put off is bounded by what the nodes show.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Trust {
+    /// No announcement that stood the standby down waits for the nodes to confirm it: the next
+    /// one may stand it down.
+    Open,
+    /// An announcement stood the standby down and no read or round has shown its holder yet:
+    /// later ones still name the holder, but stand nothing down.
+    Pending,
+    /// The nodes contradicted an announcement before confirming it: until the next round,
+    /// announcements change nothing.
+    Doubted,
+}
+
 /// The holder as announced.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Announced {
@@ -170,13 +206,19 @@ pub struct Standby {
     resubscribed: bool,
     /// A round scheduled by a release announcement.
     round_at: Option<Instant>,
-    /// The last holder announced or read.
+    /// The holder last announced, until the nodes show another or none.
     holder: Option<Announced>,
+    /// Whom a quorum of the nodes showed holding the key at the last read or round.
+    on_nodes: Option<String>,
+    /// The fencing counter the last round saw on the nodes: an announced token at or below it
+    /// is old news.
+    fence: u64,
+    trust: Trust,
     /// Who released last, until a round shows the lock again: an acquisition announcement of
     /// theirs that arrives after their release is stale (it would stand the waiters down for
     /// a validity that the release already ended).
     released_by: Option<String>,
-    /// The number of waiters last counted (on a node, or by an acquisition announcement).
+    /// The number of waiters last counted on a node (`PUBSUB NUMSUB`).
     waiters: u64,
     /// The subscribers of a node's release channel, last counted: those a release wakes.
     release_watchers: Option<u64>,
@@ -185,6 +227,8 @@ pub struct Standby {
     longest_ttl: Duration,
     poll_every: Duration,
     last_read: Option<Instant>,
+    /// The last read or busy round: what the nodes themselves showed.
+    checked_at: Option<Instant>,
     /// Whether the next deadline's read is made or skipped.
     turn: Turn,
     /// The last read or skip: a skip keeps the pace of the reads before it.
@@ -202,6 +246,9 @@ impl Standby {
             resubscribed: false,
             round_at: None,
             holder: None,
+            on_nodes: None,
+            fence: 0,
+            trust: Trust::Open,
             released_by: None,
             waiters: 1,
             release_watchers: None,
@@ -209,6 +256,7 @@ impl Standby {
             longest_ttl,
             poll_every,
             last_read: None,
+            checked_at: None,
             turn: Turn::Read,
             paced_from: None,
         }
@@ -257,12 +305,26 @@ impl Standby {
         }
     }
 
-    /// A round found the lock held: `held` lists the nodes that showed another holder's key,
-    /// which lives at least `holder_ttl` from `started` (the shortest seen). The other nodes
-    /// are read before anything is decided.
-    pub fn round_busy(&mut self, started: Instant, held: &[bool], holder_ttl: Option<Duration>) {
+    /// A round found the lock held by `holder` (on the most nodes): `held` lists the nodes that
+    /// showed another holder's key, which lives at least `holder_ttl` from `started` (the
+    /// shortest seen), and `fence` is the highest fencing counter the nodes reported. The other
+    /// nodes are read before anything is decided. What the round saw replaces what was
+    /// announced.
+    pub fn round_busy(
+        &mut self,
+        started: Instant,
+        held: &[bool],
+        holder_ttl: Option<Duration>,
+        holder: Option<&str>,
+        fence: u64,
+    ) {
         self.round_at = None;
+        self.checked_at = Some(started);
         self.released_by = None;
+        self.holder = None;
+        self.on_nodes = holder.map(str::to_owned);
+        self.fence = fence;
+        self.trust = Trust::Open;
         for (key, held) in self.keys.iter_mut().zip(held) {
             *key = match (held, holder_ttl) {
                 (true, Some(ttl)) => Key::Held(saturating_add(started, ttl)),
@@ -275,6 +337,7 @@ impl Standby {
     /// longer, `Ok(None)` no key, `Err(())` no answer.
     pub fn read(&mut self, started: Instant, index: usize, answer: Result<Option<Duration>, ()>) {
         self.last_read = Some(started);
+        self.checked_at = Some(started);
         self.paced_from = Some(started);
         self.resubscribed = false;
         if let Some(key) = self.keys.get_mut(index) {
@@ -287,14 +350,37 @@ impl Standby {
         }
     }
 
+    /// Every node was read (see [`Standby::read`]), and a quorum of them showed `holder`'s key
+    /// (`None`: no one's). That confirms an announced holder, or contradicts it: then it is
+    /// forgotten (its token too), and if no read or round had confirmed it yet, announcements
+    /// are not taken until the next round.
+    pub fn shown(&mut self, holder: Option<&str>) {
+        let free = self.keys.iter().filter(|key| **key == Key::Free).count() >= self.quorum;
+        if holder.is_some() || free {
+            self.on_nodes = holder.map(str::to_owned);
+        }
+        let Some(announced) = &self.holder else {
+            return;
+        };
+        if holder == Some(announced.identity.as_str()) {
+            if self.trust == Trust::Pending {
+                self.trust = Trust::Open;
+            }
+        } else if holder.is_some() || free {
+            self.holder = None;
+            if self.trust == Trust::Pending {
+                self.trust = Trust::Doubted;
+            }
+        }
+    }
+
     /// A release by `identity` was announced by node `index`; `jitter` in [0, 1] picks the
-    /// moment of the round within the spread. Returns false if the announcement is stale.
+    /// moment of the round within the spread. Returns false if the announcement is stale: the
+    /// holder is known (announced, or shown by the nodes) and is someone else.
     pub fn released(&mut self, now: Instant, index: usize, identity: &str, jitter: f64) -> bool {
-        if self
-            .holder
-            .as_ref()
-            .is_some_and(|holder| holder.identity != identity)
-        {
+        let announced = self.holder.as_ref().map(|h| h.identity.as_str());
+        let known = [announced, self.on_nodes.as_deref()];
+        if known.iter().any(Option::is_some) && !known.contains(&Some(identity)) {
             return false;
         }
         if let Some(key) = self.keys.get_mut(index) {
@@ -304,6 +390,9 @@ impl Standby {
         let woken = self.release_watchers.unwrap_or(self.waiters);
         self.schedule_round(now, jitter, woken);
         self.holder = None;
+        if self.on_nodes.as_deref() == Some(identity) {
+            self.on_nodes = None;
+        }
         self.released_by = Some(identity.to_owned());
         true
     }
@@ -375,31 +464,42 @@ impl Standby {
         }
     }
 
-    /// An acquisition was announced. Returns true if it is news (a higher fencing token).
-    pub fn acquired(
-        &mut self,
-        now: Instant,
-        announced: Announced,
-        validity: Duration,
-        waiters: u64,
-    ) -> bool {
-        if waiters > 0 {
-            self.set_waiters(now, waiters);
-        }
-        let known = self.holder.as_ref().map_or(0, |h| h.fencing_token);
+    /// An acquisition was announced; `validity` is what it claims. Returns true if it is news:
+    /// a fencing token above the last one announced and above the counter the last round saw,
+    /// while the nodes have not contradicted an unconfirmed announcement (see [`Standby::shown`]).
+    ///
+    /// News names the holder. While no other announcement waits for the nodes to confirm it,
+    /// it also stands the standby down: a scheduled round is cancelled, and the nodes read
+    /// free are taken for held until the claimed validity ends, at most the longest ttl from
+    /// now; a key whose expiry was read is never taken for living longer than that. So
+    /// whatever it is told, a standby still reads at the key's own expiry, and a false
+    /// announcement puts a round off by at most one ttl.
+    pub fn acquired(&mut self, now: Instant, announced: Announced, validity: Duration) -> bool {
+        let known = self
+            .holder
+            .as_ref()
+            .map_or(self.fence, |h| h.fencing_token.max(self.fence));
         // A late copy of the releaser's own announcement; if they really hold the lock again,
         // the round still to come finds it so.
         let released = self.released_by.as_deref() == Some(announced.identity.as_str());
-        if announced.fencing_token <= known || released {
+        if self.trust == Trust::Doubted || announced.fencing_token <= known || released {
             return false;
         }
         self.released_by = None;
         self.holder = Some(announced);
+        if self.trust == Trust::Pending {
+            return true;
+        }
+        self.trust = Trust::Pending;
         self.round_at = None;
-        let until = saturating_add(now, validity);
-        // What was known of the keys before is superseded: the new holder's keys live at least
-        // until its validity ends; the read then tells the rest.
-        self.keys.iter_mut().for_each(|key| *key = Key::Held(until));
+        let until = saturating_add(now, validity.min(self.longest_ttl));
+        for key in &mut self.keys {
+            *key = match *key {
+                Key::Free => Key::Held(until),
+                Key::Held(read) => Key::Held(read.min(until)),
+                Key::Unknown => Key::Unknown,
+            };
+        }
         true
     }
 
@@ -407,10 +507,16 @@ impl Standby {
     pub fn key_event(&mut self, now: Instant, index: usize, event: KeyEvent) {
         // The write happened before we heard of it and set at most the longest ttl: the key
         // expires by then (a node clock that runs slow only makes the read early, which is
-        // harmless: it reads the key again).
+        // harmless: it reads the key again). Events can be forged: they never put the read
+        // off for more than a few ttls after what the nodes last showed.
+        let trusted_until = self.checked_at.map_or(now, |at| {
+            saturating_add(at, self.longest_ttl.saturating_mul(EVENTS_TRUSTED_TTLS))
+        });
         if let Some(key) = self.keys.get_mut(index) {
             *key = match event {
-                KeyEvent::Written => Key::Held(saturating_add(now, self.longest_ttl)),
+                KeyEvent::Written => {
+                    Key::Held(saturating_add(now, self.longest_ttl).min(trusted_until))
+                }
                 KeyEvent::Gone => Key::Free,
             };
         }
@@ -452,14 +558,15 @@ impl Standby {
     }
 
     /// Whether to count the waiters again before a read or a skip: every three of the longest
-    /// ttl, and that many times more rarely per [`READERS`] waiters (all of them together
-    /// count about `READERS` times per three ttls).
+    /// ttl, and while the count says to take turns, once it is half a ttl old (so about at
+    /// every deadline). A count is what one node showed at one moment: a crowd that has left
+    /// since must not silence this standby's reads for longer than about a ttl.
     pub fn recount_due(&self, now: Instant) -> bool {
-        let rarer = u32::try_from((self.waiters / READERS).max(1)).unwrap_or(u32::MAX);
-        let every = self
-            .longest_ttl
-            .saturating_mul(RECOUNT_EVERY_TTLS)
-            .saturating_mul(rarer);
+        let every = if self.takes_turns() {
+            self.longest_ttl / 2
+        } else {
+            self.longest_ttl.saturating_mul(RECOUNT_EVERY_TTLS)
+        };
         self.counted_at
             .is_none_or(|at| now.saturating_duration_since(at) >= every)
     }
@@ -482,6 +589,7 @@ pub fn key_event(name: &str) -> Option<KeyEvent> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::redlock::fencing::MAX_TOKEN;
 
     const TTL: Duration = Duration::from_secs(10);
     const POLL: Duration = Duration::from_secs(1);
@@ -502,7 +610,7 @@ mod tests {
     fn a_busy_round_sleeps_until_a_quorum_of_keys_may_have_expired() {
         let t0 = Instant::now();
         let mut s = subscribed(3);
-        s.round_busy(t0, &[true, true, true], Some(ms(8000)));
+        s.round_busy(t0, &[true, true, true], Some(ms(8000)), None, 0);
         assert_eq!(
             s.next(t0),
             (Action::Wait, Some(t0 + ms(8000) + CLOCK_DRIFT_FLOOR))
@@ -523,7 +631,7 @@ mod tests {
     fn a_crashed_holder_is_replaced_once_its_keys_are_read_gone() {
         let t0 = Instant::now();
         let mut s = subscribed(3);
-        s.round_busy(t0, &[true, true, false], Some(ms(500)));
+        s.round_busy(t0, &[true, true, false], Some(ms(500)), None, 0);
         // The node that was free is read first.
         assert_eq!(s.next(t0), (Action::Read { fallback: false }, None));
         s.read(t0, 2, Ok(None));
@@ -539,7 +647,7 @@ mod tests {
     fn a_failed_read_is_read_again_later_and_starts_no_round() {
         let t0 = Instant::now();
         let mut s = subscribed(3);
-        s.round_busy(t0, &[true, true, true], Some(ms(5000)));
+        s.round_busy(t0, &[true, true, true], Some(ms(5000)), None, 0);
         // Every read fails (a slow node, a busy client): no round, read again after a poll.
         for i in 0..3 {
             s.read(t0, i, Err(()));
@@ -562,7 +670,7 @@ mod tests {
     fn a_failed_read_delays_the_round_by_at_most_a_poll() {
         let t0 = Instant::now();
         let mut s = subscribed(3);
-        s.round_busy(t0, &[true, true, true], Some(ms(500)));
+        s.round_busy(t0, &[true, true, true], Some(ms(500)), None, 0);
         let at = t0 + ms(500) + CLOCK_DRIFT_FLOOR;
         // The holder crashed: one node reads free, one still shows a key, one fails.
         s.read(at, 0, Ok(None));
@@ -579,16 +687,8 @@ mod tests {
     fn a_release_schedules_a_spread_round_and_an_acquisition_stands_it_down() {
         let t0 = Instant::now();
         let mut s = subscribed(3);
-        s.round_busy(t0, &[true, true, true], Some(TTL));
-        assert!(s.acquired(
-            t0,
-            Announced {
-                identity: "a".into(),
-                fencing_token: 7
-            },
-            TTL,
-            1000
-        ));
+        s.set_waiters(t0, 1000);
+        s.round_busy(t0, &[true, true, true], Some(TTL), Some("a"), 7);
         assert!(s.released(t0, 0, "a", 0.5));
         // 1000 waiters × 250 µs, capped at 250 ms; half of it.
         assert_eq!(s.next(t0), (Action::Wait, Some(t0 + ms(125))));
@@ -601,13 +701,13 @@ mod tests {
             identity: "b".into(),
             fencing_token: 8,
         };
-        assert!(s.acquired(t0 + ms(1), announced.clone(), ms(9000), 1000));
+        assert!(s.acquired(t0 + ms(1), announced.clone(), ms(9000)));
         assert_eq!(
             s.next(t0 + ms(1)),
             (Action::Wait, Some(t0 + ms(9001) + CLOCK_DRIFT_FLOOR))
         );
         // The same announcement from another node is not news.
-        assert!(!s.acquired(t0 + ms(2), announced, ms(9000), 1000));
+        assert!(!s.acquired(t0 + ms(2), announced, ms(9000)));
         // A late copy of the old holder's release changes nothing.
         assert!(!s.released(t0 + ms(2), 2, "a", 0.0));
         assert_eq!(s.next(t0 + ms(2)).0, Action::Wait);
@@ -666,15 +766,7 @@ mod tests {
         assert!(s.released(t0, 0, "a", 1.0));
         assert_eq!(s.next(t0), (Action::Wait, Some(t0 + SPREAD_SLOT)));
         let mut s = subscribed(1);
-        s.acquired(
-            t0,
-            Announced {
-                identity: "a".into(),
-                fencing_token: 1,
-            },
-            TTL,
-            1_000_000,
-        );
+        s.set_waiters(t0, 1_000_000);
         assert!(s.released(t0, 0, "a", 1.0));
         assert_eq!(s.next(t0), (Action::Wait, Some(t0 + SPREAD_MAX)));
     }
@@ -683,7 +775,7 @@ mod tests {
     fn keyspace_events_move_the_deadline_without_reads() {
         let t0 = Instant::now();
         let mut s = subscribed(1);
-        s.round_busy(t0, &[true], Some(ms(3000)));
+        s.round_busy(t0, &[true], Some(ms(3000)), None, 0);
         let renewal = t0 + ms(2000);
         s.key_event(renewal, 0, KeyEvent::Written);
         assert_eq!(
@@ -692,6 +784,26 @@ mod tests {
         );
         s.key_event(renewal + ms(5), 0, KeyEvent::Gone);
         assert_eq!(s.next(renewal + ms(5)), (Action::Round, None));
+    }
+
+    #[test]
+    fn keyspace_events_alone_put_the_read_off_by_at_most_three_ttls() {
+        let t0 = Instant::now();
+        let mut s = subscribed(1);
+        s.round_busy(t0, &[true], Some(ms(3000)), None, 0);
+        // A write event every second (renewals, or forged ones).
+        let mut at = t0;
+        while s.next(at).0 == Action::Wait {
+            s.key_event(at, 0, KeyEvent::Written);
+            at += ms(1000);
+        }
+        assert_eq!(at, t0 + TTL * 3 + ms(1000));
+        s.read(at, 0, Ok(Some(ms(9000))));
+        s.key_event(at, 0, KeyEvent::Written);
+        assert_eq!(
+            s.next(at),
+            (Action::Wait, Some(at + TTL + CLOCK_DRIFT_FLOOR))
+        );
     }
 
     #[test]
@@ -721,15 +833,8 @@ mod tests {
     fn a_round_called_for_by_reads_is_spread_over_the_waiters() {
         let t0 = Instant::now();
         let mut s = subscribed(1);
-        s.acquired(
-            t0,
-            Announced {
-                identity: "a".into(),
-                fencing_token: 1,
-            },
-            ms(1000),
-            100,
-        );
+        s.set_waiters(t0, 100);
+        s.round_busy(t0, &[true], Some(ms(1000)), Some("a"), 1);
         s.settle(t0, 0.5, false);
         assert_eq!(s.next(t0).0, Action::Wait);
         let at = t0 + ms(1000) + CLOCK_DRIFT_FLOOR;
@@ -755,7 +860,7 @@ mod tests {
         let t0 = Instant::now();
         let mut s = subscribed(3);
         s.set_waiters(t0, 10_000);
-        s.round_busy(t0, &[true, true, true], Some(ms(8000)));
+        s.round_busy(t0, &[true, true, true], Some(ms(8000)), None, 0);
         // Its first deadline is read (a standby starts on its turn), and then followed.
         let d1 = t0 + ms(8000) + CLOCK_DRIFT_FLOOR;
         assert_eq!(s.next(d1), (Action::Read { fallback: false }, None));
@@ -789,7 +894,7 @@ mod tests {
         let t0 = Instant::now();
         let mut s = subscribed(3);
         s.set_waiters(t0, READERS);
-        s.round_busy(t0, &[true, true, true], Some(ms(8000)));
+        s.round_busy(t0, &[true, true, true], Some(ms(8000)), None, 0);
         let mut at = t0 + ms(8000) + CLOCK_DRIFT_FLOOR;
         for _ in 0..5 {
             assert_eq!(s.next(at), (Action::Read { fallback: false }, None));
@@ -804,7 +909,7 @@ mod tests {
         let t0 = Instant::now();
         let mut s = subscribed(3);
         s.set_waiters(t0, 10_000);
-        s.round_busy(t0, &[true, true, true], Some(ms(8000)));
+        s.round_busy(t0, &[true, true, true], Some(ms(8000)), None, 0);
         s.turn_taken(0.99);
         s.turn_taken(0.99);
         let d1 = t0 + ms(8000) + CLOCK_DRIFT_FLOOR;
@@ -815,7 +920,7 @@ mod tests {
         // Without any live subscription, nothing is skipped.
         let mut s = subscribed(3);
         s.set_waiters(t0, 10_000);
-        s.round_busy(t0, &[true, true, true], Some(ms(8000)));
+        s.round_busy(t0, &[true, true, true], Some(ms(8000)), None, 0);
         s.turn_taken(0.99);
         s.turn_taken(0.99);
         for i in 0..3 {
@@ -825,7 +930,7 @@ mod tests {
     }
 
     #[test]
-    fn the_waiters_are_counted_again_every_three_ttls_and_more_rarely_when_many() {
+    fn the_waiters_are_counted_again_every_three_ttls_and_every_ttl_when_taking_turns() {
         let t0 = Instant::now();
         let mut s = subscribed(3);
         // No answer: tried again later.
@@ -835,9 +940,12 @@ mod tests {
         s.set_waiters(t0, 3);
         assert!(!s.recount_due(t0 + TTL * 3 - ms(1)));
         assert!(s.recount_due(t0 + TTL * 3));
+        // However many were counted: a crowd that left silences reads for about a ttl.
         s.set_waiters(t0, 100 * READERS);
-        assert!(!s.recount_due(t0 + TTL * 299));
-        assert!(s.recount_due(t0 + TTL * 300));
+        assert!(!s.recount_due(t0 + TTL / 2 - ms(1)));
+        assert!(s.recount_due(t0 + TTL / 2));
+        s.set_waiters(t0 + TTL, 2);
+        assert!(!s.recount_due(t0 + TTL * 3));
     }
 
     #[test]
@@ -860,7 +968,7 @@ mod tests {
     fn an_acquisition_announced_after_its_holders_release_does_not_stand_the_round_down() {
         let t0 = Instant::now();
         let mut s = subscribed(3);
-        s.round_busy(t0, &[true, true, true], Some(TTL));
+        s.round_busy(t0, &[true, true, true], Some(TTL), None, 0);
         // "b" won, announced its acquisition and released at once; the release arrives
         // first (the announcement is sent apart and was late).
         assert!(s.released(t0, 0, "b", 0.0));
@@ -868,15 +976,214 @@ mod tests {
             identity: "b".into(),
             fencing_token: 9,
         };
-        assert!(!s.acquired(t0 + ms(1), announced, ms(9000), 1));
+        assert!(!s.acquired(t0 + ms(1), announced, ms(9000)));
         assert_eq!(s.next(t0 + ms(1)), (Action::Round, None));
         // Another holder's announcement still stands it down.
         let announced = Announced {
             identity: "c".into(),
             fencing_token: 10,
         };
-        assert!(s.acquired(t0 + ms(2), announced, ms(9000), 1));
+        assert!(s.acquired(t0 + ms(2), announced, ms(9000)));
         assert_eq!(s.next(t0 + ms(2)).0, Action::Wait);
+    }
+
+    /// An announcement of `identity` with `fencing_token`.
+    fn told(identity: &str, fencing_token: u64) -> Announced {
+        Announced {
+            identity: identity.into(),
+            fencing_token,
+        }
+    }
+
+    #[test]
+    fn an_announcement_that_is_not_news_changes_nothing() {
+        let t0 = Instant::now();
+        let mut s = subscribed(1);
+        s.round_busy(t0, &[true], Some(ms(2000)), Some("a"), 100);
+        let before = s.clone();
+        // At or below the counter the round saw on the nodes: old news, whatever it claims.
+        assert!(!s.acquired(t0, told("ghost", 0), Duration::MAX));
+        assert!(!s.acquired(t0, told("ghost", 100), Duration::MAX));
+        assert_eq!(s.next(t0), before.next(t0));
+        // A round that reads and releases call for is not stood down by it.
+        s.read(t0 + ms(2002), 0, Ok(None));
+        s.settle(t0 + ms(2002), 0.0, false);
+        assert!(!s.acquired(t0 + ms(2002), told("ghost", 1), TTL));
+        assert_eq!(s.next(t0 + ms(2002)), (Action::Round, None));
+    }
+
+    #[test]
+    fn an_announced_validity_never_puts_a_read_past_the_keys_expiry_nor_past_a_ttl() {
+        let t0 = Instant::now();
+        let mut s = subscribed(3);
+        s.round_busy(t0, &[true, true, true], Some(ms(500)), Some("a"), 100);
+        // An hour claimed: the keys read expire in 500 ms, and they are read then.
+        assert!(s.acquired(t0, told("ghost", MAX_TOKEN), Duration::from_secs(3600)));
+        assert_eq!(
+            s.next(t0),
+            (Action::Wait, Some(t0 + ms(500) + CLOCK_DRIFT_FLOOR))
+        );
+        // After a release (nodes free): at most the longest ttl from the announcement.
+        let mut s = subscribed(3);
+        s.round_busy(t0, &[true, true, true], Some(ms(500)), Some("a"), 100);
+        for i in 0..3 {
+            assert!(s.released(t0, i, "a", 0.0));
+        }
+        assert!(s.acquired(t0, told("b", 101), Duration::from_secs(3600)));
+        assert_eq!(
+            s.next(t0),
+            (Action::Wait, Some(t0 + TTL + CLOCK_DRIFT_FLOOR))
+        );
+    }
+
+    #[test]
+    fn a_false_holder_is_forgotten_once_the_nodes_show_another_and_its_token_with_it() {
+        let t0 = Instant::now();
+        let mut s = subscribed(1);
+        s.round_busy(t0, &[true], Some(ms(1000)), Some("a"), 100);
+        assert!(s.acquired(t0, told("ghost", MAX_TOKEN), Duration::from_secs(3600)));
+        let read = t0 + ms(1002);
+        s.read(read, 0, Ok(Some(ms(2000))));
+        s.shown(Some("a"));
+        // Contradicted before anything confirmed it: no announcement is taken until a round.
+        assert!(!s.acquired(read, told("b", 101), TTL));
+        // The holder crashed: its key is read gone, and the round is not stood down.
+        let gone = read + ms(2002);
+        s.read(gone, 0, Ok(None));
+        s.shown(None);
+        s.settle(gone, 0.0, false);
+        assert!(!s.acquired(gone, told("ghost", MAX_TOKEN), TTL));
+        assert_eq!(s.next(gone), (Action::Round, None));
+        // The round shows the real holder and counter: real tokens are news again.
+        s.round_busy(gone, &[true], Some(ms(2000)), Some("b"), 101);
+        assert!(s.acquired(gone, told("c", 102), TTL));
+    }
+
+    #[test]
+    fn a_forged_token_under_the_holders_name_does_not_make_the_next_holder_stale() {
+        let t0 = Instant::now();
+        let mut s = subscribed(1);
+        s.round_busy(t0, &[true], Some(ms(1000)), Some("a"), 100);
+        assert!(s.acquired(t0, told("a", MAX_TOKEN), TTL));
+        // The nodes show "a": confirmed, but the token was never shown by a round.
+        s.read(t0 + ms(1002), 0, Ok(Some(ms(2000))));
+        s.shown(Some("a"));
+        // "a" releases; the next holder's real token is news.
+        assert!(s.released(t0 + ms(1500), 0, "a", 0.0));
+        assert!(s.acquired(t0 + ms(1501), told("b", 101), TTL));
+        // Or "a" crashed and "b" took over unannounced: the nodes show "b".
+        let mut s = subscribed(1);
+        s.round_busy(t0, &[true], Some(ms(1000)), Some("a"), 100);
+        assert!(s.acquired(t0, told("a", MAX_TOKEN), TTL));
+        s.read(t0 + ms(1002), 0, Ok(Some(ms(2000))));
+        s.shown(Some("a"));
+        s.read(t0 + ms(3004), 0, Ok(Some(ms(2000))));
+        s.shown(Some("b"));
+        assert!(s.acquired(t0 + ms(3005), told("c", 102), TTL));
+    }
+
+    #[test]
+    fn a_stream_of_false_announcements_puts_a_round_off_by_at_most_one_ttl() {
+        for with_releases in [false, true] {
+            let t0 = Instant::now();
+            let mut s = subscribed(3);
+            s.round_busy(t0, &[true, true, true], Some(ms(1000)), Some("a"), 100);
+            // The holder crashed at t0; its keys are gone from `gone` on. Every 10 ms of it:
+            // a false acquisition (a higher token each time), and, with releases, its release.
+            let gone = t0 + ms(1000);
+            let mut token = MAX_TOKEN - 10_000;
+            let mut now = t0;
+            let round = loop {
+                assert!(now < gone + TTL * 3, "no round (releases: {with_releases})");
+                token += 1;
+                let name = format!("ghost-{token}");
+                s.acquired(now, told(&name, token), Duration::from_secs(3600));
+                s.settle(now, 1.0, true);
+                if with_releases {
+                    s.released(now, (token % 3) as usize, &name, 1.0);
+                    s.settle(now, 1.0, true);
+                }
+                match s.next(now).0 {
+                    Action::Round => break now,
+                    Action::Read { .. } => {
+                        let pttl = (now < gone).then(|| gone - now);
+                        for i in 0..3 {
+                            s.read(now, i, Ok(pttl));
+                        }
+                        s.shown(pttl.map(|_| "a"));
+                        s.settle(now, 1.0, false);
+                    }
+                    Action::Skip | Action::Wait => {}
+                }
+                now += ms(10);
+            };
+            assert!(
+                round <= gone + TTL + ms(50),
+                "a round {:?} after the keys expired (releases: {with_releases})",
+                round - gone
+            );
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever anyone publishes (acquisitions and releases of any identity, token and
+        /// validity, every 10 ms, and a fresh acquisition whenever a round is due), a standby
+        /// runs a round within a ttl of its crashed holder's keys' expiry.
+        #[test]
+        fn no_announcements_put_a_round_off_past_a_ttl_after_the_keys_expire(
+            messages in proptest::collection::vec(
+                (proptest::bool::ANY, 0usize..6, 0u64..20_000, 0usize..3),
+                0..1500,
+            )
+        ) {
+            let names = ["a", "ghost", "b"];
+            let t0 = Instant::now();
+            let gone = t0 + ms(1000);
+            let mut s = subscribed(3);
+            s.round_busy(t0, &[true, true, true], Some(gone - t0), Some("a"), 100);
+            let mut now = t0;
+            for step in 0u64.. {
+                proptest::prop_assert!(now <= gone + TTL * 3, "no round");
+                if let Some((release, token, validity, name)) = messages.get(step as usize) {
+                    let name = names[*name];
+                    if *release {
+                        s.released(now, (step % 3) as usize, name, 0.5);
+                    } else {
+                        let token = [0, 99, 100, 101 + step, 1 << 40, MAX_TOKEN - 200_000 - step]
+                            [*token];
+                        s.acquired(now, told(name, token), ms(*validity));
+                    }
+                    s.settle(now, 0.5, true);
+                }
+                match s.next(now).0 {
+                    Action::Round if now >= gone => break,
+                    // Before the crash, a round finds "a" holding.
+                    Action::Round => {
+                        s.round_busy(now, &[true, true, true], Some(gone - now), Some("a"), 100)
+                    }
+                    Action::Read { .. } => {
+                        let pttl = (now < gone).then(|| gone - now);
+                        for i in 0..3 {
+                            s.read(now, i, Ok(pttl));
+                        }
+                        s.shown(pttl.map(|_| "a"));
+                        s.settle(now, 0.5, false);
+                    }
+                    Action::Skip | Action::Wait => {}
+                }
+                if s.round_at.is_some() {
+                    // Above every token of the messages.
+                    let token = MAX_TOKEN - 100_000 + step;
+                    s.acquired(now, told("ghost", token), Duration::from_secs(3600));
+                }
+                now += ms(10);
+            }
+            let late = now.saturating_duration_since(gone);
+            proptest::prop_assert!(
+                late <= TTL + ms(50),
+                "a round {:?} after the keys expired", late
+            );
+        }
     }
 
     #[test]
