@@ -64,7 +64,7 @@ pub use node::{
     NodeFacts, NodeSpec, FACTS_MAX_AGE,
 };
 pub use timing::{drift, quorum, validity};
-use votes::Proof;
+use votes::{NodeSet, Proof};
 
 /// The key of each node's epoch marker (see [`votes`]): the lineage `<run id>:<replication
 /// id>:<db>`, stamped with an expiry its age is read from.
@@ -159,8 +159,8 @@ pub struct RedlockConfig {
     /// How long a fencing counter is kept after its last use; then the Unix-ms floor of the
     /// next token takes over (see [`fencing`]).
     pub fence_retention: Duration,
-    /// The name of the node set recorded beside the lock; `None`: the fingerprint of `nodes`
-    /// (see [`votes::node_set_fingerprint`]).
+    /// The name of the node set recorded beside the lock; `None`: the fingerprint of the
+    /// servers `nodes` reach (see [`votes::NodeSet`]).
     pub node_set: Option<String>,
     /// Count votes of nodes whose `maxmemory-policy` may evict lock keys (unsafe).
     pub allow_evicting_nodes: bool,
@@ -369,8 +369,6 @@ struct Inner {
     node_set_key: String,
     channel: String,
     nodes: Vec<Node>,
-    /// The fingerprint of our node list, recorded beside the lock (see `votes`).
-    node_set: String,
     /// When a node-set conflict was last logged.
     conflict_logged_at: std::sync::Mutex<Option<Instant>>,
     /// The highest fencing counter seen, so the next candidate token starts above it.
@@ -550,11 +548,6 @@ impl Redlock {
                 ttl_key: format!("redlock:{{{name}}}:ttl"),
                 node_set_key: format!("redlock:{{{name}}}:nodes"),
                 channel: format!("redlock:{{{name}}}:released"),
-                node_set: cfg.node_set.clone().unwrap_or_else(|| {
-                    votes::node_set_fingerprint(
-                        &cfg.nodes.iter().map(NodeSpec::identity).collect::<Vec<_>>(),
-                    )
-                }),
                 conflict_logged_at: std::sync::Mutex::new(None),
                 fence_seen: AtomicU64::new(0),
                 max_ttl_seen: AtomicU64::new(0),
@@ -592,6 +585,32 @@ impl Redlock {
                 }
             });
         }
+    }
+
+    /// The node set as known now: the `--node-set` name, or the servers the nodes' last
+    /// connections reached (see [`votes::NodeSet`]). No I/O.
+    pub fn node_set(&self) -> NodeSet {
+        match &self.inner.cfg.node_set {
+            Some(name) => NodeSet::named(name),
+            None => NodeSet::of_servers(self.inner.nodes.iter().map(Node::server).collect()),
+        }
+    }
+
+    /// [`Redlock::node_set`] for a round about to start: nodes never reached are connected
+    /// first (concurrently, bounded by the node timeout), so the set names every server that
+    /// answers.
+    async fn round_node_set(&self) -> NodeSet {
+        if self.inner.cfg.node_set.is_none() {
+            let timeout = self.inner.cfg.node_timeout;
+            let unknown = self
+                .inner
+                .nodes
+                .iter()
+                .filter(|node| node.server().is_none())
+                .map(|node| node.connect(timeout));
+            futures_util::future::join_all(unknown).await;
+        }
+        self.node_set()
     }
 
     /// The configuration in force.
@@ -667,7 +686,7 @@ impl Redlock {
             cfg.ttl.as_millis().to_string(),
             lease.fencing_token.to_string(),
             self.inner.retention_ms(),
-            self.inner.node_set.clone(),
+            self.node_set().fingerprint,
         ];
         // An answer "key missing" calls for a restore: each node counts as writing our key
         // until its answer has been handled.
@@ -775,15 +794,17 @@ impl Redlock {
         deleted
     }
 
-    /// Deletes `value` on the nodes `which` selects, and waits for the answers (each bounded
-    /// by the node timeout). Owner-checked, and silent: a lost round must not wake the waiters.
+    /// Deletes `value` on the nodes `which` selects, and the node-set record `fingerprint`
+    /// where no lock key is left, and waits for the answers (each bounded by the node
+    /// timeout). Owner-checked, and silent: a lost round must not wake the waiters.
     async fn clean_up(
         &self,
         value: &str,
+        fingerprint: &str,
         which: impl Fn(&Option<Vote>) -> bool,
         votes: &[Option<Vote>],
     ) {
-        let args: Arc<[String]> = vec![value.to_owned()].into();
+        let args: Arc<[String]> = vec![value.to_owned(), fingerprint.to_owned()].into();
         let calls = votes
             .iter()
             .enumerate()

@@ -527,6 +527,9 @@ pub struct Node {
     link: Arc<watch::Sender<Link>>,
     connections: Arc<AtomicU64>,
     refreshing: Arc<AtomicBool>,
+    /// The server the last connection reached ([`super::votes::server_identity`]), kept after
+    /// the connection is gone: the node-set fingerprint names a node by it.
+    server: Arc<std::sync::Mutex<Option<String>>>,
     /// Set once the Sentinel group's `+switch-master` subscription runs.
     following: AtomicBool,
     /// Cluster mode: the masters the last `CLUSTER SLOTS` listed, dialled when the URL's node
@@ -644,6 +647,7 @@ impl Node {
             link: Arc::new(watch::channel(Link::Idle).0),
             connections: Arc::new(AtomicU64::new(0)),
             refreshing: Arc::new(AtomicBool::new(false)),
+            server: Arc::default(),
             following: AtomicBool::new(false),
             seeds: Arc::default(),
             pushed: Arc::new(tokio::sync::Mutex::new(pushed)),
@@ -679,6 +683,20 @@ impl Node {
             Link::Up(_, facts, _, _) => Some(facts.clone()),
             _ => None,
         }
+    }
+
+    /// The server the node's last connection reached (kept after it is gone), `None` before
+    /// the first connection or when the server shows no run id (no I/O).
+    pub fn server(&self) -> Option<String> {
+        self.server
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Connects if no connection is up, within `timeout`; errors are left to the next call.
+    pub async fn connect(&self, timeout: Duration) {
+        let _ = self.connection(timeout).await;
     }
 
     /// The live connection and its facts, connecting first if needed (within `timeout`).
@@ -745,6 +763,8 @@ impl Node {
         let dial = self.dial.clone();
         let spec = self.spec.clone();
         let link = self.link.clone();
+        let server = self.server.clone();
+        let db = self.db();
         let settings = self.settings;
         let id = self.connections.fetch_add(1, Ordering::Relaxed) + 1;
         let seeds = self.seeds.clone();
@@ -783,7 +803,11 @@ impl Node {
         let connect_timeout = settings.connect_timeout;
         tokio::spawn(async move {
             let next = match tokio::time::timeout(connect_timeout, connect).await {
-                Ok(Ok((conn, facts))) => Link::Up(conn, Arc::new(facts), id, Instant::now()),
+                Ok(Ok((conn, facts))) => {
+                    *server.lock().unwrap_or_else(|e| e.into_inner()) =
+                        super::votes::server_identity(&facts.run_id, db);
+                    Link::Up(conn, Arc::new(facts), id, Instant::now())
+                }
                 Ok(Err(err)) => Link::Down(err),
                 Err(_) => Link::Down(NodeError::timeout(connect_timeout)),
             };
