@@ -340,7 +340,7 @@ impl Redlock {
                 Ok(token) => token,
                 Err(votes_fence) => {
                     self.clean_up(&value, &node_set.fingerprint, |_| true, &votes)
-                .await;
+                        .await;
                     return Err(LockError::QuorumUnreachable {
                         lock: cfg.lock.clone(),
                         needed,

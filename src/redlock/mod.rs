@@ -596,9 +596,9 @@ impl Redlock {
         }
     }
 
-    /// [`Redlock::node_set`] for a round about to start: nodes never reached are connected
-    /// first (concurrently, bounded by the node timeout), so the set names every server that
-    /// answers.
+    /// [`Redlock::node_set`] for a round about to start: nodes never reached, or whose
+    /// connection was dropped, are connected first (concurrently, bounded by the node
+    /// timeout), so the set names the servers that answer now.
     async fn round_node_set(&self) -> NodeSet {
         if self.inner.cfg.node_set.is_none() {
             let timeout = self.inner.cfg.node_timeout;
@@ -606,7 +606,7 @@ impl Redlock {
                 .inner
                 .nodes
                 .iter()
-                .filter(|node| node.server().is_none())
+                .filter(|node| node.server_stale())
                 .map(|node| node.connect(timeout));
             futures_util::future::join_all(unknown).await;
         }

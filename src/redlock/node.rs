@@ -694,6 +694,12 @@ impl Node {
             .clone()
     }
 
+    /// Whether [`Node::server`] may be out of date: no connection was ever made, or the last
+    /// one was dropped (a restart, a failover) and none has been tried since.
+    pub fn server_stale(&self) -> bool {
+        matches!(*self.link.borrow(), Link::Idle) || self.server().is_none()
+    }
+
     /// Connects if no connection is up, within `timeout`; errors are left to the next call.
     pub async fn connect(&self, timeout: Duration) {
         let _ = self.connection(timeout).await;

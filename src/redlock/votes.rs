@@ -418,7 +418,10 @@ mod tests {
         assert!(set.admits(3, Some("c/0")).is_err(), "not a node of the set");
         let named = NodeSet::named("blue");
         assert_eq!(named.fingerprint, "blue");
-        assert!(named.admits(1, None).is_ok(), "a named set counts out nothing");
+        assert!(
+            named.admits(1, None).is_ok(),
+            "a named set counts out nothing"
+        );
     }
 
     #[test]
