@@ -826,6 +826,50 @@ async fn contenders_that_list_other_nodes_refuse_to_lead() {
     p.stop().await;
 }
 
+/// P and Q reach the same three servers, each through proxies of its own (other addresses),
+/// with the default node set (no `--node-set`): the fingerprints name the servers, so they
+/// agree. P leads and Q waits, with no node-set conflict; P is killed, and Q leads within a
+/// ttl of it (P's keys expire unrenewed), with a margin for a loaded machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contenders_that_reach_the_same_servers_by_other_addresses_hand_over() {
+    let cluster = cluster();
+    block_in_place(|| cluster.backdate_epochs(TTL));
+    let fingerprints = [("REDLOCK_NODE_SET", "")];
+    let mut watch = Watch::new();
+    let mut p = Contender::start("p", &cluster.addrs(), &[], &[], &fingerprints).await;
+    watch.add(&p);
+    let held = watch
+        .next_tenure(SystemTime::UNIX_EPOCH, Some("p"), "p leads", &[&p])
+        .await;
+    let q = Contender::start("q", &cluster.addrs(), &[], &[], &fingerprints).await;
+    watch.add(&q);
+    support::wait_until_async(ELECTION, "q sees p hold the lock", || async {
+        q.holder().await.as_deref() == Some("p")
+    })
+    .await;
+    watch.lasted(&held, since(held.since) + RENEW * 2).await;
+    assert_eq!(
+        metric(q.addr, "redlock_node_set_conflicts_total", "lock=").await,
+        Some(0),
+        "q lists the same servers as p"
+    );
+    let killed = SystemTime::now();
+    p.proc.sigkill();
+    let next = watch
+        .next_tenure(killed, Some("q"), "q takes over", &[&q])
+        .await;
+    let took = ms_between(killed, next.claimed_after);
+    let bound = (TTL + Duration::from_secs(2)).as_secs_f64() * 1e3;
+    assert!(
+        took <= bound,
+        "q led {took:.0} ms after p was killed (bound {bound:.0} ms)"
+    );
+    watch.keep_log("p".to_owned(), p.proc.stderr_text());
+    let tenures = watch.finish(&[&q]).await;
+    assert_eq!(tenures.len(), 2, "p, then q: {tenures:?}");
+    q.stop().await;
+}
+
 /// How long ago `at` was.
 fn since(at: SystemTime) -> Duration {
     SystemTime::now().duration_since(at).unwrap_or_default()
