@@ -145,7 +145,8 @@ impl Observer for NoObserver {}
 /// Everything the engine needs; validated by [`RedlockConfig::validate`].
 #[derive(Clone, Debug)]
 pub struct RedlockConfig {
-    /// The lock name; keys are `redlock:{name}` and `redlock:{name}:fence`.
+    /// The lock name; keys are `redlock:{name}` and `redlock:{name}:fence`. It must not start
+    /// with `}` (the keys' cluster hash tag would be empty).
     pub lock: String,
     /// Who we are, written into the lock value so others can see the holder.
     pub identity: String,
@@ -220,6 +221,15 @@ impl RedlockConfig {
             return Err(ConfigError::new(
                 "--lock",
                 "must be at most 200 characters without spaces or control characters",
+            ));
+        }
+        if self.lock.starts_with('}') {
+            // The keys' hash tag `{NAME}` would be empty: in Redis Cluster each key would hash
+            // to its own slot, and every script fail with CROSSSLOT. Braces elsewhere keep a
+            // non-empty tag shared by all the lock's keys, and work everywhere.
+            return Err(ConfigError::new(
+                "--lock",
+                "must not start with '}': in Redis Cluster the keys' hash tag {NAME} would be empty",
             ));
         }
         if self.identity.is_empty() || self.identity.chars().any(char::is_control) {

@@ -54,12 +54,12 @@ impl SecretFiles {
         let ca_pem = self
             .ca
             .as_deref()
-            .map(|path| read_bounded("--redis-ca-file", path, MAX_PEM_BYTES))
+            .map(|path| read_pem("--redis-ca-file", path))
             .transpose()?;
         let client_cert = match &self.client_cert {
             Some((cert, key)) => Some(ClientCert {
-                cert_pem: read_bounded("--redis-client-cert", cert, MAX_PEM_BYTES)?,
-                key_pem: read_bounded("--redis-client-key", key, MAX_PEM_BYTES)?,
+                cert_pem: read_pem("--redis-client-cert", cert)?,
+                key_pem: read_pem("--redis-client-key", key)?,
             }),
             None => None,
         };
@@ -86,6 +86,19 @@ fn read_bounded(flag: &'static str, path: &Path, max: u64) -> Result<Vec<u8>, Co
         return Err(ConfigError::new(
             flag,
             format!("{} is larger than {max} bytes", path.display()),
+        ));
+    }
+    Ok(bytes)
+}
+
+/// The PEM in `path` (given by `flag`), refused when empty or only white space: an empty CA
+/// bundle would otherwise pass for one that trusts nothing, or for no bundle at all.
+fn read_pem(flag: &'static str, path: &Path) -> Result<Vec<u8>, ConfigError> {
+    let bytes = read_bounded(flag, path, MAX_PEM_BYTES)?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ConfigError::new(
+            flag,
+            format!("{} is empty", path.display()),
         ));
     }
     Ok(bytes)
