@@ -224,9 +224,10 @@ pub struct LockArgs {
     /// Who we are (written into the lock value). Default: $POD_NAME, then the host name.
     #[arg(long, env = "REDLOCK_IDENTITY")]
     pub identity: Option<String>,
-    /// Name of the node set, recorded beside the lock so that contenders listing other nodes
-    /// refuse to lead. Default: a fingerprint of the --redis list (host, port, db). Set the same
-    /// name everywhere only when contenders reach the same nodes under different addresses.
+    /// Name of the node set, recorded beside the lock so that contenders on other servers
+    /// refuse to lead. Default: a fingerprint of the servers the --redis nodes reach (each
+    /// server's run id and the db), whatever their addresses. Set one name everywhere only for
+    /// what the servers cannot show (e.g. servers that report no run id).
     #[arg(long, env = "REDLOCK_NODE_SET")]
     pub node_set: Option<String>,
     #[command(flatten)]

@@ -8,8 +8,11 @@
 //! - A round that a quorum would win, were it not for nodes whose data age is still short,
 //!   fails with [`LockError::NotYetTrusted`] and says how long until they count; the wait
 //!   retries then, also past its deadline (never longer than the longest ttl plus drift).
-//! - Any answer that shows a live node-set record of another node list (another contender of
-//!   this lock lists other nodes) makes the round refuse to lead:
+//! - A round takes the node set (see `votes`, rule 7) when it starts, after connecting nodes
+//!   whose server is not known (bounded by the node timeout), and sends its fingerprint with
+//!   every request; a grant counts only from the server the set named.
+//! - Any answer that shows a live node-set record of another node set (another contender of
+//!   this lock lists other servers) makes the round refuse to lead:
 //!   [`LockError::NodeSetConflict`], logged (at most once a minute) and counted. A round won on
 //!   nodes that carry no record at all (the lock unused for twice its ttl) hears every node
 //!   first (each bounded by the node timeout), since the other list's record may stand on a

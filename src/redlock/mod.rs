@@ -15,6 +15,9 @@
 //! - **Votes that count.** A grant counts only from a node that proves, in the same atomic
 //!   script, that it has kept its data for the longest ttl in use plus drift; nodes that may
 //!   evict keys never count unless allowed. See [`votes`].
+//! - **One node set per lock.** Every grant and renewal records the fingerprint of the servers
+//!   the contender's nodes reach (run ids and databases, not addresses); a round that sees
+//!   another set's live record refuses to lead. See [`votes`], rule 7.
 //! - **Fencing tokens.** See [`fencing`].
 //! - **Extend** runs an owner-checked `PEXPIRE` on all nodes and succeeds only on a quorum
 //!   within the lease's remaining validity. A node that lost our key gets it back

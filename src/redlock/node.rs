@@ -4,7 +4,9 @@
 //! - One multiplexed connection per node, made lazily (in the background, bounded by the
 //!   connect timeout) and remade after I/O errors.
 //! - On every new connection the node's [`NodeFacts`] (run id, eviction policy) are read
-//!   once; a restart always drops the connection, so the run id is never stale. The
+//!   once; a restart always drops the connection, so the run id is never stale. The server
+//!   the last connection reached is kept after it drops ([`Node::server`]): the node-set
+//!   fingerprint names the node by it (see `votes`, rule 7). The
 //!   eviction policy can change under a live connection: it is read again in the
 //!   background once it is older than [`FACTS_MAX_AGE`].
 //! - Every call is bounded by the caller's timeout: a hung node costs at most that.
@@ -222,8 +224,9 @@ impl NodeSpec {
         &self.label
     }
 
-    /// The identity used to refuse duplicates and to fingerprint the node set: address
-    /// (host lower-cased) and database; for a Sentinel group, its Sentinels and master name.
+    /// The identity used to refuse a node listed twice: address (host lower-cased) and
+    /// database; for a Sentinel group, its Sentinels and master name. (The node set names
+    /// servers by what they show instead, see [`super::votes::NodeSet`].)
     pub fn identity(&self) -> (String, i64) {
         let db = self.info.redis_settings().db();
         match &self.sentinel {

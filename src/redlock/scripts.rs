@@ -4,7 +4,8 @@
 //! fence retention after its last use), `KEYS[3]` the lock's max-ttl register, `KEYS[4]` the
 //! node's epoch marker (one per node and database, shared by all locks; in cluster mode one
 //! per hash slot, see `cluster`), `KEYS[5]` the lock's
-//! node-set record (the fingerprint of the node list of whoever holds or renewed the lock).
+//! node-set record (the fingerprint of the servers of whoever holds or renewed the lock, see
+//! `votes`, rule 7).
 //!
 //! Arguments, in this order wherever a script takes them: value, ttl in ms, fencing token,
 //! fence retention in ms, node-set fingerprint. The node's database index is always appended
