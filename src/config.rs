@@ -11,6 +11,8 @@
 //!   `--shutdown-timeout` at most an hour; `--wait`, `--min-hold`, `--max-hold` at most
 //!   [`MAX_GUARD_DURATION`]. With these, every deadline the process computes (`now + x`,
 //!   `x × n`) stays far inside what `Instant` and `Duration` can represent.
+//! - `--renew-interval` (given or the ttl/3 default) is at least [`MIN_RENEW_INTERVAL`], in
+//!   `run` and `guard` alike.
 //! - Files are read up to a bound (password 64 KiB, PEM 4 MiB): a device never hangs start-up.
 //! - `Debug` of every type here shows no password: node URLs print as `host:port`.
 
