@@ -44,7 +44,10 @@
 //!    the round counts from the next round on. So two contenders with one fingerprint count
 //!    grants only from the same servers, out of the same number of nodes, and their quorums
 //!    intersect, whatever placeholders their fingerprints hold. `--node-set` names the set
-//!    instead, for what cannot be seen from the nodes; then rule 7 counts nothing out.
+//!    instead, for what cannot be seen from the nodes; then rule 7 counts nothing out. Limit:
+//!    the name is what the connection showed when it was made, so a proxy that re-dials
+//!    another server under a kept connection keeps the old name until the connection is
+//!    remade (rule 2 still restarts that node's data age).
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
