@@ -11,6 +11,8 @@
 //!   `--shutdown-timeout` at most an hour; `--wait`, `--min-hold`, `--max-hold` at most
 //!   [`MAX_GUARD_DURATION`]. With these, every deadline the process computes (`now + x`,
 //!   `x × n`) stays far inside what `Instant` and `Duration` can represent.
+//! - `--renew-interval` (given or the ttl/3 default) is at least [`MIN_RENEW_INTERVAL`], in
+//!   `run` and `guard` alike.
 //! - Files are read up to a bound (password 64 KiB, PEM 4 MiB): a device never hangs start-up.
 //! - `Debug` of every type here shows no password: node URLs print as `host:port`.
 
@@ -230,19 +232,25 @@ pub struct LockArgs {
     /// Who we are (written into the lock value). Default: $POD_NAME, then the host name.
     #[arg(long, env = "REDLOCK_IDENTITY")]
     pub identity: Option<String>,
-    /// Name of the node set, recorded beside the lock so that contenders listing other nodes
-    /// refuse to lead. Default: a fingerprint of the --redis list (host, port, db). Set the same
-    /// name everywhere only when contenders reach the same nodes under different addresses.
+    /// Name of the node set, recorded beside the lock so that contenders on other servers
+    /// refuse to lead. Default: a fingerprint of the servers the --redis nodes reach (each
+    /// server's run id and the db), whatever their addresses. Set one name everywhere only for
+    /// what the servers cannot show (e.g. servers that report no run id).
     #[arg(long, env = "REDLOCK_NODE_SET")]
     pub node_set: Option<String>,
     #[command(flatten)]
     pub redis: RedisArgs,
 }
 
+/// The shortest `--renew-interval`: every renewal runs a script (with an `INFO`) on every
+/// node, so 10 ms already costs each node 100 calls a second per holder; a shorter interval
+/// would only queue renewals behind a network round trip, not renew any sooner.
+pub const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(10);
+
 /// Renewal timing, shared by `run` and `guard`.
 #[derive(Args, Debug, Clone)]
 pub struct RenewArgs {
-    /// How often the held lock is extended. Default: ttl/3.
+    /// How often the held lock is extended, at least 10ms. Default: ttl/3.
     #[arg(long, env = "REDLOCK_RENEW_INTERVAL", value_parser = duration_at_most(MAX_TTL))]
     pub renew_interval: Option<Duration>,
     /// Stop claiming the lock this long before its validity ends. Default: 1s, or midway
@@ -578,13 +586,20 @@ impl RenewArgs {
     fn renewal(&self, cfg: &RedlockConfig) -> Result<Renewal, ConfigError> {
         let ttl = cfg.ttl;
         let interval = self.renew_interval.unwrap_or(ttl / 3);
-        if interval.is_zero() || interval >= ttl / 2 {
+        if interval < MIN_RENEW_INTERVAL {
             return Err(ConfigError::new(
                 "--renew-interval",
                 format!(
-                    "must be greater than 0 and less than ttl/2 ({})",
-                    fmt(ttl / 2)
+                    "{} is below {} (default: ttl/3)",
+                    fmt(interval),
+                    fmt(MIN_RENEW_INTERVAL)
                 ),
+            ));
+        }
+        if interval >= ttl / 2 {
+            return Err(ConfigError::new(
+                "--renew-interval",
+                format!("must be less than ttl/2 ({})", fmt(ttl / 2)),
             ));
         }
         // The margin must cover a call (node timeout) and drift, and leave the first
@@ -981,6 +996,37 @@ mod tests {
     fn renew_interval_must_be_under_half_the_ttl() {
         let err = run_config(&["--renew-interval", "5s"]).unwrap_err();
         assert_eq!(err.flag, "--renew-interval");
+    }
+
+    #[test]
+    fn renew_interval_has_a_floor_in_run_and_guard() {
+        for interval in ["1ns", "9ms", "0"] {
+            let run = run_config(&["--renew-interval", interval]).unwrap_err();
+            let guard = guard_config(&["--renew-interval", interval]).unwrap_err();
+            for err in [run, guard] {
+                assert_eq!(err.flag, "--renew-interval");
+                assert!(err.reason.contains("below 10ms"), "{err}");
+            }
+        }
+        let cfg = guard_config(&["--ttl", "1s", "--renew-interval", "10ms"]).expect("valid");
+        assert_eq!(cfg.renewal.interval, MIN_RENEW_INTERVAL);
+    }
+
+    #[test]
+    fn a_lock_name_may_hold_braces_but_not_start_with_a_closing_one() {
+        let status = |lock: &str| {
+            let args = ["status", "--lock", lock, "--redis", "redis://127.0.0.1:1"];
+            match parse(&args).expect("parses").command {
+                Command::Status(status) => status.config(),
+                _ => unreachable!(),
+            }
+        };
+        let err = status("}x").unwrap_err();
+        assert_eq!(err.flag, "--lock");
+        assert!(err.reason.contains("hash tag"), "{err}");
+        for lock in ["a}b", "a{b}", "{x}", "x{"] {
+            status(lock).unwrap_or_else(|e| panic!("{lock}: {e}"));
+        }
     }
 
     #[test]
@@ -1430,6 +1476,37 @@ mod tests {
             if parse_duration(&value).is_err() {
                 let line = validate_like_main(&args).expect_err("refused");
                 proptest::prop_assert!(line.contains(flag), "{}", line);
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config {
+            cases: 200,
+            failure_persistence: None,
+            ..proptest::test_runner::Config::default()
+        })]
+
+        /// Any renew interval below the floor is refused by `run` and `guard` alike, naming
+        /// the flag; any at or above it that fits the ttl is taken as given.
+        #[test]
+        fn the_renew_interval_floor_holds_for_any_value(nanos in 0u64..40_000_000) {
+            let interval = format!("{nanos}ns");
+            let ttl = ["--ttl", "1s", "--renew-interval", interval.as_str()];
+            for verdict in [
+                run_config(&ttl).map(|cfg| cfg.renewal.interval),
+                guard_config(&ttl).map(|cfg| cfg.renewal.interval),
+            ] {
+                match verdict {
+                    Ok(got) => {
+                        proptest::prop_assert!(got >= MIN_RENEW_INTERVAL);
+                        proptest::prop_assert_eq!(got, Duration::from_nanos(nanos));
+                    }
+                    Err(err) => {
+                        proptest::prop_assert!(Duration::from_nanos(nanos) < MIN_RENEW_INTERVAL);
+                        proptest::prop_assert_eq!(err.flag, "--renew-interval");
+                    }
+                }
             }
         }
     }

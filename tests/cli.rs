@@ -311,3 +311,60 @@ fn the_reported_inputs_exit_2_naming_the_flag_and_its_bound() {
         );
     }
 }
+
+/// Exit 2 with one line on stderr naming `flag` and containing `why`.
+fn assert_refused(args: &[&str], flag: &str, why: &str) {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let (code, stderr) = run_binary(&args);
+    assert_eq!(code, Some(2), "{args:?}: {stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+    assert!(
+        stderr.contains(flag) && stderr.contains(why),
+        "{args:?}: {stderr}"
+    );
+}
+
+#[test]
+fn a_renew_interval_below_10ms_exits_2_in_run_and_guard() {
+    let lock = ["--lock", "l", "--redis", CLOSED, "--renew-interval", "1ns"];
+    assert_refused(&[&["run"], &lock[..]].concat(), "--renew-interval", "10ms");
+    assert_refused(
+        &[&["guard"], &lock[..], &["--", "true"]].concat(),
+        "--renew-interval",
+        "10ms",
+    );
+}
+
+#[test]
+fn a_lock_name_starting_with_a_closing_brace_exits_2() {
+    for command in ["run", "status"] {
+        assert_refused(
+            &[command, "--lock", "}x", "--redis", CLOSED],
+            "--lock",
+            "hash tag",
+        );
+    }
+}
+
+#[test]
+fn an_empty_ca_file_exits_2() {
+    let dir = std::env::temp_dir().join(format!("redlock-cli-ca-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca = dir.join("ca.pem");
+    for empty in ["", "\n  \n"] {
+        std::fs::write(&ca, empty).unwrap();
+        let ca = ca.to_str().unwrap();
+        let args = ["--redis", "rediss://127.0.0.1:1", "--redis-ca-file", ca];
+        assert_refused(
+            &[&["check"], &args[..]].concat(),
+            "--redis-ca-file",
+            "empty",
+        );
+        assert_refused(
+            &[&["run", "--lock", "l"], &args[..]].concat(),
+            "--redis-ca-file",
+            "empty",
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

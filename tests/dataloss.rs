@@ -826,6 +826,116 @@ async fn contenders_that_list_other_nodes_refuse_to_lead() {
     p.stop().await;
 }
 
+/// P and Q reach the same three servers, each through proxies of its own (other addresses),
+/// with the default node set (no `--node-set`): the fingerprints name the servers, so they
+/// agree. P leads and Q waits, with no node-set conflict; P is killed, and Q leads within a
+/// ttl of it (P's keys expire unrenewed), with a margin for a loaded machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contenders_that_reach_the_same_servers_by_other_addresses_hand_over() {
+    let cluster = cluster();
+    block_in_place(|| cluster.backdate_epochs(TTL));
+    let fingerprints = [("REDLOCK_NODE_SET", "")];
+    let mut watch = Watch::new();
+    let mut p = Contender::start("p", &cluster.addrs(), &[], &[], &fingerprints).await;
+    watch.add(&p);
+    let held = watch
+        .next_tenure(SystemTime::UNIX_EPOCH, Some("p"), "p leads", &[&p])
+        .await;
+    let q = Contender::start("q", &cluster.addrs(), &[], &[], &fingerprints).await;
+    watch.add(&q);
+    support::wait_until_async(ELECTION, "q sees p hold the lock", || async {
+        q.holder().await.as_deref() == Some("p")
+    })
+    .await;
+    watch.lasted(&held, since(held.since) + RENEW * 2).await;
+    assert_eq!(
+        metric(q.addr, "redlock_node_set_conflicts_total", "lock=").await,
+        Some(0),
+        "q lists the same servers as p"
+    );
+    let killed = SystemTime::now();
+    p.proc.sigkill();
+    let next = watch
+        .next_tenure(killed, Some("q"), "q takes over", &[&q])
+        .await;
+    let took = ms_between(killed, next.claimed_after);
+    let bound = (TTL + Duration::from_secs(2)).as_secs_f64() * 1e3;
+    assert!(
+        took <= bound,
+        "q led {took:.0} ms after p was killed (bound {bound:.0} ms)"
+    );
+    watch.keep_log("p".to_owned(), p.proc.stderr_text());
+    let tenures = watch.finish(&[&q]).await;
+    assert_eq!(tenures.len(), 2, "p, then q: {tenures:?}");
+    q.stop().await;
+}
+
+/// As above, and node 2 restarts (a new run id) while P leads: P's renewals put its key back
+/// there and record the node set with the new server, Q learns the new server as it
+/// reconnects, so when P is killed Q still takes over within a ttl: no record of the old set
+/// is left to keep it out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_node_restart_contenders_on_the_same_servers_still_hand_over() {
+    let mut cluster = cluster();
+    block_in_place(|| cluster.backdate_epochs(TTL));
+    let fingerprints = [("REDLOCK_NODE_SET", "")];
+    let mut watch = Watch::new();
+    let mut p = Contender::start("p", &cluster.addrs(), &[], &[], &fingerprints).await;
+    watch.add(&p);
+    watch
+        .next_tenure(SystemTime::UNIX_EPOCH, Some("p"), "p leads", &[&p])
+        .await;
+    let q = Contender::start("q", &cluster.addrs(), &[], &[], &fingerprints).await;
+    watch.add(&q);
+    support::wait_until_async(ELECTION, "q sees p hold the lock", || async {
+        q.holder().await.as_deref() == Some("p")
+    })
+    .await;
+    const RECORD: &str = "redlock:{dataloss}:nodes";
+    let before = block_in_place(|| info_field(cluster.node(2), "server", "run_id"));
+    let old_set = block_in_place(|| cluster.node(0).command(&["GET", RECORD]));
+    assert_ne!(old_set, "(nil)", "p's record stands beside its key");
+    block_in_place(|| cluster.node_mut(2).restart());
+    assert_ne!(
+        block_in_place(|| info_field(cluster.node(2), "server", "run_id")),
+        before
+    );
+    support::wait_until_async(
+        ELECTION,
+        "p's key is back on the restarted node",
+        || async {
+            block_in_place(|| cluster.node(2).try_command(&["GET", KEY]))
+                .is_ok_and(|v| v.starts_with("p:"))
+        },
+    )
+    .await;
+    support::wait_until_async(
+        ELECTION,
+        "p records the new node set everywhere",
+        || async {
+            let sets = block_in_place(|| cluster.command_all(&["GET", RECORD]));
+            sets.iter()
+                .all(|set| set.as_ref().is_ok_and(|set| *set != old_set))
+                && sets.windows(2).all(|pair| pair[0] == pair[1])
+        },
+    )
+    .await;
+    let killed = SystemTime::now();
+    p.proc.sigkill();
+    let next = watch
+        .next_tenure(killed, Some("q"), "q takes over", &[&q])
+        .await;
+    let took = ms_between(killed, next.claimed_after);
+    let bound = (TTL + Duration::from_secs(2)).as_secs_f64() * 1e3;
+    assert!(
+        took <= bound,
+        "q led {took:.0} ms after p was killed (bound {bound:.0} ms)"
+    );
+    watch.keep_log("p".to_owned(), p.proc.stderr_text());
+    watch.finish(&[&q]).await;
+    q.stop().await;
+}
+
 /// How long ago `at` was.
 fn since(at: SystemTime) -> Duration {
     SystemTime::now().duration_since(at).unwrap_or_default()

@@ -304,3 +304,109 @@ async fn a_young_nodes_grant_waits_for_a_slower_nodes_longer_ttl_register() {
         "nodes 1 and 2 count only once they have kept their data for l's ttl: {err}"
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// Same servers, same set (votes.rs, rule 7)
+// ---------------------------------------------------------------------------------------
+
+/// A contender on `urls` whose node set is the fingerprint of the servers (no `--node-set`).
+fn fingerprinted(urls: &[String], identity: &str) -> Redlock {
+    let mut cfg = config(urls, identity, TTL);
+    cfg.node_set = None;
+    Redlock::new(cfg, Arc::new(NoObserver)).expect("valid config")
+}
+
+/// `redis://localhost:P` for each node: the same servers under other names.
+fn by_host_name(cluster: &RedisCluster) -> Vec<String> {
+    cluster
+        .addrs()
+        .iter()
+        .map(|addr| format!("redis://localhost:{}", addr.port()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contenders_that_name_the_same_servers_differently_share_one_node_set() {
+    let cluster = ready_cluster(3);
+    let alpha = fingerprinted(&cluster.urls(), "alpha");
+    let beta = fingerprinted(&by_host_name(&cluster), "beta");
+    // Both know every server: then the fingerprints agree.
+    alpha.inspect().await;
+    beta.inspect().await;
+    assert_eq!(alpha.node_set(), beta.node_set());
+    let lease = alpha.try_acquire().await.expect("alpha acquires");
+    match beta.try_acquire().await {
+        Err(LockError::Busy { holder, .. }) => assert_eq!(holder.as_deref(), Some("alpha")),
+        other => panic!("beta sees alpha hold the lock, not a node-set conflict: {other:?}"),
+    }
+    alpha.extend(&lease).await.expect("alpha renews");
+    assert!(alpha.release(&lease).await >= 2);
+    let taken = beta
+        .try_acquire()
+        .await
+        .expect("beta acquires after the release");
+    assert!(taken.fencing_token > lease.fencing_token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contenders_on_different_servers_still_refuse_to_lead_beside_each_other() {
+    let cluster = ready_cluster(4);
+    let urls = cluster.urls();
+    let alpha = fingerprinted(&urls[..3], "alpha");
+    let beta = fingerprinted(&[urls[0].clone(), urls[1].clone(), urls[3].clone()], "beta");
+    let _lease = alpha.try_acquire().await.expect("alpha acquires");
+    let refused = beta.try_acquire().await;
+    assert!(
+        matches!(refused, Err(LockError::NodeSetConflict { .. })),
+        "beta lists another server: {refused:?}"
+    );
+}
+
+/// Records of two node sets left on the nodes (a round of each, each seeing the other's) are
+/// no lock: each lost round removes its own record, so one of the two leads soon, although
+/// both retry all along (a record they refreshed would stand for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn split_node_set_records_do_not_keep_the_lock_from_being_taken() {
+    let cluster = ready_cluster(4);
+    let urls = cluster.urls();
+    let alpha = fingerprinted(&urls[..3], "alpha");
+    let beta = fingerprinted(&[urls[0].clone(), urls[1].clone(), urls[3].clone()], "beta");
+    alpha.inspect().await;
+    beta.inspect().await;
+    // Each set's record on one shared node, for far longer than the test.
+    for (node, set) in [(0, &alpha), (1, &beta)] {
+        let fingerprint = set.node_set().fingerprint;
+        let key = "redlock:{test}:nodes";
+        let set = cluster
+            .node(node)
+            .command(&["SET", key, &fingerprint, "PX", "600000"]);
+        assert_eq!(set, "OK");
+    }
+    let deadline = Instant::now() + TTL * 2 + Duration::from_secs(2);
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let race = |contender: &Redlock| {
+        let (contender, cancel) = (contender.clone(), cancel.clone());
+        async move {
+            let won = contender.acquire(Some(deadline), &cancel, |_, _| {}).await;
+            if won.is_ok() {
+                cancel.cancel();
+            }
+            won
+        }
+    };
+    let (a, b) = tokio::join!(race(&alpha), race(&beta));
+    let (lease, loser) = match (a, b) {
+        (Ok(lease), Err(_)) => (lease, &beta),
+        (Err(_), Ok(lease)) => (lease, &alpha),
+        other => panic!("exactly one leads within two ttls: {other:?}"),
+    };
+    let refused = loser.try_acquire().await;
+    assert!(
+        Instant::now() < lease.valid_until,
+        "the check ran while the lease was valid"
+    );
+    assert!(
+        matches!(refused, Err(LockError::NodeSetConflict { .. })),
+        "the other sees the leader's node set: {refused:?}"
+    );
+}

@@ -8,8 +8,11 @@
 //! - A round that a quorum would win, were it not for nodes whose data age is still short,
 //!   fails with [`LockError::NotYetTrusted`] and says how long until they count; the wait
 //!   retries then, also past its deadline (never longer than the longest ttl plus drift).
-//! - Any answer that shows a live node-set record of another node list (another contender of
-//!   this lock lists other nodes) makes the round refuse to lead:
+//! - A round takes the node set (see `votes`, rule 7) when it starts, after connecting nodes
+//!   whose server is not known (bounded by the node timeout), and sends its fingerprint with
+//!   every request; a grant counts only from the server the set named.
+//! - Any answer that shows a live node-set record of another node set (another contender of
+//!   this lock lists other servers) makes the round refuse to lead:
 //!   [`LockError::NodeSetConflict`], logged (at most once a minute) and counted. A round won on
 //!   nodes that carry no record at all (the lock unused for twice its ttl) hears every node
 //!   first (each bounded by the node timeout), since the other list's record may stand on a
@@ -35,7 +38,7 @@ use super::fencing::MAX_TOKEN;
 use super::push::{Push, PushKind};
 use super::standby::{Action, Announced, Standby, SPREAD_SLOT};
 use super::timing::{self, CLOCK_DRIFT_FLOOR};
-use super::votes::{DataAge, NotCounted, Proof};
+use super::votes::{server_identity, DataAge, NodeSet, NotCounted, Proof};
 use super::{
     clock, identity_of, quorum, validity, Lease, LockError, NodeError, NodeErrorKind, NodeFacts,
     Op, Order, Redlock, Vote, ACQUIRE,
@@ -143,6 +146,7 @@ impl Redlock {
         &self,
         index: usize,
         answer: Result<(AcquireReply, Arc<NodeFacts>), NodeError>,
+        node_set: &NodeSet,
         seen: &mut Seen,
         decided: bool,
     ) -> Judged {
@@ -165,7 +169,7 @@ impl Redlock {
         };
         // Every answer carries the node's max-ttl register, busy ones too.
         self.learn_max_ttl(proof.max_ttl);
-        if let Some(holder) = seen.add(&reply, &self.inner.node_set) {
+        if let Some(holder) = seen.add(&reply, &node_set.fingerprint) {
             return Judged::vote(Vote::HeldBy(holder));
         }
         if reply.0 == -1 {
@@ -182,7 +186,9 @@ impl Redlock {
         }
         let settled = matches!(proof.data_age, DataAge::Proven(age) if age >= super::votes::settled_data_age());
         let unrecorded = reply.7.is_empty();
-        match self.judge(index, &facts, proof) {
+        let server = server_identity(&facts.run_id, self.inner.nodes[index].db());
+        let judged = self.judge(index, &facts, proof);
+        match node_set.admits(index, server.as_deref()).and(judged) {
             Ok(()) => Judged {
                 vote: Vote::Granted,
                 stored: reply.4 == 1,
@@ -204,6 +210,7 @@ impl Redlock {
         let needed = quorum(n);
         let value = format!("{}:{}", cfg.identity, random_hex());
         let candidate = self.next_token(self.inner.fence_seen.load(Ordering::Relaxed));
+        let node_set = self.round_node_set().await;
         let start = clock::now();
         let since = SystemTime::now();
         let mut answers = self.fan_out::<AcquireReply>(
@@ -215,7 +222,7 @@ impl Redlock {
                 cfg.ttl.as_millis().to_string(),
                 candidate.to_string(),
                 self.inner.retention_ms(),
-                self.inner.node_set.clone(),
+                node_set.fingerprint.clone(),
             ],
         );
         let mut tally = Tally::new(n);
@@ -229,7 +236,7 @@ impl Redlock {
         // Whether a grant came from a node without a node-set record.
         let mut unrecorded = false;
         while let Some((index, answer)) = answers.recv().await {
-            let judged = self.acquire_vote(index, answer, &mut seen, false);
+            let judged = self.acquire_vote(index, answer, &node_set, &mut seen, false);
             ready_in[index] = judged.ready_in;
             unrecorded |= judged.unrecorded;
             if let Some((facts, proof)) = judged.pending {
@@ -266,7 +273,10 @@ impl Redlock {
             // Nodes of the quorum carry no node-set record: another node list's record may
             // stand on a node that has not answered yet, so every answer is heard first.
             while let Some((index, answer)) = answers.recv().await {
-                votes[index] = Some(self.acquire_vote(index, answer, &mut seen, true).vote);
+                votes[index] = Some(
+                    self.acquire_vote(index, answer, &node_set, &mut seen, true)
+                        .vote,
+                );
             }
         }
         // Nodes may have stored the candidate even if this round fails: start above it next time.
@@ -278,7 +288,10 @@ impl Redlock {
             // The remaining answers (each bounded by the node timeout) complete the report,
             // so followers see the holder most nodes agree on, and show where to clean up.
             while let Some((index, answer)) = answers.recv().await {
-                votes[index] = Some(self.acquire_vote(index, answer, &mut seen, true).vote);
+                votes[index] = Some(
+                    self.acquire_vote(index, answer, &node_set, &mut seen, true)
+                        .vote,
+                );
             }
             self.inner
                 .fence_seen
@@ -286,19 +299,22 @@ impl Redlock {
             // Our key may stand wherever a node did not answer "held by someone else".
             self.clean_up(
                 &value,
+                &node_set.fingerprint,
                 |vote| !matches!(vote, Some(Vote::HeldBy(_))),
                 &votes,
             )
             .await;
-            return Err(self.round_lost(votes, &seen, granted, &ready_in));
+            return Err(self.round_lost(votes, &seen, &node_set, granted, &ready_in));
         }
         // Answers after the quorum still carry counters (the next candidate starts above
         // them) and tell whether their node's vote counts, so every node's report stays current.
         let this = self.clone();
+        let late_set = node_set.clone();
         tokio::spawn(async move {
+            let node_set = late_set;
             let mut late = Seen::default();
             while let Some((index, answer)) = answers.recv().await {
-                this.acquire_vote(index, answer, &mut late, true);
+                this.acquire_vote(index, answer, &node_set, &mut late, true);
             }
             this.inner
                 .fence_seen
@@ -311,7 +327,8 @@ impl Redlock {
             ttl: cfg.ttl,
         };
         if validity(cfg.ttl, elapsed()).is_none() {
-            self.clean_up(&value, |_| true, &votes).await;
+            self.clean_up(&value, &node_set.fingerprint, |_| true, &votes)
+                .await;
             return Err(too_short());
         }
         // The candidate is safe once a quorum stored it; otherwise a node already had a
@@ -325,7 +342,8 @@ impl Redlock {
             {
                 Ok(token) => token,
                 Err(votes_fence) => {
-                    self.clean_up(&value, |_| true, &votes).await;
+                    self.clean_up(&value, &node_set.fingerprint, |_| true, &votes)
+                        .await;
                     return Err(LockError::QuorumUnreachable {
                         lock: cfg.lock.clone(),
                         needed,
@@ -338,7 +356,8 @@ impl Redlock {
             .fence_seen
             .fetch_max(fencing_token, Ordering::Relaxed);
         let Some(valid) = validity(cfg.ttl, elapsed()) else {
-            self.clean_up(&value, |_| true, &votes).await;
+            self.clean_up(&value, &node_set.fingerprint, |_| true, &votes)
+                .await;
             return Err(too_short());
         };
         let lease = Lease {
@@ -357,6 +376,7 @@ impl Redlock {
         &self,
         votes: Vec<Option<Vote>>,
         seen: &Seen,
+        node_set: &NodeSet,
         granted: usize,
         ready_in: &[Option<Duration>],
     ) -> LockError {
@@ -366,7 +386,7 @@ impl Redlock {
         let lock = cfg.lock.clone();
         if let Some(theirs) = &seen.foreign_node_set {
             self.inner.observer.node_set_conflict();
-            self.log_node_set_conflict(theirs);
+            self.log_node_set_conflict(&node_set.fingerprint, theirs);
             return LockError::NodeSetConflict {
                 lock,
                 votes: self.label_votes(votes),
@@ -413,7 +433,7 @@ impl Redlock {
 
     /// One line, at most once a minute: the operator must make every contender list the same
     /// nodes (or stop the old ones).
-    fn log_node_set_conflict(&self, theirs: &str) {
+    fn log_node_set_conflict(&self, ours: &str, theirs: &str) {
         let now = Instant::now();
         let mut last = self
             .inner
@@ -424,7 +444,7 @@ impl Redlock {
             *last = Some(now);
             warn!(
                 lock = %self.inner.cfg.lock,
-                ours = %self.inner.node_set,
+                ours,
                 theirs,
                 "another contender of this lock lists other Redis nodes; refusing to lead until every contender lists the same nodes"
             );

@@ -326,6 +326,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_key_of_a_lock_shares_one_slot_unless_its_name_starts_with_a_closing_brace() {
+        let slots = |name: &str| {
+            let key = format!("redlock:{{{name}}}");
+            ["", ":fence", ":ttl", ":nodes"].map(|suffix| key_slot(&format!("{key}{suffix}")))
+        };
+        for name in ["x", "a}b", "a{b}", "{x}", "x{", "a}"] {
+            let slots = slots(name);
+            assert!(slots.iter().all(|s| *s == slots[0]), "{name}: {slots:?}");
+        }
+        let empty_tag = slots("}x");
+        assert!(
+            empty_tag.iter().any(|s| *s != empty_tag[0]),
+            "{empty_tag:?}"
+        );
+    }
+
+    #[test]
     fn slots_are_computed_as_redis_does() {
         // Figures from a real cluster's CLUSTER KEYSLOT.
         assert_eq!(key_slot("a"), 15495);

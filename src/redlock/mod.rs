@@ -15,6 +15,9 @@
 //! - **Votes that count.** A grant counts only from a node that proves, in the same atomic
 //!   script, that it has kept its data for the longest ttl in use plus drift; nodes that may
 //!   evict keys never count unless allowed. See [`votes`].
+//! - **One node set per lock.** Every grant and renewal records the fingerprint of the servers
+//!   the contender's nodes reach (run ids and databases, not addresses); a round that sees
+//!   another set's live record refuses to lead. See [`votes`], rule 7.
 //! - **Fencing tokens.** See [`fencing`].
 //! - **Extend** runs an owner-checked `PEXPIRE` on all nodes and succeeds only on a quorum
 //!   within the lease's remaining validity. A node that lost our key gets it back
@@ -64,7 +67,7 @@ pub use node::{
     NodeFacts, NodeSpec, FACTS_MAX_AGE,
 };
 pub use timing::{drift, quorum, validity};
-use votes::Proof;
+use votes::{NodeSet, Proof};
 
 /// The key of each node's epoch marker (see [`votes`]): the lineage `<run id>:<replication
 /// id>:<db>`, stamped with an expiry its age is read from.
@@ -145,7 +148,8 @@ impl Observer for NoObserver {}
 /// Everything the engine needs; validated by [`RedlockConfig::validate`].
 #[derive(Clone, Debug)]
 pub struct RedlockConfig {
-    /// The lock name; keys are `redlock:{name}` and `redlock:{name}:fence`.
+    /// The lock name; keys are `redlock:{name}` and `redlock:{name}:fence`. It must not start
+    /// with `}` (the keys' cluster hash tag would be empty).
     pub lock: String,
     /// Who we are, written into the lock value so others can see the holder.
     pub identity: String,
@@ -159,8 +163,8 @@ pub struct RedlockConfig {
     /// How long a fencing counter is kept after its last use; then the Unix-ms floor of the
     /// next token takes over (see [`fencing`]).
     pub fence_retention: Duration,
-    /// The name of the node set recorded beside the lock; `None`: the fingerprint of `nodes`
-    /// (see [`votes::node_set_fingerprint`]).
+    /// The name of the node set recorded beside the lock; `None`: the fingerprint of the
+    /// servers `nodes` reach (see [`votes::NodeSet`]).
     pub node_set: Option<String>,
     /// Count votes of nodes whose `maxmemory-policy` may evict lock keys (unsafe).
     pub allow_evicting_nodes: bool,
@@ -220,6 +224,15 @@ impl RedlockConfig {
             return Err(ConfigError::new(
                 "--lock",
                 "must be at most 200 characters without spaces or control characters",
+            ));
+        }
+        if self.lock.starts_with('}') {
+            // The keys' hash tag `{NAME}` would be empty: in Redis Cluster each key would hash
+            // to its own slot, and every script fail with CROSSSLOT. Braces elsewhere keep a
+            // non-empty tag shared by all the lock's keys, and work everywhere.
+            return Err(ConfigError::new(
+                "--lock",
+                "must not start with '}': in Redis Cluster the keys' hash tag {NAME} would be empty",
             ));
         }
         if self.identity.is_empty() || self.identity.chars().any(char::is_control) {
@@ -368,8 +381,6 @@ struct Inner {
     ttl_key: String,
     node_set_key: String,
     nodes: Vec<Node>,
-    /// The fingerprint of our node list, recorded beside the lock (see `votes`).
-    node_set: String,
     /// When a node-set conflict was last logged.
     conflict_logged_at: std::sync::Mutex<Option<Instant>>,
     /// The highest fencing counter seen, so the next candidate token starts above it.
@@ -554,11 +565,6 @@ impl Redlock {
                 fence_key: format!("redlock:{{{name}}}:fence"),
                 ttl_key: format!("redlock:{{{name}}}:ttl"),
                 node_set_key: format!("redlock:{{{name}}}:nodes"),
-                node_set: cfg.node_set.clone().unwrap_or_else(|| {
-                    votes::node_set_fingerprint(
-                        &cfg.nodes.iter().map(NodeSpec::identity).collect::<Vec<_>>(),
-                    )
-                }),
                 conflict_logged_at: std::sync::Mutex::new(None),
                 fence_seen: AtomicU64::new(0),
                 max_ttl_seen: AtomicU64::new(0),
@@ -596,6 +602,32 @@ impl Redlock {
                 }
             });
         }
+    }
+
+    /// The node set as known now: the `--node-set` name, or the servers the nodes' last
+    /// connections reached (see [`votes::NodeSet`]). No I/O.
+    pub fn node_set(&self) -> NodeSet {
+        match &self.inner.cfg.node_set {
+            Some(name) => NodeSet::named(name),
+            None => NodeSet::of_servers(self.inner.nodes.iter().map(Node::server).collect()),
+        }
+    }
+
+    /// [`Redlock::node_set`] for a round about to start: nodes never reached, or whose
+    /// connection was dropped, are connected first (concurrently, bounded by the node
+    /// timeout), so the set names the servers that answer now.
+    async fn round_node_set(&self) -> NodeSet {
+        if self.inner.cfg.node_set.is_none() {
+            let timeout = self.inner.cfg.node_timeout;
+            let unknown = self
+                .inner
+                .nodes
+                .iter()
+                .filter(|node| node.server_stale())
+                .map(|node| node.connect(timeout));
+            futures_util::future::join_all(unknown).await;
+        }
+        self.node_set()
     }
 
     /// The configuration in force.
@@ -685,7 +717,7 @@ impl Redlock {
             cfg.ttl.as_millis().to_string(),
             lease.fencing_token.to_string(),
             self.inner.retention_ms(),
-            self.inner.node_set.clone(),
+            self.node_set().fingerprint,
         ];
         // An answer "key missing" calls for a restore: each node counts as writing our key
         // until its answer has been handled.
@@ -792,15 +824,17 @@ impl Redlock {
         deleted
     }
 
-    /// Deletes `value` on the nodes `which` selects, and waits for the answers (each bounded
-    /// by the node timeout). Owner-checked, and silent: a lost round must not wake the waiters.
+    /// Deletes `value` on the nodes `which` selects, and the node-set record `fingerprint`
+    /// where no lock key is left, and waits for the answers (each bounded by the node
+    /// timeout). Owner-checked, and silent: a lost round must not wake the waiters.
     async fn clean_up(
         &self,
         value: &str,
+        fingerprint: &str,
         which: impl Fn(&Option<Vote>) -> bool,
         votes: &[Option<Vote>],
     ) {
-        let args: Arc<[String]> = vec![value.to_owned()].into();
+        let args: Arc<[String]> = vec![value.to_owned(), fingerprint.to_owned()].into();
         let calls = votes
             .iter()
             .enumerate()

@@ -4,7 +4,9 @@
 //! - One multiplexed connection per node, made lazily (in the background, bounded by the
 //!   connect timeout) and remade after I/O errors.
 //! - On every new connection the node's [`NodeFacts`] (run id, eviction policy) are read
-//!   once; a restart always drops the connection, so the run id is never stale. The
+//!   once; a restart always drops the connection, so the run id is never stale. The server
+//!   the last connection reached is kept after it drops ([`Node::server`]): the node-set
+//!   fingerprint names the node by it (see `votes`, rule 7). The
 //!   eviction policy can change under a live connection: it is read again in the
 //!   background once it is older than [`FACTS_MAX_AGE`].
 //! - Every call is bounded by the caller's timeout: a hung node costs at most that.
@@ -222,8 +224,9 @@ impl NodeSpec {
         &self.label
     }
 
-    /// The identity used to refuse duplicates and to fingerprint the node set: address
-    /// (host lower-cased) and database; for a Sentinel group, its Sentinels and master name.
+    /// The identity used to refuse a node listed twice: address (host lower-cased) and
+    /// database; for a Sentinel group, its Sentinels and master name. (The node set names
+    /// servers by what they show instead, see [`super::votes::NodeSet`].)
     pub fn identity(&self) -> (String, i64) {
         let db = self.info.redis_settings().db();
         match &self.sentinel {
@@ -544,6 +547,9 @@ pub struct Node {
     link: Arc<watch::Sender<Link>>,
     connections: Arc<AtomicU64>,
     refreshing: Arc<AtomicBool>,
+    /// The server the last connection reached ([`super::votes::server_identity`]), kept after
+    /// the connection is gone: the node-set fingerprint names a node by it.
+    server: Arc<std::sync::Mutex<Option<String>>>,
     /// Set once the Sentinel group's `+switch-master` subscription runs.
     following: AtomicBool,
     /// Cluster mode: the masters the last `CLUSTER SLOTS` listed, dialled when the URL's node
@@ -663,6 +669,7 @@ impl Node {
             link: Arc::new(watch::channel(Link::Idle).0),
             connections: Arc::new(AtomicU64::new(0)),
             refreshing: Arc::new(AtomicBool::new(false)),
+            server: Arc::default(),
             following: AtomicBool::new(false),
             seeds: Arc::default(),
             pushed: Arc::new(tokio::sync::Mutex::new(pushed)),
@@ -698,6 +705,26 @@ impl Node {
             Link::Up(_, facts, _, _) => Some(facts.clone()),
             _ => None,
         }
+    }
+
+    /// The server the node's last connection reached (kept after it is gone), `None` before
+    /// the first connection or when the server shows no run id (no I/O).
+    pub fn server(&self) -> Option<String> {
+        self.server
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Whether [`Node::server`] may be out of date: no connection was ever made, or the last
+    /// one was dropped (a restart, a failover) and none has been tried since.
+    pub fn server_stale(&self) -> bool {
+        matches!(*self.link.borrow(), Link::Idle) || self.server().is_none()
+    }
+
+    /// Connects if no connection is up, within `timeout`; errors are left to the next call.
+    pub async fn connect(&self, timeout: Duration) {
+        let _ = self.connection(timeout).await;
     }
 
     /// The live connection and its facts, connecting first if needed (within `timeout`).
@@ -764,6 +791,8 @@ impl Node {
         let dial = self.dial.clone();
         let spec = self.spec.clone();
         let link = self.link.clone();
+        let server = self.server.clone();
+        let db = self.db();
         let settings = self.settings;
         let id = self.connections.fetch_add(1, Ordering::Relaxed) + 1;
         let seeds = self.seeds.clone();
@@ -802,7 +831,11 @@ impl Node {
         let connect_timeout = settings.connect_timeout;
         tokio::spawn(async move {
             let next = match tokio::time::timeout(connect_timeout, connect).await {
-                Ok(Ok((conn, facts))) => Link::Up(conn, Arc::new(facts), id, Instant::now()),
+                Ok(Ok((conn, facts))) => {
+                    *server.lock().unwrap_or_else(|e| e.into_inner()) =
+                        super::votes::server_identity(&facts.run_id, db);
+                    Link::Up(conn, Arc::new(facts), id, Instant::now())
+                }
                 Ok(Err(err)) => Link::Down(err),
                 Err(_) => Link::Down(NodeError::timeout(connect_timeout)),
             };

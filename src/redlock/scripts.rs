@@ -4,7 +4,8 @@
 //! fence retention after its last use), `KEYS[3]` the lock's max-ttl register, `KEYS[4]` the
 //! node's epoch marker (one per node and database, shared by all locks; in cluster mode one
 //! per hash slot, see `cluster`), `KEYS[5]` the lock's
-//! node-set record (the fingerprint of the node list of whoever holds or renewed the lock).
+//! node-set record (the fingerprint of the servers of whoever holds or renewed the lock, see
+//! `votes`, rule 7).
 //!
 //! Arguments, in this order wherever a script takes them: value, ttl in ms, fencing token,
 //! fence retention in ms, node-set fingerprint. The node's database index is always appended
@@ -137,16 +138,16 @@ end
 }
 
 /// Lua that records our node-set fingerprint (ARGV[5]) beside the lock, for twice the longest
-/// ttl, unless another node set's record is live there (that one is left to expire). Needs
-/// `keys[5]` (the record as read before) and `max_ttl_before`; runs after [`record_ttl`], so
+/// ttl. Runs only where our key now stands: a grant (which `ACQUIRE` refuses under another
+/// live record), a renewal or a restore. There the holder is the authority, and its record
+/// replaces any other: a holder whose fingerprint changed (a node restarted) must not leave
+/// its old record to stop its standbys. Needs `max_ttl_before`; runs after [`record_ttl`], so
 /// the register now holds the larger of `max_ttl_before` and our ttl.
 macro_rules! record_node_set {
     () => {
         r#"
-if not keys[5] or keys[5] == ARGV[5] then
-  local keep = 2 * math.max(tonumber(ARGV[2]), max_ttl_before)
-  redis.call('SET', KEYS[5], ARGV[5], 'PX', keep)
-end
+local keep = 2 * math.max(tonumber(ARGV[2]), max_ttl_before)
+redis.call('SET', KEYS[5], ARGV[5], 'PX', keep)
 "#
     };
 }
@@ -156,8 +157,8 @@ end
 ///
 /// A held key is answered with its holder and remaining ttl, and the node-set record, without
 /// any proof (a standby's round costs no `INFO`). A free key whose node-set record belongs to
-/// another node list is not granted (`granted` −1): contenders that list different nodes
-/// must not both lead.
+/// another node set is not granted (`granted` −1): contenders on different servers must not
+/// both lead (see `votes`, rule 7).
 ///
 /// The lock key is not re-read when missing: `SET NX` refuses a key of another type, and the
 /// `GET` after it then fails as a read would have.
@@ -204,7 +205,7 @@ local fence = tonumber(before) or 0
 );
 
 /// Extend our own lock, keep the fencing counter at least at our token, record our ttl and
-/// node set, and prove the node's data age (so a leader's view of node health stays current,
+/// node set (replacing another set's record: we hold the key here), and prove the node's data age (so a leader's view of node health stays current,
 /// and a new or emptied node starts aging while the lock is held).
 ///
 /// The ttl register is written whatever the key's state: a node that lost our key (and the
@@ -231,7 +232,8 @@ return {-1, age, max_ttl_before}
 "#
 );
 
-/// Put our key back on a node that lost it, only if nobody else has it there.
+/// Put our key back on a node that lost it, only if nobody else has it there, with our
+/// node-set record (replacing another's, as a renewal does).
 ///
 /// Used only while a valid quorum is held elsewhere.
 pub const RESTORE: &str = concat!(
@@ -262,15 +264,23 @@ return 0
 "#;
 
 /// Delete our own key without announcing it: the clean-up after a lost round, which must
-/// not wake the waiters (the lock is still held by someone else).
+/// not wake the waiters (the lock is still held by someone else). Where no lock key is left,
+/// the round's node-set record goes too: a lost round leaves no record behind, so contenders
+/// whose fingerprints differ cannot keep each other out by refreshing theirs (only a holder's
+/// record outlives its round, for at most twice the ttl after its last renewal).
 ///
-/// ARGV: value. Returns 1 if deleted, 0 if it was not ours.
+/// ARGV: value, node-set fingerprint. Returns 1 if the key was deleted, 0 if it was not ours.
 pub const CLEANUP: &str = r#"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local deleted = 0
+local value = redis.call('GET', KEYS[1])
+if value == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  return 1
+  deleted = 1
 end
-return 0
+if (deleted == 1 or not value) and redis.call('GET', KEYS[5]) == ARGV[2] then
+  redis.call('DEL', KEYS[5])
+end
+return deleted
 "#;
 
 /// Read who holds the lock. Returns `{holder_value, pttl, fence}`.

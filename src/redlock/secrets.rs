@@ -172,16 +172,23 @@ impl SecretFiles {
             };
         let redis_password = password("--redis-password-file", &self.password)?;
         let sentinel_password = password("--sentinel-password-file", &self.sentinel_password)?;
+        let mut pem =
+            |flag: &'static str, path: Option<&PathBuf>| match (path, contents.remove(flag)) {
+                (Some(path), Some(bytes)) => pem_in(flag, path, bytes).map(Some),
+                _ => Ok(None),
+            };
+        let ca_pem = pem("--redis-ca-file", self.ca.as_ref())?;
+        let (cert, key) = self.client_cert.as_ref().map(|(c, k)| (c, k)).unzip();
         let client_cert = match (
-            contents.remove("--redis-client-cert"),
-            contents.remove("--redis-client-key"),
+            pem("--redis-client-cert", cert)?,
+            pem("--redis-client-key", key)?,
         ) {
             (Some(cert_pem), Some(key_pem)) => Some(ClientCert { cert_pem, key_pem }),
             _ => None,
         };
         Ok(Loaded {
             password: redis_password,
-            ca_pem: contents.remove("--redis-ca-file"),
+            ca_pem,
             client_cert,
             sentinel_password,
         })
@@ -241,6 +248,19 @@ fn read_bounded(flag: &'static str, path: &Path, max: u64) -> Result<Vec<u8>, Co
         return Err(ConfigError::new(
             flag,
             format!("{} is larger than {max} bytes", path.display()),
+        ));
+    }
+    Ok(bytes)
+}
+
+/// The PEM in `bytes`, read from `path` (given by `flag`), refused when empty or only white
+/// space: an empty CA bundle would otherwise pass for one that trusts nothing, or for no
+/// bundle at all.
+fn pem_in(flag: &'static str, path: &Path, bytes: Vec<u8>) -> Result<Vec<u8>, ConfigError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ConfigError::new(
+            flag,
+            format!("{} is empty", path.display()),
         ));
     }
     Ok(bytes)

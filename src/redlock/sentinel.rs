@@ -128,7 +128,7 @@ impl SentinelUrl {
         label
     }
 
-    /// The identity of the group for duplicates and the node-set fingerprint: the master's
+    /// The identity of the group for refusing duplicates: the master's
     /// name and the Sentinels (host lower-cased, sorted, so their order does not matter).
     pub fn identity(&self) -> String {
         let mut hosts: Vec<String> = self

@@ -32,9 +32,22 @@
 //!    are one server under two names (`localhost` and `127.0.0.1`): only the first counts.
 //! 6. **Trusted again** once the marker is old enough: no memory of earlier verdicts is kept,
 //!    each answer is judged on what the node proves in that same atomic script.
-//!
-//! The node-set record (contenders that list different nodes refuse to lead) is checked by the
-//! scripts and the round; its fingerprint is [`node_set_fingerprint`].
+//! 7. **Same servers, same set.** Contenders that list different servers must not both lead:
+//!    every grant and renewal records the fingerprint of the contender's node set beside the
+//!    lock, and a round that sees another live fingerprint refuses to lead (see `acquire`).
+//!    The fingerprint names the servers, not the addresses ([`NodeSet`]): each node by the run
+//!    id its last connection showed and the database, `?` for a node never reached, so
+//!    contenders that reach the same servers through other addresses (a proxy per pod,
+//!    per-cluster DNS names, `localhost` beside `127.0.0.1`) agree. A round takes the
+//!    identities once, when it starts, and a grant counts only if it came on a connection that
+//!    shows the same identity ([`NodeSet::admits`]): a node first reached, or restarted, during
+//!    the round counts from the next round on. So two contenders with one fingerprint count
+//!    grants only from the same servers, out of the same number of nodes, and their quorums
+//!    intersect, whatever placeholders their fingerprints hold. `--node-set` names the set
+//!    instead, for what cannot be seen from the nodes; then rule 7 counts nothing out. Limit:
+//!    the name is what the connection showed when it was made, so a proxy that re-dials
+//!    another server under a kept connection keeps the old name until the connection is
+//!    remade (rule 2 still restarts that node's data age).
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -164,21 +177,78 @@ pub fn judge(
     Ok(())
 }
 
-/// The fingerprint of a node list, recorded beside the lock by every grant and renewal:
-/// FNV-1a (64 bits, hex) of the sorted `host:port/db` identities. Contenders whose lists
-/// differ in any node (or spell a node differently) get different fingerprints.
-pub fn node_set_fingerprint(identities: &[(String, i64)]) -> String {
-    let mut names: Vec<String> = identities
+/// What a fingerprint names a node by while its server is not known (never reached): the
+/// same text for every contender, so those that cannot see the same node still agree.
+pub const UNKNOWN_SERVER: &str = "?";
+
+/// A node's server as the node-set fingerprint names it: the run id the connection shows
+/// (new with every restart; for a Sentinel group or a cluster, the master reached) and the
+/// database (two databases of one server are two keyspaces). `None` without a run id.
+pub fn server_identity(run_id: &str, db: i64) -> Option<String> {
+    (!run_id.is_empty()).then(|| format!("{run_id}/{db}"))
+}
+
+/// The fingerprint of a node set: FNV-1a (64 bits, hex) of the sorted server identities
+/// ([`server_identity`], [`UNKNOWN_SERVER`] for `None`). Lists that name the same servers
+/// in any order and under any address agree; lists that differ in a server, or in how many
+/// nodes they hold, do not.
+pub fn node_set_fingerprint(servers: &[Option<String>]) -> String {
+    let mut names: Vec<&str> = servers
         .iter()
-        .map(|(addr, db)| format!("{addr}/{db}"))
+        .map(|server| server.as_deref().unwrap_or(UNKNOWN_SERVER))
         .collect();
-    names.sort();
+    names.sort_unstable();
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in names.join(",").bytes() {
         hash ^= u64::from(byte);
         hash = hash.wrapping_mul(0x0100_0000_01b3);
     }
     format!("{hash:016x}")
+}
+
+/// The node set one round or renewal records beside the lock (rule 7).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeSet {
+    /// What the scripts record and compare: the fingerprint, or the `--node-set` name.
+    pub fingerprint: String,
+    /// Per node, the server the fingerprint names (`None`: [`UNKNOWN_SERVER`]); `None` for a
+    /// named set, which names no servers.
+    servers: Option<Vec<Option<String>>>,
+}
+
+impl NodeSet {
+    /// The set `--node-set` names: every grant may count.
+    pub fn named(name: &str) -> NodeSet {
+        NodeSet {
+            fingerprint: name.to_owned(),
+            servers: None,
+        }
+    }
+
+    /// The set of these servers, per node as known when the round starts.
+    pub fn of_servers(servers: Vec<Option<String>>) -> NodeSet {
+        NodeSet {
+            fingerprint: node_set_fingerprint(&servers),
+            servers: Some(servers),
+        }
+    }
+
+    /// Whether a grant node `index` gave on a connection that shows `server` may count in a
+    /// round that recorded this set: only if the fingerprint names that very server there.
+    pub fn admits(&self, index: usize, server: Option<&str>) -> Result<(), NotCounted> {
+        let Some(servers) = &self.servers else {
+            return Ok(());
+        };
+        match servers.get(index).and_then(Option::as_deref) {
+            Some(named) if Some(named) == server => Ok(()),
+            Some(_) => Err(NotCounted::never(
+                "the node's server changed (a restart or failover) since the round began; it counts from the next round".to_owned(),
+            )),
+            None => Err(NotCounted::never(
+                "the node's server was not known when the round began; it counts from the next round".to_owned(),
+            )),
+        }
+    }
 }
 
 impl Redlock {
@@ -315,20 +385,46 @@ mod tests {
         assert_eq!(DataAge::from_script(-2), DataAge::NoLineage);
     }
 
+    fn servers(names: &[&str]) -> Vec<Option<String>> {
+        names
+            .iter()
+            .map(|name| (*name != UNKNOWN_SERVER).then(|| (*name).to_owned()))
+            .collect()
+    }
+
     #[test]
-    fn node_set_fingerprints_ignore_order_and_see_every_node() {
-        let id = |a: &str| (a.to_owned(), 0);
-        let abc = node_set_fingerprint(&[id("a:1"), id("b:1"), id("c:1")]);
-        assert_eq!(
-            abc,
-            node_set_fingerprint(&[id("c:1"), id("a:1"), id("b:1")])
-        );
-        assert_ne!(
-            abc,
-            node_set_fingerprint(&[id("a:1"), id("b:1"), id("d:1")])
-        );
-        assert_ne!(abc, node_set_fingerprint(&[id("a:1"), id("b:1")]));
+    fn node_set_fingerprints_name_servers_in_any_order_and_see_every_node() {
+        let fp = |names: &[&str]| node_set_fingerprint(&servers(names));
+        let abc = fp(&["a/0", "b/0", "c/0"]);
+        assert_eq!(abc, fp(&["c/0", "a/0", "b/0"]));
+        assert_ne!(abc, fp(&["a/0", "b/0", "d/0"]), "another server");
+        assert_ne!(abc, fp(&["a/0", "b/0", "c/1"]), "another database");
+        assert_ne!(abc, fp(&["a/0", "b/0"]), "fewer nodes");
+        assert_ne!(abc, fp(&["a/0", "b/0", "?"]), "a node not known yet");
+        assert_eq!(fp(&["a/0", "?", "?"]), fp(&["?", "a/0", "?"]));
         assert_eq!(abc.len(), 16);
+        assert_eq!(server_identity("run", 2).as_deref(), Some("run/2"));
+        assert_eq!(server_identity("", 0), None);
+    }
+
+    #[test]
+    fn a_grant_counts_only_from_the_server_the_round_began_with() {
+        let set = NodeSet::of_servers(servers(&["a/0", "?", "c/0"]));
+        assert!(set.admits(0, Some("a/0")).is_ok());
+        let restarted = set.admits(0, Some("a2/0")).unwrap_err();
+        assert!(restarted.why.contains("changed"), "{restarted:?}");
+        assert_eq!(restarted.ready_in, None);
+        assert!(set.admits(0, None).is_err(), "no run id: not that server");
+        let unknown = set.admits(1, Some("b/0")).unwrap_err();
+        assert!(unknown.why.contains("not known"), "{unknown:?}");
+        assert!(set.admits(2, Some("c/0")).is_ok());
+        assert!(set.admits(3, Some("c/0")).is_err(), "not a node of the set");
+        let named = NodeSet::named("blue");
+        assert_eq!(named.fingerprint, "blue");
+        assert!(
+            named.admits(1, None).is_ok(),
+            "a named set counts out nothing"
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use redlock_sidecar::redlock::votes::{self, DataAge, Proof, EPOCH_LIFETIME_MS};
+use redlock_sidecar::redlock::votes::{self, DataAge, NodeSet, Proof, EPOCH_LIFETIME_MS};
 use redlock_sidecar::redlock::{quorum, timing, validity, NodeFacts};
 
 /// A marker stamped before the model's time begins proves this much (beyond `MAX_TTL` + drift).
@@ -85,6 +85,33 @@ pub fn proven_age(marker: &str, measured: Age, current: &str) -> Option<Age> {
     } else {
         Age::Ticks(u8::try_from(proven.as_millis()).expect("young ages fit in u8"))
     })
+}
+
+/// Node `n`'s server while it runs as run `run`, as the engine names a server (run ids are
+/// unique across servers, so the node's index is part of the model's).
+fn server(n: usize, run: u8) -> String {
+    votes::server_identity(&format!("n{n}r{run}"), 0).expect("a run id")
+}
+
+/// The node set of a list of nodes, each with the run id its client knows (`None`: `?`).
+fn node_set(list: &[(usize, Option<u8>)]) -> NodeSet {
+    NodeSet::of_servers(
+        list.iter()
+            .map(|(n, run)| run.map(|run| server(*n, run)))
+            .collect(),
+    )
+}
+
+/// The fingerprint the engine records for `list`, as a number.
+pub fn fingerprint(list: &[(usize, Option<u8>)]) -> u64 {
+    u64::from_str_radix(&node_set(list).fingerprint, 16).expect("a hex fingerprint")
+}
+
+/// Whether a round on `list` counts a grant from the `index`th node of the list, answered on a
+/// connection to `answered` (node, run id) (the engine's `NodeSet::admits`).
+pub fn admits(list: &[(usize, Option<u8>)], index: usize, answered: (usize, u8)) -> bool {
+    let server = server(answered.0, answered.1);
+    node_set(list).admits(index, Some(&server)).is_ok()
 }
 
 #[cfg(test)]

@@ -64,6 +64,10 @@ pub struct Rules {
     pub keep_promise: bool,
     /// Node-set records: no grant under a foreign record, no lead after seeing one.
     pub fingerprint: bool,
+    /// A grant counts only if its connection shows the server the round's node set named
+    /// (`votes`, rule 7): a node first reached, or reached anew, during the round counts from
+    /// the next round on.
+    pub same_server: bool,
     /// A renewal never moves the validity's end earlier than one already published, so a
     /// lost lease waits for the latest promise (`timing::renewed_until`; found by this model).
     pub longest_promise: bool,
@@ -79,6 +83,7 @@ impl Rules {
         drift_margin: true,
         keep_promise: true,
         fingerprint: true,
+        same_server: true,
         longest_promise: true,
     };
 }
@@ -118,6 +123,9 @@ pub struct ClientCfg {
     pub wall_offset: u16,
     /// How many acquire rounds it may start.
     pub attempts: u8,
+    /// Nodes it has not reached when the run starts (their servers are `?` in its node set);
+    /// it is connected to every other node of its list.
+    pub unreached: Vec<usize>,
 }
 
 /// A model instance: what exists, which rules hold, which faults may happen and how often.
@@ -186,8 +194,8 @@ pub struct Data {
     pub fence: u16,
     /// The max-ttl register: (longest ttl written, real tick at which it is gone).
     pub register: Option<(u8, u8)>,
-    /// The node-set record: (set id, real tick at which it is gone).
-    pub record: Option<(u8, u8)>,
+    /// The node-set record: (fingerprint, real tick at which it is gone).
+    pub record: Option<(u64, u8)>,
     pub marker: Option<Marker>,
 }
 
@@ -218,19 +226,23 @@ pub struct Node {
 /// A request on its way to a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
+    /// `set`: the fingerprint the round records (the scripts' `ARGV`), as in every op below.
     Acquire {
         nonce: u8,
         cand: u16,
+        set: u64,
     },
     /// `won`: the round was won, so a late "missing" calls for a restore.
     Extend {
         nonce: u8,
         token: u16,
         won: bool,
+        set: u64,
     },
     Restore {
         nonce: u8,
         token: u16,
+        set: u64,
     },
     Raise {
         token: u16,
@@ -240,6 +252,7 @@ pub enum Op {
     },
     Cleanup {
         nonce: u8,
+        set: u64,
     },
 }
 
@@ -286,6 +299,9 @@ pub enum Ans {
     Held,
     /// Acquire: no grant under a live foreign node-set record.
     Conflict,
+    /// Acquire: granted on a connection that shows another server than the round's node set
+    /// named there (a `?`, or a server since restarted): not counted (rule 7).
+    OtherServer,
     /// Extend: our key, extended.
     Extended,
     /// Extend: no key at all.
@@ -304,6 +320,10 @@ pub enum Phase {
         start: u8,
         nonce: u8,
         cand: u16,
+        /// The round's node set: per node, the server it names (`None`: `?`), and its
+        /// fingerprint.
+        servers: [Option<u8>; MAX_NODES],
+        set: u64,
         answers: [Ans; MAX_NODES],
         foreign: bool,
         lost: bool,
@@ -315,10 +335,11 @@ pub enum Phase {
         token: u16,
         attempt: u8,
         answers: [Ans; MAX_NODES],
+        set: u64,
     },
     /// A won round that cannot lead (no validity left, no token): delete our key everywhere
     /// once every request in flight has been executed or timed out.
-    Cleanup { nonce: u8 },
+    Cleanup { nonce: u8, set: u64 },
     /// Leading.
     Hold {
         nonce: u8,
@@ -328,10 +349,21 @@ pub enum Phase {
         /// Real tick at which the validity last obtained runs out.
         end: u8,
         next_renew: u8,
-        extend: Option<(u8, [Ans; MAX_NODES])>,
+        /// A renewal: when it started, its answers, the fingerprint it records.
+        extend: Option<(u8, [Ans; MAX_NODES], u64)>,
     },
     /// Stepped down; waits for `end` before releasing (with `keep_promise`).
     Lost { nonce: u8, end: u8 },
+}
+
+/// A client's connection to a node, as the engine's `NodeFacts` and `Node::server` keep it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Conn {
+    /// What `INFO` showed when it was made.
+    pub id: Id,
+    /// Still up: a restart or failover that drops connections clears it, and the next request
+    /// connects again (and reads the server then).
+    pub live: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -349,8 +381,9 @@ pub struct Client {
     pub seen_fence: u16,
     /// The longest ttl any register ever showed.
     pub seen_ttl: u8,
-    /// The lineage each connection read when it was made (the cached rule only).
-    pub conns: [Option<Id>; MAX_NODES],
+    /// Per node, the server identity the last connection read when it was made (`None`: never
+    /// connected); the node set names the node by its run id, the cached lineage rule by both.
+    pub conns: [Option<Conn>; MAX_NODES],
     /// The app may act in `[since, until)` (real ticks): the tenure as the app sees it.
     pub window: Option<(u8, u8)>,
 }
@@ -404,6 +437,8 @@ struct Reply {
     register: u8,
     fence: u16,
     foreign: bool,
+    /// The run id the answer's connection shows.
+    server: u8,
 }
 
 impl Config {
@@ -414,12 +449,34 @@ impl Config {
             .fold(0, |mask, n| mask | 1 << n)
     }
 
-    /// The node-set record a client writes: the first client with the same node set.
-    fn set_id(&self, client: usize) -> u8 {
-        let mask = self.set_mask(client);
-        (0..self.clients.len())
-            .find(|c| self.set_mask(*c) == mask)
-            .expect("itself") as u8
+    /// The node set client `c` knows now: per node, the run id of its last connection.
+    fn servers(&self, s: &State, c: usize) -> [Option<u8>; MAX_NODES] {
+        std::array::from_fn(|n| s.clients[c].conns[n].map(|conn| conn.id.run))
+    }
+
+    /// The fingerprint client `c` records for `servers` (the engine's).
+    fn fingerprint(&self, c: usize, servers: &[Option<u8>; MAX_NODES]) -> u64 {
+        let list: Vec<(usize, Option<u8>)> = self.clients[c]
+            .nodes
+            .iter()
+            .map(|n| (*n, servers[*n]))
+            .collect();
+        engine::fingerprint(&list)
+    }
+
+    /// Whether client `c`'s round on `servers` counts a grant node `n` gave on a connection
+    /// showing run id `server` (the engine's `NodeSet::admits`).
+    fn admits(&self, c: usize, servers: &[Option<u8>; MAX_NODES], n: usize, server: u8) -> bool {
+        if !self.rules.same_server {
+            return true;
+        }
+        let list: Vec<(usize, Option<u8>)> = self.clients[c]
+            .nodes
+            .iter()
+            .map(|n| (*n, servers[*n]))
+            .collect();
+        let index = self.clients[c].nodes.iter().position(|m| *m == n);
+        engine::admits(&list, index.expect("a node of the list"), (n, server))
     }
 
     fn in_set(&self, client: usize, node: usize) -> bool {
@@ -482,7 +539,7 @@ impl Config {
     }
 
     /// Records our ttl in the register (if `raise` says so) and writes our node-set record.
-    fn record_ttl(&self, node: &mut Node, client: usize, ttl: u8, now: u8, grant: bool) {
+    fn record_ttl(&self, node: &mut Node, set: u64, ttl: u8, now: u8, grant: bool) {
         let reg = node.data.register;
         let write = match reg {
             None => true,
@@ -494,29 +551,36 @@ impl Config {
         }
         if self.rules.fingerprint {
             let longest = node.data.register.map_or(ttl, |(v, _)| v.max(ttl));
-            node.data.record = Some((self.set_id(client), self.node_expiry(now, 2 * longest)));
+            node.data.record = Some((set, self.node_expiry(now, 2 * longest)));
         }
     }
 
-    fn foreign_record(&self, node: &Node, client: usize) -> bool {
-        self.rules.fingerprint
-            && node
-                .data
-                .record
-                .is_some_and(|(set, _)| set != self.set_id(client))
+    fn foreign_record(&self, node: &Node, ours: u64) -> bool {
+        self.rules.fingerprint && node.data.record.is_some_and(|(set, _)| set != ours)
     }
 
     /// Executes `op` from `client` on node `n`; the reply if the op has one.
     fn execute(&self, s: &mut State, client: usize, n: usize, op: Op) -> Option<Reply> {
         let now = s.now;
+        // The request goes on the live connection, or on a new one that reads the server now.
+        let conn = match s.clients[client].conns[n] {
+            Some(conn) if conn.live => conn,
+            _ => Conn {
+                id: s.nodes[n].id,
+                live: true,
+            },
+        };
+        s.clients[client].conns[n] = Some(conn);
         let lineage = match self.rules.lineage {
-            LineageRule::CachedPerConnection => {
-                *s.clients[client].conns[n].get_or_insert(s.nodes[n].id)
-            }
+            LineageRule::CachedPerConnection => conn.id,
             _ => s.nodes[n].id,
         };
+        let server = conn.id.run;
         let ttl = self.clients[client].ttl;
-        let foreign = self.foreign_record(&s.nodes[n], client);
+        let foreign = match op {
+            Op::Acquire { set, .. } => self.foreign_record(&s.nodes[n], set),
+            _ => false,
+        };
         let node = &mut s.nodes[n];
         let ours = |node: &Node, nonce: u8| {
             node.data
@@ -524,7 +588,7 @@ impl Config {
                 .is_some_and(|k| k.client == client as u8 && k.nonce == nonce)
         };
         match op {
-            Op::Acquire { nonce, cand } => {
+            Op::Acquire { nonce, cand, set } => {
                 let age = self.prove(node, lineage, now);
                 let fence = node.data.fence;
                 let register = node.data.register.map_or(0, |(v, _)| v);
@@ -542,7 +606,7 @@ impl Config {
                     if stored {
                         node.data.fence = cand;
                     }
-                    self.record_ttl(node, client, ttl, now, true);
+                    self.record_ttl(node, set, ttl, now, true);
                     Ans::Granted { age, stored }
                 };
                 Some(Reply {
@@ -550,9 +614,12 @@ impl Config {
                     register,
                     fence,
                     foreign,
+                    server,
                 })
             }
-            Op::Extend { nonce, token, .. } => {
+            Op::Extend {
+                nonce, token, set, ..
+            } => {
                 self.prove(node, lineage, now);
                 let register = node.data.register.map_or(0, |(v, _)| v);
                 let fence = node.data.fence;
@@ -563,7 +630,7 @@ impl Config {
                         expires: self.node_expiry(now, ttl),
                     });
                     node.data.fence = node.data.fence.max(token);
-                    self.record_ttl(node, client, ttl, now, false);
+                    self.record_ttl(node, set, ttl, now, false);
                     Ans::Extended
                 } else if node.data.key.is_some() {
                     Ans::Held
@@ -575,17 +642,18 @@ impl Config {
                     register,
                     fence,
                     foreign,
+                    server,
                 })
             }
-            Op::Restore { nonce, token } => {
-                if node.data.key.is_none() && !foreign {
+            Op::Restore { nonce, token, set } => {
+                if node.data.key.is_none() {
                     node.data.key = Some(Key {
                         client: client as u8,
                         nonce,
                         expires: self.node_expiry(now, ttl),
                     });
                     node.data.fence = node.data.fence.max(token);
-                    self.record_ttl(node, client, ttl, now, false);
+                    self.record_ttl(node, set, ttl, now, false);
                 }
                 None
             }
@@ -597,11 +665,22 @@ impl Config {
                     register: 0,
                     fence: before,
                     foreign: false,
+                    server,
                 })
             }
-            Op::Release { nonce } | Op::Cleanup { nonce } => {
+            Op::Release { nonce } => {
                 if ours(node, nonce) {
                     node.data.key = None;
+                }
+                None
+            }
+            Op::Cleanup { nonce, set } => {
+                if ours(node, nonce) {
+                    node.data.key = None;
+                }
+                // Where no key is left, the round's own record goes too.
+                if node.data.key.is_none() && node.data.record.is_some_and(|(r, _)| r == set) {
+                    node.data.record = None;
                 }
                 None
             }
@@ -644,7 +723,9 @@ impl Config {
         node.data.expire(now);
         if drop_conns {
             for c in &mut s.clients {
-                c.conns[n] = None;
+                if let Some(conn) = &mut c.conns[n] {
+                    conn.live = false;
+                }
             }
         }
     }
@@ -743,6 +824,10 @@ impl Config {
             client.seen_ttl = client.seen_ttl.max(r.register);
         }
         let ans = reply.as_ref().map_or(Ans::NoAnswer, |r| r.ans);
+        let admitted = match (&reply, s.clients[c].phase) {
+            (Some(r), Phase::Acquire { servers, .. }) => self.admits(c, &servers, n, r.server),
+            _ => true,
+        };
         let phase = &mut s.clients[c].phase;
         match (op, phase) {
             (
@@ -754,7 +839,10 @@ impl Config {
                     ..
                 },
             ) if nonce == *current => {
-                answers[n] = ans;
+                answers[n] = match ans {
+                    Ans::Granted { .. } if !admitted => Ans::OtherServer,
+                    ans => ans,
+                };
                 *foreign |= reply.is_some_and(|r| r.foreign);
             }
             (
@@ -763,7 +851,7 @@ impl Config {
                 },
                 Phase::Hold {
                     nonce: current,
-                    extend: Some((_, answers)),
+                    extend: Some((_, answers, _)),
                     ..
                 },
             ) if nonce == *current => answers[n] = ans,
@@ -785,22 +873,23 @@ impl Config {
                     nonce,
                     token,
                     won: true,
+                    set,
                 },
                 _,
             ) if ans == Ans::Missing => {
                 // A late "missing" after a won extend: the engine restores in the background.
-                s.clients[c].restores[n] = Some(Op::Restore { nonce, token });
+                s.clients[c].restores[n] = Some(Op::Restore { nonce, token, set });
             }
             _ => {}
         }
     }
 
     /// Starts the tenure the client just won (token minted, validity checked again).
-    fn lead(&self, s: &mut State, c: usize, start: u8, nonce: u8, token: u16) {
+    fn lead(&self, s: &mut State, c: usize, start: u8, nonce: u8, token: u16, set: u64) {
         let now = s.now;
         let ttl = self.clients[c].ttl;
         let Some(valid) = engine::validity_ticks(ttl, now - start, self.rules.drift_margin) else {
-            s.clients[c].phase = Phase::Cleanup { nonce };
+            s.clients[c].phase = Phase::Cleanup { nonce, set };
             return;
         };
         let end = self.cap_end(start + valid + self.client_clock_slow);
@@ -871,9 +960,11 @@ impl Config {
                 start,
                 nonce,
                 cand,
+                set,
                 answers,
                 foreign,
                 lost: false,
+                ..
             } => {
                 let all_in = !answers.contains(&Ans::Pending);
                 let (mut counted, mut maybe, mut stored) = (0, 0, 0);
@@ -907,9 +998,9 @@ impl Config {
                     )
                     .is_none()
                     {
-                        s.clients[c].phase = Phase::Cleanup { nonce };
+                        s.clients[c].phase = Phase::Cleanup { nonce, set };
                     } else if stored >= q {
-                        self.lead(s, c, start, nonce, cand);
+                        self.lead(s, c, start, nonce, cand, set);
                     } else {
                         let seen = s.clients[c].seen_fence.max(cand);
                         let token = self.next_token(s, c, seen);
@@ -919,6 +1010,7 @@ impl Config {
                             token,
                             attempt: 1,
                             answers: self.round(c),
+                            set,
                         };
                         self.send_all(s, c, |_| Some(Op::Raise { token }));
                     }
@@ -931,16 +1023,17 @@ impl Config {
             Phase::Acquire {
                 nonce,
                 answers,
+                set,
                 lost: true,
                 ..
             } => {
                 // Decided against: once every answer is in, delete our key wherever a node
-                // did not show another holder.
+                // did not show another holder (and our record where no key is left).
                 if Self::idle_wire(&s.clients[c]) {
                     s.clients[c].phase = Phase::Idle;
                     self.send_all(s, c, |n| {
                         (!matches!(answers[n], Ans::Held | Ans::Conflict))
-                            .then_some(Op::Cleanup { nonce })
+                            .then_some(Op::Cleanup { nonce, set })
                     });
                 }
             }
@@ -950,6 +1043,7 @@ impl Config {
                 token,
                 attempt,
                 answers,
+                set,
             } => {
                 let answered: Vec<u16> = answers
                     .iter()
@@ -964,7 +1058,7 @@ impl Config {
                     let client = &mut s.clients[c];
                     client.seen_fence = client.seen_fence.max(highest).max(token);
                     if highest < token {
-                        self.lead(s, c, start, nonce, token);
+                        self.lead(s, c, start, nonce, token, set);
                     } else if attempt < RAISE_ATTEMPTS {
                         let token = self.next_token(s, c, highest);
                         s.clients[c].phase = Phase::Raise {
@@ -973,19 +1067,20 @@ impl Config {
                             token,
                             attempt: attempt + 1,
                             answers: self.round(c),
+                            set,
                         };
                         self.send_all(s, c, |_| Some(Op::Raise { token }));
                     } else {
-                        s.clients[c].phase = Phase::Cleanup { nonce };
+                        s.clients[c].phase = Phase::Cleanup { nonce, set };
                     }
                 } else if answered.len() + pending < q {
-                    s.clients[c].phase = Phase::Cleanup { nonce };
+                    s.clients[c].phase = Phase::Cleanup { nonce, set };
                 }
             }
-            Phase::Cleanup { nonce } => {
+            Phase::Cleanup { nonce, set } => {
                 if Self::idle_wire(&s.clients[c]) {
                     s.clients[c].phase = Phase::Idle;
-                    self.send_all(s, c, |_| Some(Op::Cleanup { nonce }));
+                    self.send_all(s, c, |_| Some(Op::Cleanup { nonce, set }));
                 }
             }
             Phase::Hold {
@@ -999,7 +1094,7 @@ impl Config {
                 let lose = |s: &mut State| s.clients[c].phase = Phase::Lost { nonce, end };
                 let step_down = end.saturating_sub(self.safety_margin).max(acquired);
                 match extend {
-                    Some((started, answers)) => {
+                    Some((started, answers, set)) => {
                         let count = |f: fn(&Ans) -> bool| answers.iter().filter(|a| f(a)).count();
                         let extended = count(|a| *a == Ans::Extended);
                         let pending = count(|a| *a == Ans::Pending);
@@ -1038,7 +1133,11 @@ impl Config {
                             };
                             // Nodes that lost our key get it back, now the quorum is proven.
                             self.send_all(s, c, |n| {
-                                (answers[n] == Ans::Missing).then_some(Op::Restore { nonce, token })
+                                (answers[n] == Ans::Missing).then_some(Op::Restore {
+                                    nonce,
+                                    token,
+                                    set,
+                                })
                             });
                         } else if extended + pending < q {
                             if contrary >= q {
@@ -1056,15 +1155,18 @@ impl Config {
                         if now >= step_down {
                             lose(s);
                         } else if now >= next_renew && Self::idle_wire(&s.clients[c]) {
+                            // A renewal records the node set as the client knows it now.
+                            let set = self.fingerprint(c, &self.servers(s, c));
                             let answers = self.round(c);
                             if let Phase::Hold { extend, .. } = &mut s.clients[c].phase {
-                                *extend = Some((now, answers));
+                                *extend = Some((now, answers, set));
                             }
                             self.send_all(s, c, |_| {
                                 Some(Op::Extend {
                                     nonce,
                                     token,
                                     won: false,
+                                    set,
                                 })
                             });
                         }
@@ -1132,10 +1234,11 @@ impl Model for Config {
         }; MAX_NODES];
         if let Some(c) = self.records_at_start {
             let ttl = self.clients[c].ttl;
+            let set = self.fingerprint(c, &[Some(id.run); MAX_NODES]);
             for n in &self.clients[c].nodes {
                 let gone = self.node_expiry(0, 2 * ttl);
                 nodes[*n].data.register = Some((ttl, gone));
-                nodes[*n].data.record = Some((self.set_id(c), gone));
+                nodes[*n].data.record = Some((set, gone));
             }
         }
         let client = Client {
@@ -1150,11 +1253,17 @@ impl Model for Config {
             conns: [None; MAX_NODES],
             window: None,
         };
+        let mut clients = [client; MAX_CLIENTS];
+        for (c, cfg) in self.clients.iter().enumerate() {
+            for n in cfg.nodes.iter().filter(|n| !cfg.unreached.contains(n)) {
+                clients[c].conns[*n] = Some(Conn { id, live: true });
+            }
+        }
         vec![State {
             now: 0,
             opening: true,
             nodes,
-            clients: [client; MAX_CLIENTS],
+            clients,
             faults_left: self.fault_budget,
             losses_left: self.losses,
             pauses_left: self.pauses,
@@ -1222,15 +1331,21 @@ impl Model for Config {
                 client.nonce += 1;
                 let nonce = client.nonce;
                 let cand = self.next_token(&s, c, s.clients[c].seen_fence);
+                // The node set as the client's connections have shown it so far (the engine
+                // connects unknown nodes first; the model lets that fail).
+                let servers = self.servers(&s, c);
+                let set = self.fingerprint(c, &servers);
                 s.clients[c].phase = Phase::Acquire {
                     start: s.now,
                     nonce,
                     cand,
+                    servers,
+                    set,
                     answers: self.round(c),
                     foreign: false,
                     lost: false,
                 };
-                self.send_all(&mut s, c, |_| Some(Op::Acquire { nonce, cand }));
+                self.send_all(&mut s, c, |_| Some(Op::Acquire { nonce, cand, set }));
             }
             Action::Defer(c, n) => {
                 s.opening = false;
@@ -1345,7 +1460,7 @@ impl Config {
                 write!(line, " reg={v}<{at}")?;
             }
             if let Some((set, at)) = d.record {
-                write!(line, " rec=s{set}<{at}")?;
+                write!(line, " rec={:04x}<{at}", set & 0xffff)?;
             }
             match d.marker {
                 Some(m) => write!(

@@ -35,8 +35,10 @@ pub use self::redis::{
     command_at, command_at_async, command_at_timeout, RawConn, RedisCluster, RedisNode, Resp,
 };
 
-/// The node-set name every contender the tests start uses (`--node-set`): each reaches the
-/// nodes through proxies of its own, so the fingerprints of their `--redis` lists differ.
+/// The node-set name every contender the tests start uses (`--node-set`), so that tests of
+/// other behaviour do not depend on the node set (after a restart, contenders that have not
+/// reconnected yet name the server by its old run id for a round). The node-set tests remove
+/// it (`tests/dataloss.rs`, `tests/votes.rs`).
 pub const TEST_NODE_SET: &str = "test-nodes";
 
 /// An engine config for library contenders on `urls`: the given lock, identity and ttl, a

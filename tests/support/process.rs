@@ -27,9 +27,9 @@ impl Proc {
         Proc::spawn_program(&bin(), args, envs)
     }
 
-    /// Starts `program`. Every binary the tests start reaches the nodes through proxies of its
-    /// own, so each gets `REDLOCK_NODE_SET` = [`super::TEST_NODE_SET`]; an entry
-    /// `("REDLOCK_NODE_SET", "")` in `envs` removes it (the fingerprint of `--redis` applies).
+    /// Starts `program`. Every binary the tests start gets `REDLOCK_NODE_SET` =
+    /// [`super::TEST_NODE_SET`] (see there); an entry `("REDLOCK_NODE_SET", "")` in `envs`
+    /// removes it (the fingerprint of the servers applies).
     pub fn spawn_program(program: &Path, args: &[&str], envs: &[(&str, &str)]) -> Proc {
         Proc::spawn_with_stderr(program, args, envs, None)
     }

@@ -276,7 +276,7 @@ RedlockConfig::validate), so that a combination the sidecar would refuse with ex
 behind the native sidecar's startup gate) fails here, naming the value and the rule:
   drift    = ttl x 1% + 2ms
   ttl      >= 4 x (nodeTimeout + drift)
-  interval = renewInterval, or ttl/3;  0 < interval < ttl/2
+  interval = renewInterval, or ttl/3;  10ms <= interval < ttl/2
   floor    = nodeTimeout + drift;  room = ttl - interval - drift
   margin   = safetyMargin, or (floor < 1s: min(1s, midway), else midway), midway = floor + (room - floor)/2
   floor < margin < room
@@ -309,6 +309,9 @@ Returns them as JSON (milliseconds). CI compares these verdicts with the binary'
 {{- $interval := divf $ttl 3.0 }}
 {{- with $l.renewInterval }}
 {{- $interval = include "redlock-sidecar.ms" . | float64 }}
+{{- end }}
+{{- if lt $interval 10.0 }}
+{{- fail (printf "lock.renewInterval (%s) must be at least 10ms" (default (printf "ttl/3 = %s" (include $fmt $interval)) $l.renewInterval)) }}
 {{- end }}
 {{- if or (le $interval 0.0) (ge $interval (divf $ttl 2.0)) }}
 {{- fail (printf "lock.renewInterval (%s) must be greater than 0 and less than ttl/2 (%s)" (default "ttl/3" $l.renewInterval) (include $fmt (divf $ttl 2.0))) }}
