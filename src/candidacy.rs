@@ -132,6 +132,9 @@ pub async fn until(
     verdict: impl Fn(&Candidacy, Instant) -> bool,
 ) -> bool {
     loop {
+        if cancel.is_cancelled() {
+            return false;
+        }
         let now = clock::now();
         let (holds, wake) = {
             let candidacy = rx.borrow_and_update();

@@ -275,8 +275,11 @@ pub struct RunArgs {
     #[arg(long, env = "REDLOCK_CONTROL_LISTEN", default_value = DEFAULT_CONTROL_LISTEN)]
     pub control_listen: SocketAddr,
     /// Contend only while this URL of the app answers 2xx (http://HOST[:PORT][/PATH]).
-    #[arg(long, env = "REDLOCK_APP_READY")]
+    #[arg(long, env = "REDLOCK_APP_READY", conflicts_with = "follow_container")]
     pub app_ready: Option<String>,
+    /// Contend only while this container of the pod is ready (from the pod's status).
+    #[arg(long, env = "REDLOCK_FOLLOW_CONTAINER")]
+    pub follow_container: Option<String>,
     /// How often the app is probed; also the bound on each probe.
     #[arg(long, env = "REDLOCK_APP_READY_INTERVAL", value_parser = duration_at_most(MAX_APP_WAIT), default_value = "1s")]
     pub app_ready_interval: Duration,
@@ -355,6 +358,15 @@ pub struct CheckArgs {
 pub struct StatusArgs {
     #[command(flatten)]
     pub lock: LockArgs,
+}
+
+/// Whether `name` is a DNS-1123 label, as container names are.
+fn is_dns_label(name: &str) -> bool {
+    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    (1..=63).contains(&name.len())
+        && name.chars().all(|c| alnum(c) || c == '-')
+        && name.starts_with(alnum)
+        && name.ends_with(alnum)
 }
 
 /// Parses `500ms`, `10s`, `2m`, and a bare `0`.
@@ -483,12 +495,21 @@ pub struct RunConfig {
     pub workload: String,
 }
 
-/// `--app-ready` and its timing.
+/// How the app's readiness is checked, and how often.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AppCheck {
-    pub url: crate::candidacy::probe::AppUrl,
+    pub probe: AppProbe,
     pub interval: Duration,
     pub unready_after: Duration,
+}
+
+/// `--app-ready` or `--follow-container`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AppProbe {
+    /// An HTTP GET of the app's readiness URL.
+    Http(crate::candidacy::probe::AppUrl),
+    /// The readiness of a container of this pod, from the pod's status.
+    Container(String),
 }
 
 /// Everything `guard` needs.
@@ -691,11 +712,20 @@ impl RunArgs {
     }
 
     fn app_check(&self) -> Result<Option<AppCheck>, ConfigError> {
-        let Some(url) = &self.app_ready else {
-            return Ok(None);
+        let probe = match (&self.app_ready, &self.follow_container) {
+            (Some(url), _) => AppProbe::Http(
+                crate::candidacy::probe::AppUrl::parse(url)
+                    .map_err(|why| ConfigError::new("--app-ready", why))?,
+            ),
+            (None, Some(name)) if is_dns_label(name) => AppProbe::Container(name.clone()),
+            (None, Some(_)) => {
+                return Err(ConfigError::new(
+                    "--follow-container",
+                    "must be a container name: at most 63 characters of a-z 0-9 -, starting and ending alphanumeric",
+                ))
+            }
+            (None, None) => return Ok(None),
         };
-        let url = crate::candidacy::probe::AppUrl::parse(url)
-            .map_err(|why| ConfigError::new("--app-ready", why))?;
         if self.app_ready_interval < MIN_APP_READY_INTERVAL {
             return Err(ConfigError::new(
                 "--app-ready-interval",
@@ -712,7 +742,7 @@ impl RunArgs {
             ));
         }
         Ok(Some(AppCheck {
-            url,
+            probe,
             interval: self.app_ready_interval,
             unready_after: self.app_unready_after,
         }))

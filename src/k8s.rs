@@ -25,7 +25,8 @@
 //! ## Behavior on API errors
 //! - They never affect the lock: this module only reads the leadership state.
 //! - Each failure is logged (warn) and counted in `redlock_kubernetes_errors_total{op}` with
-//!   `op` one of `patch_label`, `create_event`, `update_lease`; each call has a 10 s timeout.
+//!   `op` one of `patch_label`, `create_event`, `update_lease`, `get_pod`; each call has a 10 s
+//!   timeout.
 //! - Each of the three operations retries on its own backoff: 200 ms doubling to 30 s, with
 //!   jitter. A change of leadership does not reset it (no hammering of a failing API server).
 //! - The desired state is always the *latest* leadership: after an outage the label catches up
@@ -198,16 +199,18 @@ enum Op {
     PatchLabel,
     CreateEvent,
     UpdateLease,
+    GetPod,
 }
 
 impl Op {
-    const ALL: [Op; 3] = [Op::PatchLabel, Op::CreateEvent, Op::UpdateLease];
+    const ALL: [Op; 4] = [Op::PatchLabel, Op::CreateEvent, Op::UpdateLease, Op::GetPod];
 
     fn as_str(self) -> &'static str {
         match self {
             Op::PatchLabel => "patch_label",
             Op::CreateEvent => "create_event",
             Op::UpdateLease => "update_lease",
+            Op::GetPod => "get_pod",
         }
     }
 }
@@ -460,6 +463,68 @@ impl Kube {
                 let cause = source_of(err);
                 warn!(reason, error = %err, %cause, "kubernetes event not recorded");
             })
+    }
+
+    /// Whether container `name` of this pod is ready, from the pod's status (its own
+    /// readinessProbe decides; a container not started yet is not ready). `None`: the pod has
+    /// no container of that name.
+    pub async fn container_ready(&self, name: &str) -> Result<Option<bool>, KubeError> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+        let pod = self.call(Op::GetPod, pods.get(&self.pod)).await?;
+        let declared = pod
+            .spec
+            .iter()
+            .flat_map(|spec| spec.containers.iter())
+            .any(|c| c.name == name);
+        if !declared {
+            return Ok(None);
+        }
+        let ready = pod
+            .status
+            .and_then(|status| status.container_statuses)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.name == name && c.ready && c.started != Some(false));
+        Ok(Some(ready))
+    }
+
+    /// Feeds `candidacy` with container `name`'s readiness every `interval`, until the
+    /// channel's reader is gone. An answer that cannot be had (API error, timeout) changes
+    /// nothing: the last known readiness stands, so an API outage moves no leadership.
+    pub async fn follow_container(
+        self,
+        name: String,
+        interval: Duration,
+        candidacy: crate::candidacy::CandidacyTx,
+    ) {
+        let mut last = None;
+        loop {
+            let started = crate::clock::now();
+            let answer = tokio::time::timeout(interval, self.container_ready(&name)).await;
+            let ready = match answer {
+                Ok(Ok(Some(ready))) => Some(ready),
+                Ok(Ok(None)) => {
+                    warn!(container = %name, "the pod has no container of this name; not contending");
+                    Some(false)
+                }
+                Ok(Err(err)) => {
+                    debug!(container = %name, error = %err, "cannot read the pod's status; the last known readiness stands");
+                    None
+                }
+                Err(_) => None,
+            };
+            if let Some(ready) = ready {
+                if last != Some(ready) {
+                    info!(container = %name, ready, "the app container's readiness changed");
+                    last = Some(ready);
+                }
+                candidacy.send_modify(|c| c.answered(ready, crate::clock::now()));
+            }
+            if candidacy.is_closed() {
+                return;
+            }
+            crate::clock::sleep_until(crate::clock::saturating_add(started, interval)).await;
+        }
     }
 
     /// Runs one API call under [`API_TIMEOUT`], counting its failure under `op`.

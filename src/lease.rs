@@ -245,7 +245,9 @@ pub async fn run(
         };
         let lease = match acquired {
             Ok(lease) => lease,
-            Err(_) => continue, // only cancellation ends an unbounded wait
+            // Only cancellation ends an unbounded wait: shutdown, or the app became unfit.
+            Err(_) if cancel.is_cancelled() => return,
+            Err(_) => continue,
         };
         if !cancel.is_cancelled() && !candidacy.borrow().may_contend(clock::now()) {
             info!(lock = %lock, fencing_token = lease.fencing_token, why = candidacy.borrow().why_not(clock::now()), "won the lock as this sidecar stopped contending; releasing it without leading");

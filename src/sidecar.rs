@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::candidacy::{probe, Candidacy};
-use crate::config::RunConfig;
+use crate::config::{AppProbe, RunConfig};
 use crate::http::{self, AdminState};
 use crate::k8s::{self, Kube};
 use crate::lease;
@@ -70,7 +70,19 @@ pub async fn run(cfg: RunConfig) -> i32 {
         None => Candidacy::unchecked(),
     });
     if let Some(check) = cfg.app_check.clone() {
-        tokio::spawn(probe::run(check.url, check.interval, candidacy_tx.clone()));
+        match check.probe {
+            AppProbe::Http(url) => {
+                tokio::spawn(probe::run(url, check.interval, candidacy_tx.clone()));
+            }
+            AppProbe::Container(name) => {
+                let Some(kube) = kube.clone() else {
+                    crate::config::exit_invalid(
+                        "--follow-container: needs the Kubernetes integration (in a pod, with POD_NAME set and --kubernetes auto or on)",
+                    )
+                };
+                tokio::spawn(kube.follow_container(name, check.interval, candidacy_tx.clone()));
+            }
+        }
     }
     let control = http::control_router(http::ControlState {
         leadership: rx.clone(),

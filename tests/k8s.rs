@@ -1109,5 +1109,90 @@ fn the_error_counter_starts_every_op_at_zero() {
         .map(|m| m.get_label()[0].value())
         .collect();
     ops.sort();
-    assert_eq!(ops, ["create_event", "patch_label", "update_lease"]);
+    assert_eq!(
+        ops,
+        ["create_event", "get_pod", "patch_label", "update_lease"]
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Following the app container's readiness (`--follow-container`)
+
+/// The pod as the API server returns it, with the app container's status as given (`None`:
+/// not started yet, no status).
+fn pod_with_app(ready: Option<bool>) -> Value {
+    let statuses: Vec<Value> = ready
+        .map(|ready| {
+            json!({"name": "app", "ready": ready, "started": true, "restartCount": 0,
+                   "image": "shop/app:1", "imageID": ""})
+        })
+        .into_iter()
+        .collect();
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": POD, "namespace": NAMESPACE, "uid": POD_UID },
+        "spec": { "containers": [
+            { "name": "app", "image": "shop/app:1" },
+            { "name": "redlock", "image": "redlock-sidecar:1" }
+        ] },
+        "status": { "containerStatuses": statuses }
+    })
+}
+
+/// Answers the next request, which must be the GET of this pod.
+async fn answer_pod_get(handle: &mut ApiHandle, response: Response<Body>) {
+    let (request, respond) = tokio::time::timeout(CALL_TIMEOUT, handle.next_request())
+        .await
+        .expect("the pod is read")
+        .expect("the client is alive");
+    assert_eq!(request.method(), Method::GET);
+    assert_eq!(
+        request.uri().path(),
+        format!("/api/v1/namespaces/{NAMESPACE}/pods/{POD}")
+    );
+    respond.send_response(response);
+}
+
+#[tokio::test]
+async fn the_app_containers_readiness_is_read_from_the_pod_and_an_api_error_changes_nothing() {
+    let (kube, mut handle, errors) = mocked(settings(false));
+    let (tx, mut rx) = watch::channel(Candidacy::checked(Duration::from_secs(5)));
+    let follow =
+        tokio::spawn(kube.follow_container("app".to_string(), Duration::from_millis(20), tx));
+    let may_contend =
+        |rx: &watch::Receiver<Candidacy>| rx.borrow().may_contend(redlock_sidecar::clock::now());
+    // Not started yet (no status): not ready, so no contending.
+    answer_pod_get(
+        &mut handle,
+        json_response(StatusCode::OK, pod_with_app(None)),
+    )
+    .await;
+    rx.changed().await.unwrap();
+    assert!(!may_contend(&rx));
+    // Ready: contend.
+    answer_pod_get(
+        &mut handle,
+        json_response(StatusCode::OK, pod_with_app(Some(true))),
+    )
+    .await;
+    rx.changed().await.unwrap();
+    assert!(may_contend(&rx));
+    // The API fails: the last known readiness stands, and the failure is counted.
+    let failure = status_body(StatusCode::FORBIDDEN, "pods", POD);
+    answer_pod_get(&mut handle, json_response(StatusCode::FORBIDDEN, failure)).await;
+    support::wait_until_async(CALL_TIMEOUT, "the failure is counted", || async {
+        errors.with_label_values(&["get_pod"]).get() == 1
+    })
+    .await;
+    assert!(may_contend(&rx), "an API error changes nothing");
+    assert!(!rx.has_changed().unwrap());
+    answer_pod_get(
+        &mut handle,
+        json_response(StatusCode::OK, pod_with_app(Some(false))),
+    )
+    .await;
+    rx.changed().await.unwrap();
+    // The readinessProbe failed: not ready.
+    assert!(!may_contend(&rx));
+    follow.abort();
 }
