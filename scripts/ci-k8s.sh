@@ -121,6 +121,61 @@ render_twice() {
 }
 check "helm template twice gives identical output (defaults, every ci values file; Helm 4 and 3)" render_twice
 
+selectors_select_pods() {
+  # Every selector a rendering holds (monitors, Services, NetworkPolicies and their peers, PDBs,
+  # workloads, affinity, spread) selects a pod template of the same rendering, or the build fails:
+  # each chart values set on its own, and manifests/ as one installation.
+  local f
+  for f in "${WORK}"/rendered/*.yaml; do
+    "${TOOLS_DIR}/venv/bin/python" scripts/check-selectors.py --default-namespace redlock "${f}" >/dev/null
+  done
+  "${TOOLS_DIR}/venv/bin/python" scripts/check-selectors.py --default-namespace redlock manifests/*.yaml
+  # A Deployment attached with manifests/attach in namespace "shop", next to a release "orders"
+  # without the example workload (the usual way to attach): the release's PodMonitor with
+  # monitoring.scrape=namespace and its Redis NetworkPolicy must select the attached pods.
+  local dir="${WORK}/attach-selectors"
+  mkdir -p "${dir}"
+  cat >"${dir}/deployment.yaml" <<'YAML'
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: orders
+  labels:
+    redlock.io/attach: "true"
+spec:
+  selector:
+    matchLabels: {app: orders}
+  template:
+    metadata:
+      labels: {app: orders}
+      annotations:
+        redlock.io/lock: orders-writer
+    spec:
+      serviceAccountName: orders
+      containers:
+        - name: app
+          image: registry.example.com/orders:1.0
+YAML
+  printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: shop\nresources:\n  - deployment.yaml\ncomponents:\n  - %s\n' \
+    "$(realpath --relative-to="${dir}" "${REPO_ROOT}/manifests/attach")" >"${dir}/kustomization.yaml"
+  kubectl kustomize "${dir}" >"${WORK}/attach-selectors.yaml"
+  local release=(orders "${CHART}" --namespace shop "${REQ[@]}" --set example.enabled=false --set monitoring.podMonitor.enabled=true)
+  helm template "${release[@]}" --set monitoring.scrape=namespace >"${WORK}/attach-release.yaml"
+  "${TOOLS_DIR}/venv/bin/python" scripts/check-selectors.py "${WORK}/attach-release.yaml" "${WORK}/attach-selectors.yaml" \
+    | grep -E 'PodMonitor/orders-redlock-sidecar spec.selector: 2 \(Deployment/orders, Deployment/orders \(leader\)\)$|redis spec.ingress\[0\].from\[0\].podSelector: 3 \(Deployment/orders, Deployment/orders \(leader\), Pod/orders-redlock-sidecar-test\)$' \
+    | wc -l | grep -qx 2
+  # The check catches a monitor that selects nothing: with scrape=release the release's own
+  # PodMonitor has no pod of its own to scrape.
+  helm template "${release[@]}" >"${WORK}/attach-release-scope.yaml"
+  expect_failure "PodMonitor/orders-redlock-sidecar spec.selector .* selects no pods in namespace shop" \
+    "${TOOLS_DIR}/venv/bin/python" scripts/check-selectors.py "${WORK}/attach-release-scope.yaml" "${WORK}/attach-selectors.yaml"
+  # ... and the leader Service is judged against the pods' run-time leader label.
+  sed 's/REDLOCK_LEADER_LABEL/REDLOCK_NO_LABEL/' "${WORK}/rendered/default.yaml" >"${WORK}/no-leader-label.yaml"
+  expect_failure "Service/redlock-redlock-sidecar-leader spec.selector .* selects no pods" \
+    "${TOOLS_DIR}/venv/bin/python" scripts/check-selectors.py --default-namespace redlock "${WORK}/no-leader-label.yaml"
+}
+check "every selector selects its pods (chart values sets, manifests/, a Deployment attached next to a release)" selectors_select_pods
+
 package_contents() {
   helm package "${CHART}" --destination "${WORK}/pkg" >/dev/null
   tar -tzf "${WORK}"/pkg/redlock-sidecar-*.tgz >"${WORK}/pkg/list"
