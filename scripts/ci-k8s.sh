@@ -449,6 +449,46 @@ GRID
 }
 check "timing: the chart refuses exactly what the sidecar refuses (grid against the built binary)" timing_like_the_binary
 
+values_the_issue_named() {
+  # lock.name: the schema's limit is the sidecar's (200 characters; the binary built above agrees).
+  # shellcheck source=scripts/cargo-target.sh
+  source scripts/cargo-target.sh
+  cargo build --quiet --bin redlock-sidecar
+  local bin long out
+  bin="$(cargo_target_dir)/debug/redlock-sidecar"
+  long="$(printf 'a%.0s' $(seq 200))"
+  helm template x "${CHART}" "${REQ[@]}" --set "lock.name=${long}" >/dev/null
+  expect_failure "/lock/name.*maxLength" helm template x "${CHART}" "${REQ[@]}" --set "lock.name=${long}a"
+  expect_failure "--lock: must be at most 200 characters" \
+    "${bin}" run --lock "${long}a" --redis redis://127.0.0.1:1 --kubernetes off --listen 192.0.2.1:9
+  out="$("${bin}" run --lock "${long}" --redis redis://127.0.0.1:1 --kubernetes off --listen 192.0.2.1:9 2>&1 || true)"
+  grep -q -- "--listen: cannot bind" <<<"${out}"
+  # cronjob.timeZone: an IANA name, or the render fails.
+  local cron=(--set cronjob.enabled=true --set cronjob.lockName=report)
+  expect_failure 'cronjob.timeZone "Mars/Base" is not an IANA time zone name' \
+    helm template x "${CHART}" "${REQ[@]}" "${cron[@]}" --set cronjob.timeZone=Mars/Base
+  local tz
+  for tz in Etc/UTC UTC Europe/Berlin America/Argentina/Buenos_Aires US/Eastern; do
+    helm template x "${CHART}" "${REQ[@]}" "${cron[@]}" --set "cronjob.timeZone=${tz}" >/dev/null
+  done
+  # The Sentinels' password: a Secret mounted as a file, only with a Sentinel group.
+  local sentinel=(--set redis.deploy.enabled=false --set 'redis.urls={redis+sentinel://s1:26379\,s2/mymaster}')
+  out="$(helm template x "${CHART}" "${REQ[@]}" "${sentinel[@]}" --set redis.sentinel.existingSecret=sentinel-auth --set redis.sentinel.username=watcher)"
+  grep -q 'value: /etc/redlock/sentinel-auth/password' <<<"${out}"
+  grep -q 'secretName: sentinel-auth' <<<"${out}"
+  grep -q 'name: REDLOCK_SENTINEL_USERNAME' <<<"${out}"
+  refute grep -q 'REDLOCK_SENTINEL_PASSWORD$' <<<"${out}"
+  expect_failure "no redis.urls entry is a Sentinel group" \
+    helm template x "${CHART}" "${REQ[@]}" --set redis.sentinel.existingSecret=sentinel-auth
+  # The bundled Redis' second password key differs from the first.
+  expect_failure "redis.deploy.extraPasswordKey must differ from redis.passwordKey" \
+    helm template x "${CHART}" "${REQ[@]}" --set redis.deploy.extraPasswordKey=password
+  # monitoring.scrape=namespace needs the PodMonitor.
+  expect_failure "monitoring.scrape=namespace needs the PodMonitor" helm template x "${CHART}" "${REQ[@]}" \
+    --set monitoring.serviceMonitor.enabled=true --set monitoring.scrape=namespace
+}
+check "lock.name limit = the sidecar's; cronjob.timeZone an IANA name; Sentinel password Secret; scrape scope" values_the_issue_named
+
 rbac_follows_integration() {
   local out
   out="$(helm template x "${CHART}" "${REQ[@]}" --set kubernetes.enabled=false --set example.service.enabled=false)"
@@ -507,6 +547,23 @@ notes_render() {
   done
   out="$(helm install redlock "${CHART}" --namespace redlock "${REQ[@]}" --dry-run=client)"
   grep -q -- '-L redlock.io/leader' <<<"${out}"
+  local notes
+  # Which spread is in force, and its price; two port-forwards never share a local port.
+  grep -q '^Spread: redis.deploy.antiAffinity=preferred (the default)' <<<"${out}"
+  grep -q 'takes the quorum with it' <<<"${out}"
+  grep -q "^Kubernetes (a StatefulSet's volumeClaimTemplates never change)" <<<"${out}"
+  "${TOOLS_DIR}/venv/bin/python" -c '
+import re, sys
+ports = re.findall(r"kubectl port-forward .* (\d+):\d+ &", sys.stdin.read())
+assert len(ports) == 3 and len(set(ports)) == 3, ports' <<<"${out}"
+  notes="$(helm install redlock "${CHART}" --namespace redlock "${REQ[@]}" --set redis.deploy.antiAffinity=required --dry-run=client)"
+  grep -q '^Spread: redis.deploy.antiAffinity=required' <<<"${notes}"
+  # External voters are counted as voters, Sentinel groups named as such.
+  local ext=(--set redis.deploy.enabled=false)
+  notes="$(helm install redlock "${CHART}" --namespace redlock "${REQ[@]}" "${ext[@]}" --set 'redis.urls={redis+sentinel://s1:26379/m}' --dry-run=client)"
+  grep -qx 'Redis: 1 external voter (a Sentinel group); the lock needs it.' <<<"${notes}"
+  notes="$(helm install redlock "${CHART}" --namespace redlock "${REQ[@]}" "${ext[@]}" --set 'redis.urls={redis://a:6379,redis://b:6379,rediss+sentinel://s:26379/m}' --dry-run=client)"
+  grep -qx 'Redis: 3 external voters (1 of them a Sentinel group); the lock needs 2 of them.' <<<"${notes}"
   grep -q 'helm test redlock -n redlock' <<<"${out}"
   # The CronJob's pods are found by labels they carry (app.kubernetes.io/component=cronjob).
   out="$(helm install redlock "${CHART}" --namespace redlock -f "${CHART}/ci/all-on-values.yaml" --dry-run=client)"
