@@ -36,6 +36,12 @@ helm install redlock charts/redlock-sidecar -n redlock \\
 helm test redlock -n redlock --logs
 ```
 
+This works on any cluster, also a one-node kind or minikube: the bundled Redis pods spread over
+Kubernetes nodes when they can and share one otherwise (`redis.deploy.antiAffinity: preferred`, the
+default; NOTES say which spread is in force). In production set `redis.deploy.antiAffinity=required`
+(one Redis pod per Kubernetes node, so losing one costs one vote; it needs `redis.deploy.nodes`
+schedulable Kubernetes nodes), or give your own Redis nodes in `redis.urls`.
+
 Two values are required: `image.repository` (no image is published yet: build it for amd64 and
 arm64 from the repository's Dockerfile, see docs/kubernetes.md) and, with the bundled Redis,
 `redis.existingSecret` (the chart generates no password: one made while rendering would change on

@@ -178,20 +178,24 @@ assert c["image"] == "valkey/valkey:8.1-alpine", c["image"]
 # Ready only once the sidecars count the node's votes again: uptime >= ttl + drift + 2 renew
 # intervals + 1s = 10s + 102ms + 6.67s -> 17s, + 1s.
 probe = " ".join(c["readinessProbe"]["exec"]["command"])
-assert re.search(r'uptime_in_seconds.*\[ "\$\{up:-0\}" -ge 18 \]', probe), probe
+assert re.search(r'uptime_in_seconds.*\n\[ "\$\{up:-0\}" -ge 18 \]', probe), probe
 assert "-a " not in probe and "REDISCLI_AUTH=" in probe and "VALKEYCLI_AUTH=" in probe, "password only in the environment"
 assert "tcpSocket" in c["livenessProbe"] and "tcpSocket" in c["startupProbe"]
-anti = pod["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-assert anti[0]["topologyKey"] == "kubernetes.io/hostname", anti
-assert anti[0]["labelSelector"]["matchLabels"]["app.kubernetes.io/component"] == "redis"
+# Soft anti-affinity by default: a first install runs every node on a one-node cluster.
+assert list(pod["spec"]["affinity"]["podAntiAffinity"]) == ["preferredDuringSchedulingIgnoredDuringExecution"], pod["spec"]["affinity"]
+anti = pod["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+assert anti[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname", anti
+assert anti[0]["podAffinityTerm"]["labelSelector"]["matchLabels"]["app.kubernetes.io/component"] == "redis"
 (svc,) = [d for d in kinds["Service"] if d["metadata"]["name"] == sts["spec"]["serviceName"]]
 assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True, svc["spec"]
 pdb = next(d for d in kinds["PodDisruptionBudget"] if d["metadata"]["name"].endswith("-redis"))["spec"]
 assert pdb["minAvailable"] == 2 and pdb["selector"]["matchLabels"] == spec["selector"]["matchLabels"], pdb
 policy = next(d for d in kinds["NetworkPolicy"] if d["metadata"]["name"].endswith("-redis"))["spec"]
-allowed = policy["ingress"][0]["from"][0]["podSelector"]["matchLabels"]
+allowed = policy["ingress"][0]["from"][0]["podSelector"]
 client = {"redlock.io/redis-client": "x-redlock-sidecar"}
-assert allowed == client, allowed
+# This release's clients, and Deployments attached with manifests/attach in this namespace.
+assert allowed == {"matchExpressions": [{"key": "redlock.io/redis-client", "operator": "In",
+                                         "values": ["x-redlock-sidecar", "redlock-sidecar"]}]}, allowed
 assert policy["ingress"][0]["ports"] == [{"port": 6379, "protocol": "TCP"}], policy["ingress"][0]["ports"]
 example = next(d for d in kinds["Deployment"])["spec"]["template"]
 assert client.items() <= example["metadata"]["labels"].items(), example["metadata"]["labels"]
@@ -202,6 +206,10 @@ sidecar = example["spec"]["initContainers"][0]
 assert "startupProbe" in sidecar and "readinessProbe" not in sidecar, sidecar
 PY
   helm template x "${CHART}" "${REQ[@]}" --set sidecar.readinessProbe=true | grep -q 'path: /readyz'
+  # The production spread is one value away.
+  out="$(helm template x "${CHART}" "${REQ[@]}" --set redis.deploy.antiAffinity=required --show-only templates/redis.yaml)"
+  grep -q 'requiredDuringSchedulingIgnoredDuringExecution' <<<"${out}"
+  refute grep -q 'preferredDuringSchedulingIgnoredDuringExecution' <<<"${out}"
   # The ready delay follows the lock's timing (ttl 30s, renew 5s: 30.302 + 10 -> 41, + 1) or the value.
   helm template x "${CHART}" "${REQ[@]}" --set lock.ttl=30s --set lock.renewInterval=5s | grep -q -- '-ge 42 \]'
   helm template x "${CHART}" "${REQ[@]}" --set lock.ttl=30s --set lock.renewInterval=5s | grep -q 'minReadySeconds: 5$'
@@ -235,7 +243,7 @@ import sys, yaml
 sts = next(d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "StatefulSet")
 cmd = sts["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["exec"]["command"]
 assert cmd[:2] == ["sh", "-c"], cmd
-print(cmd[2].replace("/etc/redis-auth/", sys.argv[2] + "/etc/redis-auth/"))
+print(cmd[2].replace("/etc/redis-auth", sys.argv[2] + "/etc/redis-auth"))
 PY
 )"
   local up=0 ready_after rc=0
@@ -257,6 +265,9 @@ PY
   return "${rc}"
 }
 check "bundled Redis readiness probe against a real redis-server (uptime threshold, password)" readiness_probe_against_real_servers
+
+check "bundled Redis password rotation keeps the quorum (start script and probe, 3 real redis-servers)" \
+  bash scripts/chart-redis-rotation.sh
 
 attach_component() {
   # Sample apps as users have them: their own ServiceAccount (IRSA), a long grace period, the

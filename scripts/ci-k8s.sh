@@ -121,6 +121,61 @@ render_twice() {
 }
 check "helm template twice gives identical output (defaults, every ci values file; Helm 4 and 3)" render_twice
 
+selectors_select_pods() {
+  # Every selector a rendering holds (monitors, Services, NetworkPolicies and their peers, PDBs,
+  # workloads, affinity, spread) selects a pod template of the same rendering, or the build fails:
+  # each chart values set on its own, and manifests/ as one installation.
+  local f
+  for f in "${WORK}"/rendered/*.yaml; do
+    "${TOOLS_DIR}/venv/bin/python" scripts/check-selectors.py --default-namespace redlock "${f}" >/dev/null
+  done
+  "${TOOLS_DIR}/venv/bin/python" scripts/check-selectors.py --default-namespace redlock manifests/*.yaml
+  # A Deployment attached with manifests/attach in namespace "shop", next to a release "orders"
+  # without the example workload (the usual way to attach): the release's PodMonitor with
+  # monitoring.scrape=namespace and its Redis NetworkPolicy must select the attached pods.
+  local dir="${WORK}/attach-selectors"
+  mkdir -p "${dir}"
+  cat >"${dir}/deployment.yaml" <<'YAML'
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: orders
+  labels:
+    redlock.io/attach: "true"
+spec:
+  selector:
+    matchLabels: {app: orders}
+  template:
+    metadata:
+      labels: {app: orders}
+      annotations:
+        redlock.io/lock: orders-writer
+    spec:
+      serviceAccountName: orders
+      containers:
+        - name: app
+          image: registry.example.com/orders:1.0
+YAML
+  printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: shop\nresources:\n  - deployment.yaml\ncomponents:\n  - %s\n' \
+    "$(realpath --relative-to="${dir}" "${REPO_ROOT}/manifests/attach")" >"${dir}/kustomization.yaml"
+  kubectl kustomize "${dir}" >"${WORK}/attach-selectors.yaml"
+  local release=(orders "${CHART}" --namespace shop "${REQ[@]}" --set example.enabled=false --set monitoring.podMonitor.enabled=true)
+  helm template "${release[@]}" --set monitoring.scrape=namespace >"${WORK}/attach-release.yaml"
+  "${TOOLS_DIR}/venv/bin/python" scripts/check-selectors.py "${WORK}/attach-release.yaml" "${WORK}/attach-selectors.yaml" \
+    | grep -E 'PodMonitor/orders-redlock-sidecar spec.selector: 2 \(Deployment/orders, Deployment/orders \(leader\)\)$|redis spec.ingress\[0\].from\[0\].podSelector: 3 \(Deployment/orders, Deployment/orders \(leader\), Pod/orders-redlock-sidecar-test\)$' \
+    | wc -l | grep -qx 2
+  # The check catches a monitor that selects nothing: with scrape=release the release's own
+  # PodMonitor has no pod of its own to scrape.
+  helm template "${release[@]}" >"${WORK}/attach-release-scope.yaml"
+  expect_failure "PodMonitor/orders-redlock-sidecar spec.selector .* selects no pods in namespace shop" \
+    "${TOOLS_DIR}/venv/bin/python" scripts/check-selectors.py "${WORK}/attach-release-scope.yaml" "${WORK}/attach-selectors.yaml"
+  # ... and the leader Service is judged against the pods' run-time leader label.
+  sed 's/REDLOCK_LEADER_LABEL/REDLOCK_NO_LABEL/' "${WORK}/rendered/default.yaml" >"${WORK}/no-leader-label.yaml"
+  expect_failure "Service/redlock-redlock-sidecar-leader spec.selector .* selects no pods" \
+    "${TOOLS_DIR}/venv/bin/python" scripts/check-selectors.py --default-namespace redlock "${WORK}/no-leader-label.yaml"
+}
+check "every selector selects its pods (chart values sets, manifests/, a Deployment attached next to a release)" selectors_select_pods
+
 package_contents() {
   helm package "${CHART}" --destination "${WORK}/pkg" >/dev/null
   tar -tzf "${WORK}"/pkg/redlock-sidecar-*.tgz >"${WORK}/pkg/list"
@@ -394,6 +449,46 @@ GRID
 }
 check "timing: the chart refuses exactly what the sidecar refuses (grid against the built binary)" timing_like_the_binary
 
+values_the_issue_named() {
+  # lock.name: the schema's limit is the sidecar's (200 characters; the binary built above agrees).
+  # shellcheck source=scripts/cargo-target.sh
+  source scripts/cargo-target.sh
+  cargo build --quiet --bin redlock-sidecar
+  local bin long out
+  bin="$(cargo_target_dir)/debug/redlock-sidecar"
+  long="$(printf 'a%.0s' $(seq 200))"
+  helm template x "${CHART}" "${REQ[@]}" --set "lock.name=${long}" >/dev/null
+  expect_failure "/lock/name.*maxLength" helm template x "${CHART}" "${REQ[@]}" --set "lock.name=${long}a"
+  expect_failure "--lock: must be at most 200 characters" \
+    "${bin}" run --lock "${long}a" --redis redis://127.0.0.1:1 --kubernetes off --listen 192.0.2.1:9
+  out="$("${bin}" run --lock "${long}" --redis redis://127.0.0.1:1 --kubernetes off --listen 192.0.2.1:9 2>&1 || true)"
+  grep -q -- "--listen: cannot bind" <<<"${out}"
+  # cronjob.timeZone: an IANA name, or the render fails.
+  local cron=(--set cronjob.enabled=true --set cronjob.lockName=report)
+  expect_failure 'cronjob.timeZone "Mars/Base" is not an IANA time zone name' \
+    helm template x "${CHART}" "${REQ[@]}" "${cron[@]}" --set cronjob.timeZone=Mars/Base
+  local tz
+  for tz in Etc/UTC UTC Europe/Berlin America/Argentina/Buenos_Aires US/Eastern; do
+    helm template x "${CHART}" "${REQ[@]}" "${cron[@]}" --set "cronjob.timeZone=${tz}" >/dev/null
+  done
+  # The Sentinels' password: a Secret mounted as a file, only with a Sentinel group.
+  local sentinel=(--set redis.deploy.enabled=false --set 'redis.urls={redis+sentinel://s1:26379\,s2/mymaster}')
+  out="$(helm template x "${CHART}" "${REQ[@]}" "${sentinel[@]}" --set redis.sentinel.existingSecret=sentinel-auth --set redis.sentinel.username=watcher)"
+  grep -q 'value: /etc/redlock/sentinel-auth/password' <<<"${out}"
+  grep -q 'secretName: sentinel-auth' <<<"${out}"
+  grep -q 'name: REDLOCK_SENTINEL_USERNAME' <<<"${out}"
+  refute grep -q 'REDLOCK_SENTINEL_PASSWORD$' <<<"${out}"
+  expect_failure "no redis.urls entry is a Sentinel group" \
+    helm template x "${CHART}" "${REQ[@]}" --set redis.sentinel.existingSecret=sentinel-auth
+  # The bundled Redis' second password key differs from the first.
+  expect_failure "redis.deploy.extraPasswordKey must differ from redis.passwordKey" \
+    helm template x "${CHART}" "${REQ[@]}" --set redis.deploy.extraPasswordKey=password
+  # monitoring.scrape=namespace needs the PodMonitor.
+  expect_failure "monitoring.scrape=namespace needs the PodMonitor" helm template x "${CHART}" "${REQ[@]}" \
+    --set monitoring.serviceMonitor.enabled=true --set monitoring.scrape=namespace
+}
+check "lock.name limit = the sidecar's; cronjob.timeZone an IANA name; Sentinel password Secret; scrape scope" values_the_issue_named
+
 rbac_follows_integration() {
   local out
   out="$(helm template x "${CHART}" "${REQ[@]}" --set kubernetes.enabled=false --set example.service.enabled=false)"
@@ -452,6 +547,23 @@ notes_render() {
   done
   out="$(helm install redlock "${CHART}" --namespace redlock "${REQ[@]}" --dry-run=client)"
   grep -q -- '-L redlock.io/leader' <<<"${out}"
+  local notes
+  # Which spread is in force, and its price; two port-forwards never share a local port.
+  grep -q '^Spread: redis.deploy.antiAffinity=preferred (the default)' <<<"${out}"
+  grep -q 'takes the quorum with it' <<<"${out}"
+  grep -q "^Kubernetes (a StatefulSet's volumeClaimTemplates never change)" <<<"${out}"
+  "${TOOLS_DIR}/venv/bin/python" -c '
+import re, sys
+ports = re.findall(r"kubectl port-forward .* (\d+):\d+ &", sys.stdin.read())
+assert len(ports) == 3 and len(set(ports)) == 3, ports' <<<"${out}"
+  notes="$(helm install redlock "${CHART}" --namespace redlock "${REQ[@]}" --set redis.deploy.antiAffinity=required --dry-run=client)"
+  grep -q '^Spread: redis.deploy.antiAffinity=required' <<<"${notes}"
+  # External voters are counted as voters, Sentinel groups named as such.
+  local ext=(--set redis.deploy.enabled=false)
+  notes="$(helm install redlock "${CHART}" --namespace redlock "${REQ[@]}" "${ext[@]}" --set 'redis.urls={redis+sentinel://s1:26379/m}' --dry-run=client)"
+  grep -qx 'Redis: 1 external voter (a Sentinel group); the lock needs it.' <<<"${notes}"
+  notes="$(helm install redlock "${CHART}" --namespace redlock "${REQ[@]}" "${ext[@]}" --set 'redis.urls={redis://a:6379,redis://b:6379,rediss+sentinel://s:26379/m}' --dry-run=client)"
+  grep -qx 'Redis: 3 external voters (1 of them a Sentinel group); the lock needs 2 of them.' <<<"${notes}"
   grep -q 'helm test redlock -n redlock' <<<"${out}"
   # The CronJob's pods are found by labels they carry (app.kubernetes.io/component=cronjob).
   out="$(helm install redlock "${CHART}" --namespace redlock -f "${CHART}/ci/all-on-values.yaml" --dry-run=client)"

@@ -381,6 +381,12 @@ Checks of combinations the schema cannot express. Included once from every templ
 {{- if and .Values.example.enabled .Values.example.service.enabled (not .Values.kubernetes.enabled) }}
 {{- fail "example.service routes by the leader pod label, which needs kubernetes.enabled=true" }}
 {{- end }}
+{{- if and .Values.redis.sentinel.existingSecret (not (include "redlock-sidecar.sentinelUrls" .)) }}
+{{- fail "redis.sentinel.existingSecret is the Sentinels' password, but no redis.urls entry is a Sentinel group (redis+sentinel://...)" }}
+{{- end }}
+{{- if and .Values.redis.deploy.enabled (eq .Values.redis.deploy.extraPasswordKey .Values.redis.passwordKey) }}
+{{- fail (printf "redis.deploy.extraPasswordKey must differ from redis.passwordKey (both are %q)" .Values.redis.passwordKey) }}
+{{- end }}
 {{- if and .Values.redis.tls.caSecret .Values.redis.tls.caConfigMap }}
 {{- fail "set either redis.tls.caSecret or redis.tls.caConfigMap, not both" }}
 {{- end }}
@@ -402,6 +408,9 @@ The CronJob's values: the same lock name and time zone in every cluster, and dea
 {{- $c := .Values.cronjob }}
 {{- if not $c.timeZone }}
 {{- fail "cronjob.timeZone is required (e.g. Etc/UTC): every cluster running this job must use the same time zone, or their schedule slots differ" }}
+{{- end }}
+{{- if not (has $c.timeZone (.Files.Get "files/time-zones.txt" | splitList "\n")) }}
+{{- fail (printf "cronjob.timeZone %q is not an IANA time zone name (e.g. Etc/UTC, Europe/Berlin; the list is files/time-zones.txt of the chart)" $c.timeZone) }}
 {{- end }}
 {{- if not $c.lockName }}
 {{- fail "cronjob.lockName is required: every cluster running this job must use the same lock name, so it is not derived from the release" }}
@@ -465,6 +474,15 @@ Redis nodes
 The bundled Redis StatefulSet and its governing Service (52 characters: the StatefulSet's name
 goes into its pods' controller-revision-hash label, name + 11).
 */}}
+{{/*
+The number of redis.urls that are Sentinel groups (empty when none), for the checks and NOTES.
+*/}}
+{{- define "redlock-sidecar.sentinelUrls" -}}
+{{- $n := 0 }}
+{{- range .Values.redis.urls }}{{ if regexMatch "^rediss?\\+sentinel://" . }}{{ $n = add1 $n }}{{ end }}{{ end }}
+{{- if $n }}{{ $n }}{{ end }}
+{{- end }}
+
 {{- define "redlock-sidecar.redisName" -}}
 {{- include "redlock-sidecar.suffixedName" (dict "root" . "suffix" "redis" "max" 52) }}
 {{- end }}
@@ -545,6 +563,14 @@ Environment shared by `run` and `guard`: pod identity, Redis nodes and credentia
 - name: REDLOCK_REDIS_PASSWORD_FILE
   value: /etc/redlock/redis-auth/{{ .Values.redis.passwordKey }}
 {{- end }}
+{{- with .Values.redis.sentinel.username }}
+- name: REDLOCK_SENTINEL_USERNAME
+  value: {{ . | quote }}
+{{- end }}
+{{- if .Values.redis.sentinel.existingSecret }}
+- name: REDLOCK_SENTINEL_PASSWORD_FILE
+  value: /etc/redlock/sentinel-auth/{{ .Values.redis.sentinel.passwordKey }}
+{{- end }}
 {{- if or .Values.redis.tls.caSecret .Values.redis.tls.caConfigMap }}
 - name: REDLOCK_REDIS_CA_FILE
   value: /etc/redlock/redis-ca/{{ .Values.redis.tls.caKey }}
@@ -585,6 +611,11 @@ guard's environment from /proc.
   mountPath: /etc/redlock/redis-auth
   readOnly: true
 {{- end }}
+{{- if .Values.redis.sentinel.existingSecret }}
+- name: sentinel-auth
+  mountPath: /etc/redlock/sentinel-auth
+  readOnly: true
+{{- end }}
 {{- if or .Values.redis.tls.caSecret .Values.redis.tls.caConfigMap }}
 - name: redis-ca
   mountPath: /etc/redlock/redis-ca
@@ -606,6 +637,15 @@ guard's environment from /proc.
     items:
       - key: {{ $.Values.redis.passwordKey }}
         path: {{ $.Values.redis.passwordKey }}
+{{- end }}
+{{- with .Values.redis.sentinel.existingSecret }}
+- name: sentinel-auth
+  secret:
+    secretName: {{ . }}
+    defaultMode: 0440
+    items:
+      - key: {{ $.Values.redis.sentinel.passwordKey }}
+        path: {{ $.Values.redis.sentinel.passwordKey }}
 {{- end }}
 {{- with .Values.redis.tls.caSecret }}
 - name: redis-ca
