@@ -277,7 +277,8 @@ pub struct RunArgs {
     /// Contend only while this URL of the app answers 2xx (http://HOST[:PORT][/PATH]).
     #[arg(long, env = "REDLOCK_APP_READY", conflicts_with = "follow_container")]
     pub app_ready: Option<String>,
-    /// Contend only while this container of the pod is ready (from the pod's status).
+    /// Contend only while this container of the pod is ready (from the pod's status); `*`:
+    /// every regular container of the pod (the app's, beside a native sidecar).
     #[arg(long, env = "REDLOCK_FOLLOW_CONTAINER")]
     pub follow_container: Option<String>,
     /// How often the app is probed; also the bound on each probe.
@@ -712,16 +713,23 @@ impl RunArgs {
     }
 
     fn app_check(&self) -> Result<Option<AppCheck>, ConfigError> {
-        let probe = match (&self.app_ready, &self.follow_container) {
+        // An empty value (an unset annotation through the downward API) is no check.
+        let follow = self
+            .follow_container
+            .as_ref()
+            .filter(|name| !name.is_empty());
+        let probe = match (&self.app_ready, follow) {
             (Some(url), _) => AppProbe::Http(
                 crate::candidacy::probe::AppUrl::parse(url)
                     .map_err(|why| ConfigError::new("--app-ready", why))?,
             ),
-            (None, Some(name)) if is_dns_label(name) => AppProbe::Container(name.clone()),
+            (None, Some(name)) if name == "*" || is_dns_label(name) => {
+                AppProbe::Container(name.clone())
+            }
             (None, Some(_)) => {
                 return Err(ConfigError::new(
                     "--follow-container",
-                    "must be a container name: at most 63 characters of a-z 0-9 -, starting and ending alphanumeric",
+                    "must be * or a container name: at most 63 characters of a-z 0-9 -, starting and ending alphanumeric",
                 ))
             }
             (None, None) => return Ok(None),

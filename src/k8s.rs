@@ -466,25 +466,31 @@ impl Kube {
     }
 
     /// Whether container `name` of this pod is ready, from the pod's status (its own
-    /// readinessProbe decides; a container not started yet is not ready). `None`: the pod has
-    /// no container of that name.
+    /// readinessProbe decides; a container not started yet is not ready); `*`: every regular
+    /// container (not the init containers, where a native sidecar runs). `None`: the pod has no
+    /// such container.
     pub async fn container_ready(&self, name: &str) -> Result<Option<bool>, KubeError> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
         let pod = self.call(Op::GetPod, pods.get(&self.pod)).await?;
-        let declared = pod
+        let followed: Vec<String> = pod
             .spec
             .iter()
             .flat_map(|spec| spec.containers.iter())
-            .any(|c| c.name == name);
-        if !declared {
+            .map(|c| c.name.clone())
+            .filter(|c| name == "*" || c == name)
+            .collect();
+        if followed.is_empty() {
             return Ok(None);
         }
-        let ready = pod
+        let statuses = pod
             .status
             .and_then(|status| status.container_statuses)
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.name == name && c.ready && c.started != Some(false));
+            .unwrap_or_default();
+        let ready = followed.iter().all(|name| {
+            statuses
+                .iter()
+                .any(|c| &c.name == name && c.ready && c.started != Some(false))
+        });
         Ok(Some(ready))
     }
 

@@ -1414,6 +1414,10 @@ async fn a_holder_paused_past_its_ttl_is_caught_by_fencing() {
                 })
                 .expect("the holder's guard is running");
             assert!(stopped);
+            // The whole pod stops: guard's supervisor too, which would otherwise kill CMD at
+            // the step-down point (as it must when only guard is stuck).
+            let supervisor = support::proc_parent(cmd_pid).expect("CMD's supervisor");
+            assert!(support::send_signal(supervisor, libc::SIGSTOP));
             signal_group(cmd_pid, libc::SIGSTOP);
             // Paused holders keep their lock until it expires; then someone else gets it.
             let (next, next_who, _) = next_session(
@@ -1443,7 +1447,8 @@ async fn a_holder_paused_past_its_ttl_is_caught_by_fencing() {
                 0,
                 "{who}'s writes after its pause were refused ({next_who} holds a newer token)"
             );
-            // Then its guard wakes, finds the lock lost, and makes sure CMD is gone.
+            // Then its supervisor and guard wake, find the lock lost, and make sure CMD is gone.
+            support::send_signal(supervisor, libc::SIGCONT);
             guards.with_run(&who, |slot| {
                 let run = slot.current.as_mut().expect("current run");
                 run.proc.sigcont();

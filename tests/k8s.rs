@@ -1196,3 +1196,48 @@ async fn the_app_containers_readiness_is_read_from_the_pod_and_an_api_error_chan
     assert!(!may_contend(&rx));
     follow.abort();
 }
+
+#[tokio::test]
+async fn following_every_app_container_needs_all_of_them_ready_and_ignores_init_containers() {
+    let (kube, mut handle, _) = mocked(settings(false));
+    let pod = |app: bool, worker: bool| {
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": { "name": POD, "namespace": NAMESPACE },
+            "spec": {
+                "initContainers": [{ "name": "redlock-sidecar", "image": "redlock-sidecar:1" }],
+                "containers": [
+                    { "name": "app", "image": "shop/app:1" },
+                    { "name": "worker", "image": "shop/worker:1" }
+                ]
+            },
+            "status": {
+                "initContainerStatuses": [{ "name": "redlock-sidecar", "ready": false,
+                    "restartCount": 0, "image": "redlock-sidecar:1", "imageID": "" }],
+                "containerStatuses": [
+                    { "name": "app", "ready": app, "started": true, "restartCount": 0,
+                      "image": "shop/app:1", "imageID": "" },
+                    { "name": "worker", "ready": worker, "started": true, "restartCount": 0,
+                      "image": "shop/worker:1", "imageID": "" }
+                ]
+            }
+        })
+    };
+    assert_eq!(
+        ask_ready(&kube, &mut handle, pod(true, false)).await,
+        Some(false)
+    );
+    assert_eq!(
+        ask_ready(&kube, &mut handle, pod(true, true)).await,
+        Some(true),
+        "the sidecar's own status is not asked"
+    );
+}
+
+/// `container_ready("*")` answered with `pod`.
+async fn ask_ready(kube: &Kube, handle: &mut ApiHandle, pod: Value) -> Option<bool> {
+    let kube = kube.clone();
+    let asked = tokio::spawn(async move { kube.container_ready("*").await });
+    answer_pod_get(handle, json_response(StatusCode::OK, pod)).await;
+    asked.await.unwrap().unwrap()
+}

@@ -175,6 +175,13 @@ pub fn proc_state(pid: u32) -> Option<char> {
     rest.trim_start().chars().next()
 }
 
+/// The parent of a process, read from procfs.
+pub fn proc_parent(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// Sends `sig` to `pid` with `libc::kill`; true if the signal was delivered.
 pub fn send_signal(pid: u32, sig: libc::c_int) -> bool {
     let Ok(pid) = libc::pid_t::try_from(pid) else {
