@@ -1,0 +1,104 @@
+//! `--slot`: a schedule slot runs once. See `redlock::slot` for the record and what it
+//! survives.
+//!
+//! ## Behaviour
+//! - After guard took the lock and before CMD starts, it reads the slot's record on every
+//!   node. A record on any node: the slot ran; the lock is released at once and guard exits
+//!   0 with outcome `already-ran` (`redlock_guard_runs_total{result="already_ran"}`, a
+//!   `RunSkipped` Event). No record on a quorum of answers: CMD runs. Fewer answers than a
+//!   quorum are read again (after the engine's retry delays) until the first renewal is due,
+//!   then guard releases and exits 69 without running CMD.
+//! - When CMD exits 0 under the lock (not stopped for a loss or `--max-hold`, the renewals
+//!   not lost), the holder records the slot with its fencing token at once, before
+//!   `--min-hold` and the release. A failed, lost or killed run records nothing, so a retry
+//!   runs the slot. A record that reached fewer than a quorum is logged as a warning; a later
+//!   run of the slot may then run it again.
+
+use std::time::Instant;
+
+use tracing::{error, info, warn};
+
+use super::outcome::{Kind, Outcome};
+use super::report::Report;
+use super::EXIT_UNREACHABLE;
+use crate::clock;
+use crate::config::{GuardConfig, Slot};
+use crate::lease;
+use crate::redlock::{quorum, slot_seen, timing, Lease, Redlock, SlotSeen};
+
+/// Whether `slot` may run under `lease`: `Ok` to start CMD, or the outcome of a run that
+/// will not (the lock is released then).
+pub async fn check(
+    cfg: &GuardConfig,
+    slot: &Slot,
+    redlock: &Redlock,
+    lease: &Lease,
+    report: &Report,
+) -> Result<(), Outcome> {
+    let lock = &cfg.redlock.lock;
+    let until = read_until(lease, cfg);
+    let mut attempt = 0;
+    let seen = loop {
+        let seen = slot_seen(&redlock.read_slot(&slot.id).await);
+        let delay = timing::retry_delay(cfg.redlock.retry_delay, cfg.redlock.retry_max, attempt);
+        match seen {
+            SlotSeen::Unknown if clock::now() + delay + cfg.redlock.node_timeout < until => {
+                attempt += 1;
+                clock::sleep_until(clock::now() + delay).await;
+            }
+            seen => break seen,
+        }
+    };
+    let token = lease.fencing_token;
+    match seen {
+        SlotSeen::NotRan => Ok(()),
+        SlotSeen::Ran(recorded) => {
+            info!(lock = %lock, slot = %slot.id, recorded_fencing_token = %recorded, "slot already ran; not running CMD");
+            lease::release(redlock, lease).await;
+            report.run("already_ran");
+            report
+                .event(
+                    "RunSkipped",
+                    &format!(
+                        "slot {} of lock {lock} already ran (fencing token {recorded})",
+                        slot.id
+                    ),
+                    false,
+                )
+                .await;
+            Err(Outcome {
+                kind: Kind::AlreadyRan,
+                exit_code: 0,
+                fencing_token: Some(token),
+            })
+        }
+        SlotSeen::Unknown => {
+            error!(lock = %lock, slot = %slot.id, "too few nodes answered to tell whether the slot already ran; not running CMD");
+            lease::release(redlock, lease).await;
+            report.run("failed");
+            Err(Outcome {
+                kind: Kind::Unreachable,
+                exit_code: EXIT_UNREACHABLE,
+                fencing_token: Some(token),
+            })
+        }
+    }
+}
+
+/// Reads of the record stop once the first renewal of `lease` is due: CMD then still starts
+/// with most of the validity ahead.
+fn read_until(lease: &Lease, cfg: &GuardConfig) -> Instant {
+    lease.acquired_at + cfg.renewal.interval
+}
+
+/// Records that `slot` ran under `lease` (CMD exited 0); logs whether a quorum has it.
+pub async fn record(cfg: &GuardConfig, slot: &Slot, redlock: &Redlock, lease: &Lease) {
+    let lock = &cfg.redlock.lock;
+    let written = redlock.record_slot(lease, &slot.id, slot.retention).await;
+    let nodes = cfg.redlock.nodes.len();
+    if written >= quorum(nodes) {
+        info!(lock = %lock, slot = %slot.id, fencing_token = lease.fencing_token, nodes = written, "recorded that the slot ran");
+    } else {
+        warn!(lock = %lock, slot = %slot.id, nodes = written, needed = quorum(nodes), "the slot's record reached too few nodes; a later run of this slot may run it again");
+    }
+}
