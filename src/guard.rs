@@ -12,7 +12,7 @@
 //!   timeouts or connection errors is not "unreachable": the engine retries both, also with
 //!   `--wait 0`, for up to one ttl past the wait.
 //! - `--slot ID`: a slot whose run already ended with CMD's exit 0 is skipped (exit 0,
-//!   outcome `already-ran`); a run whose CMD exits 0 records its slot. See [`slot`].
+//!   outcome `already-ran`); a run whose CMD exits 0 records its slot. See `slot`.
 //! - Runs CMD without a shell in its own process group, below a small supervisor process
 //!   ([`supervisor`]), and renews the lock in the background. CMD's environment is guard's
 //!   without any `REDLOCK_*` variable (guard's own settings, among them the Redis URLs and

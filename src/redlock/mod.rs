@@ -32,7 +32,7 @@
 //!   they run no round until reads of the key's expiry, a keyspace event or an announcement say
 //!   it may be free (see [`standby`]).
 //! - **Slot records** (`guard --slot`): written beside the lock by its holder, owner-checked;
-//!   read on every node. See [`slot`].
+//!   read on every node. See `slot`.
 //! - Nothing here panics on what a node answers: garbage, wrong passwords, dead hosts
 //!   and hung nodes all end as typed [`Vote::Failed`] entries within the node timeout.
 
