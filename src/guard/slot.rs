@@ -14,7 +14,7 @@
 //!   runs the slot. A record that reached fewer than a quorum is logged as a warning; a later
 //!   run of the slot may then run it again.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tracing::{error, info, warn};
 
@@ -41,12 +41,12 @@ pub async fn check(
     let seen = loop {
         let seen = slot_seen(&redlock.read_slot(&slot.id).await);
         let delay = timing::retry_delay(cfg.redlock.retry_delay, cfg.redlock.retry_max, attempt);
-        match seen {
-            SlotSeen::Unknown if clock::now() + delay + cfg.redlock.node_timeout < until => {
+        match read_again(&seen, clock::now(), delay, cfg.redlock.node_timeout, until) {
+            Some(at) => {
                 attempt += 1;
-                clock::sleep_until(clock::now() + delay).await;
+                clock::sleep_until(at).await;
             }
-            seen => break seen,
+            None => break seen,
         }
     };
     let token = lease.fencing_token;
@@ -85,6 +85,19 @@ pub async fn check(
     }
 }
 
+/// When to read the record again after reads that showed `seen` at `now`: after `delay`, if
+/// nothing was decided and that read (bounded by `node_timeout`) ends before `until`.
+fn read_again(
+    seen: &SlotSeen,
+    now: Instant,
+    delay: Duration,
+    node_timeout: Duration,
+    until: Instant,
+) -> Option<Instant> {
+    let at = now + delay;
+    (*seen == SlotSeen::Unknown && at + node_timeout < until).then_some(at)
+}
+
 /// Reads of the record stop once the first renewal of `lease` is due: CMD then still starts
 /// with most of the validity ahead.
 fn read_until(lease: &Lease, cfg: &GuardConfig) -> Instant {
@@ -100,5 +113,31 @@ pub async fn record(cfg: &GuardConfig, slot: &Slot, redlock: &Redlock, lease: &L
         info!(lock = %lock, slot = %slot.id, fencing_token = lease.fencing_token, nodes = written, "recorded that the slot ran");
     } else {
         warn!(lock = %lock, slot = %slot.id, nodes = written, needed = quorum(nodes), "the slot's record reached too few nodes; a later run of this slot may run it again");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn undecided_reads_are_repeated_only_while_one_more_ends_before_the_bound() {
+        let now = Instant::now();
+        let (delay, timeout) = (Duration::from_millis(200), Duration::from_millis(50));
+        let until = now + Duration::from_secs(1);
+        assert_eq!(
+            read_again(&SlotSeen::Unknown, now, delay, timeout, until),
+            Some(now + delay)
+        );
+        // The next read would end past the bound: no more.
+        let late = until - Duration::from_millis(250);
+        assert_eq!(
+            read_again(&SlotSeen::Unknown, late, delay, timeout, until),
+            None
+        );
+        // Decided: never read again.
+        for seen in [SlotSeen::NotRan, SlotSeen::Ran("7".to_owned())] {
+            assert_eq!(read_again(&seen, now, delay, timeout, until), None);
+        }
     }
 }
