@@ -8,9 +8,12 @@
 //!   bound): `--ttl`, `--max-ttl`, `--renew-interval`, `--safety-margin`, `--kill-grace` at
 //!   most [`MAX_TTL`]; `--node-timeout` and `--connect-timeout` at most a minute;
 //!   `--retry-delay` at most a minute; `--fence-retention` at most a year;
-//!   `--shutdown-timeout` at most an hour; `--wait`, `--min-hold`, `--max-hold` at most
-//!   [`MAX_GUARD_DURATION`]. With these, every deadline the process computes (`now + x`,
-//!   `x × n`) stays far inside what `Instant` and `Duration` can represent.
+//!   `--shutdown-timeout` at most an hour; `--wait`, `--min-hold`, `--max-hold`,
+//!   `--slot-retention` at most [`MAX_GUARD_DURATION`]. With these, every deadline the
+//!   process computes (`now + x`, `x × n`) stays far inside what `Instant` and `Duration` can
+//!   represent.
+//! - `--slot` is 1 to [`MAX_SLOT_LEN`] bytes without spaces or control characters (it is part
+//!   of a Redis key), and `--slot-retention` is greater than 0.
 //! - `--renew-interval` (given or the ttl/3 default) is at least [`MIN_RENEW_INTERVAL`], in
 //!   `run` and `guard` alike.
 //! - Files are read up to a bound (password 64 KiB, PEM 4 MiB): a device never hangs start-up.
@@ -340,6 +343,14 @@ pub struct GuardArgs {
     /// Kubernetes Events: auto (on when in a cluster), on, off.
     #[arg(long, env = "REDLOCK_KUBERNETES", default_value = "auto")]
     pub kubernetes: KubeMode,
+    /// The schedule slot this run is for (e.g. the Job's name, whose suffix a CronJob sets to
+    /// the scheduled minute): a run of it that ends with CMD's exit 0 is recorded beside the
+    /// lock, and later runs of the same slot skip (exit 0, outcome `already-ran`).
+    #[arg(long, env = "REDLOCK_SLOT")]
+    pub slot: Option<String>,
+    /// How long a slot's record is kept.
+    #[arg(long, env = "REDLOCK_SLOT_RETENTION", value_parser = duration_at_most(MAX_GUARD_DURATION), default_value = "24h")]
+    pub slot_retention: Duration,
     /// The command and its arguments (after --); run without a shell.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -513,6 +524,32 @@ pub enum AppProbe {
     Container(String),
 }
 
+/// Longest `--slot`, in bytes: a Job name (63) with room to spare, and a short key.
+pub const MAX_SLOT_LEN: usize = 128;
+
+/// A schedule slot whose successful run is recorded (see `guard::slot`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Slot {
+    /// The slot's name, as given: 1 to [`MAX_SLOT_LEN`] bytes, no spaces or control characters.
+    pub id: String,
+    /// How long its record is kept.
+    pub retention: Duration,
+}
+
+/// Checks `--slot`: it becomes part of a Redis key and of log lines.
+fn slot_id(id: &str) -> Result<String, ConfigError> {
+    if id.is_empty()
+        || id.len() > MAX_SLOT_LEN
+        || id.chars().any(|c| c.is_control() || c.is_whitespace())
+    {
+        return Err(ConfigError::new(
+            "--slot",
+            format!("must be 1 to {MAX_SLOT_LEN} bytes without spaces or control characters"),
+        ));
+    }
+    Ok(id.to_owned())
+}
+
 /// Everything `guard` needs.
 #[derive(Debug)]
 pub struct GuardConfig {
@@ -526,6 +563,8 @@ pub struct GuardConfig {
     pub listen: Option<SocketAddr>,
     pub command: Vec<String>,
     pub outcome_file: Option<PathBuf>,
+    /// `--slot` and `--slot-retention`, when a slot is given.
+    pub slot: Option<Slot>,
     /// For Events only: no label, no Lease mirror.
     pub kubernetes: crate::k8s::KubeSettings,
 }
@@ -793,6 +832,19 @@ impl GuardArgs {
                 ));
             }
         }
+        if self.slot_retention.is_zero() {
+            return Err(ConfigError::new(
+                "--slot-retention",
+                "must be greater than 0",
+            ));
+        }
+        let slot = match &self.slot {
+            Some(id) => Some(Slot {
+                id: slot_id(id)?,
+                retention: self.slot_retention,
+            }),
+            None => None,
+        };
         if self.command.first().is_none_or(|c| c.is_empty()) {
             return Err(ConfigError::new(
                 "CMD",
@@ -810,6 +862,7 @@ impl GuardArgs {
             listen: self.listen,
             command: self.command.clone(),
             outcome_file: self.outcome_file.clone(),
+            slot,
             kubernetes: crate::k8s::KubeSettings {
                 mode: self.kubernetes,
                 label_key: String::new(),
@@ -1126,7 +1179,13 @@ mod tests {
             assert!(line.contains(flag), "{line}");
             assert!(line.contains(&format!("must be at most {bound}")), "{line}");
         }
-        for flag in ["--wait", "--min-hold", "--max-hold", "--kill-grace"] {
+        for flag in [
+            "--wait",
+            "--min-hold",
+            "--max-hold",
+            "--kill-grace",
+            "--slot-retention",
+        ] {
             let args = ["guard", "--lock", "l", "--redis", "redis://h", flag, "31d"];
             let err = parse(&[&args[..], &["--", "true"]].concat()).expect_err(flag);
             let line = one_line(&err.to_string());
@@ -1139,6 +1198,25 @@ mod tests {
         let cfg = guard_config(&["--ttl", "1h", "--max-ttl", "1h", "--wait", "30d"]).unwrap();
         assert_eq!(cfg.redlock.ttl, MAX_TTL);
         assert_eq!(cfg.wait, MAX_GUARD_DURATION);
+    }
+
+    #[test]
+    fn a_slot_is_short_printable_text_kept_for_a_bounded_time() {
+        let cfg = guard_config(&["--slot", "nightly-29412345"]).unwrap();
+        let slot = cfg.slot.expect("a slot");
+        assert_eq!(slot.id, "nightly-29412345");
+        assert_eq!(slot.retention, Duration::from_secs(24 * 3600));
+        assert_eq!(guard_config(&[]).unwrap().slot, None);
+        let longest = "x".repeat(MAX_SLOT_LEN);
+        assert!(guard_config(&["--slot", &longest]).is_ok());
+        for bad in ["", "a b", "a\tb", "a\nb", &"x".repeat(MAX_SLOT_LEN + 1)] {
+            let err = guard_config(&["--slot", bad]).unwrap_err();
+            assert_eq!(err.flag, "--slot", "{bad:?}");
+        }
+        let err = guard_config(&["--slot", "s", "--slot-retention", "0"]).unwrap_err();
+        assert_eq!(err.flag, "--slot-retention");
+        let cfg = guard_config(&["--slot", "s", "--slot-retention", "30d"]).unwrap();
+        assert_eq!(cfg.slot.unwrap().retention, MAX_GUARD_DURATION);
     }
 
     #[test]
@@ -1364,6 +1442,8 @@ mod tests {
         "--listen",
         "--outcome-file",
         "--kubernetes",
+        "--slot",
+        "--slot-retention",
     ];
     const CHECK_FLAGS: &[&str] = &[
         "--redis",

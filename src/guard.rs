@@ -8,7 +8,11 @@
 //!   process group (one that arrives while the supervisor starts CMD is delivered then).
 //! - Takes the lock (waiting up to `--wait`); if it is busy, skips (exit 0) or fails
 //!   (exit 75) as `--on-busy` says; without a quorum, exits 69. A round that nobody won
-//!   (split votes among contenders) is not "busy": the engine retries it.
+//!   (split votes among contenders) is not "busy", and a round left short of a quorum by
+//!   timeouts or connection errors is not "unreachable": the engine retries both, also with
+//!   `--wait 0`, for up to one ttl past the wait.
+//! - `--slot ID`: a slot whose run already ended with CMD's exit 0 is skipped (exit 0,
+//!   outcome `already-ran`); a run whose CMD exits 0 records its slot. See `slot`.
 //! - Runs CMD without a shell in its own process group, below a small supervisor process
 //!   ([`supervisor`]), and renews the lock in the background. CMD's environment is guard's
 //!   without any `REDLOCK_*` variable (guard's own settings, among them the Redis URLs and
@@ -40,7 +44,7 @@
 //!   so a scrape of a running job sees `redlock_guard_runs_total` and the lock metrics.
 //! - `--outcome-file`: one line at exit, see [`outcome`].
 //!
-//! Where: `acquire` takes the lock; `holder` starts CMD (`children`) and carries out
+//! Where: `acquire` takes the lock; `slot` checks and records `--slot`; `holder` starts CMD (`children`) and carries out
 //! `schedule`, the pure decision of what to do next and when; `report` counts and records
 //! how the run went.
 
@@ -51,6 +55,7 @@ pub mod outcome;
 mod report;
 mod schedule;
 mod signals;
+mod slot;
 pub mod supervisor;
 pub mod tree;
 
@@ -130,6 +135,11 @@ async fn run(cfg: &GuardConfig, signals: &mut Signals, children: &mut Children) 
         Ok(lease) => lease,
         Err(outcome) => return outcome,
     };
+    if let Some(slot) = &cfg.slot {
+        if let Err(outcome) = slot::check(cfg, slot, &redlock, &lease, &report).await {
+            return outcome;
+        }
+    }
     holder::run_cmd(
         cfg,
         &redlock,

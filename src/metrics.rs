@@ -22,7 +22,7 @@ pub const ACQUIRE_RESULTS: [&str; 5] = ["acquired", "busy", "no_quorum", "expire
 /// Why a held lock was given up (`redlock_lock_lost_total{reason}`).
 pub const LOST_REASONS: [&str; 4] = ["renew_failed", "expired", "paused", "superseded"];
 /// Outcomes of a guard run (`redlock_guard_runs_total{result}`).
-pub const GUARD_RESULTS: [&str; 4] = ["ran", "skipped", "lost", "failed"];
+pub const GUARD_RESULTS: [&str; 5] = ["ran", "skipped", "already_ran", "lost", "failed"];
 
 /// Latency buckets from 100 µs to 5 s (node calls on loopback to slow WAN links).
 const LATENCY_BUCKETS: &[f64] = &[

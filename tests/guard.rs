@@ -1685,3 +1685,311 @@ fn a_password_file_that_blocks_at_start_up_exits_2_naming_the_flag() {
         assert!(line.contains("did not finish within"), "{line}");
     }
 }
+
+// ------------------------------------------------------------------------------------------------
+// Schedule slots (--slot) and slow rounds
+// ------------------------------------------------------------------------------------------------
+
+/// The record of slot `id` on each node (`None` where there is none).
+fn slot_records(cluster: &RedisCluster, id: &str) -> Vec<Option<String>> {
+    let key = format!("redlock:{{nightly}}:slot:{id}");
+    cluster
+        .iter()
+        .map(|node| {
+            let value = node.command(&["GET", &key]);
+            (value != "(nil)").then_some(value)
+        })
+        .collect()
+}
+
+/// The `outcome=` word and the `fencing_token=` of an outcome file.
+fn outcome_of(file: &Path) -> (String, Option<String>) {
+    let line = std::fs::read_to_string(file).unwrap_or_default();
+    let field = |name: &str| {
+        line.split_whitespace()
+            .find_map(|part| part.strip_prefix(name))
+            .map(str::to_owned)
+    };
+    (
+        field("outcome=").unwrap_or_else(|| panic!("no outcome: {line:?}")),
+        field("fencing_token="),
+    )
+}
+
+/// A guard of slot `slot` whose CMD appends its holder to `runs`, with its outcome file.
+fn slot_guard(
+    cluster: &RedisCluster,
+    dir: &TempDir,
+    name: &str,
+    slot: &str,
+    options: &[&str],
+    runs: &Path,
+) -> (Proc, std::path::PathBuf) {
+    let (outcome, path) = file_arg(dir, &format!("outcome-{name}"));
+    let mut args = vec!["--slot", slot, "--outcome-file", &path];
+    args.extend_from_slice(options);
+    let script = format!("echo {name} >> {}", runs.display());
+    (guard(cluster, name, &args, &sh(&script)), outcome)
+}
+
+fn lines(file: &Path) -> Vec<String> {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn two_guards_racing_for_one_slot_run_it_once_and_a_later_guard_of_the_slot_skips_it() {
+    let cluster = ready_cluster(3);
+    let dir = TempDir::new("slot-race");
+    let runs = dir.path().join("runs");
+    // Both wait: the one that loses the lock takes it once the winner lets go, and must then
+    // find the slot recorded.
+    let wait = ["--wait", "10s"];
+    let (mut a, outcome_a) = slot_guard(&cluster, &dir, "a", "29412345", &wait, &runs);
+    let (mut b, outcome_b) = slot_guard(&cluster, &dir, "b", "29412345", &wait, &runs);
+    for g in [&mut a, &mut b] {
+        assert_eq!(
+            exit_code(g, Duration::from_secs(20)),
+            0,
+            "{}",
+            g.output_text()
+        );
+    }
+    assert_eq!(lines(&runs).len(), 1, "CMD ran once: {:?}", lines(&runs));
+    let mut outcomes = [outcome_of(&outcome_a), outcome_of(&outcome_b)];
+    outcomes.sort();
+    let [(skipped, _), (ran, token)] = &outcomes;
+    assert_eq!(ran, "ran", "{outcomes:?}");
+    assert_eq!(skipped, "already-ran", "{outcomes:?}");
+    // Recorded on a quorum, with the fencing token of the run.
+    let records = slot_records(&cluster, "29412345");
+    assert!(token.is_some());
+    assert!(
+        records.iter().filter(|r| *r == token).count() >= 2
+            && records.iter().all(|r| r.is_none() || r == token),
+        "{records:?} vs {token:?}"
+    );
+    let pttl: u64 = cluster
+        .node(0)
+        .command(&["PTTL", "redlock:{nightly}:slot:29412345"])
+        .parse()
+        .unwrap();
+    assert!(
+        pttl > 23 * 3600 * 1000 && pttl <= 24 * 3600 * 1000,
+        "{pttl}"
+    );
+
+    // A later guard of the slot: no lock contention now, still skipped.
+    let (mut c, outcome_c) = slot_guard(&cluster, &dir, "c", "29412345", &[], &runs);
+    assert_eq!(exit_code(&mut c, Duration::from_secs(10)), 0);
+    assert_eq!(
+        outcome_of(&outcome_c).0,
+        "already-ran",
+        "{}",
+        c.output_text()
+    );
+    assert!(
+        c.stderr_text().contains("slot already ran"),
+        "{}",
+        c.output_text()
+    );
+    assert_eq!(lines(&runs).len(), 1);
+    assert_no_key(&cluster, "the lock is released at once");
+    // Another slot of the same lock runs.
+    let (mut d, outcome_d) = slot_guard(&cluster, &dir, "d", "29412346", &[], &runs);
+    assert_eq!(exit_code(&mut d, Duration::from_secs(10)), 0);
+    assert_eq!(outcome_of(&outcome_d).0, "ran", "{}", d.output_text());
+    let ran = lines(&runs);
+    assert_eq!(ran.len(), 2, "{ran:?}");
+    assert_eq!(ran[1], "d");
+}
+
+#[test]
+fn a_failed_or_lost_run_of_a_slot_is_not_recorded_and_a_retry_runs_it() {
+    let mut cluster = ready_cluster(3);
+    let dir = TempDir::new("slot-failed");
+    let runs = dir.path().join("runs");
+    let (outcome, path) = file_arg(&dir, "outcome");
+    let slot = ["--slot", "s", "--outcome-file", &path];
+    let mut g = guard(&cluster, "failing", &slot, &sh("exit 3"));
+    assert_eq!(exit_code(&mut g, Duration::from_secs(10)), 3);
+    assert_eq!(slot_records(&cluster, "s"), [None, None, None]);
+
+    // Lost: renewals fail (two nodes freeze), CMD gets SIGTERM and exits 0 on it; guard exits
+    // 76 and must not record the slot, though CMD's own code is 0 and one node still has the
+    // lock key.
+    let pid_file = dir.path().join("pid");
+    let script = format!(
+        "trap 'exit 0' TERM; echo $$ > {}; while true; do sleep 0.05; done",
+        pid_file.display()
+    );
+    let mut g = guard(
+        &cluster,
+        "losing",
+        &[&slot[..], &["--safety-margin", "1s"]].concat(),
+        &sh(&script),
+    );
+    read_pid(&pid_file);
+    key_expiry(&cluster, 2);
+    cluster.node_mut(0).pause();
+    cluster.node_mut(1).pause();
+    let code = exit_code(&mut g, Duration::from_secs(10));
+    cluster.node_mut(0).resume();
+    cluster.node_mut(1).resume();
+    assert_eq!(code, 76, "{}", g.output_text());
+    assert!(
+        g.stderr_text().contains("CMD exited exit_code=0"),
+        "CMD itself exited 0: {}",
+        g.output_text()
+    );
+    assert_eq!(outcome_of(&outcome).0, "lost");
+    assert_eq!(slot_records(&cluster, "s"), [None, None, None]);
+
+    // A retry runs the slot (once the lost run's keys are gone) and records it.
+    let mut g = guard(
+        &cluster,
+        "retry",
+        &[&slot[..], &["--wait", "10s"]].concat(),
+        &sh(&format!("echo retry >> {}", runs.display())),
+    );
+    assert_eq!(
+        exit_code(&mut g, Duration::from_secs(20)),
+        0,
+        "{}",
+        g.output_text()
+    );
+    assert_eq!(outcome_of(&outcome).0, "ran");
+    assert_eq!(lines(&runs), ["retry"]);
+    assert!(
+        slot_records(&cluster, "s")
+            .iter()
+            .filter(|r| r.is_some())
+            .count()
+            >= 2
+    );
+}
+
+#[test]
+fn a_slot_record_expires_after_slot_retention_and_the_slot_runs_again() {
+    let cluster = ready_cluster(3);
+    let dir = TempDir::new("slot-retention");
+    let runs = dir.path().join("runs");
+    let retention = ["--slot-retention", "1s"];
+    let (mut g, outcome) = slot_guard(&cluster, &dir, "first", "s", &retention, &runs);
+    assert_eq!(exit_code(&mut g, Duration::from_secs(10)), 0);
+    assert_eq!(outcome_of(&outcome).0, "ran");
+    let pttl: i64 = cluster
+        .node(0)
+        .command(&["PTTL", "redlock:{nightly}:slot:s"])
+        .parse()
+        .unwrap();
+    assert!(pttl > 0 && pttl <= 1000, "{pttl}");
+    support::wait_until(Duration::from_secs(10), "the record expires", || {
+        slot_records(&cluster, "s").iter().all(Option::is_none)
+    });
+    let (mut g, outcome) = slot_guard(&cluster, &dir, "second", "s", &retention, &runs);
+    assert_eq!(exit_code(&mut g, Duration::from_secs(10)), 0);
+    assert_eq!(outcome_of(&outcome).0, "ran", "{}", g.output_text());
+    assert_eq!(lines(&runs), ["first", "second"]);
+}
+
+#[test]
+fn invalid_slot_options_exit_2_with_one_line_naming_the_option() {
+    let long = "x".repeat(129);
+    let base = ["guard", "--lock", "x", "--redis", "redis://127.0.0.1:1"];
+    let cases: &[(&[&str], &str)] = &[
+        (&["--slot", "a b"], "--slot"),
+        (&["--slot", "a\nb"], "--slot"),
+        (&["--slot", &long], "--slot"),
+        (&["--slot", ""], "--slot"),
+        (
+            &["--slot", "s", "--slot-retention", "0"],
+            "--slot-retention",
+        ),
+        (
+            &["--slot", "s", "--slot-retention", "31d"],
+            "--slot-retention",
+        ),
+        (
+            &["--slot", "s", "--slot-retention", "soon"],
+            "--slot-retention",
+        ),
+    ];
+    for (extra, option) in cases {
+        let args = [&base[..], extra, &["--", "true"]].concat();
+        support::process::assert_invalid_config(&args, option);
+    }
+    // From the environment too (REDLOCK_SLOT, for the Kubernetes downward API).
+    support::process::assert_invalid_config_with_env(
+        &[&base[..], &["--", "true"]].concat(),
+        &[("REDLOCK_SLOT", "two words")],
+        "--slot",
+    );
+}
+
+#[test]
+fn thirty_guards_of_one_slot_whose_first_rounds_time_out_run_it_once_and_never_exit_69() {
+    // A loaded host, made certain: every node holds every guard's rounds (CLIENT PAUSE) past
+    // the default 50 ms node timeout until all 30 have sent one (the first ones have long
+    // timed out by then; a guard that took that for an outage has ended, with 69), then lets
+    // them go. All nodes are up all along: no guard may give up with 69.
+    let cluster = RedisCluster::start(3);
+    cluster.backdate_epochs(Duration::from_secs(10));
+    let dir = TempDir::new("slow-herd");
+    let runs = dir.path().join("runs");
+    for node in cluster.iter() {
+        node.command(&["CLIENT", "PAUSE", "30000", "WRITE"]);
+    }
+    let mut guards: Vec<(Proc, std::path::PathBuf)> = (0..30)
+        .map(|i| {
+            let name = format!("herd-{i}");
+            let (outcome, path) = file_arg(&dir, &format!("outcome-{name}"));
+            let script = format!("echo {name} >> {}", runs.display());
+            let g = guard_with_ttl(
+                &cluster,
+                "10s",
+                &name,
+                &["--slot", "herd", "--outcome-file", &path],
+                &sh(&script),
+            );
+            (g, outcome)
+        })
+        .collect();
+    support::wait_until(
+        Duration::from_secs(20),
+        "30 guards' rounds wait on every node, or a guard ended",
+        || {
+            let blocked = cluster.iter().all(|node| {
+                node.command(&["INFO", "clients"])
+                    .lines()
+                    .any(|l| l.trim() == "blocked_clients:30")
+            });
+            blocked || guards.iter_mut().any(|(g, _)| !g.is_running())
+        },
+    );
+    for node in cluster.iter() {
+        node.command(&["CLIENT", "UNPAUSE"]);
+    }
+    let mut words = Vec::new();
+    for (g, outcome) in &mut guards {
+        let code = exit_code(g, Duration::from_secs(30));
+        assert_eq!(
+            code,
+            0,
+            "never 69 while every node is up: {}",
+            g.output_text()
+        );
+        words.push(outcome_of(outcome).0);
+    }
+    assert_eq!(lines(&runs).len(), 1, "CMD ran once: {:?}", lines(&runs));
+    assert_eq!(words.iter().filter(|w| *w == "ran").count(), 1, "{words:?}");
+    assert!(
+        words
+            .iter()
+            .all(|w| ["ran", "skipped", "already-ran"].contains(&w.as_str())),
+        "{words:?}"
+    );
+}

@@ -70,6 +70,8 @@ pub async fn run_cmd(
         }
     };
     report.run("ran");
+    // The lock value stays the same through renewals: the slot's record is owner-checked by it.
+    let held = lease.clone();
     let stop_renewing = CancellationToken::new();
     let mut renewals = Some(spawn_renewals(
         redlock,
@@ -137,6 +139,10 @@ pub async fn run_cmd(
                 info!(exit_code = code, "CMD exited");
                 state.cmd_exited();
                 exit_code = Some(code);
+                // At once, under the lock: before --min-hold, which a kill could cut short.
+                if let Some(slot) = cfg.slot.as_ref().filter(|_| completed(code, &state, &ended)) {
+                    super::slot::record(cfg, slot, redlock, &held).await;
+                }
             }
             sig = signals.recv() => {
                 if state.cmd_running() {
@@ -215,6 +221,12 @@ pub async fn run_cmd(
             held(Kind::Ran, code)
         }
     }
+}
+
+/// Whether CMD's exit `code` ends a run that counts as done for `--slot`: 0, CMD not
+/// stopped by guard (a loss, `--max-hold`), and renewals not lost.
+fn completed(code: i32, state: &State, ended: &Option<HoldEnd>) -> bool {
+    code == 0 && state.stopped_for().is_none() && !matches!(ended, Some(HoldEnd::Lost(..)))
 }
 
 /// Hands the supervisor the SIGTERM and SIGKILL points as they stand; false if it could not

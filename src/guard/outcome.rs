@@ -22,6 +22,8 @@ pub enum Kind {
     /// CMD was never started: it could not be executed (126/127), or a signal stopped
     /// guard before it started (128+S).
     NotStarted,
+    /// `--slot`: the slot had already run, CMD was not started (exit 0).
+    AlreadyRan,
 }
 
 impl Kind {
@@ -34,6 +36,7 @@ impl Kind {
             Kind::Lost => "lost",
             Kind::MaxHold => "max-hold",
             Kind::NotStarted => "not-started",
+            Kind::AlreadyRan => "already-ran",
         }
     }
 }
@@ -97,6 +100,15 @@ mod tests {
         assert_eq!(
             skipped.line("nightly"),
             "outcome=skipped exit_code=0 lock=nightly"
+        );
+        let already = Outcome {
+            kind: Kind::AlreadyRan,
+            exit_code: 0,
+            fencing_token: Some(7),
+        };
+        assert_eq!(
+            already.line("x"),
+            "outcome=already-ran exit_code=0 lock=x fencing_token=7"
         );
         assert_eq!(
             Outcome::without_lock(Kind::MaxHold, 124).line("x"),

@@ -8,6 +8,11 @@
 //! - A round that a quorum would win, were it not for nodes whose data age is still short,
 //!   fails with [`LockError::NotYetTrusted`] and says how long until they count; the wait
 //!   retries then, also past its deadline (never longer than the longest ttl plus drift).
+//! - A wait with a deadline retries, for up to one ttl past it, rounds that said nothing about
+//!   a holder: a split among contenders, a round left short of a quorum by timeouts or
+//!   connection errors (a busy host, not an outage), and a round too slow to leave any
+//!   validity. Rounds that showed a holder, or failures a retry cannot mend (a wrong
+//!   password, votes that do not count), end the wait at its deadline.
 //! - A round takes the node set (see `votes`, rule 7) when it starts, after connecting nodes
 //!   whose server is not known (bounded by the node timeout), and sends its fingerprint with
 //!   every request; a grant counts only from the server the set named.
@@ -559,16 +564,7 @@ impl Redlock {
                 _ => timing::retry_delay(cfg.retry_delay, cfg.retry_max, attempt),
             };
             if let Some(deadline) = deadline {
-                // A split round says nothing about a holder: retry it past the deadline,
-                // for up to one ttl (by then every key of that round has expired). Votes that
-                // count soon are waited for past it too (at most the longest ttl + drift).
-                let deadline = match err {
-                    LockError::Contended { .. } => deadline + cfg.ttl,
-                    LockError::NotYetTrusted { .. } => {
-                        deadline.max(round + delay + CLOCK_DRIFT_FLOOR)
-                    }
-                    _ => deadline,
-                };
+                let deadline = retry_until(&err, deadline, cfg.ttl, round + delay);
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     return Err(err);
@@ -800,6 +796,31 @@ pub struct HolderSeen {
     pub fencing_token: Option<u64>,
 }
 
+/// Until when a wait with `deadline` retries after a round that failed with `err`; `next` is
+/// when the next round would start. Past the deadline, only rounds that said nothing about a
+/// holder are retried, each for a bounded time:
+/// - a split among contenders, and a round too slow to count (timeouts or connection errors
+///   left it short of a quorum, or it took the whole validity): up to one ttl past the
+///   deadline. A busy host that misses the node timeout once is not an outage; by then every
+///   key of such a round has expired. A node that stays down still ends the wait then.
+/// - votes that count soon: until they do (at most the longest ttl + drift).
+fn retry_until(err: &LockError, deadline: Instant, ttl: Duration, next: Instant) -> Instant {
+    match err {
+        LockError::Contended { .. } | LockError::ValidityTooShort { .. } => deadline + ttl,
+        LockError::QuorumUnreachable { votes, .. } if slow_or_unreachable(votes) => deadline + ttl,
+        LockError::NotYetTrusted { .. } => deadline.max(next + CLOCK_DRIFT_FLOOR),
+        _ => deadline,
+    }
+}
+
+/// Whether some node failed to answer in time or could not be reached: a retry may get its
+/// vote. Other failures (a wrong password, a node that may evict keys) stay as they are.
+fn slow_or_unreachable(votes: &super::Votes) -> bool {
+    votes.0.iter().any(|(_, vote)| {
+        matches!(vote, Vote::Failed(err) if matches!(err.kind, NodeErrorKind::Timeout | NodeErrorKind::Connection))
+    })
+}
+
 /// The identity that holds the key on the most nodes among `votes`.
 fn most_common_holder(votes: &[Option<Vote>]) -> Option<String> {
     let mut counts: Vec<(&str, usize)> = Vec::new();
@@ -821,4 +842,103 @@ fn most_common_holder(votes: &[Option<Vote>]) -> Option<String> {
 fn random_hex() -> String {
     let bytes: [u8; 16] = rand::rng().random();
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::redlock::Votes;
+
+    fn votes(failed: &[NodeErrorKind]) -> Votes {
+        let mut votes = vec![("a:1".to_owned(), Vote::Granted)];
+        for (i, kind) in failed.iter().enumerate() {
+            let err = NodeError {
+                kind: *kind,
+                message: String::new(),
+            };
+            votes.push((format!("n{i}:1"), Vote::Failed(err)));
+        }
+        Votes(votes)
+    }
+
+    fn unreachable(failed: &[NodeErrorKind]) -> LockError {
+        LockError::QuorumUnreachable {
+            lock: "l".to_owned(),
+            needed: 2,
+            votes: votes(failed),
+        }
+    }
+
+    #[test]
+    fn rounds_short_of_a_quorum_for_timeouts_or_connection_errors_are_retried_for_one_ttl() {
+        let deadline = Instant::now();
+        let ttl = Duration::from_secs(10);
+        let next = deadline + Duration::from_millis(200);
+        for failed in [
+            &[NodeErrorKind::Timeout, NodeErrorKind::Timeout][..],
+            &[NodeErrorKind::Connection, NodeErrorKind::Timeout],
+            &[NodeErrorKind::Auth, NodeErrorKind::Connection],
+        ] {
+            let err = unreachable(failed);
+            assert_eq!(
+                retry_until(&err, deadline, ttl, next),
+                deadline + ttl,
+                "{err}"
+            );
+        }
+        let slow = LockError::ValidityTooShort {
+            lock: "l".to_owned(),
+            elapsed: ttl,
+            ttl,
+        };
+        assert_eq!(retry_until(&slow, deadline, ttl, next), deadline + ttl);
+        let split = LockError::Contended {
+            lock: "l".to_owned(),
+            votes: Votes::default(),
+        };
+        assert_eq!(retry_until(&split, deadline, ttl, next), deadline + ttl);
+    }
+
+    #[test]
+    fn other_failures_end_the_wait_at_its_deadline() {
+        let deadline = Instant::now();
+        let ttl = Duration::from_secs(10);
+        let next = deadline + Duration::from_millis(200);
+        // Nodes that answered but cannot count, or refuse our password: a retry changes nothing.
+        let refused = unreachable(&[NodeErrorKind::Auth, NodeErrorKind::Protocol]);
+        assert_eq!(retry_until(&refused, deadline, ttl, next), deadline);
+        let not_counted = LockError::QuorumUnreachable {
+            lock: "l".to_owned(),
+            needed: 2,
+            votes: Votes(vec![(
+                "a:1".to_owned(),
+                Vote::NotCounted("may evict keys".to_owned()),
+            )]),
+        };
+        assert_eq!(retry_until(&not_counted, deadline, ttl, next), deadline);
+        let busy = LockError::Busy {
+            lock: "l".to_owned(),
+            holder: None,
+            holder_ttl: None,
+            holder_fence: 0,
+            votes: Votes::default(),
+        };
+        assert_eq!(retry_until(&busy, deadline, ttl, next), deadline);
+        let conflict = LockError::NodeSetConflict {
+            lock: "l".to_owned(),
+            votes: Votes::default(),
+        };
+        assert_eq!(retry_until(&conflict, deadline, ttl, next), deadline);
+        // Votes that count soon: waited for, past the deadline if need be.
+        let soon = LockError::NotYetTrusted {
+            lock: "l".to_owned(),
+            ready_in: Duration::from_secs(3),
+            votes: Votes::default(),
+        };
+        let later = deadline + Duration::from_secs(3);
+        assert_eq!(
+            retry_until(&soon, deadline, ttl, later),
+            later + CLOCK_DRIFT_FLOOR
+        );
+    }
 }

@@ -31,6 +31,8 @@
 //!   acquisition channel (see [`push`]). Waiters listen on every node; while the lock is held
 //!   they run no round until reads of the key's expiry, a keyspace event or an announcement say
 //!   it may be free (see [`standby`]).
+//! - **Slot records** (`guard --slot`): written beside the lock by its holder, owner-checked;
+//!   read on every node. See `slot`.
 //! - Nothing here panics on what a node answers: garbage, wrong passwords, dead hosts
 //!   and hung nodes all end as typed [`Vote::Failed`] entries within the node timeout.
 
@@ -43,6 +45,7 @@ pub mod push;
 mod scripts;
 pub mod secrets;
 pub mod sentinel;
+mod slot;
 pub mod standby;
 pub mod timing;
 pub mod votes;
@@ -66,6 +69,7 @@ pub use node::{
     info_field, ClientCert, ConnectSettings, Credentials, Node, NodeError, NodeErrorKind,
     NodeFacts, NodeSpec, FACTS_MAX_AGE,
 };
+pub use slot::{slot_seen, SlotSeen};
 pub use timing::{drift, quorum, validity};
 use votes::{NodeSet, Proof};
 
@@ -81,6 +85,7 @@ static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::RELEASE
 static CLEANUP: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::CLEANUP));
 static READ: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::READ));
 static PROBE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::PROBE));
+static RECORD_SLOT: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::RECORD_SLOT));
 
 /// The kind of request sent to a node (a metric label).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,11 +100,20 @@ pub enum Op {
     Release,
     /// Reading the holder.
     Read,
+    /// Reading or writing a schedule slot's record (`guard --slot`).
+    Slot,
 }
 
 impl Op {
     /// Every op, for pre-initialising metrics.
-    pub const ALL: [Op; 5] = [Op::Acquire, Op::Fence, Op::Extend, Op::Release, Op::Read];
+    pub const ALL: [Op; 6] = [
+        Op::Acquire,
+        Op::Fence,
+        Op::Extend,
+        Op::Release,
+        Op::Read,
+        Op::Slot,
+    ];
 
     /// The metric label value.
     pub fn as_str(self) -> &'static str {
@@ -109,6 +123,7 @@ impl Op {
             Op::Extend => "extend",
             Op::Release => "release",
             Op::Read => "read",
+            Op::Slot => "slot",
         }
     }
 }

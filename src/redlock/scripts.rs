@@ -283,6 +283,20 @@ end
 return deleted
 "#;
 
+/// Record that a schedule slot ran (`guard --slot`), only while we hold the lock here: the
+/// record is written by the holder whose CMD exited 0, before it releases.
+///
+/// Keys of its own: `KEYS[1]` the lock key, `KEYS[2]` the slot's record (same hash tag).
+/// ARGV: value, fencing token, retention in ms. Returns 1 if written, 0 if the lock here is
+/// not ours.
+pub const RECORD_SLOT: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+return 0
+"#;
+
 /// Read who holds the lock. Returns `{holder_value, pttl, fence}`.
 pub const READ: &str = r#"
 return {redis.call('GET', KEYS[1]) or '', redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or '0'}
