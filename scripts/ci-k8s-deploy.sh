@@ -51,8 +51,8 @@ rbac_is_exact() {
     --set cronjob.enabled=true --set cronjob.lockName=report --set cronjob.timeZone=Etc/UTC \
     >"${WORK}/rbac.yaml"
   "${PY}" - "${WORK}/rbac.yaml" <<'PY'
-# Exactly the calls of src/k8s.rs (pod patch, core Event create, Lease get/update by name and
-# create) and of guard (Event create); nothing cluster-wide.
+# Exactly the calls of src/k8s.rs (pod patch, pod get for --follow-container, core Event create,
+# Lease get/update by name and create) and of guard (Event create); nothing cluster-wide.
 import sys, yaml
 docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
 roles = {d["metadata"]["name"]: d["rules"] for d in docs if d["kind"] == "Role"}
@@ -62,7 +62,7 @@ def norm(rules):
                    tuple(r.get("resourceNames", []))) for r in rules)
 sidecar = norm(roles["x-redlock-sidecar"])
 assert sidecar == sorted([
-    (("",), ("pods",), ("patch",), ()),
+    (("",), ("pods",), ("get", "patch"), ()),
     (("",), ("events",), ("create",), ()),
     (("coordination.k8s.io",), ("leases",), ("get", "update"), ("redlock-orders-writer",)),
     (("coordination.k8s.io",), ("leases",), ("create",), ()),
@@ -387,7 +387,7 @@ assert binding["roleRef"]["name"] == "redlock-sidecar-attach"
 assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "orders"}], binding["subjects"]  # the binding's namespace
 assert ("ServiceAccount", "redlock-sidecar") not in one, "the Component creates no ServiceAccount"
 role = one[("Role", "redlock-sidecar-attach")]
-assert sorted((tuple(r["resources"]), tuple(r["verbs"])) for r in role["rules"]) == [(("events",), ("create",)), (("pods",), ("patch",))]
+assert sorted((tuple(r["resources"]), tuple(r["verbs"])) for r in role["rules"]) == [(("events",), ("create",)), (("pods",), ("get", "patch"))]
 for name, lock in (("orders", "orders-writer"), ("billing", "billing-writer")):
     check_pod(two[("Deployment", name)], lock, name)
 assert {k for k in two if k[0] in ("Role", "RoleBinding")} == {

@@ -764,16 +764,15 @@ The sidecar container (`redlock-sidecar run`). As a native sidecar it goes into 
     # led at once in one workload (a rollout that renamed the lock).
     - name: REDLOCK_WORKLOAD
       value: {{ include "redlock-sidecar.exampleName" . | quote }}
+    {{- if .Values.kubernetes.enabled }}
     {{- with .Values.sidecar.followContainer }}
-    {{- if not $.Values.kubernetes.enabled }}
-    {{- fail "sidecar.followContainer reads the pod's status from the Kubernetes API: it needs kubernetes.enabled (or set sidecar.followContainer to \"\")" }}
-    {{- end }}
     {{- if and (eq . "*") (not $.Values.sidecar.native) $.Values.sidecar.readinessProbe (eq $.Values.sidecar.readyWhen "leader") }}
     {{- fail "sidecar.followContainer \"*\" with a regular (not native) sidecar container whose readiness is leadership would wait for itself: name the app container instead" }}
     {{- end }}
     # Contend only while the app containers are ready (their own readinessProbes decide).
     - name: REDLOCK_FOLLOW_CONTAINER
       value: {{ . | quote }}
+    {{- end }}
     {{- end }}
     {{- with .Values.sidecar.extraEnv }}
     {{- toYaml . | nindent 4 }}
