@@ -727,15 +727,18 @@ fn orphans_below_guard_are_reaped() {
     let file = |name: &str| dir.path().join(name);
     // The inner shell exits at once, leaving its `sleep` an orphan.
     let script = format!(
-        "echo $PPID > {}; sh -c 'sleep 1 & echo $! > {}'; exec sleep 30",
+        "echo $PPID > {}; sh -c 'echo $$ > {}; sleep 1 & echo $! > {}'; exec sleep 30",
         file("supervisor").display(),
+        file("inner").display(),
         file("orphan").display()
     );
     let mut g = guard(&cluster, "holder", &[], &sh(&script));
     let supervisor = read_pid(&file("supervisor"));
+    let inner = read_pid(&file("inner"));
     let orphan = read_pid(&file("orphan"));
+    // Once the inner shell has exited, the orphan has a new parent.
     support::wait_until(Duration::from_secs(5), "the orphan is re-parented", || {
-        ppid(orphan) != Some(supervisor) && pid_alive(orphan) || ppid(orphan) == Some(supervisor)
+        ppid(orphan) != Some(inner)
     });
     assert_eq!(
         ppid(orphan),
