@@ -297,6 +297,8 @@ for kind in SCHEMAS:
 print("validated:", seen)
 PY
 
+check "every relative link in README.md, docs/ and the chart README resolves" python3 scripts/check-doc-links.py
+
 check "values.yaml: every value has a comment" python3 - "${CHART}/values.yaml" <<'PY'
 # A value is documented by the comment right above it, or by the comment of a map it belongs to.
 import re, sys
