@@ -20,10 +20,11 @@ cleanup() {
 trap cleanup EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
-http_get() { python3 - "$1" <<'PY'
+http_get() { python3 - "$1" "${2:-GET}" <<'PY'
 import sys, urllib.request, urllib.error
 try:
-    r = urllib.request.urlopen(sys.argv[1], timeout=2); print(r.status, r.read().decode())
+    request = urllib.request.Request(sys.argv[1], method=sys.argv[2])
+    r = urllib.request.urlopen(request, timeout=6); print(r.status, r.read().decode())
 except urllib.error.HTTPError as e:
     print(e.code, e.read().decode())
 except Exception as e:
@@ -103,4 +104,22 @@ echo "takeover by $new: ${handoff_ms} ms from SIGTERM reaching $leader to $new h
 for name in alpha beta gamma; do echo "$name: $(http_get "http://${ADMIN[$name]}/leader")"; done
 echo "== $leader's log:"
 grep -E "acquired|released|shutdown" "$WORK/$leader.log" || true
+
+echo "== $new hands over on its own: POST /v1/leader/resign on its loopback control listener"
+echo "$new: $(http_get "http://${CONTROL[$new]}/v1/leader/resign?hold=5s" POST)"
+third=""
+for _ in $(seq 1 500); do
+  for name in alpha beta gamma; do
+    [ "$name" = "$leader" ] || [ "$name" = "$new" ] && continue
+    case "$(http_get "http://${ADMIN[$name]}/leader")" in 200*) third=$name ;; esac
+  done
+  [ -n "$third" ] && break
+  sleep 0.01
+done
+[ -n "$third" ] || { echo "no takeover after the resign"; cat "$WORK"/*.log; exit 1; }
+echo "$third leads now; $new stands aside for 5 s, then waits as a standby"
+for name in alpha beta gamma; do
+  [ "$name" = "$leader" ] && continue
+  echo "$name: $(http_get "http://${ADMIN[$name]}/leader")"
+done
 echo "== demo done; cleaning up"
