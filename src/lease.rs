@@ -227,22 +227,13 @@ pub async fn run(
         // The wait ends on cancellation or when the app stops being fit to lead; a round in
         // flight is finished first (the engine never abandons one half-way).
         let unfit = cancel.child_token();
-        let acquired = {
-            let acquire = redlock.acquire_watching(
-                None,
-                &unfit,
-                |result, elapsed| observe_attempt(&tx, &metrics, result, elapsed),
-                |seen| observe_holder(&tx, seen),
-            );
-            let watch = cancel_when_not(&mut candidacy, &unfit, Candidacy::may_contend);
-            tokio::pin!(acquire, watch);
-            loop {
-                tokio::select! {
-                    result = &mut acquire => break result,
-                    () = &mut watch => {}
-                }
-            }
-        };
+        let acquire = redlock.acquire_watching(
+            None,
+            &unfit,
+            |result, elapsed| observe_attempt(&tx, &metrics, result, elapsed),
+            |seen| observe_holder(&tx, seen),
+        );
+        let acquired = while_fit(acquire, &mut candidacy, &unfit, Candidacy::may_contend).await;
         let lease = match acquired {
             Ok(lease) => lease,
             // Only cancellation ends an unbounded wait: shutdown, or the app became unfit.
@@ -272,17 +263,8 @@ pub async fn run(
             "acquired the lock"
         );
         let unfit = cancel.child_token();
-        let held = {
-            let hold = hold(&redlock, lease, renewal, &tx, &metrics, &unfit);
-            let watch = cancel_when_not(&mut candidacy, &unfit, Candidacy::may_lead);
-            tokio::pin!(hold, watch);
-            loop {
-                tokio::select! {
-                    end = &mut hold => break end,
-                    () = &mut watch => {}
-                }
-            }
-        };
+        let hold = hold(&redlock, lease, renewal, &tx, &metrics, &unfit);
+        let held = while_fit(hold, &mut candidacy, &unfit, Candidacy::may_lead).await;
         match held {
             HoldEnd::Cancelled(lease) => {
                 publish_follower(&tx);
@@ -319,17 +301,27 @@ pub async fn run(
     }
 }
 
-/// Cancels `token` once `verdict` stops holding; then (or once `token` is cancelled) pends, so
-/// the caller's `select!` moves on only when its other branch ends.
-async fn cancel_when_not(
+/// Runs `work` to its end, cancelling `unfit` (which `work` must watch) as soon as `verdict`
+/// stops holding: `work` is never dropped half-way, it ends on its own terms.
+async fn while_fit<T>(
+    work: impl std::future::Future<Output = T>,
     candidacy: &mut CandidacyRx,
-    token: &CancellationToken,
+    unfit: &CancellationToken,
     verdict: fn(&Candidacy, std::time::Instant) -> bool,
-) {
-    if candidacy::until(candidacy, token, |c, now| !verdict(c, now)).await {
-        token.cancel();
+) -> T {
+    let watch = async {
+        if candidacy::until(candidacy, unfit, |c, now| !verdict(c, now)).await {
+            unfit.cancel();
+        }
+        std::future::pending::<()>().await
+    };
+    tokio::pin!(work, watch);
+    loop {
+        tokio::select! {
+            out = &mut work => return out,
+            () = &mut watch => {}
+        }
     }
-    std::future::pending().await
 }
 
 /// Releases `lease` on every node (owner-checked, announced to waiters) and logs how many

@@ -77,12 +77,9 @@ impl SecretFiles {
     pub fn load(&self) -> Result<Loaded, ConfigError> {
         let (tx, rx) = std::sync::mpsc::channel();
         let reads = self.reads();
-        for read in &reads {
-            let tx = tx.clone();
-            spawn_read(read, move |result| {
-                let _ = tx.send(result);
-            })?;
-        }
+        spawn_reads(&reads, move |result| {
+            let _ = tx.send(result);
+        })?;
         let deadline = Instant::now() + READ_TIMEOUT;
         let mut contents = HashMap::new();
         for _ in &reads {
@@ -102,12 +99,9 @@ impl SecretFiles {
     pub async fn reload(&self) -> Result<Loaded, ConfigError> {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let reads = self.reads();
-        for read in &reads {
-            let tx = tx.clone();
-            spawn_read(read, move |result| {
-                let _ = tx.send(result);
-            })?;
-        }
+        spawn_reads(&reads, move |result| {
+            let _ = tx.send(result);
+        })?;
         let mut contents = HashMap::new();
         let all = async {
             for _ in &reads {
@@ -193,6 +187,17 @@ impl SecretFiles {
             sentinel_password,
         })
     }
+}
+
+/// [`spawn_read`] for each of `reads`, each outcome handed to (a clone of) `deliver`.
+fn spawn_reads(
+    reads: &[FileRead],
+    deliver: impl Fn(Result<(&'static str, Vec<u8>), ConfigError>) + Clone + Send + 'static,
+) -> Result<(), ConfigError> {
+    for read in reads {
+        spawn_read(read, deliver.clone())?;
+    }
+    Ok(())
 }
 
 /// Reads `read` on a thread of its own and hands the outcome to `deliver`; joins the read
