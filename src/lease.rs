@@ -12,7 +12,12 @@
 //!   no key ends leadership at once (reason `superseded`): no retry can bring the lease back.
 //! - **A lost lease keeps its promise.** Whatever ended it, the nodes we still hold are
 //!   released only once the validity last published has run out: an app may act on
-//!   `validity_ms` until then, so nobody else may lead before. Only SIGTERM releases at once.
+//!   `validity_ms` until then, so nobody else may lead before. Only SIGTERM, a resign and an
+//!   app unready for `--app-unready-after` (see `candidacy`) release at once.
+//! - **Candidacy.** The loop contends only while [`Candidacy::may_contend`] and leads only while
+//!   [`Candidacy::may_lead`]; a wait or a tenure that stops being allowed ends as on SIGTERM
+//!   (a round in flight is finished, a lock won meanwhile is released unpublished), and the
+//!   loop waits until it may contend again.
 //! - All deadlines are on [`clock`]: a host suspend counts against them, so a resumed
 //!   process never believes it still leads.
 //! - **Pause detection.** If the task wakes much later than scheduled (process paused,
