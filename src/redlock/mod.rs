@@ -945,6 +945,22 @@ impl Redlock {
     /// Reads the lock key on every node with plain commands (`GET` + `PTTL`, pipelined; no
     /// script): per node, the holder's identity and the key's remaining time, `None` if no key.
     async fn read_keys(&self) -> Vec<Result<Option<(String, Duration)>, NodeError>> {
+        self.read_everywhere(&self.inner.key, Op::Read)
+            .await
+            .into_iter()
+            .map(|result| {
+                result.map(|read| read.map(|(value, pttl)| (identity_of(&value).to_owned(), pttl)))
+            })
+            .collect()
+    }
+
+    /// Reads `key` on every node at once (`GET` + `PTTL`, each bounded by the node timeout),
+    /// timed and counted as `op`: per node, the value and its remaining time, `None` if absent.
+    async fn read_everywhere(
+        &self,
+        key: &str,
+        op: Op,
+    ) -> Vec<Result<Option<(String, Duration)>, NodeError>> {
         let inner = &self.inner;
         let reads = inner
             .nodes
@@ -952,12 +968,12 @@ impl Redlock {
             .enumerate()
             .map(|(index, node)| async move {
                 let start = Instant::now();
-                let result = node.read_key(&inner.key, inner.cfg.node_timeout).await;
+                let result = node.read_key(key, inner.cfg.node_timeout).await;
                 let outcome = result.as_ref().map(|_| ()).map_err(|e| e.kind);
                 inner
                     .observer
-                    .node_call(index, Op::Read, start.elapsed(), outcome);
-                result.map(|read| read.map(|(value, pttl)| (identity_of(&value).to_owned(), pttl)))
+                    .node_call(index, op, start.elapsed(), outcome);
+                result
             });
         futures_util::future::join_all(reads).await
     }

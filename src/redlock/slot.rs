@@ -62,22 +62,11 @@ impl Redlock {
     /// Reads slot `id`'s record on every node (plain `GET`, each bounded by the node
     /// timeout); judge with [`slot_seen`].
     pub async fn read_slot(&self, id: &str) -> Vec<Result<Option<String>, NodeError>> {
-        let inner = &self.inner;
-        let key = &self.slot_key(id);
-        let reads = inner
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(index, node)| async move {
-                let start = Instant::now();
-                let result = node.read_key(key, inner.cfg.node_timeout).await;
-                let outcome = result.as_ref().map(|_| ()).map_err(|e| e.kind);
-                inner
-                    .observer
-                    .node_call(index, Op::Slot, start.elapsed(), outcome);
-                result.map(|read| read.map(|(token, _)| token))
-            });
-        futures_util::future::join_all(reads).await
+        self.read_everywhere(&self.slot_key(id), Op::Slot)
+            .await
+            .into_iter()
+            .map(|result| result.map(|read| read.map(|(token, _)| token)))
+            .collect()
     }
 
     /// Records that slot `id` ran under `lease`, for `retention`, on every node where the
