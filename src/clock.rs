@@ -67,6 +67,87 @@ pub fn saturating_add(start: Instant, duration: Duration) -> Instant {
     }
 }
 
+/// A point in time on `CLOCK_BOOTTIME`: the one type every lock timer is measured in.
+///
+/// It is a plain reading (time since boot), so it is the same in every process of the host,
+/// it orders and hashes, and a pure decision or the protocol model can make one from a number
+/// (`Deadline::from_boottime`) without a clock. [`Deadline::now`] reads the clock;
+/// [`sleep_until_deadline`] waits on it, counting time the host spent suspended.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Deadline(Duration);
+
+impl Deadline {
+    /// The clock's reading now.
+    pub fn now() -> Deadline {
+        Deadline(boottime())
+    }
+
+    /// The instant whose `CLOCK_BOOTTIME` reading is `since_boot`.
+    pub const fn from_boottime(since_boot: Duration) -> Deadline {
+        Deadline(since_boot)
+    }
+
+    /// The `CLOCK_BOOTTIME` reading of this instant (what guard's supervisor is handed).
+    pub const fn boottime(self) -> Duration {
+        self.0
+    }
+
+    /// The same instant as an `Instant` on [`now`]'s scale, for code not yet moved over.
+    pub fn to_instant(self) -> Instant {
+        let (instant, boot) = *ORIGIN;
+        match self.0.checked_sub(boot) {
+            Some(after) => saturating_add(instant, after),
+            None => instant.checked_sub(boot - self.0).unwrap_or(instant),
+        }
+    }
+
+    /// The instant `at` (on [`now`]'s scale) as a deadline.
+    pub fn from_instant(at: Instant) -> Deadline {
+        Deadline(boottime_of(at))
+    }
+
+    /// How long from `earlier` to this instant; zero if `earlier` is later.
+    pub fn saturating_duration_since(self, earlier: Deadline) -> Duration {
+        self.0.saturating_sub(earlier.0)
+    }
+
+    /// How long from `earlier` to this instant; `None` if `earlier` is later.
+    pub fn checked_duration_since(self, earlier: Deadline) -> Option<Duration> {
+        self.0.checked_sub(earlier.0)
+    }
+
+    /// This instant plus `d`, saturating at the latest instant there is.
+    pub fn saturating_add(self, d: Duration) -> Deadline {
+        Deadline(self.0.saturating_add(d))
+    }
+
+    /// This instant minus `d`, saturating at boot.
+    pub fn saturating_sub(self, d: Duration) -> Deadline {
+        Deadline(self.0.saturating_sub(d))
+    }
+}
+
+impl std::ops::Add<Duration> for Deadline {
+    type Output = Deadline;
+    /// Saturating: a deadline past the end of time is one that never comes.
+    fn add(self, d: Duration) -> Deadline {
+        self.saturating_add(d)
+    }
+}
+
+impl std::ops::Sub<Duration> for Deadline {
+    type Output = Deadline;
+    /// Saturating at boot.
+    fn sub(self, d: Duration) -> Deadline {
+        self.saturating_sub(d)
+    }
+}
+
+/// Sleeps until the clock reaches `deadline`, counting suspended time.
+pub async fn sleep_until_deadline(deadline: Deadline) {
+    sleep_until(deadline.to_instant()).await
+}
+
 /// Sleeps until [`now`] reaches `deadline`, counting suspended time.
 pub async fn sleep_until(deadline: Instant) {
     let (instant, boot) = *ORIGIN;
@@ -189,6 +270,52 @@ mod tests {
             boot - boottime_of(at - Duration::from_millis(7)),
             Duration::from_millis(7)
         );
+    }
+
+    #[test]
+    fn deadlines_are_boottime_readings_that_add_and_subtract_without_overflow() {
+        let at = Deadline::from_boottime(Duration::from_secs(5));
+        assert_eq!(
+            (at + Duration::from_secs(2)).boottime(),
+            Duration::from_secs(7)
+        );
+        assert_eq!(
+            at - Duration::from_secs(9),
+            Deadline::from_boottime(Duration::ZERO)
+        );
+        assert_eq!(at + Duration::MAX, Deadline::from_boottime(Duration::MAX));
+        let later = at + Duration::from_millis(3);
+        assert_eq!(
+            later.saturating_duration_since(at),
+            Duration::from_millis(3)
+        );
+        assert_eq!(at.saturating_duration_since(later), Duration::ZERO);
+        assert_eq!(at.checked_duration_since(later), None);
+    }
+
+    #[test]
+    fn deadlines_and_instants_map_onto_each_other() {
+        let now_instant = now();
+        let deadline = Deadline::from_instant(now_instant);
+        let back = deadline.to_instant();
+        let diff = if back > now_instant {
+            back - now_instant
+        } else {
+            now_instant - back
+        };
+        assert!(diff < Duration::from_micros(1), "{diff:?}");
+        let read = Deadline::now();
+        assert!(
+            read >= deadline
+                && read.saturating_duration_since(deadline) < Duration::from_millis(50)
+        );
+    }
+
+    #[tokio::test]
+    async fn sleep_until_deadline_wakes_at_the_deadline_not_before() {
+        let deadline = Deadline::now() + Duration::from_millis(30);
+        sleep_until_deadline(deadline).await;
+        assert!(Deadline::now() >= deadline);
     }
 
     #[tokio::test]
