@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::{http, Proc, RedisCluster};
+use support::{http, leads, one_leader, RedisCluster, Sidecar};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const TTL: Duration = Duration::from_secs(2);
@@ -63,132 +63,29 @@ impl App {
     }
 }
 
-struct Sidecar {
-    proc: Proc,
-    addr: SocketAddr,
-    control: SocketAddr,
-    name: String,
-}
-
-impl Sidecar {
-    fn start(name: &str, cluster: &RedisCluster, app: Option<&App>) -> Sidecar {
-        let addr = loopback();
-        let control = loopback();
-        let (listen, control_listen) = (addr.to_string(), control.to_string());
-        let redis = cluster.urls_joined();
-        let app_url = app.map(App::url);
-        let (interval, after) = (
-            format!("{}ms", PROBE_EVERY.as_millis()),
-            format!("{}ms", UNREADY_AFTER.as_millis()),
-        );
-        let mut args = vec![
-            "run",
-            "--lock",
-            "work",
-            "--redis",
-            &redis,
-            "--ttl",
-            "2s",
-            "--safety-margin",
-            "300ms",
-            "--retry-delay",
-            "50ms",
-            "--node-timeout",
-            "250ms",
-            "--listen",
-            &listen,
-            "--control-listen",
-            &control_listen,
-            "--identity",
-            name,
-            "--kubernetes",
-            "off",
-        ];
-        if let Some(url) = &app_url {
-            args.extend([
-                "--app-ready",
-                url,
-                "--app-ready-interval",
-                &interval,
-                "--app-unready-after",
-                &after,
-            ]);
-        }
-        Sidecar {
-            proc: Proc::spawn(&args, &[("REDLOCK_LOG", "info")]),
-            addr,
-            control,
-            name: name.to_owned(),
-        }
+/// A sidecar for lock `work` on `cluster`; with `app`, it follows that app's readiness.
+fn sidecar(name: &str, cluster: &RedisCluster, app: Option<&App>) -> Sidecar {
+    let (interval, after) = (
+        format!("{}ms", PROBE_EVERY.as_millis()),
+        format!("{}ms", UNREADY_AFTER.as_millis()),
+    );
+    let app_url = app.map(App::url);
+    let mut extra = vec!["--kubernetes", "off"];
+    if let Some(url) = &app_url {
+        extra.extend([
+            "--app-ready",
+            url,
+            "--app-ready-interval",
+            &interval,
+            "--app-unready-after",
+            &after,
+        ]);
     }
-
-    async fn leader(&self) -> Option<serde_json::Value> {
-        http::get(self.addr, "/leader").await.ok()?.json().ok()
-    }
-
-    async fn is_leader(&self) -> bool {
-        self.leader()
-            .await
-            .is_some_and(|b| b["is_leader"].as_bool() == Some(true))
-    }
-
-    async fn token(&self) -> Option<u64> {
-        self.leader().await?["fencing_token"].as_u64()
-    }
-
-    async fn holder(&self) -> Option<String> {
-        self.leader().await?["holder"].as_str().map(str::to_owned)
-    }
-}
-
-fn loopback() -> SocketAddr {
-    format!("127.0.0.1:{}", support::free_port())
-        .parse()
-        .unwrap()
+    Sidecar::start_logging(name, "work", &cluster.urls_joined(), "2s", &extra, "info")
 }
 
 fn ready_cluster() -> RedisCluster {
-    let cluster = RedisCluster::start(3);
-    cluster.wait_votes_count(TTL);
-    cluster
-}
-
-/// Waits until exactly one of `sidecars` leads, within `within`; returns its index. Never two.
-async fn one_leader(sidecars: &[&Sidecar], within: Duration) -> usize {
-    let deadline = Instant::now() + within;
-    loop {
-        let mut leaders = Vec::new();
-        for (i, s) in sidecars.iter().enumerate() {
-            if s.is_leader().await {
-                leaders.push(i);
-            }
-        }
-        assert!(leaders.len() <= 1, "never two leaders: {leaders:?}");
-        if let [leader] = leaders[..] {
-            return leader;
-        }
-        if Instant::now() >= deadline {
-            let logs: Vec<String> = sidecars
-                .iter()
-                .map(|s| format!("--- {} ---\n{}", s.name, s.proc.output_text()))
-                .collect();
-            panic!("no leader within {within:?}\n{}", logs.join("\n"));
-        }
-        tokio::time::sleep(support::POLL_EVERY).await;
-    }
-}
-
-/// Waits until `sidecars[which]` leads, within `within`; never two leaders meanwhile.
-async fn leads(sidecars: &[&Sidecar], which: usize, within: Duration) {
-    let deadline = Instant::now() + within;
-    while one_leader(sidecars, within).await != which {
-        assert!(
-            Instant::now() < deadline,
-            "{} did not lead within {within:?}",
-            sidecars[which].name
-        );
-        tokio::time::sleep(support::POLL_EVERY).await;
-    }
+    RedisCluster::ready(3, TTL)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -196,8 +93,8 @@ async fn a_leader_whose_app_fails_hands_over_and_returns_as_a_standby() {
     let cluster = tokio::task::block_in_place(ready_cluster);
     let apps = [App::start(true).await, App::start(true).await];
     let sidecars = [
-        Sidecar::start("a", &cluster, Some(&apps[0])),
-        Sidecar::start("b", &cluster, Some(&apps[1])),
+        sidecar("a", &cluster, Some(&apps[0])),
+        sidecar("b", &cluster, Some(&apps[1])),
     ];
     let both = [&sidecars[0], &sidecars[1]];
     let first = one_leader(&both, Duration::from_secs(15)).await;
@@ -256,7 +153,7 @@ async fn a_leader_whose_app_fails_hands_over_and_returns_as_a_standby() {
 async fn an_app_that_never_became_ready_never_leads() {
     let cluster = tokio::task::block_in_place(ready_cluster);
     let app = App::start(false).await;
-    let sidecar = Sidecar::start("starting", &cluster, Some(&app));
+    let sidecar = sidecar("starting", &cluster, Some(&app));
     support::wait_until_async(Duration::from_secs(10), "the sidecar serves", || async {
         sidecar.leader().await.is_some()
     })
@@ -284,10 +181,7 @@ async fn an_app_that_never_became_ready_never_leads() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resign_on_the_control_listener_hands_over_at_once_and_the_public_port_changes_nothing() {
     let cluster = tokio::task::block_in_place(ready_cluster);
-    let sidecars = [
-        Sidecar::start("a", &cluster, None),
-        Sidecar::start("b", &cluster, None),
-    ];
+    let sidecars = [sidecar("a", &cluster, None), sidecar("b", &cluster, None)];
     let both = [&sidecars[0], &sidecars[1]];
     let first = one_leader(&both, Duration::from_secs(15)).await;
     let other = 1 - first;

@@ -5,117 +5,28 @@ mod support;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use support::{http, Proc, RedisCluster};
+use support::{http, one_leader, Proc, RedisCluster, Sidecar};
 
 /// The ttl the binary is run with in these tests, as a flag value and as a duration.
 const TTL: &str = "2s";
 const TTL_SECS: Duration = Duration::from_secs(2);
 
-struct Sidecar {
-    proc: Proc,
-    addr: SocketAddr,
-    name: String,
+/// A sidecar for lock `jobs` on `cluster`, with the shared test flags and `extra`.
+fn sidecar(name: &str, cluster: &RedisCluster, extra: &[&str]) -> Sidecar {
+    Sidecar::start(name, "jobs", &cluster.urls_joined(), TTL, extra)
 }
 
-impl Sidecar {
-    fn start(name: &str, cluster: &RedisCluster, extra: &[&str]) -> Sidecar {
-        let port = support::free_port();
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let listen = addr.to_string();
-        let redis = cluster.urls_joined();
-        let mut args = vec![
-            "run",
-            "--lock",
-            "jobs",
-            "--redis",
-            &redis,
-            "--ttl",
-            TTL,
-            "--listen",
-            &listen,
-            "--identity",
-            name,
-        ];
-        // Defaults a test may override through `extra`. The node timeout is generous for a
-        // loaded 2-core test machine; it bounds each call.
-        let defaults = [
-            ("--safety-margin", "300ms"),
-            ("--retry-delay", "50ms"),
-            ("--node-timeout", "250ms"),
-        ];
-        for (flag, value) in defaults {
-            if !extra.contains(&flag) {
-                args.extend([flag, value]);
-            }
-        }
-        args.extend_from_slice(extra);
-        let proc = Proc::spawn(&args, &[("REDLOCK_LOG", "debug")]);
-        Sidecar {
-            proc,
-            addr,
-            name: name.to_owned(),
-        }
-    }
-
-    async fn leader(&self) -> Option<serde_json::Value> {
-        let response = http::get(self.addr, "/leader").await.ok()?;
-        let body = response.json().ok()?;
-        assert_eq!(
-            body["is_leader"].as_bool(),
-            Some(response.status == 200),
-            "status and body agree"
-        );
-        Some(body)
-    }
-
-    async fn wait_serving(&self) {
-        support::wait_until_async(Duration::from_secs(10), "admin endpoint serves", || async {
-            http::get(self.addr, "/healthz")
-                .await
-                .is_ok_and(|r| r.status == 200)
-        })
-        .await;
-    }
-
-    async fn is_leader(&self) -> bool {
-        http::get(self.addr, "/leader")
-            .await
-            .is_ok_and(|r| r.status == 200)
-    }
-}
-
-async fn ready_cluster(n: usize) -> RedisCluster {
+fn ready_cluster(n: usize) -> RedisCluster {
     // Blocking is fine here: nothing else runs on the test's runtime yet.
-    let cluster = RedisCluster::start(n);
-    cluster.wait_votes_count(TTL_SECS);
-    cluster
-}
-
-/// Waits until exactly one of `sidecars` leads; returns its index.
-async fn one_leader(sidecars: &[&Sidecar], within: Duration) -> usize {
-    let deadline = Instant::now() + within;
-    loop {
-        let mut leaders = Vec::new();
-        for (i, s) in sidecars.iter().enumerate() {
-            if s.is_leader().await {
-                leaders.push(i);
-            }
-        }
-        assert!(leaders.len() <= 1, "never two leaders: {leaders:?}");
-        if let [leader] = leaders[..] {
-            return leader;
-        }
-        assert!(Instant::now() < deadline, "no leader within {within:?}");
-        tokio::time::sleep(support::POLL_EVERY).await;
-    }
+    RedisCluster::ready(n, TTL_SECS)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_sidecars_elect_one_leader_and_hand_over_on_sigterm_sigkill_and_sigstop() {
-    let cluster = ready_cluster(3).await;
+    let cluster = ready_cluster(3);
     let mut sidecars: Vec<Sidecar> = ["a", "b", "c"]
         .iter()
-        .map(|n| Sidecar::start(n, &cluster, &[]))
+        .map(|n| sidecar(n, &cluster, &[]))
         .collect();
 
     // Exactly one leads, and every sidecar names it as holder.
@@ -206,7 +117,7 @@ async fn three_sidecars_elect_one_leader_and_hand_over_on_sigterm_sigkill_and_si
     let paused_token = sidecars[third].leader().await.unwrap()["fencing_token"]
         .as_u64()
         .unwrap();
-    let fresh = Sidecar::start("d", &cluster, &[]);
+    let fresh = sidecar("d", &cluster, &[]);
     sidecars[third].proc.sigstop();
     support::wait_until_async(Duration::from_secs(8), "fresh sidecar takes over", || {
         fresh.is_leader()
@@ -235,10 +146,10 @@ async fn three_sidecars_elect_one_leader_and_hand_over_on_sigterm_sigkill_and_si
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn losing_the_quorum_flips_leader_to_503_before_validity_ends_then_recovers() {
-    let mut cluster = ready_cluster(3).await;
+    let mut cluster = ready_cluster(3);
     // A 1 s margin (of the 2 s ttl): the test sees the step-down late by the time its own
     // polling takes, which on a loaded machine can exceed the default 300 ms.
-    let a = Sidecar::start("a", &cluster, &["--safety-margin", "1s"]);
+    let a = sidecar("a", &cluster, &["--safety-margin", "1s"]);
     support::wait_until_async(Duration::from_secs(20), "a leads", || a.is_leader()).await;
     // Record when the lock's validity ends, as the leader reports it.
     let seen = Instant::now();
@@ -268,7 +179,7 @@ async fn losing_the_quorum_flips_leader_to_503_before_validity_ends_then_recover
     .await;
     cluster.node_mut(0).start_again();
     cluster.node_mut(1).start_again();
-    let b = Sidecar::start("b", &cluster, &[]);
+    let b = sidecar("b", &cluster, &[]);
     // Restarted nodes vote again only after ttl + drift: then exactly one leads.
     one_leader(&[&a, &b], Duration::from_secs(20)).await;
     support::wait_until_async(Duration::from_secs(5), "ready again", || async {
@@ -281,8 +192,8 @@ async fn losing_the_quorum_flips_leader_to_503_before_validity_ends_then_recover
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_reports_a_restarted_node_as_not_counted_until_it_is_old_enough() {
-    let mut cluster = ready_cluster(3).await;
-    let a = Sidecar::start("a", &cluster, &[]);
+    let mut cluster = ready_cluster(3);
+    let a = sidecar("a", &cluster, &[]);
     support::wait_until_async(Duration::from_secs(20), "a leads", || a.is_leader()).await;
     let node = cluster.node(2).addr().to_string();
     let counted = || async {
@@ -358,10 +269,10 @@ fn sample(scrape: &prometheus_parse::Scrape, name: &str, label: Option<(&str, &s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_are_valid_exposition_with_every_documented_name_and_move_on_handoff() {
-    let cluster = ready_cluster(3).await;
-    let mut a = Sidecar::start("a", &cluster, &[]);
+    let cluster = ready_cluster(3);
+    let mut a = sidecar("a", &cluster, &[]);
     support::wait_until_async(Duration::from_secs(20), "a leads", || a.is_leader()).await;
-    let b = Sidecar::start("b", &cluster, &["--workload", "jobs-runner"]);
+    let b = sidecar("b", &cluster, &["--workload", "jobs-runner"]);
     b.wait_serving().await;
     let text = http::get(b.addr, "/metrics").await.unwrap();
     assert_eq!(text.status, 200);
@@ -488,10 +399,10 @@ async fn next_event<R: tokio::io::AsyncBufRead + Unpin>(
 async fn the_event_stream_reports_leadership_changes_and_unknown_routes_are_refused() {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
-    let cluster = ready_cluster(3).await;
-    let mut a = Sidecar::start("a", &cluster, &[]);
+    let cluster = ready_cluster(3);
+    let mut a = sidecar("a", &cluster, &[]);
     support::wait_until_async(Duration::from_secs(20), "a leads", || a.is_leader()).await;
-    let b = Sidecar::start("b", &cluster, &[]);
+    let b = sidecar("b", &cluster, &[]);
     support::wait_until_async(Duration::from_secs(10), "b sees a as holder", || async {
         b.leader().await.is_some_and(|body| body["holder"] == "a")
     })

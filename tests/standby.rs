@@ -3,92 +3,20 @@
 
 mod support;
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use support::{http, Proc, RedisCluster};
+use support::{Proc, RedisCluster, Sidecar};
 
 const LOCK: &str = "jobs";
 const KEY: &str = "redlock:{jobs}";
 
-struct Sidecar {
-    proc: Proc,
-    addr: SocketAddr,
+/// A sidecar for lock [`LOCK`] on `cluster`.
+fn sidecar(name: &str, cluster: &RedisCluster, ttl: &str) -> Sidecar {
+    sidecar_with(name, cluster, ttl, &[])
 }
 
-impl Sidecar {
-    fn start(name: &str, cluster: &RedisCluster, ttl: &str) -> Sidecar {
-        Sidecar::start_with(name, cluster, ttl, &[])
-    }
-
-    fn start_with(name: &str, cluster: &RedisCluster, ttl: &str, extra: &[&str]) -> Sidecar {
-        Sidecar::start_on(name, &cluster.urls_joined(), ttl, extra)
-    }
-
-    /// A sidecar on the nodes `redis` (comma-separated URLs).
-    fn start_on(name: &str, redis: &str, ttl: &str, extra: &[&str]) -> Sidecar {
-        let port = support::free_port();
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let listen = addr.to_string();
-        let mut args = vec![
-            "run",
-            "--lock",
-            LOCK,
-            "--redis",
-            redis,
-            "--ttl",
-            ttl,
-            "--listen",
-            &listen,
-            "--identity",
-            name,
-            "--safety-margin",
-            "300ms",
-            "--retry-delay",
-            "50ms",
-            "--node-timeout",
-            "250ms",
-        ];
-        args.extend_from_slice(extra);
-        Sidecar {
-            proc: Proc::spawn(&args, &[("REDLOCK_LOG", "debug")]),
-            addr,
-        }
-    }
-
-    async fn leader(&self) -> Option<serde_json::Value> {
-        http::get(self.addr, "/leader").await.ok()?.json().ok()
-    }
-
-    async fn holder(&self) -> Option<String> {
-        Some(self.leader().await?["holder"].as_str()?.to_owned())
-    }
-
-    async fn wait_holder(&self, holder: &str, within: Duration) {
-        support::wait_until_async(within, &format!("the standby sees {holder}"), || async {
-            self.holder().await.as_deref() == Some(holder)
-        })
-        .await;
-    }
-
-    async fn is_leader(&self) -> bool {
-        http::get(self.addr, "/leader")
-            .await
-            .is_ok_and(|r| r.status == 200)
-    }
-
-    /// The sum of `family`'s samples whose labels include `label`.
-    async fn metric(&self, family: &str, label: &str) -> f64 {
-        let text = http::get(self.addr, "/metrics")
-            .await
-            .map(|r| r.body)
-            .unwrap_or_default();
-        text.lines()
-            .filter(|l| l.strip_prefix(family).is_some_and(|r| r.starts_with('{')))
-            .filter(|l| l.contains(label))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    }
+fn sidecar_with(name: &str, cluster: &RedisCluster, ttl: &str, extra: &[&str]) -> Sidecar {
+    Sidecar::start(name, LOCK, &cluster.urls_joined(), ttl, extra)
 }
 
 /// Scripts run on `node` (every acquire, extend, release runs by `EVALSHA`, or `EVAL` once).
@@ -97,9 +25,9 @@ fn scripts(node: &support::RedisNode) -> u64 {
 }
 
 async fn leader_and_standby(cluster: &RedisCluster, ttl: &str) -> (Sidecar, Sidecar) {
-    let a = Sidecar::start("a", cluster, ttl);
+    let a = sidecar("a", cluster, ttl);
     support::wait_until_async(Duration::from_secs(10), "a leads", || a.is_leader()).await;
-    let b = Sidecar::start("b", cluster, ttl);
+    let b = sidecar("b", cluster, ttl);
     b.wait_holder("a", Duration::from_secs(10)).await;
     (a, b)
 }
@@ -156,7 +84,7 @@ async fn a_standby_learns_a_new_holder_by_push_without_a_round() {
     cluster
         .node(0)
         .command(&["SET", KEY, "old:0123", "PX", "4000"]);
-    let b = Sidecar::start("b", &cluster, "4s");
+    let b = sidecar("b", &cluster, "4s");
     b.wait_holder("old", Duration::from_secs(10)).await;
     let tried = b.metric("redlock_acquire_attempts_total", "").await;
     // The old holder vanishes without a word, and a guard takes the lock at once: the
@@ -270,9 +198,9 @@ async fn a_killed_subscription_falls_back_to_reads_shows_in_metrics_and_resubscr
 async fn with_keyspace_events_an_idle_standby_reads_nothing_and_still_sees_a_crash() {
     let cluster = RedisCluster::start_with(1, &["--notify-keyspace-events", "Kgx"]);
     cluster.backdate_epochs(Duration::from_secs(2));
-    let mut a = Sidecar::start("a", &cluster, "2s");
+    let mut a = sidecar("a", &cluster, "2s");
     support::wait_until_async(Duration::from_secs(10), "a leads", || a.is_leader()).await;
-    let b = Sidecar::start_with("b", &cluster, "2s", &["--keyspace-events"]);
+    let b = sidecar_with("b", &cluster, "2s", &["--keyspace-events"]);
     b.wait_holder("a", Duration::from_secs(10)).await;
     let reads = || b.metric("redlock_standby_reads_total", "");
     // Subscribed, and past the reads of its first watch.
@@ -473,13 +401,13 @@ async fn deployments_on_two_databases_of_one_server_hear_only_their_own_announce
     let (zero, one) = (format!("{}/0", node.url()), format!("{}/1", node.url()));
     // Many waiters of the other deployment watch its releases.
     let _others = subscribers(node, "redlock:{jobs}:db1:released", 60);
-    let a1 = Sidecar::start_on("a1", &zero, "4s", &[]);
+    let a1 = Sidecar::start("a1", LOCK, &zero, "4s", &[]);
     support::wait_until_async(Duration::from_secs(10), "a1 leads", || a1.is_leader()).await;
-    let a2 = Sidecar::start_on("a2", &zero, "4s", &[]);
+    let a2 = Sidecar::start("a2", LOCK, &zero, "4s", &[]);
     a2.wait_holder("a1", Duration::from_secs(10)).await;
-    let mut b1 = Sidecar::start_on("b1", &one, "4s", &[]);
+    let mut b1 = Sidecar::start("b1", LOCK, &one, "4s", &[]);
     support::wait_until_async(Duration::from_secs(10), "b1 leads", || b1.is_leader()).await;
-    let b2 = Sidecar::start_on("b2", &one, "4s", &[]);
+    let b2 = Sidecar::start("b2", LOCK, &one, "4s", &[]);
     b2.wait_holder("b1", Duration::from_secs(10)).await;
     // b1's acquisition announcement, with a later token, did not reach a2.
     assert_eq!(a2.holder().await.as_deref(), Some("a1"));

@@ -14,6 +14,7 @@ pub mod process;
 pub mod proxy;
 pub mod redis;
 pub mod sentinel;
+pub mod sidecar;
 pub mod tenures;
 pub mod tls;
 
@@ -34,6 +35,8 @@ pub use self::proxy::{FaultProxy, KeepingProxy};
 pub use self::redis::{
     command_at, command_at_async, command_at_timeout, RawConn, RedisCluster, RedisNode, Resp,
 };
+#[allow(unused_imports)]
+pub use self::sidecar::{leads, one_leader, Sidecar};
 
 /// The node-set name every contender the tests start uses (`--node-set`), so that tests of
 /// other behaviour do not depend on the node set (after a restart, contenders that have not

@@ -775,6 +775,13 @@ impl RedisCluster {
         RedisCluster::start_with(n, &[])
     }
 
+    /// `n` nodes whose grants count for a lock of `ttl` (see [`RedisNode::wait_votes_count`]).
+    pub fn ready(n: usize, ttl: Duration) -> RedisCluster {
+        let cluster = RedisCluster::start(n);
+        cluster.wait_votes_count(ttl);
+        cluster
+    }
+
     /// `n` nodes, each started with the same extra arguments.
     pub fn start_with(n: usize, extra_args: &[&str]) -> RedisCluster {
         RedisCluster {
