@@ -24,18 +24,12 @@ fn redlock(urls: &[String], identity: &str) -> Redlock {
     Redlock::new(config(urls, identity), Arc::new(NoObserver)).expect("valid config")
 }
 
-fn ready_cluster(n: usize) -> RedisCluster {
-    let cluster = RedisCluster::start(n);
-    cluster.wait_votes_count(TTL);
-    cluster
-}
-
 fn key_on(node: &RedisNode) -> String {
     node.command(&["GET", "redlock:{test}"])
 }
 
 async fn mutual_exclusion(n: usize) {
-    let cluster = ready_cluster(n);
+    let cluster = RedisCluster::ready(n, TTL);
     let urls = cluster.urls();
     let counter = Arc::new(AtomicU64::new(0));
     let rounds = 4;
@@ -86,7 +80,7 @@ async fn thirty_two_contenders_never_overlap_on_five_nodes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_lock_is_busy_for_others_and_names_its_holder() {
-    let cluster = ready_cluster(3);
+    let cluster = RedisCluster::ready(3, TTL);
     let a = redlock(&cluster.urls(), "alpha");
     let b = redlock(&cluster.urls(), "beta");
     let lease = a.try_acquire().await.expect("alpha acquires");
@@ -115,7 +109,7 @@ async fn a_held_lock_is_busy_for_others_and_names_its_holder() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_holders_lock_is_never_released_or_extended() {
-    let cluster = ready_cluster(3);
+    let cluster = RedisCluster::ready(3, TTL);
     let a = redlock(&cluster.urls(), "alpha");
     let lease = a.try_acquire().await.expect("alpha acquires");
     // Someone else's key takes the place of ours on every node (as after an expiry).
@@ -136,7 +130,7 @@ async fn another_holders_lock_is_never_released_or_extended() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extend_after_expiry_fails_and_extend_in_time_renews_validity() {
-    let cluster = ready_cluster(3);
+    let cluster = RedisCluster::ready(3, TTL);
     let a = redlock(&cluster.urls(), "alpha");
     let lease = a.try_acquire().await.expect("acquires");
     let renewed = a.extend(&lease).await.expect("extends while valid");
@@ -154,7 +148,7 @@ async fn extend_after_expiry_fails_and_extend_in_time_renews_validity() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_minority_down_still_works_a_majority_down_fails_fast_naming_the_nodes() {
-    let mut cluster = ready_cluster(5);
+    let mut cluster = RedisCluster::ready(5, TTL);
     let a = redlock(&cluster.urls(), "alpha");
     cluster.node_mut(0).stop();
     cluster.node_mut(1).stop();
@@ -187,7 +181,7 @@ async fn a_minority_down_still_works_a_majority_down_fails_fast_naming_the_nodes
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn votes_of_restarted_nodes_are_not_counted_so_a_forgotten_lock_is_not_retaken() {
-    let mut cluster = ready_cluster(3);
+    let mut cluster = RedisCluster::ready(3, TTL);
     let a = redlock(&cluster.urls(), "alpha");
     let b = redlock(&cluster.urls(), "beta");
     let _held = a.try_acquire().await.expect("alpha acquires");
@@ -227,7 +221,7 @@ async fn votes_of_restarted_nodes_are_not_counted_so_a_forgotten_lock_is_not_ret
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_tokens_strictly_increase_over_a_thousand_handoffs_with_restarts() {
-    let mut cluster = ready_cluster(3);
+    let mut cluster = RedisCluster::ready(3, TTL);
     let urls = cluster.urls();
     let contenders = [redlock(&urls, "alpha"), redlock(&urls, "beta")];
     let never = CancellationToken::new();
@@ -428,7 +422,7 @@ fn malformed_urls_and_bad_node_lists_are_config_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_counter_ahead_of_the_clock_still_yields_a_greater_token() {
-    let cluster = ready_cluster(3);
+    let cluster = RedisCluster::ready(3, TTL);
     let a = redlock(&cluster.urls(), "alpha");
     // As if an earlier holder's clock ran far ahead: its token is above our candidate.
     let ahead = 1u64 << 50;
@@ -449,7 +443,7 @@ async fn a_counter_ahead_of_the_clock_still_yields_a_greater_token() {
 async fn a_release_right_after_acquire_leaves_no_key_behind() {
     // A round is decided at quorum, so the slowest node's SET may still be queued when
     // the holder releases: the release must not overtake it and leave a key for a ttl.
-    let cluster = ready_cluster(3);
+    let cluster = RedisCluster::ready(3, TTL);
     let urls = cluster.urls();
     for round in 0..200 {
         // Fresh connections each time: the SET and the release race for the same connect.

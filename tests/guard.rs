@@ -10,12 +10,6 @@ use support::{Proc, RedisCluster, TempDir};
 /// The ttl the binary is run with in these tests.
 const TTL_SECS: Duration = Duration::from_secs(2);
 
-fn ready_cluster(n: usize) -> RedisCluster {
-    let cluster = RedisCluster::start(n);
-    cluster.wait_votes_count(TTL_SECS);
-    cluster
-}
-
 fn guard(cluster: &RedisCluster, identity: &str, options: &[&str], cmd: &[&str]) -> Proc {
     guard_with_ttl(cluster, "2s", identity, options, cmd)
 }
@@ -117,7 +111,7 @@ fn read_pid(file: &Path) -> i32 {
 
 #[test]
 fn racing_guards_never_overlap_and_tokens_strictly_increase() {
-    let cluster = ready_cluster(3);
+    let cluster = RedisCluster::ready(3, TTL_SECS);
     let dir = TempDir::new("race");
     let log = dir.path().join("sections");
     let script = format!(
@@ -178,7 +172,7 @@ fn racing_guards_never_overlap_and_tokens_strictly_increase() {
 
 #[test]
 fn a_busy_lock_is_skipped_with_exit_0_or_fails_with_75_without_running_cmd() {
-    let cluster = ready_cluster(3);
+    let cluster = RedisCluster::ready(3, TTL_SECS);
     let dir = TempDir::new("busy");
     let mut holder = start_holder(&cluster, &dir);
 
@@ -206,7 +200,7 @@ fn a_busy_lock_is_skipped_with_exit_0_or_fails_with_75_without_running_cmd() {
 
 #[test]
 fn losing_the_quorum_kills_cmd_before_the_lock_can_expire_and_exits_76() {
-    let mut cluster = ready_cluster(3);
+    let mut cluster = RedisCluster::ready(3, TTL_SECS);
     let dir = TempDir::new("lost");
     let pid_file = dir.path().join("pid");
     let termed = dir.path().join("termed");
@@ -256,7 +250,7 @@ fn losing_the_quorum_kills_cmd_before_the_lock_can_expire_and_exits_76() {
 
 #[test]
 fn signals_are_forwarded_and_cmds_exit_code_is_passed_through() {
-    let cluster = ready_cluster(3);
+    let cluster = RedisCluster::ready(3, TTL_SECS);
     let dir = TempDir::new("signals");
     let marks = dir.path().join("marks");
     let script = format!(
@@ -298,7 +292,7 @@ fn signals_are_forwarded_and_cmds_exit_code_is_passed_through() {
 
 #[test]
 fn min_hold_keeps_the_lock_after_cmd_ends() {
-    let cluster = ready_cluster(3);
+    let cluster = RedisCluster::ready(3, TTL_SECS);
     let dir = TempDir::new("minhold");
     let done = dir.path().join("done");
     let started = Instant::now();
@@ -335,7 +329,7 @@ fn min_hold_keeps_the_lock_after_cmd_ends() {
 
 #[test]
 fn cmd_and_its_children_do_not_outlive_a_killed_guard() {
-    let cluster = ready_cluster(3);
+    let cluster = RedisCluster::ready(3, TTL_SECS);
     let dir = TempDir::new("orphan");
     let pid_file = dir.path().join("pid");
     let child_file = dir.path().join("child");
@@ -361,7 +355,7 @@ fn cmd_and_its_children_do_not_outlive_a_killed_guard() {
 
 #[test]
 fn no_quorum_exits_69_and_max_hold_stops_cmd_with_124() {
-    let mut cluster = ready_cluster(3);
+    let mut cluster = RedisCluster::ready(3, TTL_SECS);
     let mut g = guard(
         &cluster,
         "holder",
@@ -565,7 +559,7 @@ fn file_arg(dir: &TempDir, name: &str) -> (std::path::PathBuf, String) {
 
 #[test]
 fn a_lock_lost_during_min_hold_keeps_cmds_exit_code_and_is_counted() {
-    let mut cluster = ready_cluster(3);
+    let mut cluster = RedisCluster::ready(3, TTL_SECS);
     let dir = TempDir::new("lost-min-hold");
     let done = dir.path().join("done");
     let (addr, listen) = admin_addr();
@@ -722,7 +716,7 @@ fn sigkill_of_guards_process_group_kills_cmds_whole_tree_before_the_lock_can_exp
 
 #[test]
 fn orphans_below_guard_are_reaped() {
-    let cluster = ready_cluster(3);
+    let cluster = RedisCluster::ready(3, TTL_SECS);
     let dir = TempDir::new("reap");
     let file = |name: &str| dir.path().join(name);
     // The inner shell exits at once, leaving its `sleep` an orphan.
@@ -835,7 +829,7 @@ fn not_leader_is_published_before_the_release() {
 
 #[test]
 fn sigterm_while_waiting_for_the_lock_exits_at_once_and_runs_nothing() {
-    let cluster = ready_cluster(3);
+    let cluster = RedisCluster::ready(3, TTL_SECS);
     let dir = TempDir::new("term-wait");
     let mut holder = start_holder(&cluster, &dir);
     let (addr, listen) = admin_addr();
@@ -1115,7 +1109,7 @@ fn thirty_guards_started_at_the_same_instant_run_cmd_exactly_once() {
 
 #[test]
 fn a_round_split_among_contenders_is_retried_but_a_holder_with_a_quorum_means_busy() {
-    let cluster = ready_cluster(3);
+    let cluster = RedisCluster::ready(3, TTL_SECS);
     let dir = TempDir::new("split");
     let ran = dir.path().join("ran");
     let touch = format!("touch {}", ran.display());
@@ -1146,7 +1140,7 @@ fn a_round_split_among_contenders_is_retried_but_a_holder_with_a_quorum_means_bu
 
 #[test]
 fn the_outcome_file_says_what_happened() {
-    let cluster = ready_cluster(3);
+    let cluster = RedisCluster::ready(3, TTL_SECS);
     let dir = TempDir::new("outcome");
     let (outcome, path) = file_arg(&dir, "outcome");
     let mut g = guard(
@@ -1200,7 +1194,7 @@ fn the_outcome_file_says_what_happened() {
 
 #[test]
 fn a_renewal_that_finds_the_lock_taken_over_kills_cmd_without_grace() {
-    let cluster = ready_cluster(3);
+    let cluster = RedisCluster::ready(3, TTL_SECS);
     let dir = TempDir::new("superseded");
     let pid_file = dir.path().join("pid");
     let mut g = guard(
@@ -1414,7 +1408,7 @@ fn jobs_of_three_validity_windows_at_the_default_ttl_keep_the_lock_and_cmds_exit
 #[test]
 fn jobs_of_three_validity_windows_at_ttl_2s_keep_the_lock_and_cmds_exit_code() {
     // A 7 s job, and a --max-hold of 5 s, at ttl 2 s.
-    let cluster = ready_cluster(3);
+    let cluster = RedisCluster::ready(3, TTL_SECS);
     long_jobs(
         &cluster,
         Some("2s"),
@@ -1533,7 +1527,7 @@ fn a_stalled_guard_never_overlaps_the_next_holder(stall: Stall) {
             cluster.wait_votes_count(TTL_SECS);
             cluster
         }
-        _ => ready_cluster(3),
+        _ => RedisCluster::ready(3, TTL_SECS),
     };
     let dir = TempDir::new("stalled");
     let sections = dir.path().join("sections");
@@ -1745,7 +1739,7 @@ fn lines(file: &Path) -> Vec<String> {
 
 #[test]
 fn two_guards_racing_for_one_slot_run_it_once_and_a_later_guard_of_the_slot_skips_it() {
-    let cluster = ready_cluster(3);
+    let cluster = RedisCluster::ready(3, TTL_SECS);
     let dir = TempDir::new("slot-race");
     let runs = dir.path().join("runs");
     // Both wait: the one that loses the lock takes it once the winner lets go, and must then
@@ -1812,7 +1806,7 @@ fn two_guards_racing_for_one_slot_run_it_once_and_a_later_guard_of_the_slot_skip
 
 #[test]
 fn a_failed_or_lost_run_of_a_slot_is_not_recorded_and_a_retry_runs_it() {
-    let mut cluster = ready_cluster(3);
+    let mut cluster = RedisCluster::ready(3, TTL_SECS);
     let dir = TempDir::new("slot-failed");
     let runs = dir.path().join("runs");
     let (outcome, path) = file_arg(&dir, "outcome");
@@ -1877,7 +1871,7 @@ fn a_failed_or_lost_run_of_a_slot_is_not_recorded_and_a_retry_runs_it() {
 
 #[test]
 fn a_slot_record_expires_after_slot_retention_and_the_slot_runs_again() {
-    let cluster = ready_cluster(3);
+    let cluster = RedisCluster::ready(3, TTL_SECS);
     let dir = TempDir::new("slot-retention");
     let runs = dir.path().join("runs");
     let retention = ["--slot-retention", "1s"];

@@ -20,12 +20,6 @@ fn redlock(urls: &[String], identity: &str) -> Redlock {
     Redlock::new(config(urls, identity, TTL), Arc::new(NoObserver)).expect("valid config")
 }
 
-fn ready_cluster(n: usize) -> RedisCluster {
-    let cluster = RedisCluster::start(n);
-    cluster.wait_votes_count(TTL);
-    cluster
-}
-
 /// Beta's rounds while alpha's lock may still be valid: none may succeed, and each must
 /// show the node(s) that lost data as granting but not counted (once they answer at all).
 async fn refused_while_alpha_is_valid(beta: &Redlock, alpha: &Lease, lost: &[usize]) {
@@ -107,7 +101,7 @@ async fn data_loss_story(cluster: &mut RedisCluster, lose: impl Fn(&mut RedisNod
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flushall_on_a_majority_never_gives_a_second_holder() {
-    let mut cluster = ready_cluster(3);
+    let mut cluster = RedisCluster::ready(3, TTL);
     data_loss_story(&mut cluster, |node| {
         node.command(&["FLUSHALL"]);
     })
@@ -116,7 +110,7 @@ async fn flushall_on_a_majority_never_gives_a_second_holder() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flushdb_on_a_majority_never_gives_a_second_holder() {
-    let mut cluster = ready_cluster(3);
+    let mut cluster = RedisCluster::ready(3, TTL);
     data_loss_story(&mut cluster, |node| {
         node.command(&["FLUSHDB"]);
     })
@@ -125,7 +119,7 @@ async fn flushdb_on_a_majority_never_gives_a_second_holder() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_from_an_older_snapshot_never_gives_a_second_holder() {
-    let mut cluster = ready_cluster(3);
+    let mut cluster = RedisCluster::ready(3, TTL);
     // Snapshots taken before the lock: the marker is in them, the lock key is not.
     for node in cluster.iter() {
         node.command(&["SAVE"]);
@@ -187,7 +181,7 @@ async fn a_short_ttl_contender_waits_out_the_longest_ttl_in_use() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_switched_to_eviction_at_runtime_stops_the_node_counting() {
-    let cluster = ready_cluster(1);
+    let cluster = RedisCluster::ready(1, TTL);
     let lock = redlock(&cluster.urls(), "alpha");
     let lease = lock.try_acquire().await.expect("a noeviction node counts");
     lock.release(&lease).await;
@@ -327,7 +321,7 @@ fn by_host_name(cluster: &RedisCluster) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contenders_that_name_the_same_servers_differently_share_one_node_set() {
-    let cluster = ready_cluster(3);
+    let cluster = RedisCluster::ready(3, TTL);
     let alpha = fingerprinted(&cluster.urls(), "alpha");
     let beta = fingerprinted(&by_host_name(&cluster), "beta");
     // Both know every server: then the fingerprints agree.
@@ -350,7 +344,7 @@ async fn contenders_that_name_the_same_servers_differently_share_one_node_set() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contenders_on_different_servers_still_refuse_to_lead_beside_each_other() {
-    let cluster = ready_cluster(4);
+    let cluster = RedisCluster::ready(4, TTL);
     let urls = cluster.urls();
     let alpha = fingerprinted(&urls[..3], "alpha");
     let beta = fingerprinted(&[urls[0].clone(), urls[1].clone(), urls[3].clone()], "beta");
@@ -367,7 +361,7 @@ async fn contenders_on_different_servers_still_refuse_to_lead_beside_each_other(
 /// both retry all along (a record they refreshed would stand for good).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn split_node_set_records_do_not_keep_the_lock_from_being_taken() {
-    let cluster = ready_cluster(4);
+    let cluster = RedisCluster::ready(4, TTL);
     let urls = cluster.urls();
     let alpha = fingerprinted(&urls[..3], "alpha");
     let beta = fingerprinted(&[urls[0].clone(), urls[1].clone(), urls[3].clone()], "beta");

@@ -3,11 +3,7 @@
 use super::*;
 
 pub(crate) fn ready_cluster(n: usize, ttl: Duration) -> RedisCluster {
-    block_in_place(|| {
-        let cluster = RedisCluster::start(n);
-        cluster.wait_votes_count(ttl);
-        cluster
-    })
+    block_in_place(|| RedisCluster::ready(n, ttl))
 }
 
 pub(crate) fn lib_config(lock: &str, identity: &str, urls: &[String]) -> RedlockConfig {
