@@ -9,6 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/ensure-redis.sh
 ensure_redis --with-openssl
+# The fencing recipes' test (tests/recipes.rs) starts a real PostgreSQL server.
+. scripts/ensure-postgres.sh
+ensure_postgres
 
 step() { printf '\n== %s\n' "$*"; }
 step "cargo fmt --check"
