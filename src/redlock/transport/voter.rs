@@ -263,7 +263,7 @@ pub(crate) mod fake {
 
         fn server(&self) -> Option<String> {
             let facts = self.facts()?;
-            crate::redlock::transport::server_identity(&facts.run_id, self.db)
+            crate::redlock::transport::facts::server_identity(&facts.run_id, self.db)
         }
 
         fn server_stale(&self) -> bool {
