@@ -148,6 +148,84 @@ pub async fn sleep_until_deadline(deadline: Deadline) {
     sleep_until(deadline.to_instant()).await
 }
 
+/// Where a component reads and waits for its deadlines: the boot clock (what runs), or
+/// Tokio's clock, for tests that pause and advance time (`tokio::time::pause` moves Tokio's
+/// clock; the boot clock would not move). Deadlines are [`Deadline`]s either way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Clock {
+    /// `CLOCK_BOOTTIME`: counts time the host spent suspended.
+    #[default]
+    Boot,
+    /// Tokio's clock (`CLOCK_MONOTONIC`, or the paused clock of a test).
+    Tokio,
+}
+
+impl Clock {
+    /// The clock's reading now.
+    pub fn now(self) -> Deadline {
+        match self {
+            Clock::Boot => Deadline::now(),
+            Clock::Tokio => Deadline::from_instant(tokio::time::Instant::now().into_std()),
+        }
+    }
+
+    /// Sleeps until this clock reaches `deadline`.
+    pub async fn sleep_until(self, deadline: Deadline) {
+        match self {
+            Clock::Boot => sleep_until_deadline(deadline).await,
+            Clock::Tokio => {
+                let at = tokio::time::Instant::from_std(deadline.to_instant());
+                tokio::time::sleep_until(at).await
+            }
+        }
+    }
+
+    /// Sleeps until `deadline` if there is one; never returns otherwise (a `select!` branch
+    /// for "the next thing due, if any").
+    pub async fn sleep_until_some(self, deadline: Option<Deadline>) {
+        match deadline {
+            Some(at) => self.sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Runs `future` until this clock reaches `deadline`.
+    pub async fn timeout_at<F: std::future::Future>(
+        self,
+        deadline: Deadline,
+        future: F,
+    ) -> Result<F::Output, DeadlinePassed> {
+        tokio::select! {
+            biased;
+            output = future => Ok(output),
+            () = self.sleep_until(deadline) => Err(DeadlinePassed),
+        }
+    }
+
+    /// Runs `future` for at most `limit` on this clock.
+    pub async fn timeout<F: std::future::Future>(
+        self,
+        limit: Duration,
+        future: F,
+    ) -> Result<F::Output, DeadlinePassed> {
+        self.timeout_at(self.now() + limit, future).await
+    }
+}
+
+/// `future` did not finish by its deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("deadline passed")]
+pub struct DeadlinePassed;
+
+/// Runs `future` until the clock reaches `deadline`, counting suspended time (Tokio's
+/// `timeout_at` would not: its clock stops while the host is suspended).
+pub async fn timeout_at<F: std::future::Future>(
+    deadline: Deadline,
+    future: F,
+) -> Result<F::Output, DeadlinePassed> {
+    Clock::Boot.timeout_at(deadline, future).await
+}
+
 /// Sleeps until [`now`] reaches `deadline`, counting suspended time.
 pub async fn sleep_until(deadline: Instant) {
     let (instant, boot) = *ORIGIN;
@@ -316,6 +394,40 @@ mod tests {
         let deadline = Deadline::now() + Duration::from_millis(30);
         sleep_until_deadline(deadline).await;
         assert!(Deadline::now() >= deadline);
+    }
+
+    #[tokio::test]
+    async fn timeout_at_gives_the_output_in_time_and_gives_up_at_the_deadline() {
+        let soon = Deadline::now() + Duration::from_secs(5);
+        assert_eq!(timeout_at(soon, async { 7 }).await, Ok(7));
+        let deadline = Deadline::now() + Duration::from_millis(20);
+        let never = timeout_at(deadline, std::future::pending::<()>()).await;
+        assert_eq!(never, Err(DeadlinePassed));
+        assert!(Deadline::now() >= deadline);
+    }
+
+    #[tokio::test]
+    async fn sleep_until_some_waits_for_a_deadline_and_forever_without_one() {
+        let deadline = Deadline::now() + Duration::from_millis(20);
+        Clock::Boot.sleep_until_some(Some(deadline)).await;
+        assert!(Deadline::now() >= deadline);
+        let forever = Clock::Boot.sleep_until_some(None);
+        let after = Deadline::now() + Duration::from_millis(20);
+        assert_eq!(timeout_at(after, forever).await, Err(DeadlinePassed));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_tokio_clock_follows_paused_time_and_the_boot_clock_does_not() {
+        let (boot, tokio) = (Clock::Boot.now(), Clock::Tokio.now());
+        Clock::Tokio
+            .sleep_until(tokio + Duration::from_secs(3600))
+            .await;
+        let moved = Clock::Tokio.now().saturating_duration_since(tokio);
+        assert!(moved >= Duration::from_secs(3600), "{moved:?}");
+        let boot_moved = Clock::Boot.now().saturating_duration_since(boot);
+        assert!(boot_moved < Duration::from_secs(60), "{boot_moved:?}");
+        let gave_up = Clock::Tokio.timeout(Duration::from_secs(5), std::future::pending::<()>());
+        assert_eq!(gave_up.await, Err(DeadlinePassed));
     }
 
     #[tokio::test]

@@ -63,6 +63,7 @@ use std::str::FromStr;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
+use crate::clock::{self, Clock, Deadline};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
@@ -71,7 +72,6 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::Api;
 use prometheus::{IntCounterVec, Opts};
 use rand::Rng;
-use tokio::time::Instant as TokioInstant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -280,6 +280,8 @@ pub struct Kube {
     errors: IntCounterVec,
     /// The pod's uid: from the settings, else learnt from the first label patch response.
     pod_uid: Arc<OnceLock<String>>,
+    /// What retries, renewals, API timeouts and the step-down wake-up are measured on.
+    clock: Clock,
 }
 
 impl Kube {
@@ -359,7 +361,15 @@ impl Kube {
             settings,
             errors,
             pod_uid,
+            clock: Clock::Boot,
         }
+    }
+
+    /// This integration with its deadlines measured on `clock` (the boot clock by default;
+    /// Tokio's for tests that pause time).
+    pub fn with_clock(mut self, clock: Clock) -> Kube {
+        self.clock = clock;
+        self
     }
 
     /// Publishes every leadership change until the sender is dropped or `cancel` fires.
@@ -382,13 +392,9 @@ impl Kube {
         cancel: CancellationToken,
         flush_timeout: Duration,
     ) {
+        let clock = self.clock;
         let mut observer = Observer::new(self);
-        let flush_deadline = || {
-            TokioInstant::from_std(crate::clock::saturating_add(
-                TokioInstant::now().into_std(),
-                flush_timeout,
-            ))
-        };
+        let flush_deadline = || clock.now() + flush_timeout;
         let (mut sender_gone, deadline) = loop {
             // A state published just before the sender was dropped is a final state: let the
             // flush below apply it (so a release reads as `LockReleased`, not a loss).
@@ -408,7 +414,7 @@ impl Kube {
                     // Finish the call in flight (so its outcome is recorded), within the
                     // shutdown deadline.
                     let deadline = flush_deadline();
-                    if tokio::time::timeout_at(deadline, pass).await.is_err() {
+                    if clock.timeout_at(deadline, pass).await.is_err() {
                         warn!(timeout = ?flush_timeout, "kubernetes state not flushed in time");
                         return;
                     }
@@ -422,7 +428,7 @@ impl Kube {
                 changed = rx.changed() => if changed.is_err() {
                     break (true, flush_deadline());
                 },
-                _ = sleep_until(wake) => {}
+                _ = clock.sleep_until_some(wake) => {}
             }
         };
 
@@ -432,7 +438,7 @@ impl Kube {
             loop {
                 let leadership = rx.borrow_and_update().clone();
                 let settled = observer.reconcile(&leadership, true).await;
-                let leading = leadership.leading_at(crate::clock::now()).is_some();
+                let leading = leadership.leading_at(clock::now()).is_some();
                 if settled && (sender_gone || !leading) {
                     return;
                 }
@@ -440,11 +446,11 @@ impl Kube {
                 tokio::select! {
                     biased;
                     changed = rx.changed(), if !sender_gone => sender_gone = changed.is_err(),
-                    _ = sleep_until(wake) => {}
+                    _ = clock.sleep_until_some(wake) => {}
                 }
             }
         };
-        match tokio::time::timeout_at(deadline, flush).await {
+        match clock.timeout_at(deadline, flush).await {
             Ok(()) => info!("kubernetes state flushed"),
             Err(_) => warn!(
                 timeout = ?flush_timeout,
@@ -505,8 +511,11 @@ impl Kube {
     ) {
         let mut last = None;
         loop {
-            let started = crate::clock::now();
-            let answer = tokio::time::timeout(interval, self.container_ready(&name)).await;
+            let started = self.clock.now();
+            let answer = self
+                .clock
+                .timeout_at(started + interval, self.container_ready(&name))
+                .await;
             let ready = match answer {
                 Ok(Ok(Some(ready))) => Some(ready),
                 Ok(Ok(None)) => {
@@ -524,12 +533,12 @@ impl Kube {
                     info!(container = %name, ready, "the app container's readiness changed");
                     last = Some(ready);
                 }
-                candidacy.send_modify(|c| c.answered(ready, crate::clock::now()));
+                candidacy.send_modify(|c| c.answered(ready, clock::now()));
             }
             if candidacy.is_closed() {
                 return;
             }
-            crate::clock::sleep_until(crate::clock::saturating_add(started, interval)).await;
+            self.clock.sleep_until(started + interval).await;
         }
     }
 
@@ -539,7 +548,7 @@ impl Kube {
         op: Op,
         request: impl Future<Output = kube::Result<T>>,
     ) -> Result<T, KubeError> {
-        let result = match tokio::time::timeout(API_TIMEOUT, request).await {
+        let result = match self.clock.timeout(API_TIMEOUT, request).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(source)) => Err(KubeError::Api {
                 op: op.as_str(),
@@ -644,34 +653,27 @@ fn source_of(err: &KubeError) -> String {
         .unwrap_or_default()
 }
 
-async fn sleep_until(wake: Option<TokioInstant>) {
-    match wake {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
 /// Retry state of one operation.
 #[derive(Default)]
 struct Backoff {
     failures: u32,
-    not_before: Option<TokioInstant>,
+    not_before: Option<Deadline>,
 }
 
 impl Backoff {
-    fn due(&self, now: TokioInstant) -> bool {
+    fn due(&self, now: Deadline) -> bool {
         self.not_before.is_none_or(|at| now >= at)
     }
 
     /// Records a failure; returns the delay before the next attempt.
-    fn failed(&mut self) -> Duration {
+    fn failed(&mut self, now: Deadline) -> Duration {
         self.failures = self.failures.saturating_add(1);
         let doublings = self.failures.saturating_sub(1).min(16);
         let ceiling = BACKOFF_MIN.saturating_mul(1 << doublings).min(BACKOFF_MAX);
         // "Equal jitter": half fixed, half random, so retries spread but never come too soon.
         let half = ceiling / 2;
         let delay = half + half.mul_f64(rand::rng().random::<f64>());
-        self.not_before = Some(TokioInstant::now() + delay);
+        self.not_before = Some(now + delay);
         delay
     }
 }
@@ -684,7 +686,7 @@ struct LeaseMirror {
     /// The fencing token of the term last written as holder.
     term: Option<u64>,
     /// When the holder was last written.
-    renewed_at: Option<TokioInstant>,
+    renewed_at: Option<Deadline>,
     /// Whether the Lease names this process, as far as we know.
     names_us: bool,
 }
@@ -718,7 +720,7 @@ impl Observer {
     }
 
     fn due(&self, op: Op) -> bool {
-        self.backoff[op as usize].due(TokioInstant::now())
+        self.backoff[op as usize].due(self.kube.clock.now())
     }
 
     fn retry_now(&mut self) {
@@ -732,7 +734,8 @@ impl Observer {
     }
 
     fn failed(&mut self, op: Op, err: &KubeError) {
-        let retry_in = self.backoff(op).failed();
+        let now = self.kube.clock.now();
+        let retry_in = self.backoff(op).failed(now);
         warn!(
             op = op.as_str(),
             error = %err,
@@ -746,7 +749,7 @@ impl Observer {
     /// differs from the desired state and is not backing off. Returns whether nothing is left
     /// to do for `leadership`.
     async fn reconcile(&mut self, leadership: &Leadership, shutting_down: bool) -> bool {
-        let term = leadership.leading_at(crate::clock::now()).cloned();
+        let term = leadership.leading_at(clock::now()).cloned();
         let leading = term.is_some();
         let mut settled = true;
 
@@ -830,7 +833,7 @@ impl Observer {
             Some(term) => {
                 self.lease.term != Some(term.fencing_token)
                     || self.lease.renewed_at.is_none_or(|at| {
-                        TokioInstant::now() >= at + self.kube.settings.renew_interval
+                        self.kube.clock.now() >= at + self.kube.settings.renew_interval
                     })
             }
             None => self.lease.names_us,
@@ -928,7 +931,7 @@ impl Observer {
         self.lease = LeaseMirror {
             cached: Some(written),
             term: Some(term.fencing_token),
-            renewed_at: Some(TokioInstant::now()),
+            renewed_at: Some(self.kube.clock.now()),
             names_us: true,
         };
         Ok(())
@@ -973,9 +976,9 @@ impl Observer {
     /// The next moment something may need doing without a new state: a retry, a Lease
     /// renewal, or the end of the current term. Only future moments count (anything already
     /// due was just attempted).
-    fn next_wake(&self, leadership: &Leadership) -> Option<TokioInstant> {
-        let now = TokioInstant::now();
-        let term = leadership.leading_at(crate::clock::now());
+    fn next_wake(&self, leadership: &Leadership) -> Option<Deadline> {
+        let now = self.kube.clock.now();
+        let term = leadership.leading_at(clock::now());
         let retries = self.backoff.iter().filter_map(|b| b.not_before);
         let renewal = match term {
             Some(_) if self.kube.settings.mirror_lease => self
@@ -984,7 +987,7 @@ impl Observer {
                 .map(|at| at + self.kube.settings.renew_interval),
             _ => None,
         };
-        let step_down = term.map(|t| TokioInstant::from_std(t.step_down_at));
+        let step_down = term.map(|t| Deadline::from_instant(t.step_down_at));
         retries
             .chain(renewal)
             .chain(step_down)

@@ -19,6 +19,7 @@ use http::{header, Method, Request, Response, StatusCode};
 use kube::client::Body;
 use prometheus::IntCounterVec;
 use redlock_sidecar::candidacy::Candidacy;
+use redlock_sidecar::clock::Clock;
 use redlock_sidecar::config::Renewal;
 use redlock_sidecar::k8s::{errors_counter, lease_name, Kube, KubeMode, KubeSettings};
 use redlock_sidecar::leadership::{HolderView, Leadership, LeadershipTx, Role, Term};
@@ -695,19 +696,36 @@ fn status_body(status: StatusCode, resource: &str, name: &str) -> Value {
 // ---------------------------------------------------------------------------------------------
 // Running a scenario
 
-/// A `Kube` over a mocked API server, and the server's handle.
+/// A `Kube` over a mocked API server, and the server's handle. Its retries, renewals and
+/// timeouts run on Tokio's clock, which the paused-time tests advance.
 fn mocked(settings: KubeSettings) -> (Kube, ApiHandle, IntCounterVec) {
+    mocked_on(Clock::Tokio, settings)
+}
+
+/// [`mocked`], its deadlines on `clock`.
+fn mocked_on(clock: Clock, settings: KubeSettings) -> (Kube, ApiHandle, IntCounterVec) {
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(service, NAMESPACE);
     let errors = errors_counter();
-    let kube = Kube::with_client(client, settings, POD.to_string(), errors.clone());
+    let kube =
+        Kube::with_client(client, settings, POD.to_string(), errors.clone()).with_clock(clock);
     (kube, handle, errors)
 }
 
 /// Runs `observe` from `initial` against the verifier playing `scenario`; asserts that
 /// `observe` returns; returns the error counter.
 async fn run(scenario: Scenario, initial: Leadership, mirror_lease: bool) -> IntCounterVec {
-    let (kube, handle, errors) = mocked(settings(mirror_lease));
+    run_on(Clock::Tokio, scenario, initial, mirror_lease).await
+}
+
+/// [`run`], the observer's deadlines on `clock`.
+async fn run_on(
+    clock: Clock,
+    scenario: Scenario,
+    initial: Leadership,
+    mirror_lease: bool,
+) -> IntCounterVec {
+    let (kube, handle, errors) = mocked_on(clock, settings(mirror_lease));
     let (tx, rx) = watch::channel(initial);
     let cancel = CancellationToken::new();
     let observer = tokio::spawn(kube.observe(rx, cancel.clone(), FLUSH_TIMEOUT));
@@ -783,10 +801,13 @@ async fn cancel_while_leading_waits_for_the_release_and_records_lock_released() 
     run(Scenario::CancelledWhileLeading, leader(3), true).await;
 }
 
-/// Real time: `leading_at` reads the wall clock, which a paused runtime does not move.
+/// Real time on the boot clock, as in production: the observer wakes at `step_down_at` on a
+/// `CLOCK_BOOTTIME` timer (which keeps counting while the host is suspended, so the label
+/// does not lag a suspend), and `leading_at` reads the same clock.
 #[tokio::test]
 async fn a_term_that_runs_out_without_a_publish_clears_the_label() {
-    run(
+    run_on(
+        Clock::Boot,
         Scenario::TermRunsOut,
         leader_for(4, Duration::from_millis(300)),
         false,

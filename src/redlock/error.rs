@@ -3,27 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use super::node::NodeError;
-
-/// A configuration value that breaks a rule. Displayed as `--flag: why`, one line.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{flag}: {reason}")]
-pub struct ConfigError {
-    /// The command-line flag at fault (its environment variable is documented beside it).
-    pub flag: &'static str,
-    /// The rule it breaks, with the values involved.
-    pub reason: String,
-}
-
-impl ConfigError {
-    /// A new error for `flag`.
-    pub fn new(flag: &'static str, reason: impl Into<String>) -> ConfigError {
-        ConfigError {
-            flag,
-            reason: reason.into(),
-        }
-    }
-}
+pub use super::transport::ConfigError;
+use super::transport::NodeError;
 
 /// What one node answered in one round.
 #[derive(Clone, Debug, PartialEq, Eq)]

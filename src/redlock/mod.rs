@@ -37,17 +37,14 @@
 //!   and hung nodes all end as typed [`Vote::Failed`] entries within the node timeout.
 
 mod acquire;
-pub mod cluster;
 mod error;
 pub mod fencing;
-mod node;
 pub mod push;
 mod scripts;
-pub mod secrets;
-pub mod sentinel;
 mod slot;
 pub mod standby;
 pub mod timing;
+pub mod transport;
 pub mod votes;
 
 use std::sync::atomic::AtomicU64;
@@ -65,17 +62,14 @@ use crate::clock;
 pub use acquire::HolderSeen;
 use error::Tally;
 pub use error::{ConfigError, LockError, Vote, Votes};
-pub use node::{
-    info_field, ClientCert, ConnectSettings, Credentials, Node, NodeError, NodeErrorKind,
-    NodeFacts, NodeSpec, FACTS_MAX_AGE,
-};
 pub use slot::{slot_seen, SlotSeen};
 pub use timing::{drift, quorum, validity};
+pub use transport::{cluster, secrets, sentinel};
+pub use transport::{
+    info_field, ClientCert, ConnectSettings, Credentials, Node, NodeError, NodeErrorKind,
+    NodeFacts, NodeSpec, EPOCH_KEY, FACTS_MAX_AGE,
+};
 use votes::{NodeSet, Proof};
-
-/// The key of each node's epoch marker (see [`votes`]): the lineage `<run id>:<replication
-/// id>:<db>`, stamped with an expiry its age is read from.
-pub const EPOCH_KEY: &str = "redlock:epoch";
 
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::ACQUIRE));
 static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::RAISE_FENCE));

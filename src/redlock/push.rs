@@ -2,7 +2,7 @@
 //!
 //! ## Behaviour
 //! - One subscription per node, on the node's connection where it speaks RESP3 (else on a
-//!   dedicated pub/sub connection, see [`super::node::Node::pushes`]), to the acquisition
+//!   dedicated pub/sub connection, see [`super::Node::pushes`]), to the acquisition
 //!   channel `redlock:{name}:acquired` (a won round announces itself there from Rust, see
 //!   [`Acquired`]) and, where this contender watches releases (about 50 per node past 50
 //!   contenders, see [`watches_releases`]), the release channel `redlock:{name}:released` (the

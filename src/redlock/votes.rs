@@ -52,8 +52,9 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::node::NodeFacts;
 use super::timing::{drift, MAX_TTL};
+pub use super::transport::server_identity;
+use super::transport::NodeFacts;
 use super::Redlock;
 
 /// What one node's answer proved about how long it has kept its data.
@@ -180,13 +181,6 @@ pub fn judge(
 /// What a fingerprint names a node by while its server is not known (never reached): the
 /// same text for every contender, so those that cannot see the same node still agree.
 pub const UNKNOWN_SERVER: &str = "?";
-
-/// A node's server as the node-set fingerprint names it: the run id the connection shows
-/// (new with every restart; for a Sentinel group or a cluster, the master reached) and the
-/// database (two databases of one server are two keyspaces). `None` without a run id.
-pub fn server_identity(run_id: &str, db: i64) -> Option<String> {
-    (!run_id.is_empty()).then(|| format!("{run_id}/{db}"))
-}
 
 /// The fingerprint of a node set: FNV-1a (64 bits, hex) of the sorted server identities
 /// ([`server_identity`], [`UNKNOWN_SERVER`] for `None`). Lists that name the same servers

@@ -30,7 +30,7 @@ use redis::{AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, IntoC
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::node::{NodeError, NodeErrorKind};
+use super::error::{NodeError, NodeErrorKind};
 
 /// The Sentinel port when the URL gives none.
 pub const DEFAULT_SENTINEL_PORT: u16 = 26379;

@@ -23,7 +23,6 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::error::ConfigError;
-use super::node::ClientCert;
 
 /// Largest PEM file read (a CA bundle of a few hundred certificates fits).
 const MAX_PEM_BYTES: u64 = 4 << 20;
@@ -37,6 +36,15 @@ type Deliver = Box<dyn FnOnce(Result<Vec<u8>, ConfigError>) + Send>;
 
 /// Paths whose read has started and not returned yet, with everyone waiting for it.
 static READING: Mutex<Option<HashMap<PathBuf, Vec<Deliver>>>> = Mutex::new(None);
+
+/// A TLS client certificate and its key, both PEM.
+#[derive(Clone)]
+pub struct ClientCert {
+    /// The certificate chain.
+    pub cert_pem: Vec<u8>,
+    /// The private key; never printed.
+    pub key_pem: Vec<u8>,
+}
 
 /// Where the file-based credentials live; each is optional.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -30,10 +30,12 @@ use redis::aio::MultiplexedConnection;
 use redis::{FromRedisValue, RedisError, Script, Value};
 use tracing::debug;
 
-use super::node::{
-    open_at, ConnectSettings, NodeError, NodeErrorKind, NodeFacts, NodeSpec, PushTag,
-};
-use super::scripts;
+use super::dial::{open_at, ConnectSettings, PushTag};
+use super::error::{NodeError, NodeErrorKind};
+use super::facts::NodeFacts;
+use super::sentinel::addr_label;
+use super::spec::NodeSpec;
+use crate::redlock::scripts;
 
 static STAMP_SLOTS: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::STAMP_SLOTS));
 
@@ -101,9 +103,34 @@ pub fn slot_tag(slot: u16) -> String {
     TAGS[usize::from(slot % SLOTS)].clone()
 }
 
+/// The key of each node's epoch marker (see `votes`): the lineage `<run id>:<replication
+/// id>:<db>`, stamped with an expiry its age is read from. In cluster mode each hash slot has
+/// its own ([`epoch_key`]).
+pub const EPOCH_KEY: &str = "redlock:epoch";
+
 /// The epoch marker of `slot` in cluster mode.
 pub fn epoch_key(slot: u16) -> String {
-    format!("{}:{{{}}}", super::EPOCH_KEY, slot_tag(slot))
+    format!("{EPOCH_KEY}:{{{}}}", slot_tag(slot))
+}
+
+/// The epoch marker a node's scripts use: [`EPOCH_KEY`], or in cluster mode the marker of
+/// the lock's slot.
+pub fn epoch_key_for(facts: Option<&NodeFacts>, slot: u16) -> String {
+    match facts {
+        Some(facts) if facts.cluster => epoch_key(slot),
+        _ => EPOCH_KEY.to_owned(),
+    }
+}
+
+/// `keys` as a script sends them to a node: in cluster mode (`slot_marker` is the lock slot's
+/// epoch marker) [`EPOCH_KEY`] is replaced by it, so every key of the call shares one slot.
+pub fn keys_on_node<'a>(keys: &[&'a str], slot_marker: Option<&'a str>) -> Vec<&'a str> {
+    keys.iter()
+        .map(|key| match slot_marker {
+            Some(marker) if *key == EPOCH_KEY => marker,
+            _ => key,
+        })
+        .collect()
 }
 
 /// One range of slots and the master that serves it, from `CLUSTER SLOTS`.
@@ -211,7 +238,7 @@ pub(super) async fn route(
             ),
         });
     };
-    let owner_address = super::sentinel::addr_label(&spec.info_at(&owner.host, owner.port)?);
+    let owner_address = addr_label(&spec.info_at(&owner.host, owner.port)?);
     if owner_address == facts.address && facts.role == "master" {
         tokio::spawn(stamp_every_master(spec.clone(), ranges, settings));
         return Ok((conn, facts));
@@ -356,6 +383,24 @@ mod tests {
         );
         assert_eq!(key_slot("a{b}{c}"), key_slot("b"));
         assert_eq!(key_slot("a{b"), crc16(b"a{b") % SLOTS);
+    }
+
+    #[test]
+    fn in_cluster_mode_only_the_epoch_marker_is_renamed_to_the_lock_slots() {
+        let keys = ["redlock:{x}", EPOCH_KEY, "redlock:{x}:fence"];
+        assert_eq!(keys_on_node(&keys, None), keys);
+        let marker = epoch_key(key_slot("redlock:{x}"));
+        let sent = keys_on_node(&keys, Some(&marker));
+        assert_eq!(sent, ["redlock:{x}", marker.as_str(), "redlock:{x}:fence"]);
+        assert!(sent
+            .iter()
+            .all(|key| key_slot(key) == key_slot("redlock:{x}")));
+        let cluster = NodeFacts {
+            cluster: true,
+            ..NodeFacts::default()
+        };
+        assert_eq!(epoch_key_for(Some(&cluster), 7), epoch_key(7));
+        assert_eq!(epoch_key_for(None, 7), EPOCH_KEY);
     }
 
     #[test]

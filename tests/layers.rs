@@ -1,0 +1,309 @@
+//! The engine's modules import only downwards: no import cycle in `src/redlock`, and the
+//! transport (`src/redlock/transport/`) never imports the vote layer above it.
+//!
+//! Read from the source: every path that starts with `super::` or `crate::redlock::` (in `use`
+//! lines and inline), resolved to the module it names. Unit-test modules are left out (a test
+//! may reach anywhere). A `mod.rs` is a facade: it assembles its children (and re-exports
+//! them), and children that add methods to its types import it back, so facades are no nodes
+//! of the cycle check; the transport may not import the engine's facade (`src/redlock/mod.rs`)
+//! at all.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// The module of the engine's facade (`src/redlock/mod.rs`).
+const FACADE: &str = "redlock";
+
+/// Modules every layer may import: text with no imports of its own (the Lua scripts).
+const SHARED_LEAVES: &[&str] = &["redlock::scripts"];
+
+/// The module path of a source file: `src/redlock/transport/node.rs` → `redlock::transport::node`.
+fn module_of(root: &Path, file: &Path) -> String {
+    let relative = file.strip_prefix(root).expect("under src");
+    let mut parts: Vec<String> = relative
+        .with_extension("")
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    if parts.last().is_some_and(|p| p == "mod") {
+        parts.pop();
+    }
+    parts.join("::")
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("readable source directory") {
+        let path = entry.expect("directory entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The code of `text` without comments, string literals and its unit-test module.
+fn code_of(text: &str) -> String {
+    let mut code = String::new();
+    let mut lines = text.lines().peekable();
+    while let Some(line) = lines.next() {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with("#[cfg(test)]")
+            && lines
+                .peek()
+                .is_some_and(|next| next.trim_start().starts_with("mod tests"))
+        {
+            break;
+        }
+        if trimmed.starts_with("//") {
+            continue;
+        }
+        let line = line.split(" //").next().unwrap_or_default();
+        // Paths inside string literals are text, not imports.
+        let mut in_string = false;
+        for c in line.chars() {
+            if c == '"' {
+                in_string = !in_string;
+            } else if !in_string {
+                code.push(c);
+            }
+        }
+        code.push('\n');
+    }
+    code
+}
+
+/// Every path in `code` that starts with `super::` or `crate::redlock::`, as absolute segment
+/// lists, with `use` groups (`use super::{a, b::c}`) expanded one level.
+fn paths_in(code: &str, module: &[&str], is_mod_rs: bool) -> Vec<Vec<String>> {
+    // `super` of `a::b::c` (file c.rs) is `a::b`; of a `mod.rs` for `a::b`, it is `a`.
+    let parent: Vec<&str> = if is_mod_rs || module.len() > 1 {
+        module[..module.len() - 1].to_vec()
+    } else {
+        Vec::new()
+    };
+    let flat: String = code.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut found = Vec::new();
+    for (start, prefix) in ["super::", "crate::redlock::"]
+        .iter()
+        .flat_map(|p| flat.match_indices(p).map(move |(i, _)| (i, *p)))
+    {
+        let before = flat[..start].chars().last();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+            continue;
+        }
+        let base: Vec<String> = if prefix == "super::" {
+            parent.iter().map(|s| (*s).to_owned()).collect()
+        } else {
+            vec!["redlock".to_owned()]
+        };
+        let rest = &flat[start + prefix.len()..];
+        for tail in expand(rest) {
+            let mut path = base.clone();
+            path.extend(tail);
+            found.push(path);
+        }
+    }
+    found
+}
+
+/// The segment lists of the path at the start of `rest`: `a::b::C` → `[a, b, C]`;
+/// `a::{b, c::d}` → `[a, b]`, `[a, c, d]`.
+fn expand(rest: &str) -> Vec<Vec<String>> {
+    let mut head = Vec::new();
+    let mut chars = rest.char_indices().peekable();
+    let mut word = String::new();
+    while let Some((i, c)) = chars.next() {
+        if c.is_alphanumeric() || c == '_' {
+            word.push(c);
+        } else if rest[i..].starts_with("::") {
+            chars.next();
+            head.push(std::mem::take(&mut word));
+        } else if c == '{' && word.is_empty() {
+            let inner = &rest[i + 1..];
+            let end = inner.find('}').unwrap_or(inner.len());
+            return inner[..end]
+                .split(',')
+                .filter_map(|item| {
+                    let item = item.trim().trim_start_matches('{');
+                    let first: String = item
+                        .split("::")
+                        .take(2)
+                        .collect::<Vec<_>>()
+                        .join("::")
+                        .chars()
+                        .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
+                        .collect();
+                    (!first.is_empty()).then(|| {
+                        let mut path = head.clone();
+                        path.extend(first.split("::").map(str::to_owned));
+                        path
+                    })
+                })
+                .collect();
+        } else {
+            break;
+        }
+    }
+    if !word.is_empty() {
+        head.push(word);
+    }
+    vec![head]
+}
+
+/// The longest prefix of `path` that is a known module (an item of the facade otherwise).
+fn resolve(path: &[String], modules: &BTreeSet<String>) -> String {
+    (1..=path.len())
+        .rev()
+        .map(|n| path[..n].join("::"))
+        .find(|candidate| modules.contains(candidate))
+        .unwrap_or_else(|| FACADE.to_owned())
+}
+
+/// Module → the modules of `src/redlock` it imports, and the facades (`mod.rs` files).
+fn import_graph() -> (BTreeMap<String, BTreeSet<String>>, BTreeSet<String>) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src.join("redlock"), &mut files);
+    let modules: BTreeSet<String> = files.iter().map(|f| module_of(&src, f)).collect();
+    let facades: BTreeSet<String> = files
+        .iter()
+        .filter(|f| f.file_name().is_some_and(|n| n == "mod.rs"))
+        .map(|f| module_of(&src, f))
+        .collect();
+    let mut graph = BTreeMap::new();
+    for file in &files {
+        let module = module_of(&src, file);
+        let segments: Vec<&str> = module.split("::").collect();
+        let is_mod_rs = file.file_name().is_some_and(|n| n == "mod.rs");
+        let text = std::fs::read_to_string(file).expect("readable source");
+        let targets: BTreeSet<String> = paths_in(&code_of(&text), &segments, is_mod_rs)
+            .iter()
+            .filter(|path| path.first().is_some_and(|s| s == "redlock"))
+            .map(|path| resolve(path, &modules))
+            .filter(|target| *target != module)
+            .collect();
+        graph.insert(module, targets);
+    }
+    (graph, facades)
+}
+
+/// A cycle among the modules of `graph` other than the `facades`, if there is one.
+fn find_cycle(
+    graph: &BTreeMap<String, BTreeSet<String>>,
+    facades: &BTreeSet<String>,
+) -> Option<Vec<String>> {
+    fn visit(
+        node: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        facades: &BTreeSet<String>,
+        stack: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = stack.iter().position(|n| n == node) {
+            let mut cycle = stack[at..].to_vec();
+            cycle.push(node.to_owned());
+            return Some(cycle);
+        }
+        if facades.contains(node) || !done.insert(node.to_owned()) {
+            return None;
+        }
+        stack.push(node.to_owned());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(cycle) = visit(next, graph, facades, stack, done) {
+                return Some(cycle);
+            }
+        }
+        stack.pop();
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph
+        .keys()
+        .find_map(|start| visit(start, graph, facades, &mut Vec::new(), &mut done))
+}
+
+fn is_transport(module: &str) -> bool {
+    module == "redlock::transport" || module.starts_with("redlock::transport::")
+}
+
+#[test]
+fn the_engine_has_no_import_cycle() {
+    let (graph, facades) = import_graph();
+    assert!(
+        graph.len() > 10 && graph.contains_key("redlock::transport::node"),
+        "the source was read: {:?}",
+        graph.keys()
+    );
+    assert!(facades.contains(FACADE) && facades.contains("redlock::transport"));
+    assert_eq!(
+        find_cycle(&graph, &facades),
+        None,
+        "import graph: {graph:#?}"
+    );
+}
+
+#[test]
+fn the_transport_never_imports_the_vote_layer() {
+    let (graph, _) = import_graph();
+    for (module, imports) in graph.iter().filter(|(m, _)| is_transport(m)) {
+        for target in imports {
+            assert!(
+                is_transport(target) || SHARED_LEAVES.contains(&target.as_str()),
+                "{module} imports {target}, above the transport"
+            );
+        }
+    }
+}
+
+#[test]
+fn shared_leaves_import_nothing_of_the_engine() {
+    let (graph, _) = import_graph();
+    for leaf in SHARED_LEAVES {
+        assert_eq!(graph.get(*leaf), Some(&BTreeSet::new()), "{leaf}");
+    }
+}
+
+#[test]
+fn the_check_reads_paths_as_the_compiler_resolves_them_and_sees_a_cycle() {
+    let modules: BTreeSet<String> = [
+        "redlock",
+        "redlock::a",
+        "redlock::b",
+        "redlock::transport",
+        "redlock::transport::t",
+    ]
+    .map(str::to_owned)
+    .into();
+    let code = code_of("use super::b::Thing;\n// use super::c;\nlet s = \"super::d\";\n");
+    let from_a = paths_in(&code, &["redlock", "a"], false);
+    assert_eq!(
+        from_a,
+        [["redlock", "b", "Thing"].map(str::to_owned).to_vec()]
+    );
+    let from_t = paths_in(
+        "use super::{t::X, Y};\nlet k = crate::redlock::b::f();",
+        &["redlock", "transport", "t"],
+        false,
+    );
+    let resolved: Vec<String> = from_t.iter().map(|p| resolve(p, &modules)).collect();
+    assert_eq!(
+        resolved,
+        ["redlock::transport::t", "redlock::transport", "redlock::b"]
+    );
+    let from_mod_rs = paths_in("use super::b;", &["redlock", "transport"], true);
+    assert_eq!(resolve(&from_mod_rs[0], &modules), "redlock::b");
+    let facades = BTreeSet::from([FACADE.to_owned()]);
+    let mut graph = BTreeMap::new();
+    graph.insert(
+        "redlock::a".to_owned(),
+        BTreeSet::from(["redlock::b".to_owned()]),
+    );
+    graph.insert(
+        "redlock::b".to_owned(),
+        BTreeSet::from(["redlock::a".to_owned()]),
+    );
+    assert!(find_cycle(&graph, &facades).is_some());
+    graph.insert("redlock::b".to_owned(), BTreeSet::from([FACADE.to_owned()]));
+    assert_eq!(find_cycle(&graph, &facades), None);
+}
