@@ -310,6 +310,96 @@ pub struct RunArgs {
     /// `redlock_info{workload}`: alerts then see two locks led at once within one workload.
     #[arg(long, env = "REDLOCK_WORKLOAD", default_value = "")]
     pub workload: String,
+    #[command(flatten)]
+    pub locks: LocksArgs,
+}
+
+/// On or off.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Switch {
+    On,
+    Off,
+}
+
+/// The request-lock API on the control listener (see `docs/locks.md`).
+#[derive(Args, Debug)]
+pub struct LocksArgs {
+    /// Serve locks for the app's requests on the control listener (/v1/locks, Dapr's
+    /// /v1.0-alpha1/lock and unlock).
+    #[arg(long, env = "REDLOCK_LOCKS", value_enum, default_value_t = Switch::On)]
+    pub locks: Switch,
+    /// Namespace of the request locks on the nodes: lock NAME is the engine lock
+    /// PREFIX:NAME (keys redlock:{PREFIX:NAME}...); --lock may not start with PREFIX:.
+    #[arg(long, env = "REDLOCK_LOCKS_PREFIX", default_value = "app")]
+    pub locks_prefix: String,
+    /// Most request-lock leases held plus acquisitions waiting at once; past it, 429.
+    #[arg(long, env = "REDLOCK_LOCKS_MAX_LEASES", default_value_t = 1000)]
+    pub locks_max_leases: usize,
+    /// The store name Dapr's lock API answers to (/v1.0-alpha1/lock/STORE).
+    #[arg(long, env = "REDLOCK_LOCKS_DAPR_STORE", default_value = "redlock")]
+    pub locks_dapr_store: String,
+}
+
+/// Most `--locks-max-leases`.
+pub const MAX_LOCKS_MAX_LEASES: usize = 100_000;
+
+/// The request-lock API's settings, validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocksConfig {
+    /// `--locks-prefix`.
+    pub prefix: String,
+    /// `--locks-max-leases`.
+    pub max_leases: usize,
+    /// `--locks-dapr-store`.
+    pub dapr_store: String,
+}
+
+impl LocksArgs {
+    /// The settings, `None` with `--locks off`; `lock` is the leadership lock's name.
+    pub fn config(&self, lock: &str) -> Result<Option<LocksConfig>, ConfigError> {
+        if self.locks == Switch::Off {
+            return Ok(None);
+        }
+        let word = |text: &str| {
+            !text.is_empty()
+                && text.len() <= 64
+                && text
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        };
+        if !word(&self.locks_prefix) {
+            return Err(ConfigError::new(
+                "--locks-prefix",
+                "1 to 64 characters of A-Z a-z 0-9 - _ .",
+            ));
+        }
+        if lock.starts_with(&format!("{}:", self.locks_prefix)) {
+            return Err(ConfigError::new(
+                "--locks-prefix",
+                format!(
+                    "--lock {lock:?} starts with \"{}:\", the request locks' namespace: choose another prefix or lock name",
+                    self.locks_prefix
+                ),
+            ));
+        }
+        if self.locks_max_leases == 0 || self.locks_max_leases > MAX_LOCKS_MAX_LEASES {
+            return Err(ConfigError::new(
+                "--locks-max-leases",
+                format!("from 1 to {MAX_LOCKS_MAX_LEASES}"),
+            ));
+        }
+        if !word(&self.locks_dapr_store) {
+            return Err(ConfigError::new(
+                "--locks-dapr-store",
+                "1 to 64 characters of A-Z a-z 0-9 - _ .",
+            ));
+        }
+        Ok(Some(LocksConfig {
+            prefix: self.locks_prefix.clone(),
+            max_leases: self.locks_max_leases,
+            dapr_store: self.locks_dapr_store.clone(),
+        }))
+    }
 }
 
 #[derive(Args, Debug)]
@@ -505,6 +595,8 @@ pub struct RunConfig {
     pub kubernetes: crate::k8s::KubeSettings,
     /// `--workload` (empty: not set).
     pub workload: String,
+    /// The request-lock API; `None` with `--locks off`.
+    pub locks: Option<LocksConfig>,
 }
 
 /// How the app's readiness is checked, and how often.
@@ -729,6 +821,7 @@ impl RunArgs {
             ));
         }
         let app_check = self.app_check()?;
+        let locks = self.locks.config(&redlock.lock)?;
         let kubernetes = crate::k8s::KubeSettings {
             mode: self.kubernetes,
             label_key: self.leader_label.clone(),
@@ -748,6 +841,7 @@ impl RunArgs {
             app_check,
             kubernetes,
             workload: self.workload.clone(),
+            locks,
         })
     }
 

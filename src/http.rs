@@ -18,6 +18,8 @@
 //! |---|---|
 //! | `POST /v1/leader/resign[?hold=DURATION]` | leading: steps down, releases the lock at once and does not contend for `hold` (default one ttl, at most an hour); 200 `{"resigned": true, "hold_ms"}` once no longer leading. Not leading: 409 `{"error"}`. A bad `hold`: 400 `{"error"}` |
 //!
+//! | `/v1/locks/...`, `/v1.0-alpha1/lock|unlock/...` | request locks and Dapr's lock API, unless `--locks off`: see `crate::locks::routes` |
+//!
 //! Its errors are JSON (`{"error": "..."}`): 404 for unknown paths, 405 for other methods.
 //!
 //! ## Behaviour
@@ -177,16 +179,21 @@ pub struct ControlState {
     pub default_hold: Duration,
 }
 
-/// The router for the control listener (routes that change state).
-pub fn control_router(state: ControlState) -> Router {
-    Router::new()
+/// The router for the control listener (routes that change state), with the request-lock
+/// routes (`crate::locks::router`) when they are on.
+pub fn control_router(state: ControlState, locks: Option<Router>) -> Router {
+    let mut router = Router::new()
         .route("/v1/leader/resign", post(resign))
+        .with_state(state);
+    if let Some(locks) = locks {
+        router = router.merge(locks);
+    }
+    router
         .fallback(|| async { json_error(StatusCode::NOT_FOUND, "no such route") })
         .method_not_allowed_fallback(|| async {
             json_error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
         })
         .layer(DefaultBodyLimit::max(1024))
-        .with_state(state)
 }
 
 /// Serves `app` on `listener` until `shutdown` fires, within the limits in the module doc;

@@ -21,6 +21,8 @@ pub mod k8s;
 pub mod leadership;
 /// The leadership loop: acquire, renew, step down, contend again.
 pub mod lease;
+/// Locks for the app's requests over the control listener (and Dapr's lock API).
+pub mod locks;
 /// Logging that drops lines rather than block when stderr does not drain.
 pub mod logging;
 /// Prometheus metrics.

@@ -61,6 +61,7 @@ pub struct Metrics {
     renew_interval: Gauge,
     safety_margin: Gauge,
     info: IntGaugeVec,
+    app_locks: AppLockMetrics,
     nodes: Vec<String>,
 }
 
@@ -260,6 +261,7 @@ impl Metrics {
                 &["workload"],
             )
             .unwrap(),
+            app_locks: AppLockMetrics::new(lock),
             nodes: nodes.to_vec(),
             registry,
         };
@@ -312,6 +314,7 @@ impl Metrics {
         ];
         for collector in collectors
             .into_iter()
+            .chain(self.app_locks.collectors())
             .chain(kubernetes_errors.map(|c| Box::new(c) as Box<_>))
         {
             self.registry
@@ -362,6 +365,11 @@ impl Metrics {
         self.ttl.set(ttl.as_secs_f64());
         self.renew_interval.set(renew_interval.as_secs_f64());
         self.safety_margin.set(safety_margin.as_secs_f64());
+    }
+
+    /// The request-lock families (`redlock_app_*`).
+    pub fn app_locks(&self) -> &AppLockMetrics {
+        &self.app_locks
     }
 
     /// Names the workload in `redlock_info{workload}` (one series, replacing the empty one).
@@ -528,4 +536,94 @@ impl Observer for Metrics {
 fn unix_seconds(at: SystemTime) -> f64 {
     at.duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// Results of a request-lock acquisition (`redlock_app_lock_acquire_seconds{result}`).
+pub const APP_ACQUIRE_RESULTS: [&str; 5] =
+    ["acquired", "busy", "no_quorum", "refused", "cancelled"];
+/// How a request lock's lease ended (`redlock_app_leases_ended_total{reason}`).
+pub const APP_LEASE_ENDS: [&str; 4] = ["released", "abandoned", "lost", "shutdown"];
+
+/// The request-lock families: no label per lock name (names are unbounded), only the small
+/// fixed sets above.
+#[derive(Clone)]
+pub struct AppLockMetrics {
+    leases: IntGauge,
+    waiting: IntGauge,
+    acquire: HistogramVec,
+    ended: IntCounterVec,
+}
+
+impl AppLockMetrics {
+    fn new(lock: &str) -> AppLockMetrics {
+        let opts = |name: &str, help: &str| Opts::new(name, help).const_label("lock", lock);
+        let m = AppLockMetrics {
+            leases: IntGauge::with_opts(opts(
+                "redlock_app_leases",
+                "Request-lock leases this sidecar holds for its app",
+            ))
+            .unwrap(),
+            waiting: IntGauge::with_opts(opts(
+                "redlock_app_lock_waiting",
+                "Request-lock acquisitions waiting for a lock now",
+            ))
+            .unwrap(),
+            acquire: HistogramVec::new(
+                HistogramOpts::new(
+                    "redlock_app_lock_acquire_seconds",
+                    "Request-lock acquisitions, from the request to the answer, by result",
+                )
+                .const_label("lock", lock)
+                .buckets(LATENCY_BUCKETS.to_vec()),
+                &["result"],
+            )
+            .unwrap(),
+            ended: IntCounterVec::new(
+                opts(
+                    "redlock_app_leases_ended_total",
+                    "Request-lock leases ended: released by the app, abandoned (not kept alive for a ttl), lost (renewal failed; the app was told), shutdown",
+                ),
+                &["reason"],
+            )
+            .unwrap(),
+        };
+        for result in APP_ACQUIRE_RESULTS {
+            m.acquire.with_label_values(&[result]);
+        }
+        for reason in APP_LEASE_ENDS {
+            m.ended.with_label_values(&[reason]);
+        }
+        m
+    }
+
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![
+            Box::new(self.leases.clone()),
+            Box::new(self.waiting.clone()),
+            Box::new(self.acquire.clone()),
+            Box::new(self.ended.clone()),
+        ]
+    }
+
+    /// A lease began (`+1`) or ended (`-1`).
+    pub fn leases_add(&self, delta: i64) {
+        self.leases.add(delta);
+    }
+
+    /// An acquisition started (`+1`) or answered (`-1`) waiting.
+    pub fn waiting_add(&self, delta: i64) {
+        self.waiting.add(delta);
+    }
+
+    /// An acquisition answered with `result` (one of [`APP_ACQUIRE_RESULTS`]) after `elapsed`.
+    pub fn acquired(&self, result: &'static str, elapsed: Duration) {
+        self.acquire
+            .with_label_values(&[result])
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// A lease ended for `reason` (one of [`APP_LEASE_ENDS`]).
+    pub fn ended(&self, reason: &'static str) {
+        self.ended.with_label_values(&[reason]).inc();
+    }
 }

@@ -1,8 +1,11 @@
 //! `run`: wire the lock loop to its observers (HTTP, metrics, Kubernetes) and shut down in order.
 //!
-//! Shutdown order: signal → stop claiming leadership (endpoints flip to 503) → release on all
-//! nodes and announce it → Kubernetes label flushed → HTTP stops → exit 0, all bounded by
-//! `--shutdown-timeout`, which must stay below the pod's `terminationGracePeriodSeconds`.
+//! Shutdown order: signal → stop claiming leadership (endpoints flip to 503) and stop taking
+//! request locks → release on all nodes (the leadership lock and every request-lock lease,
+//! side by side) and announce it → Kubernetes label flushed → HTTP stops → exit 0, all
+//! bounded by `--shutdown-timeout`, which must stay below the pod's
+//! `terminationGracePeriodSeconds`. Until HTTP stops, an app's call on a released lease
+//! answers 410 with `"ended": "shutdown"`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +18,7 @@ use crate::config::{AppProbe, RunConfig};
 use crate::http::{self, AdminState};
 use crate::k8s::{self, Kube};
 use crate::lease;
+use crate::locks;
 use crate::redlock::drift;
 use crate::{ops, shutdown};
 
@@ -84,11 +88,27 @@ pub async fn run(cfg: RunConfig) -> i32 {
             }
         }
     }
-    let control = http::control_router(http::ControlState {
-        leadership: rx.clone(),
-        candidacy: candidacy_tx,
-        default_hold: cfg.redlock.ttl,
+    let locks = cfg.locks.as_ref().map(|settings| {
+        let engine = locks::RedlockEngine::new(cfg.redlock.clone(), &settings.prefix);
+        locks::Locks::new(engine, settings.max_leases, metrics.app_locks().clone())
     });
+    let locks_routes = locks
+        .as_ref()
+        .zip(cfg.locks.as_ref())
+        .map(|(locks, settings)| {
+            locks::router(locks::Api {
+                locks: Arc::clone(locks),
+                dapr_store: settings.dapr_store.clone(),
+            })
+        });
+    let control = http::control_router(
+        http::ControlState {
+            leadership: rx.clone(),
+            candidacy: candidacy_tx,
+            default_hold: cfg.redlock.ttl,
+        },
+        locks_routes,
+    );
     let control_task = tokio::spawn(http::serve_router(
         control_listener,
         control,
@@ -109,10 +129,18 @@ pub async fn run(cfg: RunConfig) -> i32 {
     signals.first().await;
     cancel.cancel();
     let drained = tokio::time::timeout(cfg.shutdown_timeout, async {
-        let _ = lease_task.await;
-        if let Some(kube_task) = kube_task {
-            let _ = kube_task.await;
-        }
+        let leadership = async {
+            let _ = lease_task.await;
+            if let Some(kube_task) = kube_task {
+                let _ = kube_task.await;
+            }
+        };
+        let request_locks = async {
+            if let Some(locks) = &locks {
+                locks.shutdown().await;
+            }
+        };
+        tokio::join!(leadership, request_locks);
     })
     .await;
     match drained {

@@ -1,0 +1,171 @@
+//! Dapr's distributed lock API (v1.0-alpha1), answer for answer: an app written for Dapr's
+//! lock building block switches by changing the port.
+//!
+//! | request | answer |
+//! |---|---|
+//! | `POST /v1.0-alpha1/lock/{store}` `{"resourceId", "lockOwner", "expiryInSeconds"}` | 200 `{"success": true}` when taken, `{"success": false}` when held (also by the same owner: Dapr's try-lock does not re-enter) |
+//! | `POST /v1.0-alpha1/unlock/{store}` `{"resourceId", "lockOwner"}` | 200 `{"status": 0}` unlocked, `1` no such lock, `2` it belongs to another owner (here or through another sidecar), `3` internal error (no quorum, shutting down) |
+//!
+//! A Dapr lock is a lease of ttl `expiryInSeconds` that nobody keeps alive: it is renewed on
+//! the nodes until its expiry, then released, as Dapr's lock expires. It has a fencing token
+//! on the nodes like any lease, but Dapr's answer has no field for it.
+//!
+//! Errors use Dapr's shape, `{"errorCode", "message"}`: 400 `ERR_MALFORMED_REQUEST` (not JSON,
+//! a missing field, a value out of bounds), 400 `ERR_LOCK_STORE_NOT_FOUND` (another store name
+//! than `--locks-dapr-store`), 500 `ERR_TRY_LOCK_FAILED` (no quorum), 429 `ERR_TOO_MANY_LEASES`,
+//! 413 for a body over [`super::routes::MAX_BODY`] bytes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::bounds;
+use super::engine::LockEngine;
+use super::routes::Api;
+use super::service::Refused;
+
+/// Dapr's lock request.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LockRequest {
+    resource_id: String,
+    lock_owner: String,
+    expiry_in_seconds: i64,
+}
+
+/// Dapr's unlock request.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct UnlockRequest {
+    resource_id: String,
+    lock_owner: String,
+}
+
+fn dapr_error(status: StatusCode, code: &str, message: &str) -> Response {
+    (
+        status,
+        Json(json!({ "errorCode": code, "message": message })),
+    )
+        .into_response()
+}
+
+fn malformed(message: &str) -> Response {
+    dapr_error(StatusCode::BAD_REQUEST, "ERR_MALFORMED_REQUEST", message)
+}
+
+/// The request's JSON, after the store name is checked.
+fn parse<T: for<'de> Deserialize<'de>, E: LockEngine>(
+    api: &Api<E>,
+    store: Result<Path<String>, PathRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<T, Box<Response>> {
+    let Path(store) = store.map_err(|e| Box::new(malformed(&e.to_string())))?;
+    if store != api.dapr_store {
+        return Err(Box::new(dapr_error(
+            StatusCode::BAD_REQUEST,
+            "ERR_LOCK_STORE_NOT_FOUND",
+            &format!("lock store {store} not found"),
+        )));
+    }
+    let body = body.map_err(|rejection| {
+        let status = rejection.status();
+        Box::new(if status == StatusCode::PAYLOAD_TOO_LARGE {
+            dapr_error(status, "ERR_MALFORMED_REQUEST", "request body too large")
+        } else {
+            malformed(&rejection.body_text())
+        })
+    })?;
+    serde_json::from_slice(&body).map_err(|e| Box::new(malformed(&format!("bad JSON body: {e}"))))
+}
+
+/// `POST /v1.0-alpha1/lock/{store}`.
+pub async fn lock<E: LockEngine>(
+    State(api): State<Arc<Api<E>>>,
+    store: Result<Path<String>, PathRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let request: LockRequest = match parse(&api, store, body) {
+        Ok(request) => request,
+        Err(response) => return *response,
+    };
+    if request.resource_id.is_empty() {
+        return malformed("ResourceId is empty");
+    }
+    if request.lock_owner.is_empty() {
+        return malformed("LockOwner is empty");
+    }
+    if request.expiry_in_seconds <= 0 {
+        return malformed("ExpiryInSeconds is not positive");
+    }
+    let ttl = u64::try_from(request.expiry_in_seconds)
+        .map(Duration::from_secs)
+        .map_err(|_| String::new())
+        .and_then(bounds::ttl);
+    let checked = bounds::name(&request.resource_id)
+        .and_then(|_| bounds::owner(&request.lock_owner))
+        .and(ttl);
+    let ttl = match checked {
+        Ok(ttl) => ttl,
+        Err(why) => return malformed(&why),
+    };
+    let result = api
+        .locks
+        .acquire(
+            &request.resource_id,
+            ttl,
+            Duration::ZERO,
+            Some(request.lock_owner),
+        )
+        .await;
+    match result {
+        Ok(_) => Json(json!({ "success": true })).into_response(),
+        Err(Refused::Held { .. }) => Json(json!({ "success": false })).into_response(),
+        Err(Refused::TooMany { max }) => dapr_error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "ERR_TOO_MANY_LEASES",
+            &format!("too many leases and waits in this sidecar (at most {max})"),
+        ),
+        Err(Refused::Invalid(why)) => malformed(&why),
+        Err(other) => dapr_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "ERR_TRY_LOCK_FAILED",
+            &format!("failed to try acquiring lock: {other:?}"),
+        ),
+    }
+}
+
+/// `POST /v1.0-alpha1/unlock/{store}`.
+pub async fn unlock<E: LockEngine>(
+    State(api): State<Arc<Api<E>>>,
+    store: Result<Path<String>, PathRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let request: UnlockRequest = match parse(&api, store, body) {
+        Ok(request) => request,
+        Err(response) => return *response,
+    };
+    if request.resource_id.is_empty() {
+        return malformed("ResourceId is empty");
+    }
+    if request.lock_owner.is_empty() {
+        return malformed("LockOwner is empty");
+    }
+    if let Err(why) =
+        bounds::name(&request.resource_id).and_then(|_| bounds::owner(&request.lock_owner))
+    {
+        return malformed(&why);
+    }
+    let status = api
+        .locks
+        .unlock_owned(&request.resource_id, &request.lock_owner)
+        .await;
+    Json(json!({ "status": status as u8 })).into_response()
+}

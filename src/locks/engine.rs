@@ -1,0 +1,194 @@
+//! The seam between the request-lock service and the Redlock engine.
+//!
+//! The service sees a lock engine only through [`LockEngine`] and [`NameLock`]: open a name,
+//! acquire it with a deadline, extend, release. Today [`RedlockEngine`] opens one
+//! [`Redlock`] per name (and ttl); an engine that serves many names over one connection per
+//! node can take its place without any change above this file.
+//!
+//! ## Namespace
+//! A request lock `NAME` is the engine lock `<prefix>:NAME` (`--locks-prefix`, default
+//! `app`), so its keys are `redlock:{<prefix>:NAME}` and `redlock:{<prefix>:NAME}:fence`.
+//! The leadership lock (`--lock`) may not start with `<prefix>:` (checked at start-up), so the
+//! two never share a key.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::redlock::{self, LockError, NoObserver, Redlock, RedlockConfig};
+
+/// Why an acquisition ended without a lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AcquireFailed {
+    /// Still held elsewhere at the deadline; the holder's identity if a node told it.
+    Held { holder: Option<String> },
+    /// Too few nodes answered (or counted) for a quorum; the engine's error kind.
+    NoQuorum { kind: &'static str },
+    /// The caller cancelled (its client went away, or the sidecar is shutting down).
+    Cancelled,
+}
+
+/// Why an extension failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExtendFailed {
+    /// A quorum shows another holder or no key, or the validity ended: the lock is gone.
+    Gone,
+    /// No quorum this time; a later attempt may still succeed within the validity.
+    Retry,
+}
+
+/// What a held engine lease tells the service.
+pub trait EngineLease: Send + Sync + 'static {
+    /// The fencing token: it only grows for the name.
+    fn fencing_token(&self) -> u64;
+    /// When the validity ends (on [`crate::clock`]).
+    fn valid_until(&self) -> Instant;
+}
+
+/// One name's lock in the engine.
+pub trait NameLock: Send + Sync + 'static {
+    /// A held lease.
+    type Lease: EngineLease;
+    /// Waits for the lock until `deadline` or `cancel`; `on_holder` sees the holders learnt
+    /// meanwhile. Must be run to completion (cancel through `cancel`, never by dropping it).
+    fn acquire(
+        &self,
+        deadline: Instant,
+        cancel: CancellationToken,
+        on_holder: impl FnMut(Option<String>) + Send + 'static,
+    ) -> impl Future<Output = Result<Self::Lease, AcquireFailed>> + Send;
+    /// Extends `lease` by the name's ttl.
+    fn extend(
+        &self,
+        lease: &Self::Lease,
+    ) -> impl Future<Output = Result<Self::Lease, ExtendFailed>> + Send;
+    /// Releases `lease` and wakes the waiters (pub/sub).
+    fn release(&self, lease: &Self::Lease) -> impl Future<Output = ()> + Send;
+    /// Who holds the name on a quorum of nodes (`Ok(None)`: nobody); `Err` without a quorum
+    /// of answers.
+    fn holder(&self) -> impl Future<Output = Result<Option<String>, ()>> + Send;
+}
+
+/// Opens names.
+pub trait LockEngine: Send + Sync + 'static {
+    /// One name's lock; dropping it frees what the engine kept for the name.
+    type Name: NameLock;
+    /// The lock for `name` with keys that live `ttl` without renewal; an error says why the
+    /// engine cannot take it (e.g. a ttl too short for the node timeout).
+    fn open(&self, name: &str, ttl: Duration) -> Result<Self::Name, String>;
+}
+
+/// The engine of today: one [`Redlock`] per name, built from the sidecar's own nodes and
+/// identity.
+pub struct RedlockEngine {
+    base: RedlockConfig,
+    prefix: String,
+}
+
+impl RedlockEngine {
+    /// Request locks on `base`'s nodes, as `base`'s identity, in the namespace `prefix`.
+    pub fn new(base: RedlockConfig, prefix: &str) -> RedlockEngine {
+        RedlockEngine {
+            base,
+            prefix: prefix.to_owned(),
+        }
+    }
+
+    /// The engine's lock name for the request lock `name`.
+    pub fn engine_name(&self, name: &str) -> String {
+        format!("{}:{name}", self.prefix)
+    }
+}
+
+impl LockEngine for RedlockEngine {
+    type Name = RedlockName;
+
+    fn open(&self, name: &str, ttl: Duration) -> Result<RedlockName, String> {
+        let mut cfg = self.base.clone();
+        cfg.lock = self.engine_name(name);
+        cfg.ttl = ttl;
+        // The leadership lock's --max-ttl says nothing about request locks: each records
+        // its own ttl beside its key (see `redlock::votes`).
+        cfg.max_ttl = None;
+        cfg.fence_retention = cfg.fence_retention.max(ttl * 2);
+        // Its metrics would mix with the leadership lock's node gauges: none for now.
+        let redlock = Redlock::new(cfg, Arc::new(NoObserver)).map_err(|e| e.reason)?;
+        Ok(RedlockName { redlock })
+    }
+}
+
+/// One name on [`RedlockEngine`].
+pub struct RedlockName {
+    redlock: Redlock,
+}
+
+impl EngineLease for redlock::Lease {
+    fn fencing_token(&self) -> u64 {
+        self.fencing_token
+    }
+    fn valid_until(&self) -> Instant {
+        self.valid_until
+    }
+}
+
+impl NameLock for RedlockName {
+    type Lease = redlock::Lease;
+
+    async fn acquire(
+        &self,
+        deadline: Instant,
+        cancel: CancellationToken,
+        mut on_holder: impl FnMut(Option<String>) + Send + 'static,
+    ) -> Result<redlock::Lease, AcquireFailed> {
+        let result = self
+            .redlock
+            .acquire_watching(
+                Some(deadline),
+                &cancel,
+                |_, _| {},
+                |seen| on_holder(seen.map(|h| h.identity)),
+            )
+            .await;
+        result.map_err(|err| match err {
+            LockError::Busy { holder, .. } => AcquireFailed::Held { holder },
+            LockError::Contended { .. } => AcquireFailed::Held { holder: None },
+            LockError::Cancelled => AcquireFailed::Cancelled,
+            other => AcquireFailed::NoQuorum { kind: other.kind() },
+        })
+    }
+
+    async fn extend(&self, lease: &redlock::Lease) -> Result<redlock::Lease, ExtendFailed> {
+        self.redlock.extend(lease).await.map_err(|err| match err {
+            LockError::Superseded { .. }
+            | LockError::Expired { .. }
+            | LockError::ValidityTooShort { .. } => ExtendFailed::Gone,
+            _ => ExtendFailed::Retry,
+        })
+    }
+
+    async fn release(&self, lease: &redlock::Lease) {
+        self.redlock.release(lease).await;
+    }
+
+    async fn holder(&self) -> Result<Option<String>, ()> {
+        let views = self.redlock.inspect().await;
+        let needed = redlock::quorum(views.len());
+        let answered: Vec<Option<String>> = views
+            .into_iter()
+            .filter_map(|(_, view)| view.ok().map(|v| v.holder))
+            .collect();
+        if answered.len() < needed {
+            return Err(());
+        }
+        let holder = answered.iter().flatten().find(|h| {
+            answered
+                .iter()
+                .filter(|other| other.as_ref() == Some(*h))
+                .count()
+                >= needed
+        });
+        Ok(holder.cloned())
+    }
+}

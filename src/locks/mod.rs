@@ -1,0 +1,30 @@
+//! Locks for the app's requests: the critical section around a payment, a withdrawal or the
+//! last item in stock, taken through the sidecar over HTTP from any language.
+//!
+//! The app asks `POST /v1/locks/{name}` on the loopback control listener and gets a lease
+//! (an id issued here), a fencing token that only grows for the name, and the validity.
+//! The sidecar renews the lock on the Redis nodes while the app keeps the lease alive, and
+//! releases it when the app deletes it, stops keeping it alive for a ttl, or the sidecar
+//! shuts down. See `docs/locks.md` for the API, Dapr compatibility and fencing recipes.
+//!
+//! | file | concern |
+//! |---|---|
+//! | [`bounds`] | what a request may ask: names, ttls, waits |
+//! | [`lease_id`] | lease ids: 128 random bits |
+//! | [`keepalive`] | when a lease is renewed, released or lost: a pure decision |
+//! | [`engine`] | the seam to the Redlock engine, and its namespace |
+//! | [`service`] | the lease table, waiters, the lease tasks, shutdown |
+//! | [`routes`] | the `/v1/locks` routes |
+//! | [`dapr`] | Dapr's lock API |
+
+pub mod bounds;
+pub mod dapr;
+pub mod engine;
+pub mod keepalive;
+pub mod lease_id;
+pub mod routes;
+pub mod service;
+
+pub use engine::{LockEngine, RedlockEngine};
+pub use routes::{router, Api};
+pub use service::Locks;

@@ -1,0 +1,635 @@
+//! The lease table: who holds which request lock through this sidecar, who waits, and the
+//! task that keeps each held lease (see [`super::keepalive`] for its rules).
+//!
+//! ## Behaviour
+//! - **One waiter on Redis per name.** Requests for one name (and ttl) take turns in
+//!   arrival order; only the one whose turn it is runs the engine's acquisition, which waits
+//!   for the release announcement (pub/sub) rather than polling. A request whose wait ends
+//!   before its turn comes answers busy with the holder last seen.
+//! - **Acquisitions are never dropped half-way.** The engine's acquisition runs in its own
+//!   task; a client that goes away cancels it, and a lock won for a client that went away is
+//!   released at once.
+//! - **Bounded.** At most `max_leases` leases held plus acquisitions waiting; past that,
+//!   [`Refused::TooMany`].
+//! - **Ended leases are remembered** for one ttl (or until the app deletes them), so the
+//!   app's next call learns why its lease ended instead of a bare 404.
+//! - **Shutdown** refuses new acquisitions, cancels the waiting ones and releases every
+//!   lease ([`Locks::shutdown`]).
+//! - A name's engine lock lives while the name is held or waited for, then is dropped.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{oneshot, watch, Notify};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::engine::{AcquireFailed, EngineLease, ExtendFailed, LockEngine, NameLock};
+use super::keepalive::{Keepalive, Step};
+use super::lease_id::LeaseId;
+use crate::clock;
+use crate::metrics::AppLockMetrics;
+
+/// Longest wait for a lease's release to finish before answering anyway (the engine
+/// bounds each node call; this only bounds the answer).
+const RELEASE_ANSWER_WITHIN: Duration = Duration::from_secs(5);
+
+/// How a lease ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum End {
+    /// The app released it.
+    Released,
+    /// The app stopped keeping it alive for a ttl (a Dapr lock: its expiry came).
+    Abandoned,
+    /// Renewal failed; the validity was about to end, or another holder showed up.
+    Lost,
+    /// The sidecar shut down and released it.
+    Shutdown,
+}
+
+impl End {
+    /// The metric label and the JSON word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            End::Released => "released",
+            End::Abandoned => "abandoned",
+            End::Lost => "lost",
+            End::Shutdown => "shutdown",
+        }
+    }
+
+    /// What the app is told about it.
+    pub fn explain(self) -> &'static str {
+        match self {
+            End::Released => "the lease was released",
+            End::Abandoned => "the lease was released: it was not kept alive within its ttl",
+            End::Lost => "the lease was lost: it could not be renewed on a quorum of nodes",
+            End::Shutdown => "the lease was released: the sidecar is shutting down",
+        }
+    }
+}
+
+/// A lease's state, as its watchers see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseState {
+    /// Held, valid until then.
+    Held { valid_until: Instant },
+    /// Ended.
+    Ended(End),
+}
+
+/// A lease granted to a request.
+#[derive(Clone, Debug)]
+pub struct Granted {
+    /// The lease id (the app's handle on the lease).
+    pub lease: LeaseId,
+    /// The fencing token.
+    pub fencing_token: u64,
+    /// When the validity ends.
+    pub valid_until: Instant,
+}
+
+/// Why no lease was granted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// Still held elsewhere after the wait.
+    Held { holder: Option<String> },
+    /// No quorum of nodes.
+    NoQuorum { kind: &'static str },
+    /// The bound on leases of this sidecar is reached.
+    TooMany { max: usize },
+    /// The engine cannot take this name or ttl.
+    Invalid(String),
+    /// The sidecar is shutting down.
+    ShuttingDown,
+    /// The request was cancelled.
+    Cancelled,
+}
+
+impl Refused {
+    fn metric(&self) -> &'static str {
+        match self {
+            Refused::Held { .. } => "busy",
+            Refused::NoQuorum { .. } => "no_quorum",
+            Refused::Cancelled => "cancelled",
+            _ => "refused",
+        }
+    }
+}
+
+/// What a lease-id route finds.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Found {
+    /// Not a lease of this sidecar for this name.
+    Unknown,
+    /// A lease that ended.
+    Ended(End),
+}
+
+/// A held (or recently ended) lease.
+struct Lease {
+    id: LeaseId,
+    name: String,
+    owner: Option<String>,
+    fencing_token: u64,
+    timing: Mutex<Keepalive>,
+    state: watch::Sender<LeaseState>,
+    /// Wakes the lease task after a keepalive or a watcher change.
+    wake: Notify,
+    /// Asks the lease task to release, for the reason set in `stop_reason`.
+    stop: CancellationToken,
+    stop_reason: Mutex<End>,
+}
+
+impl Lease {
+    fn ended(&self) -> Option<End> {
+        match *self.state.borrow() {
+            LeaseState::Ended(end) => Some(end),
+            LeaseState::Held { .. } => None,
+        }
+    }
+}
+
+/// One name (and ttl) with its engine lock.
+struct Slot<N> {
+    lock: N,
+    /// Whose turn it is to wait on Redis.
+    turn: Arc<tokio::sync::Mutex<()>>,
+    /// The holder last seen, for a busy answer.
+    holder: Mutex<Option<String>>,
+}
+
+type SlotKey = (String, Duration);
+
+struct Table<N> {
+    /// Each slot with the number of requests and leases using it.
+    slots: HashMap<SlotKey, (Arc<Slot<N>>, usize)>,
+    leases: HashMap<LeaseId, Arc<Lease>>,
+    /// Leases held plus acquisitions in progress.
+    in_use: usize,
+}
+
+/// The request-lock service of one sidecar.
+pub struct Locks<E: LockEngine> {
+    engine: E,
+    max_leases: usize,
+    metrics: AppLockMetrics,
+    table: Mutex<Table<E::Name>>,
+    closing: CancellationToken,
+}
+
+impl<E: LockEngine> Locks<E> {
+    /// A service over `engine` holding at most `max_leases` leases and waits at once.
+    pub fn new(engine: E, max_leases: usize, metrics: AppLockMetrics) -> Arc<Locks<E>> {
+        Arc::new(Locks {
+            engine,
+            max_leases,
+            metrics,
+            table: Mutex::new(Table {
+                slots: HashMap::new(),
+                leases: HashMap::new(),
+                in_use: 0,
+            }),
+            closing: CancellationToken::new(),
+        })
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, Table<E::Name>> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Acquires `name` with keys living `ttl`, waiting up to `wait` for a holder elsewhere.
+    /// `owner` is the Dapr lock owner, if the request came that way.
+    pub async fn acquire(
+        self: &Arc<Self>,
+        name: &str,
+        ttl: Duration,
+        wait: Duration,
+        owner: Option<String>,
+    ) -> Result<Granted, Refused> {
+        let asked = Instant::now();
+        let result = self.acquire_counted(name, ttl, wait, owner).await;
+        let label = match &result {
+            Ok(_) => "acquired",
+            Err(refused) => refused.metric(),
+        };
+        self.metrics.acquired(label, asked.elapsed());
+        result
+    }
+
+    async fn acquire_counted(
+        self: &Arc<Self>,
+        name: &str,
+        ttl: Duration,
+        wait: Duration,
+        owner: Option<String>,
+    ) -> Result<Granted, Refused> {
+        if self.closing.is_cancelled() {
+            return Err(Refused::ShuttingDown);
+        }
+        let key: SlotKey = (name.to_owned(), ttl);
+        let slot = self.take_slot(&key)?;
+        self.metrics.waiting_add(1);
+        let _waiting = Waiting(&self.metrics);
+        let deadline = clock::now() + wait;
+        // Dropping this future (the client went away) cancels a wait in progress.
+        let cancel = self.closing.child_token();
+        let _cancel_on_drop = cancel.clone().drop_guard();
+        let turn = tokio::select! {
+            biased;
+            turn = slot.turn.clone().lock_owned() => Some(turn),
+            _ = clock::sleep_until(deadline) => None,
+            _ = cancel.cancelled() => None,
+        };
+        let Some(turn) = turn else {
+            self.give_back(&key, true);
+            if self.closing.is_cancelled() {
+                return Err(Refused::ShuttingDown);
+            }
+            let holder = slot
+                .holder
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            return Err(Refused::Held { holder });
+        };
+        let (tx, rx) = oneshot::channel();
+        let this = Arc::clone(self);
+        let run = cancel.clone();
+        tokio::spawn(async move {
+            let _turn = turn;
+            let seen = Arc::clone(&slot);
+            let result = slot
+                .lock
+                .acquire(deadline, run, move |holder| {
+                    *seen.holder.lock().unwrap_or_else(|e| e.into_inner()) = holder;
+                })
+                .await;
+            match result {
+                Ok(lease) => {
+                    let granted = this.hold(&key, slot, lease, ttl, owner);
+                    let id = granted.lease;
+                    if tx.send(Ok(granted)).is_err() {
+                        // Nobody to hand it to: release it at once.
+                        this.stop(id, End::Released);
+                    }
+                }
+                Err(failed) => {
+                    if let AcquireFailed::Held { holder } = &failed {
+                        *slot.holder.lock().unwrap_or_else(|e| e.into_inner()) = holder.clone();
+                    }
+                    this.give_back(&key, true);
+                    let _ = tx.send(Err(failed));
+                }
+            }
+        });
+        match rx.await {
+            Ok(Ok(granted)) => Ok(granted),
+            Ok(Err(AcquireFailed::Held { holder })) => Err(Refused::Held { holder }),
+            Ok(Err(AcquireFailed::NoQuorum { kind })) => Err(Refused::NoQuorum { kind }),
+            Ok(Err(AcquireFailed::Cancelled)) | Err(_) if self.closing.is_cancelled() => {
+                Err(Refused::ShuttingDown)
+            }
+            Ok(Err(AcquireFailed::Cancelled)) | Err(_) => Err(Refused::Cancelled),
+        }
+    }
+
+    /// Counts a request against the bound and opens (or shares) its name's slot.
+    fn take_slot(&self, key: &SlotKey) -> Result<Arc<Slot<E::Name>>, Refused> {
+        let mut table = self.table();
+        if table.in_use >= self.max_leases {
+            return Err(Refused::TooMany {
+                max: self.max_leases,
+            });
+        }
+        let slot = match table.slots.get_mut(key) {
+            Some((slot, users)) => {
+                *users += 1;
+                Arc::clone(slot)
+            }
+            None => {
+                let lock = self.engine.open(&key.0, key.1).map_err(Refused::Invalid)?;
+                let slot = Arc::new(Slot {
+                    lock,
+                    turn: Arc::new(tokio::sync::Mutex::new(())),
+                    holder: Mutex::new(None),
+                });
+                table.slots.insert(key.clone(), (Arc::clone(&slot), 1));
+                slot
+            }
+        };
+        table.in_use += 1;
+        Ok(slot)
+    }
+
+    /// A request or lease of `key` is done; the slot goes once nobody uses it.
+    fn give_back(&self, key: &SlotKey, counted: bool) {
+        let mut table = self.table();
+        if counted {
+            table.in_use = table.in_use.saturating_sub(1);
+        }
+        if let Some((_, users)) = table.slots.get_mut(key) {
+            *users = users.saturating_sub(1);
+            if *users == 0 {
+                table.slots.remove(key);
+            }
+        }
+    }
+
+    /// Registers a won lease and starts the task that keeps it.
+    fn hold(
+        self: &Arc<Self>,
+        key: &SlotKey,
+        slot: Arc<Slot<E::Name>>,
+        lease: <E::Name as NameLock>::Lease,
+        ttl: Duration,
+        owner: Option<String>,
+    ) -> Granted {
+        let now = clock::now();
+        let granted = Granted {
+            lease: LeaseId::random(),
+            fencing_token: lease.fencing_token(),
+            valid_until: lease.valid_until(),
+        };
+        let held = Arc::new(Lease {
+            id: granted.lease,
+            name: key.0.clone(),
+            owner,
+            fencing_token: granted.fencing_token,
+            timing: Mutex::new(Keepalive::new(ttl, now, granted.valid_until)),
+            state: watch::Sender::new(LeaseState::Held {
+                valid_until: granted.valid_until,
+            }),
+            wake: Notify::new(),
+            stop: CancellationToken::new(),
+            stop_reason: Mutex::new(End::Released),
+        });
+        self.table().leases.insert(granted.lease, Arc::clone(&held));
+        self.metrics.leases_add(1);
+        tokio::spawn(Arc::clone(self).keep(key.clone(), slot, held, lease, ttl));
+        granted
+    }
+
+    /// The lease's task: renew, release or say lost, as [`Keepalive::next`] decides.
+    async fn keep(
+        self: Arc<Self>,
+        key: SlotKey,
+        slot: Arc<Slot<E::Name>>,
+        held: Arc<Lease>,
+        mut lease: <E::Name as NameLock>::Lease,
+        ttl: Duration,
+    ) {
+        let end = loop {
+            if held.stop.is_cancelled() {
+                slot.lock.release(&lease).await;
+                break *held.stop_reason.lock().unwrap_or_else(|e| e.into_inner());
+            }
+            let now = clock::now();
+            let step = held
+                .timing
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .next(now);
+            match step {
+                Step::Release => {
+                    slot.lock.release(&lease).await;
+                    break End::Abandoned;
+                }
+                Step::Lost => {
+                    // Owner-checked: deletes only keys that are still ours.
+                    slot.lock.release(&lease).await;
+                    break End::Lost;
+                }
+                Step::Renew => match slot.lock.extend(&lease).await {
+                    Ok(renewed) => {
+                        let valid_until = renewed.valid_until();
+                        lease = renewed;
+                        let mut timing = held.timing.lock().unwrap_or_else(|e| e.into_inner());
+                        timing.renewed(now, valid_until);
+                        let valid_until = timing.valid_until();
+                        drop(timing);
+                        held.state.send_replace(LeaseState::Held { valid_until });
+                    }
+                    Err(ExtendFailed::Gone) => break End::Lost,
+                    Err(ExtendFailed::Retry) => held
+                        .timing
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .renew_failed(now),
+                },
+                Step::WaitUntil(at) => {
+                    tokio::select! {
+                        biased;
+                        _ = held.stop.cancelled() => {}
+                        _ = held.wake.notified() => {}
+                        _ = clock::sleep_until(at) => {}
+                    }
+                }
+            }
+        };
+        if end == End::Lost {
+            warn!(lock = %held.name, fencing_token = held.fencing_token, "request lock lost");
+        }
+        held.state.send_replace(LeaseState::Ended(end));
+        self.metrics.leases_add(-1);
+        self.metrics.ended(end.as_str());
+        self.give_back(&key, true);
+        drop(slot);
+        // Remember the ending for one ttl, so the app's next call learns it.
+        if end != End::Released && end != End::Shutdown {
+            clock::sleep_until(clock::now() + ttl).await;
+        }
+        if end != End::Shutdown {
+            self.forget(held.id);
+        }
+    }
+
+    fn forget(&self, id: LeaseId) {
+        let mut table = self.table();
+        if table.leases.get(&id).is_some_and(|l| l.ended().is_some()) {
+            table.leases.remove(&id);
+        }
+    }
+
+    /// Asks the lease task of `id` to release for `why`.
+    fn stop(&self, id: LeaseId, why: End) -> Option<Arc<Lease>> {
+        let lease = self.table().leases.get(&id).cloned()?;
+        *lease.stop_reason.lock().unwrap_or_else(|e| e.into_inner()) = why;
+        lease.stop.cancel();
+        Some(lease)
+    }
+
+    /// The lease `id` of `name`, if this sidecar knows it.
+    fn lease(&self, name: &str, id: LeaseId) -> Option<Arc<Lease>> {
+        self.table()
+            .leases
+            .get(&id)
+            .filter(|l| l.name == name)
+            .cloned()
+    }
+
+    /// The app keeps lease `id` of `name` alive; the lease as it stands.
+    pub fn keepalive(&self, name: &str, id: LeaseId) -> Result<Granted, Found> {
+        let lease = self.lease(name, id).ok_or(Found::Unknown)?;
+        if let Some(end) = lease.ended() {
+            return Err(Found::Ended(end));
+        }
+        let mut timing = lease.timing.lock().unwrap_or_else(|e| e.into_inner());
+        timing.kept_alive(clock::now());
+        let valid_until = timing.valid_until();
+        drop(timing);
+        lease.wake.notify_one();
+        Ok(Granted {
+            lease: id,
+            fencing_token: lease.fencing_token,
+            valid_until,
+        })
+    }
+
+    /// Releases lease `id` of `name`; an ended lease is forgotten and its ending told.
+    pub async fn release(&self, name: &str, id: LeaseId) -> Result<(), Found> {
+        let lease = self.lease(name, id).ok_or(Found::Unknown)?;
+        if let Some(end) = lease.ended() {
+            self.table().leases.remove(&id);
+            return Err(Found::Ended(end));
+        }
+        self.stop(id, End::Released);
+        let mut state = lease.state.subscribe();
+        let ended = state.wait_for(|s| matches!(s, LeaseState::Ended(_)));
+        let _ = tokio::time::timeout(RELEASE_ANSWER_WITHIN, ended).await;
+        self.table().leases.remove(&id);
+        Ok(())
+    }
+
+    /// Follows lease `id` of `name`: its states until it ends. The lease counts as kept
+    /// alive while the returned [`Watching`] lives.
+    pub fn watch(&self, name: &str, id: LeaseId) -> Result<Watching, Found> {
+        let lease = self.lease(name, id).ok_or(Found::Unknown)?;
+        if let Some(end) = lease.ended() {
+            return Err(Found::Ended(end));
+        }
+        lease
+            .timing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .watcher_joined();
+        lease.wake.notify_one();
+        Ok(Watching {
+            states: lease.state.subscribe(),
+            fencing_token: lease.fencing_token,
+            lease,
+        })
+    }
+
+    /// Dapr's unlock: releases the lease `owner` holds on `name` through this sidecar.
+    pub async fn unlock_owned(&self, name: &str, owner: &str) -> Unlock {
+        let (mine, others) = {
+            let table = self.table();
+            let held: Vec<&Arc<Lease>> = table
+                .leases
+                .values()
+                .filter(|l| l.name == name && l.ended().is_none())
+                .collect();
+            let mine = held
+                .iter()
+                .find(|l| l.owner.as_deref() == Some(owner))
+                .map(|l| l.id);
+            (mine, !held.is_empty())
+        };
+        if let Some(id) = mine {
+            return match self.release(name, id).await {
+                Ok(()) => Unlock::Unlocked,
+                Err(_) => Unlock::NotFound,
+            };
+        }
+        if others {
+            return Unlock::BelongsToOthers;
+        }
+        if self.closing.is_cancelled() {
+            return Unlock::InternalError;
+        }
+        // Held through another sidecar, or by nobody: ask the nodes.
+        let Ok(lock) = self.engine.open(name, super::bounds::MIN_TTL) else {
+            return Unlock::InternalError;
+        };
+        match lock.holder().await {
+            Ok(Some(_)) => Unlock::BelongsToOthers,
+            Ok(None) => Unlock::NotFound,
+            Err(()) => Unlock::InternalError,
+        }
+    }
+
+    /// Refuses new acquisitions, cancels the waiting ones and releases every lease; returns
+    /// once all are released.
+    pub async fn shutdown(&self) {
+        self.closing.cancel();
+        let leases: Vec<Arc<Lease>> = self.table().leases.values().cloned().collect();
+        let mut waits = Vec::new();
+        for lease in leases {
+            if lease.ended().is_none() {
+                self.stop(lease.id, End::Shutdown);
+                let mut state = lease.state.subscribe();
+                waits.push(async move {
+                    let _ = state.wait_for(|s| matches!(s, LeaseState::Ended(_))).await;
+                });
+            }
+        }
+        let count = waits.len();
+        futures_util::future::join_all(waits).await;
+        if count > 0 {
+            info!(leases = count, "request-lock leases released");
+        }
+    }
+
+    /// Leases held now (for tests and status).
+    pub fn held(&self) -> usize {
+        self.table()
+            .leases
+            .values()
+            .filter(|l| l.ended().is_none())
+            .count()
+    }
+}
+
+/// Dapr's unlock answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unlock {
+    /// 0: unlocked.
+    Unlocked = 0,
+    /// 1: the lock does not exist.
+    NotFound = 1,
+    /// 2: the lock belongs to another owner.
+    BelongsToOthers = 2,
+    /// 3: internal error.
+    InternalError = 3,
+}
+
+/// An open watch on a lease; dropping it counts as a keepalive at that moment.
+pub struct Watching {
+    /// The lease's states.
+    pub states: watch::Receiver<LeaseState>,
+    /// The lease's fencing token.
+    pub fencing_token: u64,
+    lease: Arc<Lease>,
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        self.lease
+            .timing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .watcher_left(clock::now());
+        self.lease.wake.notify_one();
+    }
+}
+
+/// Counts an acquisition as waiting while it lives.
+struct Waiting<'a>(&'a AppLockMetrics);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiting_add(-1);
+    }
+}

@@ -1,0 +1,823 @@
+//! Locks for app requests, through the real binary and real redis-servers: the `/v1/locks`
+//! API, Dapr's lock API, bad input, and SIGTERM; plus a property test that no HTTP input
+//! panics the lock routes (in-process router, real engine on a closed port).
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use support::{Proc, RedisCluster};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Longest wait for anything these tests expect to happen.
+const DEADLINE: Duration = Duration::from_secs(30);
+/// The longest ttl these tests ask for: the nodes' votes count for it at once.
+const LONGEST_TTL: Duration = Duration::from_secs(60);
+
+struct Sidecar {
+    proc: Proc,
+    admin: SocketAddr,
+    control: SocketAddr,
+}
+
+fn loopback() -> SocketAddr {
+    format!("127.0.0.1:{}", support::free_port())
+        .parse()
+        .unwrap()
+}
+
+impl Sidecar {
+    async fn start(name: &str, cluster: &RedisCluster, extra: &[&str]) -> Sidecar {
+        let (admin, control) = (loopback(), loopback());
+        let (listen, control_listen, redis) = (
+            admin.to_string(),
+            control.to_string(),
+            cluster.urls_joined(),
+        );
+        let mut args = vec![
+            "run",
+            "--lock",
+            "leader",
+            "--redis",
+            &redis,
+            "--node-set",
+            support::TEST_NODE_SET,
+            "--ttl",
+            "2s",
+            "--node-timeout",
+            "100ms",
+            "--retry-delay",
+            "50ms",
+            "--listen",
+            &listen,
+            "--control-listen",
+            &control_listen,
+            "--identity",
+            name,
+            "--kubernetes",
+            "off",
+        ];
+        args.extend_from_slice(extra);
+        let sidecar = Sidecar {
+            proc: Proc::spawn(&args, &[("REDLOCK_LOG", "info")]),
+            admin,
+            control,
+        };
+        support::wait_until_async(DEADLINE, "the control listener serves", || async {
+            call(
+                sidecar.control,
+                "GET",
+                "/nope",
+                None,
+                Duration::from_secs(2),
+            )
+            .await
+            .is_ok_and(|r| r.status == 404)
+        })
+        .await;
+        sidecar
+    }
+
+    async fn post(&self, path: &str) -> Answer {
+        call(self.control, "POST", path, None, DEADLINE)
+            .await
+            .unwrap()
+    }
+
+    async fn delete(&self, path: &str) -> Answer {
+        call(self.control, "DELETE", path, None, DEADLINE)
+            .await
+            .unwrap()
+    }
+
+    async fn dapr(&self, path: &str, body: &str) -> Answer {
+        call(self.control, "POST", path, Some(body), DEADLINE)
+            .await
+            .unwrap()
+    }
+
+    async fn metric(&self, name: &str) -> f64 {
+        let text = call(self.admin, "GET", "/metrics", None, DEADLINE)
+            .await
+            .unwrap()
+            .body;
+        text.lines()
+            .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+fn ready_cluster() -> RedisCluster {
+    let cluster = RedisCluster::start(3);
+    cluster.backdate_epochs(LONGEST_TTL);
+    cluster
+}
+
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    body: String,
+}
+
+impl Answer {
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {self:?}"))
+    }
+
+    fn lease(&self) -> String {
+        assert_eq!(self.status, 200, "{self:?}");
+        self.json()["lease"].as_str().unwrap().to_owned()
+    }
+
+    fn token(&self) -> u64 {
+        self.json()["fencing_token"].as_u64().unwrap()
+    }
+}
+
+/// One HTTP/1.1 request (`Connection: close`) with a whole-request timeout.
+async fn call(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    timeout: Duration,
+) -> Result<Answer, String> {
+    let run = async {
+        let mut stream = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+        let body = body.unwrap_or_default();
+        let request = format!(
+            "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        stream
+            .write_all(request.as_bytes())
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut raw = Vec::new();
+        stream
+            .read_to_end(&mut raw)
+            .await
+            .map_err(|e| e.to_string())?;
+        parse_answer(&raw)
+    };
+    tokio::time::timeout(timeout, run)
+        .await
+        .map_err(|_| format!("{method} {path}: no answer within {timeout:?}"))?
+}
+
+fn parse_answer(raw: &[u8]) -> Result<Answer, String> {
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or("no response head")?;
+    let head = String::from_utf8_lossy(&raw[..end]).to_lowercase();
+    let status = head
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .ok_or("bad status line")?;
+    let rest = &raw[end + 4..];
+    let body = if head.contains("transfer-encoding: chunked") {
+        support::http::decode_chunks(rest)?.0
+    } else {
+        rest.to_vec()
+    };
+    Ok(Answer {
+        status,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    })
+}
+
+/// Opens the watch stream of `lease` and reads until `needle` (e.g. `event: lost`) arrives;
+/// returns what was read and when the needle came.
+async fn watch_until(
+    addr: SocketAddr,
+    path: &str,
+    needle: &str,
+    within: Duration,
+) -> (String, Instant) {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut text = Vec::new();
+    let mut buf = [0u8; 4096];
+    let read = async {
+        loop {
+            let n = stream.read(&mut buf).await.unwrap();
+            assert!(n > 0, "stream closed: {}", String::from_utf8_lossy(&text));
+            text.extend_from_slice(&buf[..n]);
+            if String::from_utf8_lossy(&text).contains(needle) {
+                return Instant::now();
+            }
+        }
+    };
+    let at = tokio::time::timeout(within, read)
+        .await
+        .unwrap_or_else(|_| panic!("no {needle:?} within {within:?}"));
+    (String::from_utf8_lossy(&text).into_owned(), at)
+}
+
+/// Opens the stream at `path`, reads it for `how_long`, then closes it; returns what was read.
+async fn read_stream_for(addr: SocketAddr, path: &str, how_long: Duration) -> String {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut text = Vec::new();
+    let until = tokio::time::Instant::now() + how_long;
+    let mut buf = [0u8; 4096];
+    while let Ok(Ok(n)) = tokio::time::timeout_at(until, stream.read(&mut buf)).await {
+        if n == 0 {
+            break;
+        }
+        text.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&text).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_is_kept_by_keepalives_released_by_delete_and_tokens_grow() {
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let a = Sidecar::start("a", &cluster, &[]).await;
+    let b = Sidecar::start("b", &cluster, &[]).await;
+
+    let first = a.post("/v1/locks/order-42?ttl=1s").await;
+    let lease = first.lease();
+    assert_eq!(lease.len(), 32, "{first:?}");
+    let validity = first.json()["validity_ms"].as_u64().unwrap();
+    assert!(validity > 0 && validity <= 1000, "{first:?}");
+    let token = first.token();
+
+    // Held: another request here and another sidecar both hear 409 with the holder.
+    for sidecar in [&a, &b] {
+        let busy = sidecar.post("/v1/locks/order-42?ttl=1s").await;
+        assert_eq!(busy.status, 409, "{busy:?}");
+        assert_eq!(busy.json()["holder"], "a", "{busy:?}");
+    }
+
+    // Keepalives keep it for three ttls.
+    let kept_until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < kept_until {
+        let kept = a
+            .post(&format!("/v1/locks/order-42/{lease}/keepalive"))
+            .await;
+        assert_eq!(kept.status, 200, "{kept:?}");
+        assert_eq!(kept.token(), token);
+        assert!(kept.json()["validity_ms"].as_u64().unwrap() > 0, "{kept:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(b.post("/v1/locks/order-42?ttl=1s").await.status, 409);
+
+    // DELETE releases at once; a second one does not know the lease.
+    let path = format!("/v1/locks/order-42/{lease}");
+    let released = a.delete(&path).await;
+    assert_eq!(released.status, 200, "{released:?}");
+    assert_eq!(released.json()["released"], true);
+    let again = a.delete(&path).await;
+    assert_eq!(again.status, 404, "{again:?}");
+    assert_eq!(again.json()["error"], "unknown lease");
+
+    // The next holder, in the other sidecar, has a larger token.
+    let next = b.post("/v1/locks/order-42?ttl=1s").await;
+    assert!(next.token() > token, "{next:?} after {token}");
+
+    // A lease of another sidecar, a made-up one and one of another name are unknown here.
+    let theirs = next.lease();
+    for path in [
+        format!("/v1/locks/order-42/{theirs}/keepalive"),
+        format!("/v1/locks/order-42/{}/keepalive", "0".repeat(32)),
+        format!("/v1/locks/order-43/{theirs}/keepalive"),
+        "/v1/locks/order-42/not-a-lease/keepalive".to_owned(),
+    ] {
+        let unknown = a.post(&path).await;
+        assert_eq!(unknown.status, 404, "{path}: {unknown:?}");
+        assert!(unknown.json()["error"].is_string());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_lease_is_released_after_its_ttl_and_a_waiter_gets_it() {
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let a = Sidecar::start("a", &cluster, &[]).await;
+    let b = Sidecar::start("b", &cluster, &[]).await;
+
+    let held = a.post("/v1/locks/stock-7?ttl=1s").await;
+    let lease = held.lease();
+    let asked = Instant::now();
+    let waited = b.post("/v1/locks/stock-7?ttl=1s&wait=20s").await;
+    let took = asked.elapsed();
+    assert_eq!(waited.status, 200, "{waited:?}");
+    assert!(waited.token() > held.token());
+    // Released by the sidecar after one ttl without keepalive, not at the key's expiry
+    // much later (the sidecar kept renewing the key meanwhile).
+    assert!(
+        took >= Duration::from_millis(700) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+
+    // The app's next call learns why.
+    let late = a
+        .post(&format!("/v1/locks/stock-7/{lease}/keepalive"))
+        .await;
+    assert_eq!(late.status, 410, "{late:?}");
+    assert_eq!(late.json()["ended"], "abandoned");
+    assert_eq!(
+        a.metric("redlock_app_leases_ended_total{lock=\"leader\",reason=\"abandoned\"}")
+            .await,
+        1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_a_waiter_in_another_sidecar_at_once() {
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let a = Sidecar::start("a", &cluster, &[]).await;
+    let b = Sidecar::start("b", &cluster, &[]).await;
+
+    let held = a.post("/v1/locks/payment-9?ttl=20s").await;
+    let lease = held.lease();
+    let control = b.control;
+    let waiter = tokio::spawn(async move {
+        let answer = call(
+            control,
+            "POST",
+            "/v1/locks/payment-9?ttl=20s&wait=20s",
+            None,
+            DEADLINE,
+        )
+        .await
+        .unwrap();
+        (answer, Instant::now())
+    });
+    support::wait_until_async(DEADLINE, "b waits", || async {
+        b.metric("redlock_app_lock_waiting").await == 1.0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released_at = Instant::now();
+    assert_eq!(
+        a.delete(&format!("/v1/locks/payment-9/{lease}"))
+            .await
+            .status,
+        200
+    );
+    let (answer, answered_at) = waiter.await.unwrap();
+    assert_eq!(answer.status, 200, "{answer:?}");
+    // Woken by the release announcement: far sooner than the 20 s ttl or any poll.
+    let handover = answered_at.duration_since(released_at);
+    assert!(handover < Duration::from_secs(2), "{handover:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_waiting_on_one_name_in_one_sidecar_are_one_waiter_on_redis() {
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let holder = Sidecar::start("holder", &cluster, &[]).await;
+    let a = Sidecar::start("a", &cluster, &[]).await;
+
+    let held = holder.post("/v1/locks/hot?ttl=20s").await;
+    let lease = held.lease();
+    let mut waiters = Vec::new();
+    for _ in 0..5 {
+        let control = a.control;
+        waiters.push(tokio::spawn(async move {
+            call(
+                control,
+                "POST",
+                "/v1/locks/hot?ttl=20s&wait=25s",
+                None,
+                DEADLINE,
+            )
+            .await
+            .unwrap()
+        }));
+    }
+    support::wait_until_async(DEADLINE, "five requests wait", || async {
+        a.metric("redlock_app_lock_waiting").await == 5.0
+    })
+    .await;
+    // Subscribers of the name's acquisition channel: the holder's engine and one of `a`.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let numsub = cluster
+        .node(0)
+        .command(&["PUBSUB", "NUMSUB", "redlock:{app:hot}:acquired"]);
+    let subscribers: u64 = numsub
+        .lines()
+        .last()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("NUMSUB answer {numsub:?}"));
+    assert!(
+        (1..=2).contains(&subscribers),
+        "{subscribers} subscribers for five waiting requests"
+    );
+
+    // They get the lock one after the other, each with a larger token.
+    let mut path = format!("/v1/locks/hot/{lease}");
+    let mut token = held.token();
+    let mut released_by = &holder;
+    for _ in 0..5 {
+        assert_eq!(released_by.delete(&path).await.status, 200);
+        let next = loop {
+            if let Some(i) = waiters.iter().position(|w| w.is_finished()) {
+                break waiters.remove(i).await.unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert!(next.token() > token, "{next:?}");
+        token = next.token();
+        path = format!("/v1/locks/hot/{}", next.lease());
+        released_by = &a;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_delivers_lost_before_the_validity_ends_when_the_nodes_stop() {
+    let mut cluster = tokio::task::block_in_place(ready_cluster);
+    let a = Sidecar::start("a", &cluster, &[]).await;
+
+    let held = a.post("/v1/locks/withdrawal-3?ttl=3s").await;
+    let acquired = Instant::now();
+    let valid_until =
+        acquired + Duration::from_millis(held.json()["validity_ms"].as_u64().unwrap());
+    let path = format!("/v1/locks/withdrawal-3/{}/watch", held.lease());
+    let control = a.control;
+    let watcher = tokio::spawn(async move {
+        watch_until(control, &path, "event: lost", Duration::from_secs(10)).await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    tokio::task::block_in_place(|| {
+        cluster.node_mut(0).stop();
+        cluster.node_mut(1).stop();
+    });
+    let (text, lost_at) = watcher.await.unwrap();
+    assert!(text.contains("event: held"), "{text}");
+    assert!(
+        lost_at < valid_until,
+        "lost {:?} after the validity ended",
+        lost_at.duration_since(valid_until)
+    );
+    assert_eq!(
+        a.metric("redlock_app_leases_ended_total{lock=\"leader\",reason=\"lost\"}")
+            .await,
+        1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_watch_stream_keeps_the_lease_alive() {
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let a = Sidecar::start("a", &cluster, &[]).await;
+    let b = Sidecar::start("b", &cluster, &[]).await;
+
+    let held = a.post("/v1/locks/cart-5?ttl=1s").await;
+    let path = format!("/v1/locks/cart-5/{}/watch", held.lease());
+    // No keepalive for three ttls, only the stream: renewals arrive as `held` events.
+    let text = read_stream_for(a.control, &path, Duration::from_secs(3)).await;
+    assert!(text.matches("event: held").count() >= 3, "{text}");
+    assert!(!text.contains("event: released"), "{text}");
+    assert_eq!(
+        b.post("/v1/locks/cart-5?ttl=1s").await.status,
+        409,
+        "still held right after the stream closed"
+    );
+    // Closing the stream counted as a keepalive: released about a ttl later.
+    let waited = b.post("/v1/locks/cart-5?ttl=1s&wait=10s").await;
+    assert_eq!(waited.status, 200, "{waited:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dapr_requests_get_dapr_answers() {
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let a = Sidecar::start("a", &cluster, &[]).await;
+    let b = Sidecar::start("b", &cluster, &[]).await;
+    let lock = "/v1.0-alpha1/lock/redlock";
+    let unlock = "/v1.0-alpha1/unlock/redlock";
+
+    // The requests of Dapr's API reference.
+    let vader = r#"{"resourceId": "lock1", "lockOwner": "vader", "expiryInSeconds": 60}"#;
+    let answer = a.dapr(lock, vader).await;
+    assert_eq!(
+        (answer.status, answer.json()),
+        (200, serde_json::json!({"success": true}))
+    );
+    let luke = r#"{"resourceId": "lock1", "lockOwner": "luke", "expiryInSeconds": 60}"#;
+    for sidecar in [&a, &b] {
+        let answer = sidecar.dapr(lock, luke).await;
+        assert_eq!(
+            answer.json(),
+            serde_json::json!({"success": false}),
+            "{answer:?}"
+        );
+    }
+    // Not re-entrant, as Dapr's try-lock.
+    assert_eq!(a.dapr(lock, vader).await.json()["success"], false);
+
+    let status =
+        |body: &str| serde_json::from_str::<serde_json::Value>(body).unwrap()["status"].clone();
+    // Another owner, here or through another sidecar: 2.
+    let luke_unlock = r#"{"resourceId": "lock1", "lockOwner": "luke"}"#;
+    assert_eq!(status(&a.dapr(unlock, luke_unlock).await.body), 2);
+    assert_eq!(status(&b.dapr(unlock, luke_unlock).await.body), 2);
+    let vader_unlock = r#"{"resourceId": "lock1", "lockOwner": "vader"}"#;
+    assert_eq!(status(&a.dapr(unlock, vader_unlock).await.body), 0);
+    // Gone: 1, here and elsewhere.
+    assert_eq!(status(&a.dapr(unlock, vader_unlock).await.body), 1);
+    assert_eq!(status(&b.dapr(unlock, vader_unlock).await.body), 1);
+    // Free again for anyone.
+    assert_eq!(b.dapr(lock, luke).await.json()["success"], true);
+
+    // Dapr's errors.
+    for (path, body, code) in [
+        (
+            "/v1.0-alpha1/lock/redisStore",
+            vader,
+            "ERR_LOCK_STORE_NOT_FOUND",
+        ),
+        (lock, "{not json", "ERR_MALFORMED_REQUEST"),
+        (
+            lock,
+            r#"{"resourceId": "", "lockOwner": "x", "expiryInSeconds": 5}"#,
+            "ERR_MALFORMED_REQUEST",
+        ),
+        (
+            lock,
+            r#"{"resourceId": "r", "lockOwner": "", "expiryInSeconds": 5}"#,
+            "ERR_MALFORMED_REQUEST",
+        ),
+        (
+            lock,
+            r#"{"resourceId": "r", "lockOwner": "x", "expiryInSeconds": 0}"#,
+            "ERR_MALFORMED_REQUEST",
+        ),
+        (
+            lock,
+            r#"{"resourceId": "r", "lockOwner": "x", "expiryInSeconds": 100000}"#,
+            "ERR_MALFORMED_REQUEST",
+        ),
+        (
+            lock,
+            r#"{"resourceId": "r", "lockOwner": "x"}"#,
+            "ERR_MALFORMED_REQUEST",
+        ),
+        (unlock, r#"{"resourceId": "r"}"#, "ERR_MALFORMED_REQUEST"),
+    ] {
+        let answer = a.dapr(path, body).await;
+        assert_eq!(answer.status, 400, "{body}: {answer:?}");
+        assert_eq!(answer.json()["errorCode"], code, "{body}: {answer:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dapr_lock_expires_after_its_expiry() {
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let a = Sidecar::start("a", &cluster, &[]).await;
+    let lock = "/v1.0-alpha1/lock/redlock";
+    let body = r#"{"resourceId": "short", "lockOwner": "vader", "expiryInSeconds": 1}"#;
+    assert_eq!(a.dapr(lock, body).await.json()["success"], true);
+    let other = r#"{"resourceId": "short", "lockOwner": "luke", "expiryInSeconds": 1}"#;
+    assert_eq!(a.dapr(lock, other).await.json()["success"], false);
+    support::wait_until_async(Duration::from_secs(5), "the lock expired", || async {
+        a.dapr(lock, other).await.json()["success"] == true
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_a_json_error_and_changes_nothing() {
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let a = Sidecar::start("a", &cluster, &["--locks-max-leases", "2"]).await;
+
+    for (method, path, status) in [
+        ("POST", "/v1/locks/a%20b", 400),
+        ("POST", &format!("/v1/locks/{}", "n".repeat(129)), 400),
+        ("POST", "/v1/locks/x?ttl=10ms", 400),
+        ("POST", "/v1/locks/x?ttl=1h", 400),
+        ("POST", "/v1/locks/x?wait=soon", 400),
+        ("POST", "/v1/locks/x?wait=1h", 400),
+        ("POST", "/v1/locks/x?hold=1s", 400),
+        ("POST", "/v1/locks", 404),
+        ("POST", "/v1/lockz/x", 404),
+        ("GET", "/v1/locks/x", 405),
+        ("PUT", "/v1/locks/x", 405),
+        ("GET", "/v1.0-alpha1/lock/redlock", 405),
+        ("POST", &format!("/v1/locks/x/{}", "0".repeat(32)), 405),
+    ] {
+        let answer = call(a.control, method, path, None, DEADLINE).await.unwrap();
+        assert_eq!(answer.status, status, "{method} {path}: {answer:?}");
+        assert!(
+            answer.json()["error"].is_string(),
+            "{method} {path}: {answer:?}"
+        );
+    }
+    let big = "x".repeat(4096);
+    for path in ["/v1/locks/x", "/v1.0-alpha1/lock/redlock"] {
+        let answer = call(a.control, "POST", path, Some(&big), DEADLINE)
+            .await
+            .unwrap();
+        assert_eq!(answer.status, 413, "{path}: {answer:?}");
+        assert!(answer.json().is_object(), "{path}: {answer:?}");
+    }
+    // None of that took a lease: the bound of two still has room for two.
+    let one = a.post("/v1/locks/one").await;
+    let two = a.post("/v1/locks/two").await;
+    let three = a.post("/v1/locks/three").await;
+    assert_eq!((one.status, two.status), (200, 200));
+    assert_eq!(three.status, 429, "{three:?}");
+    assert!(three.json()["error"].is_string());
+    assert_eq!(
+        a.delete(&format!("/v1/locks/one/{}", one.lease()))
+            .await
+            .status,
+        200
+    );
+    assert_eq!(a.post("/v1/locks/three").await.status, 200);
+
+    // The public port has none of these routes.
+    let public = call(a.admin, "POST", "/v1/locks/x", None, DEADLINE)
+        .await
+        .unwrap();
+    assert!(matches!(public.status, 404 | 405), "{public:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_off_serves_none_of_the_lock_routes() {
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let a = Sidecar::start("a", &cluster, &["--locks", "off"]).await;
+    assert_eq!(a.post("/v1/locks/x").await.status, 404);
+    assert_eq!(
+        a.dapr(
+            "/v1.0-alpha1/lock/redlock",
+            r#"{"resourceId":"r","lockOwner":"o","expiryInSeconds":5}"#
+        )
+        .await
+        .status,
+        404
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_releases_every_lease_before_exit() {
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let mut a = Sidecar::start("a", &cluster, &[]).await;
+    let b = Sidecar::start("b", &cluster, &[]).await;
+    let names = ["order-1", "order-2", "order-3"];
+    for name in names {
+        a.post(&format!("/v1/locks/{name}?ttl=60s")).await.lease();
+    }
+    let dapr = r#"{"resourceId": "order-4", "lockOwner": "vader", "expiryInSeconds": 60}"#;
+    assert_eq!(
+        a.dapr("/v1.0-alpha1/lock/redlock", dapr).await.json()["success"],
+        true
+    );
+    assert!(a.proc.sigterm());
+    let status = a.proc.wait_exit_async(DEADLINE).await.expect("a exits");
+    assert_eq!(status.code(), Some(0), "{}", a.proc.output_text());
+    // Released, not left to expire a minute later.
+    for name in names.iter().chain(&["order-4"]) {
+        let answer = b.post(&format!("/v1/locks/{name}?ttl=5s")).await;
+        assert_eq!(answer.status, 200, "{name}: {answer:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_shutdown_an_apps_next_call_learns_its_lease_was_released() {
+    use redlock_sidecar::locks::{self, Locks, RedlockEngine};
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let nodes: Vec<String> = cluster.urls();
+    let mut cfg = support::engine_config(&nodes, "leader", "in-process", Duration::from_secs(2));
+    cfg.node_set = Some(support::TEST_NODE_SET.to_owned());
+    let metrics = redlock_sidecar::metrics::Metrics::new("leader", &nodes, None);
+    let service = Locks::new(
+        RedlockEngine::new(cfg, "app"),
+        10,
+        metrics.app_locks().clone(),
+    );
+    let router = locks::router(locks::Api {
+        locks: Arc::clone(&service),
+        dapr_store: "redlock".to_owned(),
+    });
+    let (status, body) = oneshot(&router, "POST", "/v1/locks/refund-1?ttl=30s", "").await;
+    assert_eq!(status, 200, "{body}");
+    let lease = serde_json::from_str::<serde_json::Value>(&body).unwrap()["lease"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    service.shutdown().await;
+    assert_eq!(service.held(), 0);
+    let (status, body) = oneshot(
+        &router,
+        "POST",
+        &format!("/v1/locks/refund-1/{lease}/keepalive"),
+        "",
+    )
+    .await;
+    assert_eq!(status, 410, "{body}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()["ended"],
+        "shutdown"
+    );
+    let (status, body) = oneshot(&router, "POST", "/v1/locks/refund-2", "").await;
+    assert_eq!(status, 503, "{body}");
+    // Released on the nodes: the key is gone everywhere.
+    for node in cluster.iter() {
+        assert_eq!(node.command(&["EXISTS", "redlock:{app:refund-1}"]), "0");
+    }
+}
+
+/// One request through `router` in process: (status, body).
+async fn oneshot(router: &axum::Router, method: &str, uri: &str, body: &str) -> (u16, String) {
+    let request = http::Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(body.to_owned()))
+        .unwrap();
+    let response = tower_service::Service::call(&mut router.clone(), request)
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap_or_default();
+    (status, String::from_utf8_lossy(&bytes).into_owned())
+}
+
+mod no_input_panics {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn segment() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("x".to_owned()),
+            Just("0".repeat(32)),
+            Just("%FF%FE".to_owned()),
+            Just("%20".to_owned()),
+            "[a-z0-9%{}:._-]{0,40}",
+            "\\PC{0,20}".prop_map(|s| s.replace(['/', '?', '#', ' '], "")),
+        ]
+    }
+
+    fn path() -> impl Strategy<Value = String> {
+        (
+            prop::sample::select(vec![
+                "/v1/locks/",
+                "/v1.0-alpha1/lock/",
+                "/v1.0-alpha1/unlock/",
+                "/v1/leader/",
+            ]),
+            prop::collection::vec(segment(), 0..4),
+            prop_oneof![
+                Just(String::new()),
+                "\\?(wait|ttl|x)=[0-9a-z]{0,6}(&(wait|ttl)=[0-9a-z]{0,6})?",
+            ],
+        )
+            .prop_map(|(base, segments, query)| format!("{base}{}{query}", segments.join("/")))
+    }
+
+    fn body() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just(String::new()),
+            "\\PC{0,64}",
+            (any::<i64>(), "[a-z]{0,8}", "[a-z]{0,8}").prop_map(|(expiry, r, o)| format!(
+                r#"{{"resourceId":"{r}","lockOwner":"{o}","expiryInSeconds":{expiry}}}"#
+            )),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+        #[test]
+        fn no_http_input_panics_the_lock_routes(
+            method in prop::sample::select(vec!["GET", "POST", "DELETE", "PUT", "PATCH"]),
+            path in path(),
+            body in body(),
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            runtime.block_on(async {
+                use redlock_sidecar::locks::{self, Locks, RedlockEngine};
+                let nodes = vec!["redis://127.0.0.1:1".to_owned()];
+                let cfg = support::engine_config(&nodes, "leader", "prop", Duration::from_secs(2));
+                let metrics = redlock_sidecar::metrics::Metrics::new("leader", &nodes, None);
+                let service = Locks::new(RedlockEngine::new(cfg, "app"), 4, metrics.app_locks().clone());
+                let router = locks::router(locks::Api { locks: service, dapr_store: "redlock".to_owned() });
+                let Ok(uri) = path.parse::<http::Uri>() else { return };
+                // An answer, or still waiting on the closed port when the bound ends: never a panic.
+                if let Ok((status, text)) = tokio::time::timeout(
+                    Duration::from_millis(300),
+                    oneshot(&router, method, &uri.to_string(), &body),
+                ).await {
+                    assert!((200..600).contains(&status));
+                    if status >= 400 && status != 404 && status != 405 {
+                        assert!(serde_json::from_str::<serde_json::Value>(&text).is_ok(), "{status} {text}");
+                    }
+                }
+            });
+        }
+    }
+}
