@@ -821,3 +821,89 @@ mod no_input_panics {
         }
     }
 }
+
+#[test]
+fn bad_lock_api_settings_exit_2_naming_the_flag() {
+    let base = [
+        "run",
+        "--redis",
+        "redis://127.0.0.1:1",
+        "--kubernetes",
+        "off",
+    ];
+    for (extra, flag) in [
+        (
+            &["--lock", "jobs", "--locks-prefix", ""][..],
+            "--locks-prefix",
+        ),
+        (
+            &["--lock", "jobs", "--locks-prefix", "a:b"],
+            "--locks-prefix",
+        ),
+        (&["--lock", "app:jobs"], "--locks-prefix"),
+        (
+            &["--lock", "jobs", "--locks-max-leases", "0"],
+            "--locks-max-leases",
+        ),
+        (
+            &["--lock", "jobs", "--locks-max-leases", "1000000"],
+            "--locks-max-leases",
+        ),
+        (
+            &["--lock", "jobs", "--locks-dapr-store", "a/b"],
+            "--locks-dapr-store",
+        ),
+        (&["--lock", "jobs", "--locks", "maybe"], "--locks"),
+    ] {
+        let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+        support::process::assert_invalid_config(&args, flag);
+    }
+}
+
+/// The first fenced code block of `lang` in docs/locks.md: the recipes are tested as written.
+fn recipe(lang: &str) -> String {
+    let doc = include_str!("../docs/locks.md");
+    let start = doc
+        .find(&format!("```{lang}\n"))
+        .unwrap_or_else(|| panic!("docs/locks.md has a {lang} recipe"))
+        + lang.len()
+        + 4;
+    let end = start + doc[start..].find("```").unwrap();
+    doc[start..end].to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_redis_recipe_refuses_the_late_write_of_a_holder_paused_past_its_ttl() {
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let store = tokio::task::block_in_place(support::RedisNode::start);
+    let a = Sidecar::start("a", &cluster, &[]).await;
+    let b = Sidecar::start("b", &cluster, &[]).await;
+    let script = recipe("lua");
+    let write = |token: u64, value: &str| {
+        store.command(&[
+            "EVAL",
+            &script,
+            "2",
+            "{sku-42}:stock",
+            "{sku-42}:fence",
+            &token.to_string(),
+            value,
+        ])
+    };
+
+    // A takes the lock, writes, then stalls past its ttl (no keepalive).
+    let first = a.post("/v1/locks/sku-42?ttl=1s").await;
+    assert_eq!(write(first.token(), "1 left, a"), "1");
+    // B gets the lock once A's lease is released, and writes.
+    let second = b.post("/v1/locks/sku-42?ttl=1s&wait=10s").await;
+    assert!(second.token() > first.token());
+    assert_eq!(write(second.token(), "0 left, b"), "1");
+    assert_eq!(
+        write(second.token(), "0 left, b again"),
+        "1",
+        "same holder, same token"
+    );
+    // A wakes up and writes with its old token: refused, B's value stays.
+    assert_eq!(write(first.token(), "0 left, a (oversold)"), "0");
+    assert_eq!(store.command(&["GET", "{sku-42}:stock"]), "0 left, b again");
+}
