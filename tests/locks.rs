@@ -907,3 +907,48 @@ async fn the_redis_recipe_refuses_the_late_write_of_a_holder_paused_past_its_ttl
     assert_eq!(write(first.token(), "0 left, a (oversold)"), "0");
     assert_eq!(store.command(&["GET", "{sku-42}:stock"]), "0 left, b again");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_while_waiting_gives_its_place_back() {
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let holder = Sidecar::start("holder", &cluster, &[]).await;
+    let a = Sidecar::start("a", &cluster, &["--locks-max-leases", "2"]).await;
+    let held = holder.post("/v1/locks/busy?ttl=30s").await;
+    assert_eq!(held.status, 200);
+
+    // Two requests wait (one on Redis, one for its turn), then their clients hang up.
+    let mut clients = Vec::new();
+    for _ in 0..2 {
+        let mut stream = TcpStream::connect(a.control).await.unwrap();
+        stream
+            .write_all(b"POST /v1/locks/busy?ttl=30s&wait=60s HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n")
+            .await
+            .unwrap();
+        clients.push(stream);
+    }
+    support::wait_until_async(DEADLINE, "two requests wait", || async {
+        a.metric("redlock_app_lock_waiting").await == 2.0
+    })
+    .await;
+    assert_eq!(
+        a.post("/v1/locks/other").await.status,
+        429,
+        "the bound is full"
+    );
+    drop(clients);
+    support::wait_until_async(DEADLINE, "the waits are cancelled", || async {
+        a.metric("redlock_app_lock_waiting").await == 0.0
+    })
+    .await;
+    // Their places are free again, and neither took the lock when it came free.
+    assert_eq!(a.post("/v1/locks/one").await.status, 200);
+    assert_eq!(a.post("/v1/locks/two").await.status, 200);
+    assert_eq!(
+        holder
+            .delete(&format!("/v1/locks/busy/{}", held.lease()))
+            .await
+            .status,
+        200
+    );
+    assert_eq!(holder.post("/v1/locks/busy?ttl=30s").await.status, 200);
+}
