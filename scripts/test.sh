@@ -9,6 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/ensure-redis.sh
 ensure_redis --with-openssl
+. scripts/ensure-postgres.sh
+ensure_postgres
 
 step() { printf '\n== %s\n' "$*"; }
 step "cargo fmt --check"

@@ -952,3 +952,175 @@ async fn a_client_that_goes_away_while_waiting_gives_its_place_back() {
     );
     assert_eq!(holder.post("/v1/locks/busy?ttl=30s").await.status, 200);
 }
+
+/// A PostgreSQL server of its own, in a temporary directory on a free loopback port; stopped on
+/// drop. Installed by scripts/ensure-postgres.sh (the test fails, never skips, without it).
+struct Postgres {
+    bin: std::path::PathBuf,
+    dir: support::TempDir,
+    port: u16,
+}
+
+impl Postgres {
+    fn start() -> Postgres {
+        let bin = std::fs::read_dir("/usr/lib/postgresql")
+            .ok()
+            .and_then(|versions| {
+                versions
+                    .filter_map(|v| v.ok().map(|v| v.path().join("bin")))
+                    .filter(|b| b.join("initdb").exists())
+                    .max()
+            })
+            .or_else(|| {
+                let out = std::process::Command::new("pg_config").arg("--bindir").output().ok()?;
+                Some(String::from_utf8_lossy(&out.stdout).trim().into())
+            })
+            .filter(|b: &std::path::PathBuf| b.join("initdb").exists())
+            .expect("PostgreSQL is not installed: run scripts/ensure-postgres.sh (apt-get install -y postgresql)");
+        let dir = support::TempDir::new("pg");
+        let as_root = unsafe { libc::geteuid() } == 0;
+        if as_root {
+            // initdb refuses to run as root: the server runs as the postgres user.
+            let status = std::process::Command::new("chown")
+                .args(["-R", "postgres:"])
+                .arg(dir.path())
+                .status()
+                .unwrap();
+            assert!(status.success(), "chown the data directory to postgres");
+        }
+        let pg = Postgres {
+            bin,
+            port: support::free_port(),
+            dir,
+        };
+        let data = pg.dir.path().join("data");
+        pg.server_command("initdb")
+            .arg("-D")
+            .arg(&data)
+            .args(["-A", "trust", "-U", "postgres", "--no-sync"])
+            .output()
+            .map(|out| {
+                assert!(
+                    out.status.success(),
+                    "initdb: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            })
+            .unwrap();
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            pg.port,
+            pg.dir.path().display()
+        );
+        let out = pg
+            .server_command("pg_ctl")
+            .arg("-D")
+            .arg(&data)
+            .args(["-o", &options, "-l"])
+            .arg(pg.dir.path().join("log"))
+            .args(["-w", "-t", "30", "start"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "pg_ctl start: {} {}",
+            String::from_utf8_lossy(&out.stdout),
+            std::fs::read_to_string(pg.dir.path().join("log")).unwrap_or_default()
+        );
+        pg
+    }
+
+    /// A server program of this installation, as the postgres user when we are root.
+    fn server_command(&self, program: &str) -> std::process::Command {
+        let path = self.bin.join(program);
+        if unsafe { libc::geteuid() } == 0 {
+            let mut command = std::process::Command::new("runuser");
+            command.args(["-u", "postgres", "--"]).arg(path);
+            command
+        } else {
+            std::process::Command::new(path)
+        }
+    }
+
+    /// Runs `sql` with psql; returns what it printed (unaligned, tuples only).
+    fn psql(&self, sql: &str) -> String {
+        let out = std::process::Command::new(self.bin.join("psql"))
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+            ])
+            .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "psql {sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let _ = self
+            .server_command("pg_ctl")
+            .arg("-D")
+            .arg(self.dir.path().join("data"))
+            .args(["-m", "immediate", "-w", "stop"])
+            .output();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_postgresql_recipe_refuses_the_late_write_of_a_holder_paused_past_its_ttl() {
+    let pg = tokio::task::block_in_place(Postgres::start);
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let a = Sidecar::start("a", &cluster, &[]).await;
+    let b = Sidecar::start("b", &cluster, &[]).await;
+
+    // The recipe as docs/locks.md writes it: the ALTER, then the UPDATE with $1 sku, $2 token.
+    let sql = recipe("sql");
+    let statements: Vec<String> = sql
+        .split(';')
+        .map(|s| {
+            s.lines()
+                .filter(|l| !l.trim_start().starts_with("--"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .filter(|s| !s.trim().is_empty())
+        .collect();
+    assert_eq!(statements.len(), 2, "{statements:?}");
+    pg.psql("CREATE TABLE stock (sku text PRIMARY KEY, quantity int NOT NULL)");
+    pg.psql(&statements[0]);
+    pg.psql("INSERT INTO stock VALUES ('sku-42', 3)");
+    // psql prints each statement's tag: the EXECUTE's is the last line.
+    let sell = |token: u64| {
+        pg.psql(&format!(
+            "PREPARE sell(text, bigint) AS {}; EXECUTE sell('sku-42', {token})",
+            statements[1]
+        ))
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_owned()
+    };
+
+    let first = a.post("/v1/locks/sku-42?ttl=1s").await;
+    assert_eq!(sell(first.token()), "UPDATE 1");
+    // A stalls past its ttl; B gets the lock and sells.
+    let second = b.post("/v1/locks/sku-42?ttl=1s&wait=10s").await;
+    assert!(second.token() > first.token());
+    assert_eq!(sell(second.token()), "UPDATE 1");
+    // A's late write is refused by the fence alone: one item is still in stock.
+    assert_eq!(sell(first.token()), "UPDATE 0");
+    assert_eq!(
+        pg.psql("SELECT quantity, fence FROM stock"),
+        format!("1|{}", second.token())
+    );
+}
