@@ -11,8 +11,9 @@
 //!   released at once.
 //! - **Bounded.** At most `max_leases` leases held plus acquisitions waiting; past that,
 //!   [`Refused::TooMany`].
-//! - **Ended leases are remembered** for one ttl (or until the app deletes them), so the
-//!   app's next call learns why its lease ended instead of a bare 404.
+//! - **Ended leases are remembered** for a minute or one ttl, whichever is longer (or until
+//!   the app deletes them), so the app's next call learns why its lease ended instead of a
+//!   bare 404.
 //! - **Shutdown** refuses new acquisitions, cancels the waiting ones and releases every
 //!   lease ([`Locks::shutdown`]).
 //! - A name's engine lock lives while the name is held or waited for, then is dropped.
@@ -34,6 +35,9 @@ use crate::metrics::AppLockMetrics;
 /// Longest wait for a lease's release to finish before answering anyway (the engine
 /// bounds each node call; this only bounds the answer).
 const RELEASE_ANSWER_WITHIN: Duration = Duration::from_secs(5);
+
+/// Least time an ended lease (lost, abandoned) is remembered after its end.
+const REMEMBER_ENDED: Duration = Duration::from_secs(60);
 
 /// How a lease ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -440,9 +444,10 @@ impl<E: LockEngine> Locks<E> {
         self.metrics.ended(end.as_str());
         drop(claim);
         drop(slot);
-        // Remember the ending for one ttl, so the app's next call learns it.
+        // Remember the ending for a while, so the app's next call learns it (an app paused
+        // for longer hears 404: a lease it no longer has either way).
         if end != End::Released && end != End::Shutdown {
-            clock::sleep_until(clock::now() + ttl).await;
+            clock::sleep_until(clock::now() + ttl.max(REMEMBER_ENDED)).await;
         }
         if end != End::Shutdown {
             self.forget(held.id);
