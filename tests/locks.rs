@@ -805,7 +805,22 @@ mod no_input_panics {
                 let cfg = support::engine_config(&nodes, "leader", "prop", Duration::from_secs(2));
                 let metrics = redlock_sidecar::metrics::Metrics::new("leader", &nodes, None);
                 let service = Locks::new(RedlockEngine::new(cfg, "app"), 4, metrics.app_locks().clone());
-                let router = locks::router(locks::Api { locks: service, dapr_store: "redlock".to_owned() });
+                let locks = locks::router(locks::Api { locks: service, dapr_store: "redlock".to_owned() });
+                // The whole control router, as the sidecar serves it.
+                let (_leadership_tx, leadership) = tokio::sync::watch::channel(
+                    redlock_sidecar::leadership::Leadership::new("leader", "prop"),
+                );
+                let (candidacy, _candidacy_rx) = tokio::sync::watch::channel(
+                    redlock_sidecar::candidacy::Candidacy::unchecked(),
+                );
+                let router = redlock_sidecar::http::control_router(
+                    redlock_sidecar::http::ControlState {
+                        leadership,
+                        candidacy,
+                        default_hold: Duration::from_secs(2),
+                    },
+                    Some(locks),
+                );
                 let Ok(uri) = path.parse::<http::Uri>() else { return };
                 // An answer, or still waiting on the closed port when the bound ends: never a panic.
                 if let Ok((status, text)) = tokio::time::timeout(
@@ -813,8 +828,11 @@ mod no_input_panics {
                     oneshot(&router, method, &uri.to_string(), &body),
                 ).await {
                     assert!((200..600).contains(&status));
-                    if status >= 400 && status != 404 && status != 405 {
-                        assert!(serde_json::from_str::<serde_json::Value>(&text).is_ok(), "{status} {text}");
+                    if status >= 400 {
+                        assert!(
+                            serde_json::from_str::<serde_json::Value>(&text).is_ok_and(|v| v.is_object()),
+                            "{method} {uri}: {status} {text}"
+                        );
                     }
                 }
             });
@@ -1122,5 +1140,39 @@ async fn the_postgresql_recipe_refuses_the_late_write_of_a_holder_paused_past_it
     assert_eq!(
         pg.psql("SELECT quantity, fence FROM stock"),
         format!("1|{}", second.token())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_quorum_the_answers_say_so() {
+    let mut cluster = tokio::task::block_in_place(ready_cluster);
+    let a = Sidecar::start("a", &cluster, &[]).await;
+    tokio::task::block_in_place(|| {
+        cluster.node_mut(0).stop();
+        cluster.node_mut(1).stop();
+    });
+
+    let answer = a.post("/v1/locks/refund-7?ttl=1s").await;
+    assert_eq!(answer.status, 503, "{answer:?}");
+    assert_eq!(answer.json()["kind"], "no_quorum", "{answer:?}");
+    // Dapr's answers for a store that fails: 500 ERR_TRY_LOCK_FAILED, and unlock status 3.
+    let answer = a
+        .dapr(
+            "/v1.0-alpha1/lock/redlock",
+            r#"{"resourceId": "refund-8", "lockOwner": "o", "expiryInSeconds": 1}"#,
+        )
+        .await;
+    assert_eq!(answer.status, 500, "{answer:?}");
+    assert_eq!(answer.json()["errorCode"], "ERR_TRY_LOCK_FAILED");
+    let answer = a
+        .dapr(
+            "/v1.0-alpha1/unlock/redlock",
+            r#"{"resourceId": "refund-9", "lockOwner": "o"}"#,
+        )
+        .await;
+    assert_eq!(
+        answer.json(),
+        serde_json::json!({"status": 3}),
+        "{answer:?}"
     );
 }
