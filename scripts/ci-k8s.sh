@@ -767,6 +767,8 @@ KNOWN = {
     "redlock_kubernetes_errors_total", "redlock_guard_runs_total", "redlock_push_subscribed",
     "redlock_standby_reads_total", "redlock_standby_reads_skipped_total", "redlock_standby_waiters",
     "redlock_release_watch",
+    "redlock_app_leases", "redlock_app_lock_waiting", "redlock_app_lock_acquire_seconds_bucket",
+    "redlock_app_lock_acquire_seconds_count", "redlock_app_leases_ended_total",
     "process_cpu_seconds_total", "process_resident_memory_bytes", "process_start_time_seconds",
     "redlock_ttl_seconds", "redlock_renew_interval_seconds", "redlock_safety_margin_seconds", "redlock_info", "up",
     # kube-state-metrics (kube-prometheus-stack ships it): guarded CronJobs, whose pods live too briefly to scrape.

@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/ensure-redis.sh
 ensure_redis --with-openssl
-# The fencing recipes' test (tests/recipes.rs) starts a real PostgreSQL server.
+# The fencing recipes' tests start a real PostgreSQL server.
 . scripts/ensure-postgres.sh
 ensure_postgres
 

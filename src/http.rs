@@ -17,8 +17,7 @@
 //! | route | answers |
 //! |---|---|
 //! | `POST /v1/leader/resign[?hold=DURATION]` | leading: steps down, releases the lock at once and does not contend for `hold` (default one ttl, at most an hour); 200 `{"resigned": true, "hold_ms"}` once no longer leading. Not leading: 409 `{"error"}`. A bad `hold`: 400 `{"error"}` |
-//!
-//! | `/v1/locks/...`, `/v1.0-alpha1/lock|unlock/...` | request locks and Dapr's lock API, unless `--locks off`: see `crate::locks::routes` |
+//! | `/v1/locks/...`, `/v1.0-alpha1/lock/...`, `/v1.0-alpha1/unlock/...` | request locks and Dapr's lock API, unless `--locks off`: see `crate::locks::routes` |
 //!
 //! Its errors are JSON (`{"error": "..."}`): 404 for unknown paths, 405 for other methods.
 //!

@@ -805,7 +805,22 @@ mod no_input_panics {
                 let cfg = support::engine_config(&nodes, "leader", "prop", Duration::from_secs(2));
                 let metrics = redlock_sidecar::metrics::Metrics::new("leader", &nodes, None);
                 let service = Locks::new(RedlockEngine::new(cfg, "app"), 4, metrics.app_locks().clone());
-                let router = locks::router(locks::Api { locks: service, dapr_store: "redlock".to_owned() });
+                let locks = locks::router(locks::Api { locks: service, dapr_store: "redlock".to_owned() });
+                // The whole control router, as the sidecar serves it.
+                let (_leadership_tx, leadership) = tokio::sync::watch::channel(
+                    redlock_sidecar::leadership::Leadership::new("leader", "prop"),
+                );
+                let (candidacy, _candidacy_rx) = tokio::sync::watch::channel(
+                    redlock_sidecar::candidacy::Candidacy::unchecked(),
+                );
+                let router = redlock_sidecar::http::control_router(
+                    redlock_sidecar::http::ControlState {
+                        leadership,
+                        candidacy,
+                        default_hold: Duration::from_secs(2),
+                    },
+                    Some(locks),
+                );
                 let Ok(uri) = path.parse::<http::Uri>() else { return };
                 // An answer, or still waiting on the closed port when the bound ends: never a panic.
                 if let Ok((status, text)) = tokio::time::timeout(
@@ -813,11 +828,351 @@ mod no_input_panics {
                     oneshot(&router, method, &uri.to_string(), &body),
                 ).await {
                     assert!((200..600).contains(&status));
-                    if status >= 400 && status != 404 && status != 405 {
-                        assert!(serde_json::from_str::<serde_json::Value>(&text).is_ok(), "{status} {text}");
+                    if status >= 400 {
+                        assert!(
+                            serde_json::from_str::<serde_json::Value>(&text).is_ok_and(|v| v.is_object()),
+                            "{method} {uri}: {status} {text}"
+                        );
                     }
                 }
             });
         }
     }
+}
+
+#[test]
+fn bad_lock_api_settings_exit_2_naming_the_flag() {
+    let base = [
+        "run",
+        "--redis",
+        "redis://127.0.0.1:1",
+        "--kubernetes",
+        "off",
+    ];
+    for (extra, flag) in [
+        (
+            &["--lock", "jobs", "--locks-prefix", ""][..],
+            "--locks-prefix",
+        ),
+        (
+            &["--lock", "jobs", "--locks-prefix", "a:b"],
+            "--locks-prefix",
+        ),
+        (&["--lock", "app:jobs"], "--locks-prefix"),
+        (
+            &["--lock", "jobs", "--locks-max-leases", "0"],
+            "--locks-max-leases",
+        ),
+        (
+            &["--lock", "jobs", "--locks-max-leases", "1000000"],
+            "--locks-max-leases",
+        ),
+        (
+            &["--lock", "jobs", "--locks-dapr-store", "a/b"],
+            "--locks-dapr-store",
+        ),
+        (&["--lock", "jobs", "--locks", "maybe"], "--locks"),
+    ] {
+        let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+        support::process::assert_invalid_config(&args, flag);
+    }
+}
+
+/// The first fenced code block of `lang` in docs/locks.md: the recipes are tested as written.
+fn recipe(lang: &str) -> String {
+    let doc = include_str!("../docs/locks.md");
+    let start = doc
+        .find(&format!("```{lang}\n"))
+        .unwrap_or_else(|| panic!("docs/locks.md has a {lang} recipe"))
+        + lang.len()
+        + 4;
+    let end = start + doc[start..].find("```").unwrap();
+    doc[start..end].to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_redis_recipe_refuses_the_late_write_of_a_holder_paused_past_its_ttl() {
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let store = tokio::task::block_in_place(support::RedisNode::start);
+    let a = Sidecar::start("a", &cluster, &[]).await;
+    let b = Sidecar::start("b", &cluster, &[]).await;
+    let script = recipe("lua");
+    let write = |token: u64, value: &str| {
+        store.command(&[
+            "EVAL",
+            &script,
+            "2",
+            "{sku-42}:stock",
+            "{sku-42}:fence",
+            &token.to_string(),
+            value,
+        ])
+    };
+
+    // A takes the lock, writes, then stalls past its ttl (no keepalive).
+    let first = a.post("/v1/locks/sku-42?ttl=1s").await;
+    assert_eq!(write(first.token(), "1 left, a"), "1");
+    // B gets the lock once A's lease is released, and writes.
+    let second = b.post("/v1/locks/sku-42?ttl=1s&wait=10s").await;
+    assert!(second.token() > first.token());
+    assert_eq!(write(second.token(), "0 left, b"), "1");
+    assert_eq!(
+        write(second.token(), "0 left, b again"),
+        "1",
+        "same holder, same token"
+    );
+    // A wakes up and writes with its old token: refused, B's value stays.
+    assert_eq!(write(first.token(), "0 left, a (oversold)"), "0");
+    assert_eq!(store.command(&["GET", "{sku-42}:stock"]), "0 left, b again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_while_waiting_gives_its_place_back() {
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let holder = Sidecar::start("holder", &cluster, &[]).await;
+    let a = Sidecar::start("a", &cluster, &["--locks-max-leases", "2"]).await;
+    let held = holder.post("/v1/locks/busy?ttl=30s").await;
+    assert_eq!(held.status, 200);
+
+    // Two requests wait (one on Redis, one for its turn), then their clients hang up.
+    let mut clients = Vec::new();
+    for _ in 0..2 {
+        let mut stream = TcpStream::connect(a.control).await.unwrap();
+        stream
+            .write_all(b"POST /v1/locks/busy?ttl=30s&wait=60s HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n")
+            .await
+            .unwrap();
+        clients.push(stream);
+    }
+    support::wait_until_async(DEADLINE, "two requests wait", || async {
+        a.metric("redlock_app_lock_waiting").await == 2.0
+    })
+    .await;
+    assert_eq!(
+        a.post("/v1/locks/other").await.status,
+        429,
+        "the bound is full"
+    );
+    drop(clients);
+    support::wait_until_async(DEADLINE, "the waits are cancelled", || async {
+        a.metric("redlock_app_lock_waiting").await == 0.0
+    })
+    .await;
+    // Their places are free again, and neither took the lock when it came free.
+    assert_eq!(a.post("/v1/locks/one").await.status, 200);
+    assert_eq!(a.post("/v1/locks/two").await.status, 200);
+    assert_eq!(
+        holder
+            .delete(&format!("/v1/locks/busy/{}", held.lease()))
+            .await
+            .status,
+        200
+    );
+    assert_eq!(holder.post("/v1/locks/busy?ttl=30s").await.status, 200);
+}
+
+/// A PostgreSQL server of its own, in a temporary directory on a free loopback port; stopped on
+/// drop. Installed by scripts/ensure-postgres.sh (the test fails, never skips, without it).
+struct Postgres {
+    bin: std::path::PathBuf,
+    dir: support::TempDir,
+    port: u16,
+}
+
+impl Postgres {
+    fn start() -> Postgres {
+        let bin = std::fs::read_dir("/usr/lib/postgresql")
+            .ok()
+            .and_then(|versions| {
+                versions
+                    .filter_map(|v| v.ok().map(|v| v.path().join("bin")))
+                    .filter(|b| b.join("initdb").exists())
+                    .max()
+            })
+            .or_else(|| {
+                let out = std::process::Command::new("pg_config").arg("--bindir").output().ok()?;
+                Some(String::from_utf8_lossy(&out.stdout).trim().into())
+            })
+            .filter(|b: &std::path::PathBuf| b.join("initdb").exists())
+            .expect("PostgreSQL is not installed: run scripts/ensure-postgres.sh (apt-get install -y postgresql)");
+        let dir = support::TempDir::new("pg");
+        let as_root = unsafe { libc::geteuid() } == 0;
+        if as_root {
+            // initdb refuses to run as root: the server runs as the postgres user.
+            let status = std::process::Command::new("chown")
+                .args(["-R", "postgres:"])
+                .arg(dir.path())
+                .status()
+                .unwrap();
+            assert!(status.success(), "chown the data directory to postgres");
+        }
+        let pg = Postgres {
+            bin,
+            port: support::free_port(),
+            dir,
+        };
+        let data = pg.dir.path().join("data");
+        pg.server_command("initdb")
+            .arg("-D")
+            .arg(&data)
+            .args(["-A", "trust", "-U", "postgres", "--no-sync"])
+            .output()
+            .map(|out| {
+                assert!(
+                    out.status.success(),
+                    "initdb: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            })
+            .unwrap();
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            pg.port,
+            pg.dir.path().display()
+        );
+        let out = pg
+            .server_command("pg_ctl")
+            .arg("-D")
+            .arg(&data)
+            .args(["-o", &options, "-l"])
+            .arg(pg.dir.path().join("log"))
+            .args(["-w", "-t", "30", "start"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "pg_ctl start: {} {}",
+            String::from_utf8_lossy(&out.stdout),
+            std::fs::read_to_string(pg.dir.path().join("log")).unwrap_or_default()
+        );
+        pg
+    }
+
+    /// A server program of this installation, as the postgres user when we are root.
+    fn server_command(&self, program: &str) -> std::process::Command {
+        let path = self.bin.join(program);
+        if unsafe { libc::geteuid() } == 0 {
+            let mut command = std::process::Command::new("runuser");
+            command.args(["-u", "postgres", "--"]).arg(path);
+            command
+        } else {
+            std::process::Command::new(path)
+        }
+    }
+
+    /// Runs `sql` with psql; returns what it printed (unaligned, tuples only).
+    fn psql(&self, sql: &str) -> String {
+        let out = std::process::Command::new(self.bin.join("psql"))
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+            ])
+            .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "psql {sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let _ = self
+            .server_command("pg_ctl")
+            .arg("-D")
+            .arg(self.dir.path().join("data"))
+            .args(["-m", "immediate", "-w", "stop"])
+            .output();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_postgresql_recipe_refuses_the_late_write_of_a_holder_paused_past_its_ttl() {
+    let pg = tokio::task::block_in_place(Postgres::start);
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let a = Sidecar::start("a", &cluster, &[]).await;
+    let b = Sidecar::start("b", &cluster, &[]).await;
+
+    // The recipe as docs/locks.md writes it: the ALTER, then the UPDATE with $1 sku, $2 token.
+    let sql = recipe("sql");
+    let statements: Vec<String> = sql
+        .split(';')
+        .map(|s| {
+            s.lines()
+                .filter(|l| !l.trim_start().starts_with("--"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .filter(|s| !s.trim().is_empty())
+        .collect();
+    assert_eq!(statements.len(), 2, "{statements:?}");
+    pg.psql("CREATE TABLE stock (sku text PRIMARY KEY, quantity int NOT NULL)");
+    pg.psql(&statements[0]);
+    pg.psql("INSERT INTO stock VALUES ('sku-42', 3)");
+    // psql prints each statement's tag: the EXECUTE's is the last line.
+    let sell = |token: u64| {
+        pg.psql(&format!(
+            "PREPARE sell(text, bigint) AS {}; EXECUTE sell('sku-42', {token})",
+            statements[1]
+        ))
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_owned()
+    };
+
+    let first = a.post("/v1/locks/sku-42?ttl=1s").await;
+    assert_eq!(sell(first.token()), "UPDATE 1");
+    // A stalls past its ttl; B gets the lock and sells.
+    let second = b.post("/v1/locks/sku-42?ttl=1s&wait=10s").await;
+    assert!(second.token() > first.token());
+    assert_eq!(sell(second.token()), "UPDATE 1");
+    // A's late write is refused by the fence alone: one item is still in stock.
+    assert_eq!(sell(first.token()), "UPDATE 0");
+    assert_eq!(
+        pg.psql("SELECT quantity, fence FROM stock"),
+        format!("1|{}", second.token())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_quorum_the_answers_say_so() {
+    let mut cluster = tokio::task::block_in_place(ready_cluster);
+    let a = Sidecar::start("a", &cluster, &[]).await;
+    tokio::task::block_in_place(|| {
+        cluster.node_mut(0).stop();
+        cluster.node_mut(1).stop();
+    });
+
+    let answer = a.post("/v1/locks/refund-7?ttl=1s").await;
+    assert_eq!(answer.status, 503, "{answer:?}");
+    assert_eq!(answer.json()["kind"], "no_quorum", "{answer:?}");
+    // Dapr's answers for a store that fails: 500 ERR_TRY_LOCK_FAILED, and unlock status 3.
+    let answer = a
+        .dapr(
+            "/v1.0-alpha1/lock/redlock",
+            r#"{"resourceId": "refund-8", "lockOwner": "o", "expiryInSeconds": 1}"#,
+        )
+        .await;
+    assert_eq!(answer.status, 500, "{answer:?}");
+    assert_eq!(answer.json()["errorCode"], "ERR_TRY_LOCK_FAILED");
+    let answer = a
+        .dapr(
+            "/v1.0-alpha1/unlock/redlock",
+            r#"{"resourceId": "refund-9", "lockOwner": "o"}"#,
+        )
+        .await;
+    assert_eq!(
+        answer.json(),
+        serde_json::json!({"status": 3}),
+        "{answer:?}"
+    );
 }

@@ -11,8 +11,9 @@
 //!   released at once.
 //! - **Bounded.** At most `max_leases` leases held plus acquisitions waiting; past that,
 //!   [`Refused::TooMany`].
-//! - **Ended leases are remembered** for one ttl (or until the app deletes them), so the
-//!   app's next call learns why its lease ended instead of a bare 404.
+//! - **Ended leases are remembered** for a minute or one ttl, whichever is longer (or until
+//!   the app deletes them), so the app's next call learns why its lease ended instead of a
+//!   bare 404.
 //! - **Shutdown** refuses new acquisitions, cancels the waiting ones and releases every
 //!   lease ([`Locks::shutdown`]).
 //! - A name's engine lock lives while the name is held or waited for, then is dropped.
@@ -34,6 +35,9 @@ use crate::metrics::AppLockMetrics;
 /// Longest wait for a lease's release to finish before answering anyway (the engine
 /// bounds each node call; this only bounds the answer).
 const RELEASE_ANSWER_WITHIN: Duration = Duration::from_secs(5);
+
+/// Least time an ended lease (lost, abandoned) is remembered after its end.
+const REMEMBER_ENDED: Duration = Duration::from_secs(60);
 
 /// How a lease ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -230,6 +234,11 @@ impl<E: LockEngine> Locks<E> {
         }
         let key: SlotKey = (name.to_owned(), ttl);
         let slot = self.take_slot(&key)?;
+        // Given back when the request ends without a lease, or when its lease ends.
+        let claim = Claim {
+            locks: Arc::clone(self),
+            key,
+        };
         self.metrics.waiting_add(1);
         let _waiting = Waiting(&self.metrics);
         let deadline = clock::now() + wait;
@@ -243,7 +252,7 @@ impl<E: LockEngine> Locks<E> {
             _ = cancel.cancelled() => None,
         };
         let Some(turn) = turn else {
-            self.give_back(&key, true);
+            drop(claim);
             if self.closing.is_cancelled() {
                 return Err(Refused::ShuttingDown);
             }
@@ -257,6 +266,7 @@ impl<E: LockEngine> Locks<E> {
         let (tx, rx) = oneshot::channel();
         let this = Arc::clone(self);
         let run = cancel.clone();
+        // Its own task: an acquisition is never dropped half-way (see the module doc).
         tokio::spawn(async move {
             let _turn = turn;
             let seen = Arc::clone(&slot);
@@ -268,7 +278,7 @@ impl<E: LockEngine> Locks<E> {
                 .await;
             match result {
                 Ok(lease) => {
-                    let granted = this.hold(&key, slot, lease, ttl, owner);
+                    let granted = this.hold(claim, slot, lease, ttl, owner);
                     let id = granted.lease;
                     if tx.send(Ok(granted)).is_err() {
                         // Nobody to hand it to: release it at once.
@@ -279,7 +289,7 @@ impl<E: LockEngine> Locks<E> {
                     if let AcquireFailed::Held { holder } = &failed {
                         *slot.holder.lock().unwrap_or_else(|e| e.into_inner()) = holder.clone();
                     }
-                    this.give_back(&key, true);
+                    drop(claim);
                     let _ = tx.send(Err(failed));
                 }
             }
@@ -324,11 +334,9 @@ impl<E: LockEngine> Locks<E> {
     }
 
     /// A request or lease of `key` is done; the slot goes once nobody uses it.
-    fn give_back(&self, key: &SlotKey, counted: bool) {
+    fn give_back(&self, key: &SlotKey) {
         let mut table = self.table();
-        if counted {
-            table.in_use = table.in_use.saturating_sub(1);
-        }
+        table.in_use = table.in_use.saturating_sub(1);
         if let Some((_, users)) = table.slots.get_mut(key) {
             *users = users.saturating_sub(1);
             if *users == 0 {
@@ -340,7 +348,7 @@ impl<E: LockEngine> Locks<E> {
     /// Registers a won lease and starts the task that keeps it.
     fn hold(
         self: &Arc<Self>,
-        key: &SlotKey,
+        claim: Claim<E>,
         slot: Arc<Slot<E::Name>>,
         lease: <E::Name as NameLock>::Lease,
         ttl: Duration,
@@ -354,7 +362,7 @@ impl<E: LockEngine> Locks<E> {
         };
         let held = Arc::new(Lease {
             id: granted.lease,
-            name: key.0.clone(),
+            name: claim.key.0.clone(),
             owner,
             fencing_token: granted.fencing_token,
             timing: Mutex::new(Keepalive::new(ttl, now, granted.valid_until)),
@@ -367,14 +375,14 @@ impl<E: LockEngine> Locks<E> {
         });
         self.table().leases.insert(granted.lease, Arc::clone(&held));
         self.metrics.leases_add(1);
-        tokio::spawn(Arc::clone(self).keep(key.clone(), slot, held, lease, ttl));
+        tokio::spawn(Arc::clone(self).keep(claim, slot, held, lease, ttl));
         granted
     }
 
     /// The lease's task: renew, release or say lost, as [`Keepalive::next`] decides.
     async fn keep(
         self: Arc<Self>,
-        key: SlotKey,
+        claim: Claim<E>,
         slot: Arc<Slot<E::Name>>,
         held: Arc<Lease>,
         mut lease: <E::Name as NameLock>::Lease,
@@ -434,11 +442,12 @@ impl<E: LockEngine> Locks<E> {
         held.state.send_replace(LeaseState::Ended(end));
         self.metrics.leases_add(-1);
         self.metrics.ended(end.as_str());
-        self.give_back(&key, true);
+        drop(claim);
         drop(slot);
-        // Remember the ending for one ttl, so the app's next call learns it.
+        // Remember the ending for a while, so the app's next call learns it (an app paused
+        // for longer hears 404: a lease it no longer has either way).
         if end != End::Released && end != End::Shutdown {
-            clock::sleep_until(clock::now() + ttl).await;
+            clock::sleep_until(clock::now() + ttl.max(REMEMBER_ENDED)).await;
         }
         if end != End::Shutdown {
             self.forget(held.id);
@@ -622,6 +631,19 @@ impl Drop for Watching {
             .unwrap_or_else(|e| e.into_inner())
             .watcher_left(clock::now());
         self.lease.wake.notify_one();
+    }
+}
+
+/// A request's (then its lease's) share of the bound and of its name's slot; given back when
+/// dropped, whichever way the request or lease ends.
+struct Claim<E: LockEngine> {
+    locks: Arc<Locks<E>>,
+    key: SlotKey,
+}
+
+impl<E: LockEngine> Drop for Claim<E> {
+    fn drop(&mut self) {
+        self.locks.give_back(&self.key);
     }
 }
 

@@ -10,7 +10,6 @@ pub mod cluster_mode;
 pub mod failover;
 pub mod fenced;
 pub mod http;
-pub mod postgres;
 pub mod process;
 pub mod proxy;
 pub mod redis;

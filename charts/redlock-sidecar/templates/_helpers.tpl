@@ -750,6 +750,19 @@ The sidecar container (`redlock-sidecar run`). As a native sidecar it goes into 
       value: {{ include "redlock-sidecar.lockName" . | quote }}
     - name: REDLOCK_LISTEN
       value: {{ printf "0.0.0.0:%d" (int .Values.sidecar.port) | quote }}
+    # Loopback only: the app containers of the pod reach it, nothing outside the pod does.
+    - name: REDLOCK_CONTROL_LISTEN
+      value: {{ printf "127.0.0.1:%d" (int .Values.sidecar.controlPort) | quote }}
+    - name: REDLOCK_LOCKS
+      value: {{ ternary "on" "off" .Values.sidecar.locks.enabled | quote }}
+    {{- if .Values.sidecar.locks.enabled }}
+    - name: REDLOCK_LOCKS_PREFIX
+      value: {{ .Values.sidecar.locks.prefix | quote }}
+    - name: REDLOCK_LOCKS_MAX_LEASES
+      value: {{ .Values.sidecar.locks.maxLeases | quote }}
+    - name: REDLOCK_LOCKS_DAPR_STORE
+      value: {{ .Values.sidecar.locks.daprStore | quote }}
+    {{- end }}
     - name: REDLOCK_READY_WHEN
       value: {{ .Values.sidecar.readyWhen | quote }}
     - name: REDLOCK_SHUTDOWN_TIMEOUT
