@@ -46,16 +46,13 @@
 use std::sync::atomic::Ordering;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::error::{Tally, Vote, Votes};
+use super::error::Votes;
+use super::round::{FenceRaise, RaiseStep};
 use super::{Op, Order, Redlock, RAISE_FENCE};
 
 /// The largest token: Lua compares counters as doubles, exact below 2^53. A node reporting
 /// a higher counter is answering garbage (see `acquire`), and no token is minted above it.
 pub const MAX_TOKEN: u64 = (1 << 53) - 1;
-
-/// Rounds of `Redlock::raise_fence` before an acquisition gives up (each one starts above
-/// every counter the previous one saw, so only a fleet minting in a tight loop needs more).
-const RAISE_ATTEMPTS: usize = 3;
 
 impl Redlock {
     /// The next token to propose above `highest` (see [`next_token`]).
@@ -66,9 +63,11 @@ impl Redlock {
     /// Mints a token of at least `token` on a quorum: each node raises its counter to it and
     /// reports the counter it had. The token is ours only if every counted node had a lower
     /// one; otherwise the next try starts above the highest reported (late answers included).
-    pub(super) async fn raise_fence(&self, mut token: u64) -> Result<u64, Votes> {
-        let mut last = Votes::default();
-        for _ in 0..RAISE_ATTEMPTS {
+    /// The decisions are [`FenceRaise`]'s.
+    pub(super) async fn raise_fence(&self, token: u64) -> Result<u64, Votes> {
+        let n = self.inner.nodes.len();
+        let mut raise = FenceRaise::new(n, token, 0);
+        loop {
             let mut answers = self.fan_out::<String>(
                 Op::Fence,
                 Order::Free,
@@ -76,63 +75,66 @@ impl Redlock {
                 vec![
                     String::new(),
                     String::new(),
-                    token.to_string(),
+                    raise.token().to_string(),
                     self.inner.retention_ms(),
                 ],
             );
-            let mut tally = Tally::new(self.inner.nodes.len());
-            let mut highest = 0;
-            while let Some((index, answer)) = answers.recv().await {
-                let vote = match answer {
-                    Ok((before, _)) => match before.parse::<u64>() {
-                        Ok(before) if before <= MAX_TOKEN => {
-                            highest = highest.max(before);
-                            Vote::Granted
-                        }
-                        _ => Vote::Failed(super::NodeError {
-                            kind: super::NodeErrorKind::Protocol,
-                            message: format!("fencing counter {before:?} is not below 2^53"),
-                        }),
-                    },
-                    Err(err) => Vote::Failed(err),
-                };
-                if tally.record(index, vote) {
+            let mut step = raise.poll(self.wall_ms());
+            while step == RaiseStep::Listen {
+                let Some((index, answer)) = answers.recv().await else {
                     break;
-                }
+                };
+                raise.handle(index, answer.map(|(before, _)| before));
+                step = raise.poll(self.wall_ms());
             }
-            let this = self.clone();
-            tokio::spawn(async move {
-                while let Some((_, answer)) = answers.recv().await {
-                    if let Ok((before, _)) = answer {
-                        let before = before.parse().unwrap_or(0).min(MAX_TOKEN);
-                        this.inner.fence_seen.fetch_max(before, Ordering::Relaxed);
-                    }
-                }
-            });
             self.inner
                 .fence_seen
-                .fetch_max(highest.max(token), Ordering::Relaxed);
-            if !tally.won() {
-                return Err(self.label_votes(tally.votes));
-            }
-            if highest < token && token <= MAX_TOKEN {
-                return Ok(token);
-            }
-            last = self.label_votes(tally.votes);
-            token = self.next_token(highest);
+                .fetch_max(raise.fence_seen(), Ordering::Relaxed);
+            let attempt = raise.attempt();
+            // Answers after the decision still lift what the next candidate starts above.
+            let this = self.clone();
+            tokio::spawn(async move {
+                while let Some((index, answer)) = answers.recv().await {
+                    raise.handle(index, answer.map(|(before, _)| before));
+                }
+                this.inner
+                    .fence_seen
+                    .fetch_max(raise.fence_seen(), Ordering::Relaxed);
+            });
+            raise = match step {
+                RaiseStep::Minted(token) => return Ok(token),
+                RaiseStep::Again(next) => FenceRaise::new(n, next, attempt + 1),
+                RaiseStep::Failed(votes) => return Err(self.label_votes(votes)),
+                // Every call ends in an answer, so a round cannot run out of them undecided.
+                RaiseStep::Listen => return Err(Votes::default()),
+            };
         }
-        Err(last)
     }
+
+    /// This client's wall clock in Unix ms, shifted by the test skew.
+    fn wall_ms(&self) -> u64 {
+        wall_ms(self.inner.cfg.wall_clock_skew_ms)
+    }
+}
+
+/// This client's wall clock in Unix ms, shifted by `skew_ms` (tests only; 0 in production).
+pub fn wall_ms(skew_ms: i64) -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .saturating_add_signed(skew_ms)
 }
 
 /// The token to propose above `highest`, with the wall clock as a floor. `skew_ms` shifts
 /// this client's clock (tests only; 0 in production).
 pub fn next_token(highest: u64, skew_ms: i64) -> u64 {
-    let now_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .saturating_add_signed(skew_ms);
-    highest.saturating_add(1).max(now_ms).min(MAX_TOKEN)
+    token_above(highest, wall_ms(skew_ms))
+}
+
+/// The token to propose above `highest` when the wall clock reads `wall_ms` (Unix ms): above
+/// every counter seen, at least the wall clock, and below 2^53.
+pub fn token_above(highest: u64, wall_ms: u64) -> u64 {
+    highest.saturating_add(1).max(wall_ms).min(MAX_TOKEN)
 }
 
 #[cfg(test)]

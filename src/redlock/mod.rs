@@ -40,12 +40,14 @@ mod acquire;
 mod error;
 pub mod fencing;
 pub mod push;
+pub mod round;
 mod scripts;
 mod slot;
 pub mod standby;
 pub mod timing;
 pub mod transport;
 pub mod votes;
+mod wait;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, LazyLock};
@@ -58,10 +60,12 @@ use redis::Script;
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::clock;
-pub use acquire::HolderSeen;
-use error::Tally;
+use crate::clock::{self, Deadline};
 pub use error::{ConfigError, LockError, Vote, Votes};
+use round::acquire::identity_of;
+use round::extend::RawExtendReply;
+use round::release::RawReleaseReply;
+use round::{ExtendReply, ExtendRound, ExtendStep, ReleaseTally, Rules};
 pub use slot::{slot_seen, SlotSeen};
 pub use timing::{drift, quorum, validity};
 pub use transport::{cluster, secrets, sentinel};
@@ -69,7 +73,8 @@ pub use transport::{
     info_field, ClientCert, ConnectSettings, Credentials, Node, NodeError, NodeErrorKind,
     NodeFacts, NodeSpec, EPOCH_KEY, FACTS_MAX_AGE,
 };
-use votes::{NodeSet, Proof};
+use votes::NodeSet;
+pub use wait::HolderSeen;
 
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::ACQUIRE));
 static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::RAISE_FENCE));
@@ -416,9 +421,6 @@ struct Inner {
     _stop_on_drop: DropGuard,
 }
 
-/// `{status, epoch_age_ms, max_ttl_ms}`.
-type ExtendReply = (i64, i64, u64);
-
 /// One node's answer to a script, with the facts of the connection it came on.
 type Answer<T> = (usize, Result<(T, Arc<NodeFacts>), NodeError>);
 
@@ -714,13 +716,7 @@ impl Redlock {
     /// [`LockError::Superseded`], so the holder steps down at once instead of retrying.
     pub async fn extend(&self, lease: &Lease) -> Result<Lease, LockError> {
         let cfg = &self.inner.cfg;
-        let expired = || LockError::Expired {
-            lock: cfg.lock.clone(),
-        };
         let start = clock::now();
-        if start >= lease.valid_until {
-            return Err(expired());
-        }
         let args = vec![
             lease.value.clone(),
             cfg.ttl.as_millis().to_string(),
@@ -728,51 +724,40 @@ impl Redlock {
             self.inner.retention_ms(),
             self.node_set().fingerprint,
         ];
+        let mut round = ExtendRound::new(
+            self.inner.nodes.len(),
+            cfg.ttl,
+            Deadline::from_instant(start),
+            Deadline::from_instant(lease.valid_until),
+            Rules::ALL,
+        );
+        if round.poll(Deadline::from_instant(start)) == ExtendStep::Expired {
+            return Err(self.expired());
+        }
         // An answer "key missing" calls for a restore: each node counts as writing our key
         // until its answer has been handled.
         let mut writes: Vec<Option<KeyWrite>> = (0..self.inner.nodes.len())
             .map(|index| Some(KeyWrite::start(&self.inner, index)))
             .collect();
         let mut answers =
-            self.fan_out::<ExtendReply>(Op::Extend, Order::Free, &EXTEND, args.clone());
-        let mut tally = Tally::new(self.inner.nodes.len());
-        let expiry = clock::sleep_until(lease.valid_until);
-        tokio::pin!(expiry);
-        while !tally.decided() {
-            let (index, answer) = tokio::select! {
-                biased;
-                answer = answers.recv() => match answer { Some(a) => a, None => break },
-                _ = &mut expiry => return Err(expired()),
-            };
-            tally.record(index, self.extend_vote(index, answer));
-        }
-        if !tally.won() {
-            let contrary = tally
-                .votes
-                .iter()
-                .filter(|v| matches!(v, Some(Vote::HeldBy(_) | Vote::Missing)))
-                .count();
-            let votes = self.label_votes(tally.votes);
-            let lock = cfg.lock.clone();
-            return Err(if contrary >= quorum(self.inner.nodes.len()) {
-                LockError::Superseded { lock, votes }
-            } else {
-                LockError::Lost { lock, votes }
-            });
-        }
-        if clock::now() >= lease.valid_until {
-            return Err(expired());
-        }
-        let Some(valid) = validity(cfg.ttl, clock::now().saturating_duration_since(start)) else {
-            return Err(expired());
+            self.fan_out::<RawExtendReply>(Op::Extend, Order::Free, &EXTEND, args.clone());
+        let step = self.run_extend(&mut round, &mut answers).await;
+        let (valid_until, restore) = match step {
+            ExtendStep::Renewed {
+                valid_until,
+                restore,
+            } => (valid_until, restore),
+            ExtendStep::Lost(votes) => return Err(self.extend_lost(votes, false)),
+            ExtendStep::Superseded(votes) => return Err(self.extend_lost(votes, true)),
+            ExtendStep::Expired | ExtendStep::Listen => return Err(self.expired()),
         };
         // A node that lost our key (data loss) gets it back, now the quorum is proven. The
         // slowest nodes answer after the quorum, so their answers are awaited in the background.
         let args: Arc<[String]> = args.into();
-        for (index, vote) in tally.votes.iter().enumerate() {
-            if vote == &Some(Vote::Missing) {
-                self.spawn_on(index, &RESTORE, args.clone());
-            }
+        for index in restore {
+            self.spawn_on(index, &RESTORE, args.clone());
+        }
+        for (index, vote) in round.votes().iter().enumerate() {
             if vote.is_some() {
                 writes[index] = None;
             }
@@ -780,39 +765,80 @@ impl Redlock {
         let this = self.clone();
         tokio::spawn(async move {
             while let Some((index, answer)) = answers.recv().await {
-                if this.extend_vote(index, answer) == Vote::Missing {
+                if this.feed_extend(&mut round, index, answer) == Vote::Missing {
                     this.spawn_on(index, &RESTORE, args.clone());
                 }
                 writes[index] = None;
             }
         });
         Ok(Lease {
-            valid_until: timing::renewed_until(lease.valid_until, start, valid),
+            valid_until: valid_until.to_instant(),
             ..lease.clone()
         })
     }
 
-    /// The vote in node `index`'s extend answer. Extend votes need no data-age rule (a node
-    /// that lost our key says so), but the verdict keeps the node's reported health current.
-    fn extend_vote(
+    /// Feeds `round` answers until it decides or the lease's validity ends.
+    async fn run_extend(
         &self,
-        index: usize,
-        answer: Result<(ExtendReply, Arc<NodeFacts>), NodeError>,
-    ) -> Vote {
-        match answer {
-            Ok(((status, age, max_ttl), facts)) => {
-                let proof = Proof {
-                    data_age: votes::DataAge::from_script(age),
-                    max_ttl: Duration::from_millis(max_ttl),
-                };
-                let _ = self.judge(index, &facts, proof);
-                match status {
-                    1 => Vote::Granted,
-                    0 => Vote::HeldBy("another holder".to_owned()),
-                    _ => Vote::Missing,
-                }
+        round: &mut ExtendRound,
+        answers: &mut Answers<RawExtendReply>,
+    ) -> ExtendStep {
+        let expiry = clock::sleep_until(
+            round
+                .poll_timeout()
+                .map_or_else(clock::now, Deadline::to_instant),
+        );
+        tokio::pin!(expiry);
+        loop {
+            let step = round.poll(Deadline::from_instant(clock::now()));
+            if step != ExtendStep::Listen {
+                return step;
             }
-            Err(err) => Vote::Failed(err),
+            tokio::select! {
+                biased;
+                answer = answers.recv() => match answer {
+                    Some((index, answer)) => {
+                        self.feed_extend(round, index, answer);
+                    }
+                    None => return step,
+                },
+                _ = &mut expiry => return ExtendStep::Expired,
+            }
+        }
+    }
+
+    /// Node `index`'s extend answer into `round`; returns its vote. Extend votes need no
+    /// data-age rule (a node that lost our key says so), but the verdict keeps the node's
+    /// reported health current.
+    fn feed_extend(
+        &self,
+        round: &mut ExtendRound,
+        index: usize,
+        answer: Result<(RawExtendReply, Arc<NodeFacts>), NodeError>,
+    ) -> Vote {
+        let answer = answer.map(|(raw, facts)| {
+            let reply = ExtendReply::parse(raw);
+            let _ = self.judge(index, &facts, reply.proof);
+            reply
+        });
+        round.handle(index, answer)
+    }
+
+    fn expired(&self) -> LockError {
+        LockError::Expired {
+            lock: self.inner.cfg.lock.clone(),
+        }
+    }
+
+    /// The error of a renewal that did not win: superseded when a quorum showed another
+    /// holder's key or none.
+    fn extend_lost(&self, votes: Vec<Option<Vote>>, superseded: bool) -> LockError {
+        let lock = self.inner.cfg.lock.clone();
+        let votes = self.label_votes(votes);
+        if superseded {
+            LockError::Superseded { lock, votes }
+        } else {
+            LockError::Lost { lock, votes }
         }
     }
 
@@ -822,37 +848,29 @@ impl Redlock {
     /// Returns how many nodes deleted our key. Bounded by twice the node timeout: on each
     /// node, a call that may still write our key there is let finish first (see [`Order`]).
     pub async fn release(&self, lease: &Lease) -> usize {
-        let mut answers =
-            self.fan_out_each::<i64>(Op::Release, Order::AfterWrites, &RELEASE, |index| {
-                vec![lease.value.clone(), self.inner.channels(index).released].into()
-            });
-        let mut deleted = 0;
+        let mut answers = self.fan_out_each::<RawReleaseReply>(
+            Op::Release,
+            Order::AfterWrites,
+            &RELEASE,
+            |index| vec![lease.value.clone(), self.inner.channels(index).released].into(),
+        );
+        let mut tally = ReleaseTally::default();
         while let Some((_, answer)) = answers.recv().await {
-            deleted += usize::from(matches!(answer, Ok((1, _))));
+            tally.handle(answer.map(|(deleted, _)| deleted));
         }
-        deleted
+        tally.deleted()
     }
 
-    /// Deletes `value` on the nodes `which` selects, and the node-set record `fingerprint`
+    /// Deletes `value` on the nodes `which` lists, and the node-set record `fingerprint`
     /// where no lock key is left, and waits for the answers (each bounded by the node
     /// timeout). Owner-checked, and silent: a lost round must not wake the waiters.
-    async fn clean_up(
-        &self,
-        value: &str,
-        fingerprint: &str,
-        which: impl Fn(&Option<Vote>) -> bool,
-        votes: &[Option<Vote>],
-    ) {
+    async fn clean_up(&self, value: &str, fingerprint: &str, which: &[usize]) {
         let args: Arc<[String]> = vec![value.to_owned(), fingerprint.to_owned()].into();
-        let calls = votes
-            .iter()
-            .enumerate()
-            .filter(|(_, vote)| which(vote))
-            .map(|(index, _)| {
-                self.inner
-                    .clone()
-                    .delete_on::<i64>(index, &CLEANUP, args.clone())
-            });
+        let calls = which.iter().map(|index| {
+            self.inner
+                .clone()
+                .delete_on::<i64>(*index, &CLEANUP, args.clone())
+        });
         futures_util::future::join_all(calls).await;
     }
 
@@ -1027,11 +1045,4 @@ fn lost_answer() -> NodeError {
         kind: NodeErrorKind::Other,
         message: "no answer".to_owned(),
     }
-}
-
-/// The identity part of a lock value (`identity:random`).
-fn identity_of(value: &str) -> &str {
-    value
-        .rsplit_once(':')
-        .map_or(value, |(identity, _)| identity)
 }

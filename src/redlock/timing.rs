@@ -3,7 +3,9 @@
 //! All durations are measured on the monotonic clock and combined with checked
 //! arithmetic: a validity that would be negative is `None`, never a wrapped number.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Deadline;
 
 use rand::Rng;
 
@@ -88,7 +90,7 @@ pub fn validity(ttl: Duration, elapsed: Duration) -> Option<Duration> {
 /// every key of that promise still stands (a renewal only pushes expiries later). Moving
 /// the end earlier would release the lock, after a loss, while that promise still runs.
 /// Found by the protocol model (tests/model).
-pub fn renewed_until(previous: Instant, start: Instant, valid: Duration) -> Instant {
+pub fn renewed_until(previous: Deadline, start: Deadline, valid: Duration) -> Deadline {
     (start + valid).max(previous)
 }
 
@@ -96,9 +98,7 @@ pub fn renewed_until(previous: Instant, start: Instant, valid: Duration) -> Inst
 /// `cap = min(base × 2^attempt, max)`. Random so that contenders spread out; growing so
 /// that a struggling fleet is not hammered; bounded so that a waiter still notices.
 pub fn retry_delay(base: Duration, max: Duration, attempt: u32) -> Duration {
-    let cap = base.saturating_mul(1u32 << attempt.min(16)).min(max);
-    let half = cap / 2;
-    half + rand::rng().random_range(Duration::ZERO..=half)
+    super::round::retry::backoff_delay(base, max, attempt, rand::rng().random_range(0.0..=1.0))
 }
 
 #[cfg(test)]
@@ -107,7 +107,7 @@ mod tests {
 
     #[test]
     fn a_slow_renewal_never_moves_the_end_of_validity_earlier() {
-        let t0 = Instant::now();
+        let t0 = Deadline::from_boottime(Duration::from_secs(100));
         let ttl = Duration::from_secs(10);
         let previous = t0 + ttl;
         // Started 1 s later, but the round took 4 s: it proves only up to t0 + 7 s.

@@ -50,8 +50,11 @@
 //!    remade (rule 2 still restarts that node's data age).
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
+use super::round::acquire::judge_vote;
+use super::round::{Connection, Rules};
 use super::timing::{drift, MAX_TTL};
 pub use super::transport::server_identity;
 use super::transport::NodeFacts;
@@ -247,20 +250,41 @@ impl NodeSet {
 
 impl Redlock {
     /// Whether node `index`'s grant counts, given what it proved in its answer (see
-    /// the module docs). Judged on every answer that carries a proof, not only grants, so that
-    /// the health every node reports stays current on leaders and followers alike.
+    /// the module docs and `round::acquire::judge_vote`). Judged on every answer that carries
+    /// a proof, not only grants, so that the health every node reports stays current on
+    /// leaders and followers alike.
     pub(super) fn judge(
         &self,
         index: usize,
-        facts: &NodeFacts,
+        facts: &Arc<NodeFacts>,
         proof: Proof,
     ) -> Result<(), NotCounted> {
         let longest = self.learn_max_ttl(proof.max_ttl);
-        let verdict = self
-            .same_server_as(index, facts)
-            .and_then(|()| judge(facts, proof, longest, self.inner.cfg.allow_evicting_nodes));
+        let conn = self.connection(index, facts.clone());
+        let verdict = judge_vote(
+            &conn,
+            proof,
+            longest,
+            self.inner.cfg.allow_evicting_nodes,
+            Rules::ALL,
+        );
         self.inner.observer.node_counted(index, verdict.is_ok());
         verdict
+    }
+
+    /// What node `index`'s connection showed, as the vote rules judge it: its facts, the
+    /// server the node set names it by, and an earlier node that reaches the same server.
+    pub(super) fn connection(&self, index: usize, facts: Arc<NodeFacts>) -> Connection {
+        let nodes = &self.inner.nodes;
+        let same_server_as = nodes[..index]
+            .iter()
+            .find(|other| other.facts().is_some_and(|f| f.run_id == facts.run_id))
+            .map(|other| other.label().to_owned());
+        Connection {
+            server: server_identity(&facts.run_id, nodes[index].db()),
+            same_server_as,
+            facts,
+        }
     }
 
     /// Takes a node's max-ttl register into account; returns the longest ttl known now.
@@ -275,28 +299,6 @@ impl Redlock {
             .cfg
             .longest_ttl()
             .max(Duration::from_millis(seen))
-    }
-
-    /// Refuses a node whose connection reports an empty run id, or the run id of a node
-    /// listed before it (one server under two names).
-    fn same_server_as(&self, index: usize, facts: &NodeFacts) -> Result<(), NotCounted> {
-        if facts.run_id.is_empty() {
-            return Err(NotCounted::never(
-                "the node's INFO shows no run_id: a restart or failover could not be told apart"
-                    .to_owned(),
-            ));
-        }
-        let nodes = &self.inner.nodes;
-        match nodes[..index]
-            .iter()
-            .find(|other| other.facts().is_some_and(|f| f.run_id == facts.run_id))
-        {
-            Some(other) => Err(NotCounted::never(format!(
-                "same server as node {}: one server is one vote",
-                other.label()
-            ))),
-            None => Ok(()),
-        }
     }
 
     /// The data age a node must prove now for its grants to count.

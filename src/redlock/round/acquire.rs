@@ -1,0 +1,651 @@
+//! The acquire round as a state machine: every node's answer goes in, and out comes "listen
+//! on", "lost (clean up here)", "too slow (clean up everywhere)" or "won (this token, or raise
+//! the fence first)".
+//!
+//! ## The rules, in the order an answer meets them
+//! 1. An error is a failed vote. A fencing counter at or above 2^53 (beyond what Lua compares
+//!    exactly) is a protocol error for that node, not a number to build on.
+//! 2. Every answer, busy ones too, carries the node's max-ttl register (learnt: the longest
+//!    ttl in use), its fencing counter (the next candidate starts above it) and its node-set
+//!    record (another set's live record: the round refuses to lead).
+//! 3. A key held by another value is a vote against (`HeldBy`).
+//! 4. A grant under another set's record (`-1`) is not counted.
+//! 5. A grant is judged (`votes`): same server as an earlier node, eviction, data age, and the
+//!    server the round's node set named. A grant from a node whose data age is below the
+//!    settled age (`votes::settled_data_age`) is judged only once every node has answered
+//!    (or the round is decided without it), so every reachable register is known first.
+//! 6. The round is decided as soon as a quorum for or against is certain. A grant that comes
+//!    after that is not counted (it is still judged, for the node's reported health).
+//! 7. A round won on a node that carried no node-set record hears every node before it leads,
+//!    since another set's record may stand on a node that answers last.
+//! 8. A round not won hears every node (the report, and where to clean up), then deletes its
+//!    key wherever a node did not show another holder.
+//! 9. A won round leads only with validity left (`ttl − elapsed − drift`) and a token: the
+//!    candidate if a quorum of counted grants stored it, else a raise above every counter
+//!    seen (see [`super::fence`]).
+
+use std::time::Duration;
+
+use super::super::error::{Tally, Vote};
+use super::super::fencing::MAX_TOKEN;
+use super::super::timing::quorum;
+use super::super::transport::{NodeError, NodeErrorKind};
+use super::super::votes::{self, DataAge, NodeSet, NotCounted, Proof};
+use super::{Connection, NodeAnswer, Rules};
+use crate::clock::Deadline;
+
+/// The acquire script's reply as it comes off the wire: `{granted, fence, epoch_age_ms,
+/// max_ttl_ms, candidate_stored, holder_value, holder_pttl, node_set}`.
+pub type RawAcquireReply = (i64, u64, i64, u64, i64, String, i64, String);
+
+/// What a node did with our `SET NX`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AcquireStatus {
+    /// It stored our key.
+    Granted,
+    /// Another value holds the key.
+    Held,
+    /// Another node set's live record stands beside the lock: no grant.
+    OtherNodeSet,
+}
+
+/// One node's acquire answer, parsed (the one place that knows the reply's layout).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AcquireReply {
+    /// What the node did.
+    pub status: AcquireStatus,
+    /// The node's fencing counter before this call.
+    pub fence: u64,
+    /// The data-age proof and the max-ttl register.
+    pub proof: Proof,
+    /// The node stored our candidate token (its counter was lower).
+    pub candidate_stored: bool,
+    /// The holder's lock value, when held.
+    pub holder_value: String,
+    /// The holder's key's remaining time, when held and it has an expiry.
+    pub holder_pttl: Option<Duration>,
+    /// The node-set record the node carried before this call (empty: none).
+    pub node_set: String,
+}
+
+impl AcquireReply {
+    /// Parses the script's reply.
+    pub fn parse(raw: RawAcquireReply) -> AcquireReply {
+        let (granted, fence, age, max_ttl, stored, holder_value, pttl, node_set) = raw;
+        AcquireReply {
+            status: match granted {
+                0 => AcquireStatus::Held,
+                -1 => AcquireStatus::OtherNodeSet,
+                _ => AcquireStatus::Granted,
+            },
+            fence,
+            proof: Proof {
+                data_age: DataAge::from_script(age),
+                max_ttl: std::time::Duration::from_millis(max_ttl),
+            },
+            candidate_stored: stored == 1,
+            holder_value,
+            holder_pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
+            node_set,
+        }
+    }
+}
+
+/// What the answers of one round say about the lock besides the votes.
+#[derive(Clone, Debug, Default)]
+struct Seen {
+    /// The highest fencing counter any node reported.
+    fence: u64,
+    /// The shortest remaining ttl of another holder's key.
+    holder_ttl: Option<Duration>,
+    /// Other holders' lock values and on how many nodes each was seen.
+    holders: Vec<(String, usize)>,
+    /// A live node-set record of another node list, if any answer showed one.
+    foreign_node_set: Option<String>,
+}
+
+impl Seen {
+    /// Takes one answer into account; returns the holder's identity if the key was taken.
+    fn add(&mut self, reply: &AcquireReply, own_node_set: &str) -> Option<String> {
+        self.fence = self.fence.max(reply.fence);
+        if !reply.node_set.is_empty() && reply.node_set != own_node_set {
+            self.foreign_node_set = Some(reply.node_set.clone());
+        }
+        if reply.status != AcquireStatus::Held {
+            return None;
+        }
+        if let Some(ttl) = reply.holder_pttl {
+            self.holder_ttl = Some(self.holder_ttl.map_or(ttl, |t| t.min(ttl)));
+        }
+        match self
+            .holders
+            .iter_mut()
+            .find(|(v, _)| *v == reply.holder_value)
+        {
+            Some((_, nodes)) => *nodes += 1,
+            None => self.holders.push((reply.holder_value.clone(), 1)),
+        }
+        Some(identity_of(&reply.holder_value).to_owned())
+    }
+
+    /// On how many nodes the most widespread other holder was seen.
+    fn most_held(&self) -> usize {
+        self.holders
+            .iter()
+            .map(|(_, nodes)| *nodes)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// One node's answer, judged.
+struct Judged {
+    vote: Vote,
+    /// The node stored our candidate token.
+    stored: bool,
+    /// A grant from a node whose data age is below the settled age: judged once every node
+    /// has answered.
+    pending: Option<(Connection, Proof)>,
+    /// A grant that does not count only because the node's data age is short: how long until
+    /// it would.
+    ready_in: Option<Duration>,
+    /// A grant from a node that carried no node-set record.
+    unrecorded: bool,
+}
+
+impl Judged {
+    fn vote(vote: Vote) -> Judged {
+        Judged {
+            vote,
+            stored: false,
+            pending: None,
+            ready_in: None,
+            unrecorded: false,
+        }
+    }
+}
+
+/// Where a round stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    /// Counting votes until a quorum for or against is certain.
+    Counting,
+    /// Won on a node without a node-set record: every answer is heard before leading.
+    HearingAll,
+    /// Decided; a lost round still hears every answer before it reports.
+    Decided,
+}
+
+/// What the caller does next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AcquireStep {
+    /// Feed in the next answer (each is bounded by the node timeout).
+    Listen,
+    /// Lost: delete our key (owner-checked, silently) on the nodes `clean_up` lists, then
+    /// report `lost`.
+    Lost {
+        /// Nodes that may hold our key.
+        clean_up: Vec<usize>,
+        /// Why, with every vote.
+        lost: RoundLost,
+    },
+    /// Won, but so late that no validity is left: delete our key everywhere.
+    TooShort {
+        /// How long the round took.
+        elapsed: Duration,
+    },
+    /// Won: mint the token as planned, then [`AcquireRound::lead`].
+    Won(TokenPlan),
+}
+
+/// How a won round gets its fencing token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenPlan {
+    /// A quorum of counted grants stored the candidate: it is the token.
+    Stored(u64),
+    /// A node already had a counter at least as high: raise the fence above this (the
+    /// highest counter seen, or the candidate).
+    RaiseAbove(u64),
+}
+
+/// Why a round was lost.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Lost {
+    /// Another contender lists other nodes: its record (`theirs`) is live.
+    NodeSetConflict {
+        /// The other set's fingerprint.
+        theirs: String,
+    },
+    /// A quorum would grant once young nodes have kept their data long enough.
+    NotYetTrusted {
+        /// How long until enough of them count.
+        ready_in: Duration,
+    },
+    /// A split among contenders: nobody can have a quorum.
+    Contended,
+    /// Another holder has the lock.
+    Busy {
+        /// The identity most nodes showed.
+        holder: Option<String>,
+        /// The shortest remaining ttl of the holder's key.
+        holder_ttl: Option<Duration>,
+        /// The highest fencing counter seen.
+        holder_fence: u64,
+    },
+    /// Too few nodes answered or counted.
+    QuorumUnreachable {
+        /// Votes needed.
+        needed: usize,
+    },
+}
+
+/// A lost round's report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RoundLost {
+    /// Why.
+    pub why: Lost,
+    /// Each node's vote, by index (`None`: no answer).
+    pub votes: Vec<Option<Vote>>,
+}
+
+/// What an acquire round is started with.
+#[derive(Clone, Debug)]
+pub struct AcquireParams {
+    /// Our `--ttl`.
+    pub ttl: Duration,
+    /// The longest ttl known to be in use when the round starts (`--max-ttl`, registers).
+    pub longest_ttl: Duration,
+    /// The candidate token the requests carry.
+    pub candidate: u64,
+    /// The node set the requests record.
+    pub node_set: NodeSet,
+    /// `--allow-evicting-nodes`.
+    pub allow_evicting: bool,
+    /// The rules (all on, but in the model).
+    pub rules: Rules,
+}
+
+/// One acquire round over `n` nodes.
+pub struct AcquireRound {
+    params: AcquireParams,
+    start: Deadline,
+    tally: Tally,
+    answered: usize,
+    seen: Seen,
+    /// The longest register any answer reported.
+    register: Duration,
+    /// Counted grants whose node stored our candidate token.
+    candidate_stored: usize,
+    /// Grants from young nodes, judged once every node has answered.
+    pending: Vec<(usize, Connection, Proof, bool)>,
+    /// Per node: how long until a grant that does not count yet would.
+    ready_in: Vec<Option<Duration>>,
+    /// A counted grant came from a node without a node-set record.
+    unrecorded: bool,
+    stage: Stage,
+    /// Counted grants when the round was decided.
+    granted: usize,
+    quorum_granted: bool,
+    /// Verdicts on grants (node, counted) not yet taken by the caller (for metrics).
+    verdicts: Vec<(usize, bool)>,
+}
+
+impl AcquireRound {
+    /// A round over `nodes` nodes whose requests went out at `start`.
+    pub fn new(nodes: usize, params: AcquireParams, start: Deadline) -> AcquireRound {
+        AcquireRound {
+            params,
+            start,
+            tally: Tally::new(nodes),
+            answered: 0,
+            seen: Seen::default(),
+            register: Duration::ZERO,
+            candidate_stored: 0,
+            pending: Vec::new(),
+            ready_in: vec![None; nodes],
+            unrecorded: false,
+            stage: Stage::Counting,
+            granted: 0,
+            quorum_granted: false,
+            verdicts: Vec::new(),
+        }
+    }
+
+    fn nodes(&self) -> usize {
+        self.tally.votes.len()
+    }
+
+    /// The longest ttl known now: the round's start value and, with the register rule, every
+    /// register reported.
+    pub fn longest_ttl(&self) -> Duration {
+        if self.params.rules.register {
+            self.params.longest_ttl.max(self.register)
+        } else {
+            self.params.longest_ttl
+        }
+    }
+
+    /// The longest max-ttl register any answer reported.
+    pub fn register_seen(&self) -> Duration {
+        self.register
+    }
+
+    /// The highest fencing counter any answer reported, and the candidate (nodes may have
+    /// stored it even if the round fails): the next candidate starts above it.
+    pub fn fence_seen(&self) -> u64 {
+        self.seen.fence.max(self.params.candidate)
+    }
+
+    /// The verdicts on grants since last asked: (node, counted), for the node-health metric.
+    pub fn take_verdicts(&mut self) -> Vec<(usize, bool)> {
+        std::mem::take(&mut self.verdicts)
+    }
+
+    /// Node `index`'s answer.
+    pub fn handle(&mut self, index: usize, answer: Result<NodeAnswer<AcquireReply>, NodeError>) {
+        self.answered += 1;
+        let decided = self.stage != Stage::Counting;
+        let judged = self.judge_answer(index, answer, decided);
+        if decided {
+            // Completes the report only.
+            self.tally.votes[index] = Some(judged.vote);
+            return;
+        }
+        self.ready_in[index] = judged.ready_in;
+        self.unrecorded |= judged.unrecorded;
+        match judged.pending {
+            Some((conn, proof)) => self.pending.push((index, conn, proof, judged.stored)),
+            None => {
+                self.candidate_stored += usize::from(judged.stored);
+                self.tally.record(index, judged.vote);
+            }
+        }
+        self.decide_when_certain();
+    }
+
+    /// Once a quorum for or against is certain, or every node has answered: the young nodes'
+    /// grants are judged (every reachable register is known now, unless the round was decided
+    /// without them), and the round is decided.
+    fn decide_when_certain(&mut self) {
+        if !(self.tally.decided() || self.answered == self.nodes()) {
+            return;
+        }
+        for (index, conn, proof, stored) in std::mem::take(&mut self.pending) {
+            let vote = match self.judge_grant(index, &conn, proof, false) {
+                Ok(()) => {
+                    self.candidate_stored += usize::from(stored);
+                    Vote::Granted
+                }
+                Err(NotCounted { why, ready_in }) => {
+                    self.ready_in[index] = ready_in;
+                    Vote::NotCounted(why)
+                }
+            };
+            self.tally.record(index, vote);
+        }
+        self.granted = self.tally.granted();
+        self.quorum_granted = self.tally.won();
+        self.stage = if self.quorum_granted && self.unrecorded {
+            Stage::HearingAll
+        } else {
+            Stage::Decided
+        };
+    }
+
+    /// What to do next, at `now`.
+    pub fn poll(&self, now: Deadline) -> AcquireStep {
+        let heard_all = self.answered >= self.nodes();
+        match self.stage {
+            Stage::Counting => return AcquireStep::Listen,
+            Stage::HearingAll if !heard_all => return AcquireStep::Listen,
+            _ => {}
+        }
+        let refused = self.params.rules.node_set_conflict && self.seen.foreign_node_set.is_some();
+        if !self.quorum_granted || refused {
+            if !heard_all {
+                return AcquireStep::Listen;
+            }
+            // Our key may stand wherever a node did not answer "held by someone else".
+            let clean_up = (0..self.nodes())
+                .filter(|i| !matches!(self.tally.votes[*i], Some(Vote::HeldBy(_))))
+                .collect();
+            return AcquireStep::Lost {
+                clean_up,
+                lost: self.lost(),
+            };
+        }
+        if let Err(elapsed) = self.validity().at(now) {
+            return AcquireStep::TooShort { elapsed };
+        }
+        let candidate = self.params.candidate;
+        AcquireStep::Won(if self.candidate_stored >= quorum(self.nodes()) {
+            TokenPlan::Stored(candidate)
+        } else {
+            TokenPlan::RaiseAbove(self.seen.fence.max(candidate))
+        })
+    }
+
+    /// The answers still awaited carry nothing a caller waits for: none (each node's call is
+    /// bounded by the node timeout).
+    pub fn poll_timeout(&self) -> Option<Deadline> {
+        None
+    }
+
+    /// The validity clock of this round, to check again once the token is minted.
+    pub fn validity(&self) -> Validity {
+        Validity {
+            start: self.start,
+            ttl: self.params.ttl,
+            rules: self.params.rules,
+        }
+    }
+
+    /// Every vote so far, by node index.
+    pub fn votes(&self) -> &[Option<Vote>] {
+        &self.tally.votes
+    }
+
+    /// Judges node `index`'s answer. `decided` marks answers that came after the round was
+    /// decided: a grant then is too late.
+    fn judge_answer(
+        &mut self,
+        index: usize,
+        answer: Result<NodeAnswer<AcquireReply>, NodeError>,
+        decided: bool,
+    ) -> Judged {
+        let NodeAnswer { reply, conn } = match answer {
+            Ok(answer) => answer,
+            Err(err) => return Judged::vote(Vote::Failed(err)),
+        };
+        if reply.fence > MAX_TOKEN {
+            return Judged::vote(Vote::Failed(NodeError {
+                kind: NodeErrorKind::Protocol,
+                message: format!(
+                    "fencing counter {} is beyond 2^53, where the scripts no longer compare exactly",
+                    reply.fence
+                ),
+            }));
+        }
+        let proof = reply.proof;
+        // Every answer carries the node's max-ttl register, busy ones too.
+        self.register = self.register.max(proof.max_ttl);
+        let own = self.params.node_set.fingerprint.clone();
+        if let Some(holder) = self.seen.add(&reply, &own) {
+            return Judged::vote(Vote::HeldBy(holder));
+        }
+        if reply.status == AcquireStatus::OtherNodeSet {
+            return Judged::vote(Vote::NotCounted(
+                "another contender of this lock lists other Redis nodes".to_owned(),
+            ));
+        }
+        if decided {
+            // Still judged, so the node's reported health stays current.
+            let _ = self.judge_grant(index, &conn, proof, false);
+            return Judged::vote(Vote::NotCounted(
+                "granted after the round was decided".to_owned(),
+            ));
+        }
+        let settled = !self.params.rules.wait_for_all
+            || matches!(proof.data_age, DataAge::Proven(age) if age >= votes::settled_data_age());
+        match self.judge_grant(index, &conn, proof, true) {
+            Ok(()) => Judged {
+                vote: Vote::Granted,
+                stored: reply.candidate_stored,
+                pending: (!settled).then_some((conn, proof)),
+                ready_in: None,
+                unrecorded: reply.node_set.is_empty(),
+            },
+            Err(NotCounted { why, ready_in }) => Judged {
+                ready_in,
+                ..Judged::vote(Vote::NotCounted(why))
+            },
+        }
+    }
+
+    /// Whether node `index`'s grant counts (see `votes`); the verdict is kept for the caller's
+    /// node-health metric.
+    /// `admits`: whether the node set's rule is checked too (on arrival; a young node's grant
+    /// judged again later was admitted then).
+    fn judge_grant(
+        &mut self,
+        index: usize,
+        conn: &Connection,
+        proof: Proof,
+        admits: bool,
+    ) -> Result<(), NotCounted> {
+        let rules = self.params.rules;
+        let admitted = if rules.same_server && admits {
+            self.params.node_set.admits(index, conn.server.as_deref())
+        } else {
+            Ok(())
+        };
+        let verdict = judge_vote(
+            conn,
+            proof,
+            self.longest_ttl(),
+            self.params.allow_evicting,
+            rules,
+        );
+        self.verdicts.push((index, verdict.is_ok()));
+        admitted.and(verdict)
+    }
+
+    /// Why the round was lost, from every answer it got.
+    fn lost(&self) -> RoundLost {
+        let votes = self.tally.votes.clone();
+        let n = votes.len();
+        let needed = quorum(n);
+        if let Some(theirs) = &self.seen.foreign_node_set {
+            if self.params.rules.node_set_conflict {
+                return RoundLost {
+                    why: Lost::NodeSetConflict {
+                        theirs: theirs.clone(),
+                    },
+                    votes,
+                };
+            }
+        }
+        let holder = most_common_holder(&votes);
+        let answered = votes
+            .iter()
+            .filter(|v| matches!(v, Some(v) if !matches!(v, Vote::Failed(_))))
+            .count();
+        // Nodes whose grants will count soon: enough of them to make a quorum is a wait.
+        let mut soon: Vec<Duration> = self.ready_in.iter().flatten().copied().collect();
+        soon.sort();
+        let missing = needed.saturating_sub(self.granted);
+        let wait = (missing > 0 && soon.len() >= missing).then(|| soon[missing - 1]);
+        // Not even the nodes that did not answer could give any one holder a quorum:
+        // a split among contenders, who all clean up. Not busy: nobody holds the lock.
+        let split = self.seen.most_held() + (n - answered) < needed;
+        let why = if let Some(ready_in) = wait {
+            Lost::NotYetTrusted { ready_in }
+        } else if holder.is_some() && answered >= needed && split {
+            Lost::Contended
+        } else if holder.is_some() && answered >= needed {
+            Lost::Busy {
+                holder,
+                holder_ttl: self.seen.holder_ttl,
+                holder_fence: self.seen.fence,
+            }
+        } else {
+            Lost::QuorumUnreachable { needed }
+        };
+        RoundLost { why, votes }
+    }
+}
+
+/// A won round's validity: `ttl − elapsed − drift` from the round's start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Validity {
+    start: Deadline,
+    ttl: Duration,
+    rules: Rules,
+}
+
+impl Validity {
+    /// The end of validity at `now`, or how long the round took if no validity is left.
+    pub fn at(&self, now: Deadline) -> Result<Deadline, Duration> {
+        let elapsed = now.saturating_duration_since(self.start);
+        match self.rules.validity(self.ttl, elapsed) {
+            Some(valid) => Ok(self.start + valid),
+            None => Err(elapsed),
+        }
+    }
+}
+
+/// Whether a grant on `conn` with `proof` counts when the longest ttl in use is `longest`
+/// (`votes` rules 1, 4, 5): the connection must show a run id of its own, and the node keep
+/// its keys and prove its data age.
+pub fn judge_vote(
+    conn: &Connection,
+    proof: Proof,
+    longest: Duration,
+    allow_evicting: bool,
+    rules: Rules,
+) -> Result<(), NotCounted> {
+    if conn.facts.run_id.is_empty() {
+        return Err(NotCounted {
+            why: "the node's INFO shows no run_id: a restart or failover could not be told apart"
+                .to_owned(),
+            ready_in: None,
+        });
+    }
+    if let Some(other) = &conn.same_server_as {
+        return Err(NotCounted {
+            why: format!("same server as node {other}: one server is one vote"),
+            ready_in: None,
+        });
+    }
+    match votes::judge(&conn.facts, proof, longest, allow_evicting) {
+        // Only the data age is short: without the rule, it counts.
+        Err(NotCounted {
+            ready_in: Some(_), ..
+        }) if !rules.data_age => Ok(()),
+        verdict => verdict,
+    }
+}
+
+/// The identity part of a lock value (`identity:random`).
+pub fn identity_of(value: &str) -> &str {
+    value
+        .rsplit_once(':')
+        .map_or(value, |(identity, _)| identity)
+}
+
+/// The identity that holds the key on the most nodes among `votes`.
+fn most_common_holder(votes: &[Option<Vote>]) -> Option<String> {
+    let mut counts: Vec<(&str, usize)> = Vec::new();
+    for vote in votes.iter().flatten() {
+        if let Vote::HeldBy(identity) = vote {
+            match counts.iter_mut().find(|(id, _)| id == identity) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((identity, 1)),
+            }
+        }
+    }
+    counts
+        .into_iter()
+        .max_by_key(|(_, n)| *n)
+        .map(|(id, _)| id.to_owned())
+}

@@ -1,0 +1,39 @@
+//! Release: the owner-checked delete on every node; nothing to decide but the count.
+
+use super::super::transport::NodeError;
+
+/// The release script's reply: 1 if it deleted our key there.
+pub type RawReleaseReply = i64;
+
+/// How many nodes deleted our key.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReleaseTally {
+    deleted: usize,
+}
+
+impl ReleaseTally {
+    /// One node's answer.
+    pub fn handle(&mut self, answer: Result<RawReleaseReply, NodeError>) {
+        self.deleted += usize::from(matches!(answer, Ok(1)));
+    }
+
+    /// Nodes that deleted our key.
+    pub fn deleted(&self) -> usize {
+        self.deleted
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_deletes_count() {
+        let mut tally = ReleaseTally::default();
+        tally.handle(Ok(1));
+        tally.handle(Ok(0));
+        tally.handle(Err(NodeError::timeout(std::time::Duration::ZERO)));
+        tally.handle(Ok(1));
+        assert_eq!(tally.deleted(), 2);
+    }
+}

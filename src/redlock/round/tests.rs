@@ -1,0 +1,426 @@
+//! The rounds over times and answers: no Redis, no clock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::acquire::{AcquireParams, AcquireStatus};
+use super::extend::ExtendStatus;
+use super::*;
+use crate::clock::Deadline;
+use crate::redlock::votes::{self, settled_data_age, DataAge, NodeSet, Proof};
+use crate::redlock::{NodeError, Vote};
+
+const TTL: Duration = Duration::from_secs(10);
+const CANDIDATE: u64 = 1_000;
+
+fn at(ms: u64) -> Deadline {
+    Deadline::from_boottime(Duration::from_millis(ms))
+}
+
+fn server(index: usize) -> String {
+    format!("run{index}/0")
+}
+
+fn conn(index: usize) -> Connection {
+    Connection {
+        facts: Arc::new(NodeFacts {
+            run_id: format!("run{index}"),
+            maxmemory_policy: "noeviction".into(),
+            role: "master".into(),
+            ..NodeFacts::default()
+        }),
+        server: Some(server(index)),
+        same_server_as: None,
+    }
+}
+
+fn node_set() -> NodeSet {
+    NodeSet::of_servers((0..3).map(|i| Some(server(i))).collect())
+}
+
+fn round_with(rules: Rules) -> AcquireRound {
+    let params = AcquireParams {
+        ttl: TTL,
+        longest_ttl: TTL,
+        candidate: CANDIDATE,
+        node_set: node_set(),
+        allow_evicting: false,
+        rules,
+    };
+    AcquireRound::new(3, params, at(0))
+}
+
+fn round() -> AcquireRound {
+    round_with(Rules::ALL)
+}
+
+const OLD: Duration = Duration::from_secs(100_000);
+/// Long enough for a 10 s ttl, but below the settled age.
+const YOUNG: Duration = Duration::from_secs(20);
+
+fn reply(status: AcquireStatus, age: Duration) -> AcquireReply {
+    AcquireReply {
+        status,
+        fence: 0,
+        proof: Proof {
+            data_age: DataAge::Proven(age),
+            max_ttl: Duration::ZERO,
+        },
+        candidate_stored: status == AcquireStatus::Granted,
+        holder_value: String::new(),
+        holder_pttl: None,
+        node_set: node_set().fingerprint,
+    }
+}
+
+fn grant(age: Duration) -> AcquireReply {
+    reply(AcquireStatus::Granted, age)
+}
+
+fn held_by(holder: &str) -> AcquireReply {
+    AcquireReply {
+        holder_value: format!("{holder}:abc"),
+        holder_pttl: Some(Duration::from_secs(3)),
+        ..reply(AcquireStatus::Held, OLD)
+    }
+}
+
+fn answer(index: usize, reply: AcquireReply) -> Result<NodeAnswer<AcquireReply>, NodeError> {
+    Ok(NodeAnswer {
+        reply,
+        conn: conn(index),
+    })
+}
+
+fn timeout() -> Result<NodeAnswer<AcquireReply>, NodeError> {
+    Err(NodeError::timeout(Duration::from_millis(50)))
+}
+
+#[test]
+fn a_quorum_of_counted_grants_wins_before_the_last_node_answers() {
+    let mut round = round();
+    round.handle(0, answer(0, grant(OLD)));
+    assert_eq!(round.poll(at(1)), AcquireStep::Listen);
+    round.handle(2, answer(2, grant(OLD)));
+    assert_eq!(
+        round.poll(at(2)),
+        AcquireStep::Won(TokenPlan::Stored(CANDIDATE))
+    );
+    let valid = crate::redlock::validity(TTL, Duration::from_millis(2)).unwrap();
+    assert_eq!(round.validity().at(at(2)), Ok(at(0) + valid));
+}
+
+#[test]
+fn a_key_held_on_a_quorum_is_busy_and_our_key_is_cleaned_up_where_it_may_stand() {
+    let mut round = round();
+    round.handle(0, answer(0, held_by("other")));
+    round.handle(1, answer(1, held_by("other")));
+    // Decided, but a lost round hears every node before it reports.
+    assert_eq!(round.poll(at(1)), AcquireStep::Listen);
+    round.handle(2, answer(2, grant(OLD)));
+    let AcquireStep::Lost { clean_up, lost } = round.poll(at(2)) else {
+        panic!("lost");
+    };
+    assert_eq!(clean_up, vec![2]);
+    assert_eq!(
+        lost.why,
+        Lost::Busy {
+            holder: Some("other".into()),
+            holder_ttl: Some(Duration::from_secs(3)),
+            holder_fence: 0,
+        }
+    );
+    assert!(
+        matches!(lost.votes[2], Some(Vote::NotCounted(_))),
+        "a grant after the decision does not count"
+    );
+}
+
+#[test]
+fn grants_of_young_nodes_are_judged_only_once_every_node_has_answered() {
+    assert!(YOUNG < settled_data_age());
+    let mut round = round();
+    round.handle(0, answer(0, grant(YOUNG)));
+    round.handle(1, answer(1, grant(YOUNG)));
+    assert_eq!(
+        round.poll(at(1)),
+        AcquireStep::Listen,
+        "two young grants wait for the third answer"
+    );
+    round.handle(2, timeout());
+    assert_eq!(
+        round.poll(at(2)),
+        AcquireStep::Won(TokenPlan::Stored(CANDIDATE))
+    );
+}
+
+#[test]
+fn a_longer_register_heard_last_makes_young_grants_wait() {
+    let mut round = round();
+    round.handle(0, answer(0, grant(YOUNG)));
+    round.handle(1, answer(1, grant(YOUNG)));
+    let mut long = held_by("other");
+    long.proof.max_ttl = Duration::from_secs(60);
+    round.handle(2, answer(2, long));
+    let AcquireStep::Lost { lost, clean_up } = round.poll(at(2)) else {
+        panic!("lost");
+    };
+    assert_eq!(clean_up, vec![0, 1]);
+    let Lost::NotYetTrusted { ready_in } = lost.why else {
+        panic!("{:?}", lost.why);
+    };
+    assert_eq!(
+        ready_in,
+        votes::required_data_age(Duration::from_secs(60)) - YOUNG
+    );
+    assert_eq!(round.longest_ttl(), Duration::from_secs(60));
+}
+
+#[test]
+fn without_waiting_for_all_answers_a_young_grant_counts_before_the_register_is_heard() {
+    let mut round = round_with(Rules {
+        wait_for_all: false,
+        ..Rules::ALL
+    });
+    round.handle(0, answer(0, grant(YOUNG)));
+    round.handle(1, answer(1, grant(YOUNG)));
+    assert!(matches!(round.poll(at(1)), AcquireStep::Won(_)));
+}
+
+#[test]
+fn another_node_sets_record_makes_a_won_round_refuse_to_lead() {
+    let mut round = round();
+    let mut foreign = reply(AcquireStatus::OtherNodeSet, OLD);
+    foreign.node_set = "theirs".into();
+    round.handle(0, answer(0, foreign));
+    round.handle(1, answer(1, grant(OLD)));
+    round.handle(2, answer(2, grant(OLD)));
+    let AcquireStep::Lost { clean_up, lost } = round.poll(at(2)) else {
+        panic!("refused");
+    };
+    assert_eq!(clean_up, vec![0, 1, 2]);
+    assert_eq!(
+        lost.why,
+        Lost::NodeSetConflict {
+            theirs: "theirs".into()
+        }
+    );
+}
+
+#[test]
+fn a_round_won_on_nodes_without_a_record_hears_every_node_first() {
+    let mut round = round();
+    let mut unrecorded = grant(OLD);
+    unrecorded.node_set.clear();
+    round.handle(0, answer(0, unrecorded.clone()));
+    round.handle(1, answer(1, unrecorded));
+    assert_eq!(round.poll(at(1)), AcquireStep::Listen);
+    let mut theirs = held_by("other");
+    theirs.node_set = "theirs".into();
+    round.handle(2, answer(2, theirs));
+    assert!(matches!(
+        round.poll(at(2)),
+        AcquireStep::Lost {
+            lost: RoundLost {
+                why: Lost::NodeSetConflict { .. },
+                ..
+            },
+            ..
+        }
+    ));
+}
+
+#[test]
+fn a_grant_from_a_server_the_node_set_did_not_name_does_not_count() {
+    let mut round = round();
+    let mut restarted = conn(0);
+    restarted.server = Some("other-run/0".into());
+    round.handle(
+        0,
+        Ok(NodeAnswer {
+            reply: grant(OLD),
+            conn: restarted,
+        }),
+    );
+    round.handle(1, answer(1, grant(OLD)));
+    round.handle(2, timeout());
+    assert!(matches!(
+        round.poll(at(2)),
+        AcquireStep::Lost {
+            lost: RoundLost {
+                why: Lost::QuorumUnreachable { needed: 2 },
+                ..
+            },
+            ..
+        }
+    ));
+    let mut lax = round_with(Rules {
+        same_server: false,
+        ..Rules::ALL
+    });
+    let mut restarted = conn(0);
+    restarted.server = None;
+    lax.handle(
+        0,
+        Ok(NodeAnswer {
+            reply: grant(OLD),
+            conn: restarted,
+        }),
+    );
+    lax.handle(1, answer(1, grant(OLD)));
+    assert!(matches!(lax.poll(at(2)), AcquireStep::Won(_)));
+}
+
+#[test]
+fn a_round_that_took_the_whole_validity_is_too_short() {
+    let mut round = round();
+    round.handle(0, answer(0, grant(OLD)));
+    round.handle(1, answer(1, grant(OLD)));
+    let late = at(TTL.as_millis() as u64);
+    assert!(matches!(round.poll(late), AcquireStep::TooShort { .. }));
+    assert!(round.validity().at(late).is_err());
+}
+
+#[test]
+fn a_candidate_not_stored_on_a_quorum_is_raised_above_every_counter_seen() {
+    let mut round = round();
+    let mut higher = grant(OLD);
+    higher.candidate_stored = false;
+    higher.fence = 5_000;
+    round.handle(0, answer(0, higher));
+    round.handle(1, answer(1, grant(OLD)));
+    assert_eq!(
+        round.poll(at(1)),
+        AcquireStep::Won(TokenPlan::RaiseAbove(5_000))
+    );
+    assert_eq!(round.fence_seen(), 5_000);
+}
+
+#[test]
+fn a_counter_beyond_2_to_the_53_is_a_failed_vote() {
+    let mut round = round();
+    let mut garbage = grant(OLD);
+    garbage.fence = 1 << 53;
+    round.handle(0, answer(0, garbage));
+    assert!(matches!(round.votes()[0], Some(Vote::Failed(_))));
+}
+
+#[test]
+fn without_the_data_age_rule_a_flushed_node_counts() {
+    let flushed = grant(Duration::ZERO);
+    let mut strict = round();
+    strict.handle(0, answer(0, flushed.clone()));
+    strict.handle(1, answer(1, flushed.clone()));
+    strict.handle(2, timeout());
+    assert!(matches!(strict.poll(at(1)), AcquireStep::Lost { .. }));
+    let mut lax = round_with(Rules {
+        data_age: false,
+        ..Rules::ALL
+    });
+    lax.handle(0, answer(0, flushed.clone()));
+    lax.handle(1, answer(1, flushed));
+    lax.handle(2, timeout());
+    assert!(matches!(lax.poll(at(1)), AcquireStep::Won(_)));
+}
+
+fn extend_round(rules: Rules) -> ExtendRound {
+    ExtendRound::new(3, TTL, at(3_000), at(9_000), rules)
+}
+
+fn extended(status: ExtendStatus) -> Result<ExtendReply, NodeError> {
+    Ok(ExtendReply {
+        status,
+        proof: Proof {
+            data_age: DataAge::Proven(OLD),
+            max_ttl: Duration::ZERO,
+        },
+    })
+}
+
+#[test]
+fn an_extend_won_on_a_quorum_renews_and_restores_where_our_key_was_lost() {
+    let mut round = extend_round(Rules::ALL);
+    round.handle(0, extended(ExtendStatus::Missing));
+    assert_eq!(round.poll(at(3_001)), ExtendStep::Listen);
+    round.handle(1, extended(ExtendStatus::Extended));
+    round.handle(2, extended(ExtendStatus::Extended));
+    let now = at(3_010);
+    let valid = crate::redlock::validity(TTL, Duration::from_millis(10)).unwrap();
+    assert_eq!(
+        round.poll(now),
+        ExtendStep::Renewed {
+            valid_until: at(3_000) + valid,
+            restore: vec![0],
+        }
+    );
+}
+
+#[test]
+fn a_slow_renewal_keeps_the_longest_promise() {
+    let mut round = ExtendRound::new(3, TTL, at(3_000), at(12_000), Rules::ALL);
+    round.handle(0, extended(ExtendStatus::Extended));
+    round.handle(1, extended(ExtendStatus::Extended));
+    // The round took 4 s: it proves only up to about 8.9 s.
+    assert_eq!(
+        round.poll(at(7_000)),
+        ExtendStep::Renewed {
+            valid_until: at(12_000),
+            restore: vec![],
+        }
+    );
+    let mut short = ExtendRound::new(
+        3,
+        TTL,
+        at(3_000),
+        at(12_000),
+        Rules {
+            longest_promise: false,
+            ..Rules::ALL
+        },
+    );
+    short.handle(0, extended(ExtendStatus::Extended));
+    short.handle(1, extended(ExtendStatus::Extended));
+    let ExtendStep::Renewed { valid_until, .. } = short.poll(at(7_000)) else {
+        panic!("renewed");
+    };
+    assert!(valid_until < at(12_000));
+}
+
+#[test]
+fn an_extend_short_of_a_quorum_is_lost_and_a_quorum_of_other_keys_supersedes() {
+    let mut lost = extend_round(Rules::ALL);
+    lost.handle(0, Err(NodeError::timeout(Duration::ZERO)));
+    lost.handle(1, extended(ExtendStatus::Held));
+    assert!(matches!(lost.poll(at(3_001)), ExtendStep::Lost(_)));
+    let mut gone = extend_round(Rules::ALL);
+    gone.handle(0, extended(ExtendStatus::Missing));
+    gone.handle(1, extended(ExtendStatus::Held));
+    assert!(matches!(gone.poll(at(3_001)), ExtendStep::Superseded(_)));
+}
+
+#[test]
+fn an_extend_ends_at_the_leases_validity() {
+    let mut round = extend_round(Rules::ALL);
+    assert_eq!(round.poll_timeout(), Some(at(9_000)));
+    round.handle(0, extended(ExtendStatus::Extended));
+    assert_eq!(round.poll(at(9_000)), ExtendStep::Expired);
+    round.handle(1, extended(ExtendStatus::Extended));
+    assert_eq!(round.poll(at(9_000)), ExtendStep::Expired, "won too late");
+    let late = extend_round(Rules::ALL);
+    assert_eq!(
+        late.poll(at(9_500)),
+        ExtendStep::Expired,
+        "expired before it began"
+    );
+    // A late "missing" after the decision is not counted, but reported for a restore.
+    let mut round = extend_round(Rules::ALL);
+    round.handle(0, extended(ExtendStatus::Extended));
+    round.handle(1, extended(ExtendStatus::Extended));
+    assert_eq!(
+        round.handle(2, extended(ExtendStatus::Missing)),
+        Vote::Missing
+    );
+    assert!(
+        matches!(round.poll(at(3_010)), ExtendStep::Renewed { restore, .. } if restore.is_empty())
+    );
+}
