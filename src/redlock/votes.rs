@@ -54,7 +54,7 @@ use std::time::Duration;
 
 use super::timing::{drift, MAX_TTL};
 pub use super::transport::server_identity;
-use super::transport::NodeFacts;
+use super::transport::{NodeFacts, VoteNode};
 use super::Redlock;
 
 /// What one node's answer proved about how long it has kept its data.
@@ -227,6 +227,12 @@ impl NodeSet {
         }
     }
 
+    /// The set of the servers `nodes` show now ([`VoteNode::server`]; `None` for a node never
+    /// reached).
+    pub fn of_nodes<N: VoteNode>(nodes: &[N]) -> NodeSet {
+        NodeSet::of_servers(nodes.iter().map(VoteNode::server).collect())
+    }
+
     /// Whether a grant node `index` gave on a connection that shows `server` may count in a
     /// round that recorded this set: only if the fingerprint names that very server there.
     pub fn admits(&self, index: usize, server: Option<&str>) -> Result<(), NotCounted> {
@@ -242,6 +248,31 @@ impl NodeSet {
                 "the node's server was not known when the round began; it counts from the next round".to_owned(),
             )),
         }
+    }
+}
+
+/// Rule 5: refuses node `index` of `nodes` when its connection (`facts`) reports an empty run
+/// id, or the run id of a node listed before it (one server under two names).
+pub fn one_server_one_vote<N: VoteNode>(
+    nodes: &[N],
+    index: usize,
+    facts: &NodeFacts,
+) -> Result<(), NotCounted> {
+    if facts.run_id.is_empty() {
+        return Err(NotCounted::never(
+            "the node's INFO shows no run_id: a restart or failover could not be told apart"
+                .to_owned(),
+        ));
+    }
+    match nodes[..index.min(nodes.len())]
+        .iter()
+        .find(|other| other.facts().is_some_and(|f| f.run_id == facts.run_id))
+    {
+        Some(other) => Err(NotCounted::never(format!(
+            "same server as node {}: one server is one vote",
+            other.label()
+        ))),
+        None => Ok(()),
     }
 }
 
@@ -277,26 +308,9 @@ impl Redlock {
             .max(Duration::from_millis(seen))
     }
 
-    /// Refuses a node whose connection reports an empty run id, or the run id of a node
-    /// listed before it (one server under two names).
+    /// Rule 5, on this engine's nodes (see [`one_server_one_vote`]).
     fn same_server_as(&self, index: usize, facts: &NodeFacts) -> Result<(), NotCounted> {
-        if facts.run_id.is_empty() {
-            return Err(NotCounted::never(
-                "the node's INFO shows no run_id: a restart or failover could not be told apart"
-                    .to_owned(),
-            ));
-        }
-        let nodes = &self.inner.nodes;
-        match nodes[..index]
-            .iter()
-            .find(|other| other.facts().is_some_and(|f| f.run_id == facts.run_id))
-        {
-            Some(other) => Err(NotCounted::never(format!(
-                "same server as node {}: one server is one vote",
-                other.label()
-            ))),
-            None => Ok(()),
-        }
+        one_server_one_vote(&self.inner.nodes, index, facts)
     }
 
     /// The data age a node must prove now for its grants to count.
@@ -419,6 +433,51 @@ mod tests {
             named.admits(1, None).is_ok(),
             "a named set counts out nothing"
         );
+    }
+
+    #[test]
+    fn one_server_under_two_names_is_one_vote_and_a_node_without_run_id_none() {
+        use crate::redlock::transport::voter::fake::FakeNode;
+        let nodes = [
+            FakeNode::new("localhost:6379", "run-a"),
+            FakeNode::new("127.0.0.1:6379", "run-a"),
+            FakeNode::new("b:6379", "run-b"),
+        ];
+        let shown = |i: usize| nodes[i].facts().expect("connected");
+        assert!(one_server_one_vote(&nodes, 0, &shown(0)).is_ok());
+        let twice = one_server_one_vote(&nodes, 1, &shown(1)).unwrap_err();
+        assert!(twice.why.contains("localhost:6379"), "{twice:?}");
+        assert!(one_server_one_vote(&nodes, 2, &shown(2)).is_ok());
+        let blank = NodeFacts::default();
+        let no_run_id = one_server_one_vote(&nodes, 2, &blank).unwrap_err();
+        assert!(no_run_id.why.contains("no run_id"), "{no_run_id:?}");
+        // The first name keeps its vote once the second is gone.
+        nodes[0].restart("run-a2");
+        assert!(one_server_one_vote(&nodes, 1, &shown(1)).is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_node_restarted_during_a_round_counts_from_the_next_round_on() {
+        use crate::redlock::transport::voter::fake::FakeNode;
+        let nodes = [FakeNode::new("a:1", "a"), FakeNode::new("b:1", "")];
+        let round = NodeSet::of_nodes(&nodes);
+        assert_eq!(round, NodeSet::of_servers(servers(&["a/0", "?"])));
+        nodes[0].restart("a2");
+        nodes[0].connect(Duration::from_millis(10)).await;
+        let (_, facts) = {
+            nodes[0].answer(Ok(redis::Value::Int(1)));
+            let script = redis::Script::new("return 1");
+            nodes[0]
+                .run_script(&script, &["k"], &[], Duration::from_millis(10))
+                .await
+                .expect("answered")
+        };
+        let shown = server_identity(&facts.run_id, nodes[0].db());
+        let refused = round.admits(0, shown.as_deref()).unwrap_err();
+        assert!(refused.why.contains("changed"), "{refused:?}");
+        let next_round = NodeSet::of_nodes(&nodes);
+        assert!(next_round.admits(0, shown.as_deref()).is_ok());
+        assert_ne!(next_round.fingerprint, round.fingerprint);
     }
 
     #[test]
