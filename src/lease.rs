@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::candidacy::{self, Candidacy, CandidacyRx};
-use crate::clock;
+use crate::clock::{self, Deadline};
 use crate::config::Renewal;
 use crate::leadership::{HolderView, Leadership, LeadershipTx, Role, Term};
 use crate::metrics::Metrics;
@@ -169,30 +169,33 @@ pub async fn hold(
     cancel: &CancellationToken,
 ) -> HoldEnd {
     publish_leader(tx, &lease, &renewal);
-    let mut next = clock::saturating_add(clock::now(), renewal.interval);
+    let mut next = Deadline::now() + renewal.interval;
     loop {
-        let deadline = step_down_at(&lease, &renewal);
+        let deadline = Deadline::from_instant(step_down_at(&lease, &renewal));
         let wake = next.min(deadline);
         tokio::select! {
             biased;
             _ = cancel.cancelled() => return HoldEnd::Cancelled(lease),
-            _ = clock::sleep_until(wake) => {}
+            _ = clock::sleep_until_deadline(wake) => {}
         }
-        let now = clock::now();
+        let now = Deadline::now();
         let lag = now.saturating_duration_since(wake);
         metrics.renew_lag(lag);
         let suspect = lag > pause_threshold(&renewal);
         if now >= deadline {
             return HoldEnd::Lost(if suspect { "paused" } else { "expired" }, lease);
         }
-        let started = clock::now();
+        let started = Deadline::now();
         let result = redlock.extend(&lease).await;
-        metrics.renewal(result.is_ok(), clock::now() - started);
+        metrics.renewal(
+            result.is_ok(),
+            Deadline::now().saturating_duration_since(started),
+        );
         match result {
             Ok(renewed) => {
                 lease = renewed;
                 publish_leader(tx, &lease, &renewal);
-                next = clock::saturating_add(started, renewal.interval);
+                next = started + renewal.interval;
             }
             Err(err) if suspect => {
                 warn!(lock = %redlock.config().lock, lag = ?lag, error = %err, "woke up late and could not prove the lock is still held");
@@ -205,7 +208,7 @@ pub async fn hold(
             }
             Err(err) => {
                 warn!(lock = %redlock.config().lock, error = %err, "renewal failed; retrying");
-                next = clock::saturating_add(clock::now(), fast_retry(&renewal));
+                next = Deadline::now() + fast_retry(&renewal);
             }
         }
     }
@@ -294,7 +297,7 @@ pub async fn run(
                 tokio::select! {
                     biased;
                     _ = cancel.cancelled() => {}
-                    _ = clock::sleep_until(lease.valid_until) => {}
+                    _ = clock::sleep_until_deadline(Deadline::from_instant(lease.valid_until)) => {}
                 }
                 // Owner-checked, so harmless if someone else holds it now.
                 release(&redlock, &lease).await;

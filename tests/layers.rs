@@ -307,3 +307,53 @@ fn the_check_reads_paths_as_the_compiler_resolves_them_and_sees_a_cycle() {
     graph.insert("redlock::b".to_owned(), BTreeSet::from([FACADE.to_owned()]));
     assert_eq!(find_cycle(&graph, &facades), None);
 }
+
+/// The length of each function in `text` (from its `fn` line to the brace that closes it at
+/// the same indentation), by name.
+fn function_lengths(text: &str) -> Vec<(String, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (start, line) in lines.iter().enumerate() {
+        let trimmed = line.trim_start();
+        let indent = line.len() - trimmed.len();
+        let signature = ["pub(crate) ", "pub(super) ", "pub ", "async ", "const "]
+            .iter()
+            .fold(trimmed, |rest, prefix| {
+                rest.strip_prefix(prefix).unwrap_or(rest)
+            });
+        let Some(after_fn) = signature.strip_prefix("fn ") else {
+            continue;
+        };
+        let closing = format!("{}}}", " ".repeat(indent));
+        if let Some(end) = lines[start..].iter().position(|l| *l == closing) {
+            let name: String = after_fn
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            out.push((name, end + 1));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_transport_keeps_its_files_and_functions_short() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/redlock/transport");
+    let mut files = Vec::new();
+    rust_files(&dir, &mut files);
+    assert!(files.len() > 5, "the transport was read: {files:?}");
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("readable source");
+        let lines = text.lines().count();
+        assert!(lines <= 600, "{}: {lines} lines", file.display());
+        for (name, length) in function_lengths(&text) {
+            assert!(
+                length <= 80,
+                "{}: fn {name} is {length} lines",
+                file.display()
+            );
+        }
+    }
+    let long = "fn long() {\n".to_owned() + &"    x;\n".repeat(90) + "}\n";
+    assert_eq!(function_lengths(&long), [("long".to_owned(), 92)]);
+}

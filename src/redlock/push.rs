@@ -29,7 +29,7 @@
 use std::sync::Weak;
 use std::time::Duration;
 
-use tokio::time::Instant;
+use crate::clock::{Clock, Deadline};
 
 use futures_util::StreamExt;
 
@@ -190,15 +190,11 @@ pub(super) async fn listen(inner: Weak<Inner>, index: usize) {
             backoff = Duration::from_millis(500);
             subscribed.send_modify(|s| s[index] = true);
             observer.subscription(index, true);
-            let mut recheck =
-                watching.then(|| Instant::now() + release_recheck_in(ttl, true, rand::random()));
+            let recheck =
+                watching.then(|| Deadline::now() + release_recheck_in(ttl, true, rand::random()));
+            // One timer for as long as the deadline stands, not one per message.
+            let mut recheck_due = Box::pin(Clock::Boot.sleep_until_some(recheck));
             loop {
-                let recheck_due = async {
-                    match recheck {
-                        Some(at) => tokio::time::sleep_until(at).await,
-                        None => std::future::pending().await,
-                    }
-                };
                 tokio::select! {
                     message = messages.next() => {
                         let Some((channel, payload)) = message else { break };
@@ -213,16 +209,17 @@ pub(super) async fn listen(inner: Weak<Inner>, index: usize) {
                         resubscribe = true;
                         break;
                     }
-                    () = recheck_due => {
+                    () = &mut recheck_due => {
                         let Some(strong) = inner.upgrade() else {
                             return;
                         };
                         let watchers = strong.release_watchers(index, &channels.released).await;
                         // A change ends this stream (above).
                         strong.decide_release_watch(index, watchers);
-                        recheck = (watchers >= READERS).then(|| {
-                            Instant::now() + release_recheck_in(ttl, false, rand::random())
+                        let recheck = (watchers >= READERS).then(|| {
+                            Deadline::now() + release_recheck_in(ttl, false, rand::random())
                         });
+                        recheck_due.set(Clock::Boot.sleep_until_some(recheck));
                     }
                 }
             }
@@ -230,7 +227,7 @@ pub(super) async fn listen(inner: Weak<Inner>, index: usize) {
             observer.subscription(index, false);
         }
         if !resubscribe {
-            tokio::time::sleep(backoff).await;
+            Clock::Boot.sleep_until(Deadline::now() + backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(30));
         }
     }

@@ -57,7 +57,7 @@ use super::round::acquire::judge_vote;
 use super::round::{Connection, Rules};
 use super::timing::{drift, MAX_TTL};
 pub use super::transport::server_identity;
-use super::transport::NodeFacts;
+use super::transport::{NodeFacts, VoteNode};
 use super::Redlock;
 
 /// What one node's answer proved about how long it has kept its data.
@@ -230,6 +230,12 @@ impl NodeSet {
         }
     }
 
+    /// The set of the servers `nodes` show now ([`VoteNode::server`]; `None` for a node never
+    /// reached).
+    pub fn of_nodes<N: VoteNode>(nodes: &[N]) -> NodeSet {
+        NodeSet::of_servers(nodes.iter().map(VoteNode::server).collect())
+    }
+
     /// Whether a grant node `index` gave on a connection that shows `server` may count in a
     /// round that recorded this set: only if the fingerprint names that very server there.
     pub fn admits(&self, index: usize, server: Option<&str>) -> Result<(), NotCounted> {
@@ -246,6 +252,16 @@ impl NodeSet {
             )),
         }
     }
+}
+
+/// For rule 5 (one server, one vote; judged in `round::acquire::judge_vote`): the label of a
+/// node listed before node `index` of `nodes` whose connection reaches the server with
+/// `run_id`, if any (one server under two names).
+pub fn same_server_as<N: VoteNode>(nodes: &[N], index: usize, run_id: &str) -> Option<String> {
+    nodes[..index.min(nodes.len())]
+        .iter()
+        .find(|other| other.facts().is_some_and(|f| f.run_id == run_id))
+        .map(|other| other.label().to_owned())
 }
 
 impl Redlock {
@@ -276,13 +292,9 @@ impl Redlock {
     /// server the node set names it by, and an earlier node that reaches the same server.
     pub(super) fn connection(&self, index: usize, facts: Arc<NodeFacts>) -> Connection {
         let nodes = &self.inner.nodes;
-        let same_server_as = nodes[..index]
-            .iter()
-            .find(|other| other.facts().is_some_and(|f| f.run_id == facts.run_id))
-            .map(|other| other.label().to_owned());
         Connection {
             server: server_identity(&facts.run_id, nodes[index].db()),
-            same_server_as,
+            same_server_as: same_server_as(nodes, index, &facts.run_id),
             facts,
         }
     }
@@ -421,6 +433,64 @@ mod tests {
             named.admits(1, None).is_ok(),
             "a named set counts out nothing"
         );
+    }
+
+    #[test]
+    fn one_server_under_two_names_is_one_vote_and_a_node_without_run_id_none() {
+        use crate::redlock::transport::voter::fake::FakeNode;
+        let nodes = [
+            FakeNode::new("localhost:6379", "run-a"),
+            FakeNode::new("127.0.0.1:6379", "run-a"),
+            FakeNode::new("b:6379", "run-b"),
+        ];
+        let judged = |i: usize, facts: NodeFacts| {
+            let conn = Connection {
+                server: server_identity(&facts.run_id, 0),
+                same_server_as: same_server_as(&nodes, i, &facts.run_id),
+                facts: Arc::new(facts),
+            };
+            judge_vote(
+                &conn,
+                proof(60_000),
+                Duration::from_secs(1),
+                false,
+                Rules::ALL,
+            )
+        };
+        let shown = |i: usize| nodes[i].facts().expect("connected").as_ref().clone();
+        assert!(judged(0, shown(0)).is_ok());
+        let twice = judged(1, shown(1)).unwrap_err();
+        assert!(twice.why.contains("localhost:6379"), "{twice:?}");
+        assert!(judged(2, shown(2)).is_ok());
+        let no_run_id = judged(2, NodeFacts::default()).unwrap_err();
+        assert!(no_run_id.why.contains("no run_id"), "{no_run_id:?}");
+        // The first name keeps its vote once the second is gone.
+        nodes[0].restart("run-a2");
+        assert!(judged(1, shown(1)).is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_node_restarted_during_a_round_counts_from_the_next_round_on() {
+        use crate::redlock::transport::voter::fake::FakeNode;
+        let nodes = [FakeNode::new("a:1", "a"), FakeNode::new("b:1", "")];
+        let round = NodeSet::of_nodes(&nodes);
+        assert_eq!(round, NodeSet::of_servers(servers(&["a/0", "?"])));
+        nodes[0].restart("a2");
+        nodes[0].connect(Duration::from_millis(10)).await;
+        let (_, facts) = {
+            nodes[0].answer(Ok(redis::Value::Int(1)));
+            let script = redis::Script::new("return 1");
+            nodes[0]
+                .run_script(&script, &["k"], &[], Duration::from_millis(10))
+                .await
+                .expect("answered")
+        };
+        let shown = server_identity(&facts.run_id, nodes[0].db());
+        let refused = round.admits(0, shown.as_deref()).unwrap_err();
+        assert!(refused.why.contains("changed"), "{refused:?}");
+        let next_round = NodeSet::of_nodes(&nodes);
+        assert!(next_round.admits(0, shown.as_deref()).is_ok());
+        assert_ne!(next_round.fingerprint, round.fingerprint);
     }
 
     #[test]

@@ -14,6 +14,14 @@
 //! 5. [`voter`]: the trait the vote layer sees a node through, so vote rules can be tested
 //!    with a fake node.
 //!
+//! ## Time
+//! What outlives one call is a [`crate::clock::Deadline`] on `CLOCK_BOOTTIME` (the age of a
+//! connection's facts, the backoff of a Sentinel subscription). One call's own bound (the
+//! caller's `timeout`, the connect timeout) stays a Tokio timeout: it is a relative bound on
+//! work in flight that no vote reads time from (the rounds measure elapsed time on the boot
+//! clock themselves), and a boot-clock timer per request would cost a timerfd (four system
+//! calls) on the path every vote takes.
+//!
 //! Nothing here knows locks, votes or leaders.
 
 pub mod cluster;

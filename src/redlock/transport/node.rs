@@ -24,7 +24,7 @@
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::{FromRedisValue, PushInfo, RedisError, Script};
@@ -36,6 +36,7 @@ use super::dial::{open, open_any, ConnectSettings, Dial, PushTag};
 use super::error::{NodeError, NodeErrorKind};
 use super::facts::{info_field, server_identity, NodeFacts, FACTS_MAX_AGE};
 use super::spec::NodeSpec;
+use crate::clock::Deadline;
 
 /// The state of a node's one connection.
 #[derive(Clone)]
@@ -46,7 +47,7 @@ pub(super) enum Link {
     /// cancel a slow TLS handshake half-way).
     Connecting,
     /// Connected (connection number `u64`), with the facts read on it and when they were read.
-    Up(MultiplexedConnection, Arc<NodeFacts>, u64, Instant),
+    Up(MultiplexedConnection, Arc<NodeFacts>, u64, Deadline),
     /// The last attempt failed; the next call tries again.
     Down(NodeError),
 }
@@ -205,7 +206,7 @@ impl Node {
         let Link::Up(conn, facts, id, read_at) = link else {
             return None;
         };
-        if read_at.elapsed() > FACTS_MAX_AGE {
+        if Deadline::now().saturating_duration_since(*read_at) > FACTS_MAX_AGE {
             self.refresh_facts(conn.clone(), *id);
         }
         Some((conn.clone(), facts.clone(), *id))
@@ -234,7 +235,7 @@ impl Node {
                 Ok(Ok((conn, facts))) => {
                     *server.lock().unwrap_or_else(|e| e.into_inner()) =
                         server_identity(&facts.run_id, db);
-                    Link::Up(conn, Arc::new(facts), id, Instant::now())
+                    Link::Up(conn, Arc::new(facts), id, Deadline::now())
                 }
                 Ok(Err(err)) => Link::Down(err),
                 Err(_) => Link::Down(NodeError::timeout(connect_timeout)),
@@ -288,7 +289,7 @@ impl Node {
                             maxmemory_policy: info_field(&memory, "maxmemory_policy"),
                             ..NodeFacts::clone(facts)
                         });
-                        *read_at = Instant::now();
+                        *read_at = Deadline::now();
                         true
                     }
                     _ => false,

@@ -20,9 +20,10 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::error::ConfigError;
+use crate::clock::Deadline;
 
 /// Largest PEM file read (a CA bundle of a few hundred certificates fits).
 const MAX_PEM_BYTES: u64 = 4 << 20;
@@ -88,10 +89,10 @@ impl SecretFiles {
         spawn_reads(&reads, move |result| {
             let _ = tx.send(result);
         })?;
-        let deadline = Instant::now() + READ_TIMEOUT;
+        let deadline = Deadline::now() + READ_TIMEOUT;
         let mut contents = HashMap::new();
         for _ in &reads {
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.saturating_duration_since(Deadline::now());
             match rx.recv_timeout(left) {
                 Ok(result) => {
                     let (flag, bytes) = result?;
@@ -340,7 +341,7 @@ mod tests {
             sentinel_password: Some(fifo(&dir)),
             ..SecretFiles::default()
         };
-        let started = Instant::now();
+        let started = std::time::Instant::now();
         // Two at once, and one after: all wait for the same stuck read.
         let (a, b) = tokio::join!(files.reload(), files.reload());
         let c = files.reload().await;

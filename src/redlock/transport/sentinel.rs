@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::error::{NodeError, NodeErrorKind};
+use crate::clock::{self, Deadline};
 
 /// The Sentinel port when the URL gives none.
 pub const DEFAULT_SENTINEL_PORT: u16 = 26379;
@@ -421,7 +422,7 @@ impl Group {
             index += 1;
             tokio::select! {
                 _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(backoff) => {}
+                _ = clock::sleep_until_deadline(Deadline::now() + backoff) => {}
             }
         }
     }
