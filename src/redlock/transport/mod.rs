@@ -9,8 +9,9 @@
 //!    names, the master of the lock's slot in a Redis Cluster) and what it says about itself.
 //!    The cluster key layout (the epoch marker per slot) lives in [`cluster`], the one layer
 //!    that knows cluster mode.
-//! 4. [`node`], [`pushes`]: one self-reconnecting connection per node, its facts, the calls
-//!    the engine makes, and the pushes that ride on it.
+//! 4. [`node`], [`pushes`], `hub`: one self-reconnecting connection per node, its facts, the
+//!    calls the engine makes, and the pushes that ride on it, routed by channel to every lock
+//!    that listens (one connection and one reader per node, whatever the number of locks).
 //! 5. [`voter`]: the trait the vote layer sees a node through, so vote rules can be tested
 //!    with a fake node.
 //!
@@ -28,6 +29,7 @@ pub mod cluster;
 pub mod dial;
 pub mod error;
 pub mod facts;
+mod hub;
 pub mod node;
 pub mod pushes;
 pub mod secrets;

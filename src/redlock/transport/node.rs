@@ -71,6 +71,8 @@ pub struct Node {
     /// What the node's RESP3 connections push, read by one listener at a time.
     pub(super) pushed: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<(u64, PushInfo)>>>,
     pub(super) push_tx: mpsc::UnboundedSender<(u64, PushInfo)>,
+    /// Routes what is pushed to the streams that subscribed (see `hub`).
+    pub(super) hub: Arc<super::hub::Hub>,
     pub(super) stop: CancellationToken,
     pub(super) _stop_on_drop: DropGuard,
 }
@@ -102,6 +104,7 @@ impl Node {
             seeds: Arc::default(),
             pushed: Arc::new(tokio::sync::Mutex::new(pushed)),
             push_tx,
+            hub: Arc::default(),
             _stop_on_drop: stop.clone().drop_guard(),
             stop,
         })

@@ -5,19 +5,19 @@
 //!   (Redis 6+), so a waiter's subscriptions ride on it ([`Node::pushes`]) and a sidecar holds
 //!   one connection per node, not two: a node's idle cost grows with its clients. A server or
 //!   proxy that refuses `HELLO 3` gets RESP2 and a dedicated pub/sub connection.
+//! - **Shared by every lock.** Streams of many locks ride on the one connection; one reader per
+//!   node routes each message by channel to the streams that asked for it (see `hub`).
 //! - A stream ends when the connection that carries it is gone (dropped, replaced or
 //!   disconnected); a disconnection also marks the node's connection for redialling.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
-use redis::{FromRedisValue, PushInfo, RedisError};
-use tokio::sync::{mpsc, watch, OwnedMutexGuard};
+use redis::RedisError;
 
 use super::error::NodeError;
-use super::node::{Link, Node};
+use super::node::Node;
 
 /// Messages of the channels a waiter subscribed: `(channel, payload)`; the stream ends when
 /// the connection that carries them is gone.
@@ -27,45 +27,32 @@ impl Node {
     /// Subscribes to `channels`, and to `optional` where the node allows it (an ACL that
     /// does not list it costs only its messages), and streams what they carry: on the node's
     /// connection where it speaks RESP3 (connecting first if needed, within `timeout`), else on
-    /// a dedicated pub/sub connection (for a Sentinel group, to the master named now). One
-    /// stream at a time per node. `dropped` is a channel an earlier stream on the same
-    /// connection subscribed to and this one does not want.
+    /// a dedicated pub/sub connection (for a Sentinel group, to the master named now). Any
+    /// number of streams at a time per node; a channel stays subscribed while a stream wants it,
+    /// so `_dropped` (what an earlier stream of the caller's took) needs no unsubscribe.
     pub async fn pushes(
         &self,
         channels: &[&str],
         optional: Option<&str>,
-        dropped: Option<&str>,
+        _dropped: Option<&str>,
         timeout: Duration,
     ) -> Result<Pushes, NodeError> {
         let deadline = tokio::time::Instant::now() + timeout;
-        let scrub = |e: RedisError| NodeError::from_redis(&e, self.spec.password());
-        let (mut conn, facts, id) = self.connection_quiet(timeout).await?;
+        let (conn, facts, id) = self.connection_quiet(timeout).await?;
         if !facts.push {
             return self.dedicated_pushes(channels, optional, timeout).await;
         }
-        let pushed = tokio::time::timeout_at(deadline, self.pushed.clone().lock_owned())
-            .await
-            .map_err(|_| NodeError::timeout(timeout))?;
-        let subscribe = async {
-            conn.subscribe(channels).await?;
-            if let Some(optional) = optional {
-                let _ = conn.subscribe(optional).await;
-            }
-            if let Some(dropped) = dropped {
-                // Left subscribed, it only hears releases as before.
-                let _ = conn.unsubscribe(dropped).await;
-            }
-            Ok::<_, RedisError>(())
-        };
+        self.hub
+            .start_reader(self.pushed.clone(), self.link.clone(), self.stop.clone());
+        let subscribe = self.hub.subscribe(conn, id, channels, optional, &self.link);
         match tokio::time::timeout_at(deadline, subscribe).await {
-            Ok(Ok(())) => {}
+            Ok(Ok(pushes)) => Ok(pushes),
             Ok(Err(e)) => {
                 self.drop_if_broken(id, &e);
-                return Err(scrub(e));
+                Err(NodeError::from_redis(&e, self.spec.password()))
             }
-            Err(_) => return Err(NodeError::timeout(timeout)),
+            Err(_) => Err(NodeError::timeout(timeout)),
         }
-        Ok(messages_of(pushed, self.link.clone(), id))
     }
 
     /// [`Node::pushes`] on a dedicated pub/sub connection (RESP2 servers and proxies).
@@ -95,62 +82,4 @@ impl Node {
         });
         Ok(messages.boxed())
     }
-}
-
-/// The messages connection `id` pushes (from the node's one receiver, held while the stream
-/// lives), until that connection is gone.
-fn messages_of(
-    pushed: OwnedMutexGuard<mpsc::UnboundedReceiver<(u64, PushInfo)>>,
-    sender: Arc<watch::Sender<Link>>,
-    id: u64,
-) -> Pushes {
-    let state = (pushed, sender.subscribe(), sender, id);
-    let stream = futures_util::stream::unfold(
-        state,
-        |(mut pushed, mut link, sender, id)| async move {
-            loop {
-                let message = tokio::select! {
-                    message = pushed.recv() => message,
-                    changed = link.wait_for(|link| !matches!(link, Link::Up(_, _, current, _) if *current == id)) => {
-                        let _ = changed;
-                        return None;
-                    }
-                };
-                match message {
-                    Some((from, info)) if from == id => match info.kind {
-                        redis::PushKind::Message => {
-                            if let Some(message) = channel_message(&info.data) {
-                                return Some((message, (pushed, link, sender, id)));
-                            }
-                        }
-                        redis::PushKind::Disconnection => {
-                            // Gone: the next call dials again rather than fail on it first.
-                            sender.send_if_modified(|link| match link {
-                                Link::Up(_, _, current, _) if *current == id => {
-                                    *link = Link::Idle;
-                                    true
-                                }
-                                _ => false,
-                            });
-                            return None;
-                        }
-                        _ => {}
-                    },
-                    Some(_) => {}
-                    None => return None,
-                }
-            }
-        },
-    );
-    stream.boxed()
-}
-
-/// The channel and payload of a pushed `message`; `None` for anything malformed.
-fn channel_message(data: &[redis::Value]) -> Option<(String, String)> {
-    let [channel, payload] = data else {
-        return None;
-    };
-    let channel = String::from_redis_value_ref(channel).ok()?;
-    let payload = String::from_redis_value_ref(payload).ok()?;
-    Some((channel, payload))
 }
