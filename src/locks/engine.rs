@@ -1,9 +1,9 @@
 //! The seam between the request-lock service and the Redlock engine.
 //!
 //! The service sees a lock engine only through [`LockEngine`] and [`NameLock`]: open a name,
-//! acquire it with a deadline, extend, release. Today [`RedlockEngine`] opens one
-//! [`Redlock`] per name (and ttl); an engine that serves many names over one connection per
-//! node can take its place without any change above this file.
+//! acquire it with a deadline, extend, release. [`RedlockEngine`] opens one [`Redlock`] per
+//! name (and ttl), all on one [`redlock::Engine`]: every name shares one connection per node
+//! (its subscriptions ride on it), however many leases the sidecar holds.
 //!
 //! ## Namespace
 //! A request lock `NAME` is the engine lock `<prefix>:NAME` (`--locks-prefix`, default
@@ -80,17 +80,20 @@ pub trait LockEngine: Send + Sync + 'static {
     fn open(&self, name: &str, ttl: Duration) -> Result<Self::Name, String>;
 }
 
-/// The engine of today: one [`Redlock`] per name, built from the sidecar's own nodes and
-/// identity.
+/// One [`Redlock`] per name, built from the sidecar's own nodes and identity, all on the
+/// connections of one shared [`redlock::Engine`].
 pub struct RedlockEngine {
     base: RedlockConfig,
     prefix: String,
+    /// `None` only if the nodes cannot be prepared; then each name reports why on open.
+    shared: Option<redlock::Engine>,
 }
 
 impl RedlockEngine {
     /// Request locks on `base`'s nodes, as `base`'s identity, in the namespace `prefix`.
     pub fn new(base: RedlockConfig, prefix: &str) -> RedlockEngine {
         RedlockEngine {
+            shared: redlock::Engine::new(&base).ok(),
             base,
             prefix: prefix.to_owned(),
         }
@@ -114,7 +117,11 @@ impl LockEngine for RedlockEngine {
         cfg.max_ttl = None;
         cfg.fence_retention = cfg.fence_retention.max(ttl * 2);
         // Its metrics would mix with the leadership lock's node gauges: none for now.
-        let redlock = Redlock::new(cfg, Arc::new(NoObserver)).map_err(|e| e.reason)?;
+        let redlock = match &self.shared {
+            Some(shared) => Redlock::on(shared, cfg, Arc::new(NoObserver)),
+            None => Redlock::new(cfg, Arc::new(NoObserver)),
+        };
+        let redlock = redlock.map_err(|e| e.reason)?;
         Ok(RedlockName { redlock })
     }
 }

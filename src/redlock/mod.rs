@@ -39,6 +39,7 @@
 mod acquire;
 mod error;
 pub mod fencing;
+mod pool;
 pub mod push;
 pub mod round;
 mod scripts;
@@ -62,6 +63,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::clock::{self, Deadline};
 pub use error::{ConfigError, LockError, Vote, Votes};
+pub use pool::Engine;
 use round::acquire::identity_of;
 use round::extend::RawExtendReply;
 use round::release::RawReleaseReply;
@@ -394,7 +396,8 @@ struct Inner {
     fence_key: String,
     ttl_key: String,
     node_set_key: String,
-    nodes: Vec<Node>,
+    /// Shared with the other locks of an [`Engine`], or this lock's own.
+    nodes: Arc<[Node]>,
     /// When a node-set conflict was last logged.
     conflict_logged_at: std::sync::Mutex<Option<Instant>>,
     /// The highest fencing counter seen, so the next candidate token starts above it.
@@ -559,18 +562,36 @@ impl Redlock {
         cfg.validate()?;
         let settings = ConnectSettings {
             connect_timeout: cfg.connect_timeout,
-            slot: cluster::key_slot(&format!("redlock:{{{}}}", cfg.lock)),
+            slot: pool::slot_of(&cfg.lock),
             stamp_slots: cfg.stamp_cluster_markers,
         };
-        let nodes = cfg
-            .nodes
-            .iter()
-            .map(|spec| Node::new(spec.clone(), settings))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| ConfigError::new("--redis", e.to_string()))?;
+        let nodes = pool::nodes(&cfg.nodes, settings)?;
+        pool::warm_up(&nodes, cfg.connect_timeout);
+        Ok(Redlock::with_nodes(cfg, observer, nodes))
+    }
+
+    /// [`Redlock::new`] on the connections of `engine`, shared with every other lock built
+    /// on it (see [`Engine`]); `cfg.nodes` must be the engine's.
+    pub fn on(
+        engine: &Engine,
+        cfg: RedlockConfig,
+        observer: Arc<dyn Observer>,
+    ) -> Result<Redlock, ConfigError> {
+        cfg.validate()?;
+        if !engine.serves(&cfg.nodes) {
+            return Err(ConfigError::new(
+                "--redis",
+                "the lock's nodes are not the engine's",
+            ));
+        }
+        let nodes = engine.nodes_for(pool::slot_of(&cfg.lock))?;
+        Ok(Redlock::with_nodes(cfg, observer, nodes))
+    }
+
+    fn with_nodes(cfg: RedlockConfig, observer: Arc<dyn Observer>, nodes: Arc<[Node]>) -> Redlock {
         let stop = CancellationToken::new();
         let name = &cfg.lock;
-        let redlock = Redlock {
+        Redlock {
             inner: Arc::new(Inner {
                 key: format!("redlock:{{{name}}}"),
                 fence_key: format!("redlock:{{{name}}}:fence"),
@@ -591,27 +612,6 @@ impl Redlock {
                 stop,
                 cfg,
             }),
-        };
-        redlock.warm_up();
-        Ok(redlock)
-    }
-
-    /// Connects to every node in the background (a per-node call is bounded by the node
-    /// timeout, which may be shorter than a connection takes to establish).
-    fn warm_up(&self) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        for index in 0..self.inner.nodes.len() {
-            let inner = Arc::downgrade(&self.inner);
-            runtime.spawn(async move {
-                if let Some(inner) = inner.upgrade() {
-                    let timeout = inner.cfg.connect_timeout;
-                    let _ = inner.nodes[index]
-                        .command::<String>(&redis::cmd("PING"), timeout)
-                        .await;
-                }
-            });
         }
     }
 

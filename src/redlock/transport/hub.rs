@@ -7,10 +7,10 @@
 //!   the node. It hands a message of channel `C` pushed on connection `id` to every stream
 //!   that subscribed `C` on `id`, and drops messages of connections since replaced.
 //! - A channel is subscribed on the connection when its first stream asks for it, and
-//!   unsubscribed when its last stream is dropped: a lock subscribes while it waits, and the
-//!   node carries only the channels someone listens to. `SUBSCRIBE` and `UNSUBSCRIBE` go out one
+//!   unsubscribed when its last stream has been gone for [`UNSUBSCRIBE_AFTER`]: a lock
+//!   subscribes while it waits, and the node carries only the channels someone listens to. `SUBSCRIBE` and `UNSUBSCRIBE` go out one
 //!   at a time, each decided on the routes of that moment, so a late unsubscribe never undoes a
-//!   newer subscribe.
+//!   newer subscribe. Messages of a channel while no stream listens are dropped.
 //! - A disconnection ends every stream of that connection (their owners subscribe again on the
 //!   next one) and marks the node's connection for redialling.
 
@@ -23,8 +23,15 @@ use redis::{FromRedisValue, PushInfo};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::node::Link;
-use super::pushes::Pushes;
+use super::link::Link;
+
+/// Messages of the channels a waiter subscribed: `(channel, payload)`; the stream ends when
+/// the connection that carries them is gone.
+pub type Pushes = futures_util::stream::BoxStream<'static, (String, String)>;
+
+/// How long a channel nobody listens to stays subscribed: a stream replaced by its owner
+/// (to take or drop a channel) comes back well within it.
+const UNSUBSCRIBE_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// One subscriber of a channel on one connection.
 struct Route {
@@ -219,6 +226,9 @@ impl Drop for RouteGuard {
         let hub = self.hub.clone();
         let channels = std::mem::take(&mut self.channels);
         runtime.spawn(async move {
+            // A lock that subscribes again at once (to take or drop a channel) keeps the rest
+            // without a gap, as if it had never left.
+            tokio::time::sleep(UNSUBSCRIBE_AFTER).await;
             let _order = hub.commands.lock().await;
             let unused: Vec<String> = {
                 let routes = hub.routes();

@@ -30,6 +30,7 @@ pub mod dial;
 pub mod error;
 pub mod facts;
 mod hub;
+mod link;
 pub mod node;
 pub mod pushes;
 pub mod secrets;

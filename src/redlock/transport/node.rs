@@ -35,22 +35,9 @@ use super::cluster;
 use super::dial::{open, open_any, ConnectSettings, Dial, PushTag};
 use super::error::{NodeError, NodeErrorKind};
 use super::facts::{info_field, server_identity, NodeFacts, FACTS_MAX_AGE};
+use super::link::Link;
 use super::spec::NodeSpec;
 use crate::clock::Deadline;
-
-/// The state of a node's one connection.
-#[derive(Clone)]
-pub(super) enum Link {
-    /// No connection; the next call makes one.
-    Idle,
-    /// A connection is being made (by a background task, so a short node timeout cannot
-    /// cancel a slow TLS handshake half-way).
-    Connecting,
-    /// Connected (connection number `u64`), with the facts read on it and when they were read.
-    Up(MultiplexedConnection, Arc<NodeFacts>, u64, Deadline),
-    /// The last attempt failed; the next call tries again.
-    Down(NodeError),
-}
 
 /// A live node: its address and its self-reconnecting connection.
 pub struct Node {

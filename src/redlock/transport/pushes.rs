@@ -12,16 +12,13 @@
 
 use std::time::Duration;
 
-use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 use redis::RedisError;
 
 use super::error::NodeError;
 use super::node::Node;
 
-/// Messages of the channels a waiter subscribed: `(channel, payload)`; the stream ends when
-/// the connection that carries them is gone.
-pub type Pushes = BoxStream<'static, (String, String)>;
+pub use super::hub::Pushes;
 
 impl Node {
     /// Subscribes to `channels`, and to `optional` where the node allows it (an ACL that

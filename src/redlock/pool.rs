@@ -1,0 +1,147 @@
+//! The nodes many locks share: one connection per node for every lock of a process.
+//!
+//! ## Behaviour
+//! - An [`Engine`] holds one [`Node`] per configured node; every [`super::Redlock`] built on it
+//!   ([`super::Redlock::on`]) calls, subscribes (see `transport::hub`) and renews over those
+//!   connections. Each lock keeps its own per-node write order (`KeyWrite`), so a release still
+//!   waits only for its own lock's writes.
+//! - **Cluster mode.** A cluster-mode node is reached at the master of one hash slot, so its
+//!   connection serves the locks of that slot only: there the engine keeps one group of nodes
+//!   per slot in use, shared by the names of that slot and dropped with the last of them. A
+//!   node's mode is learnt on its first connection; until every node is known not to be a
+//!   cluster, locks get a group of their slot (the safe choice: right in both modes).
+//! - Cheap to clone; the connections close when the engine and its last lock are dropped.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use super::transport::{cluster, ConnectSettings, Node, NodeSpec};
+use super::{ConfigError, RedlockConfig};
+
+/// Nodes shared by many locks. Cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Shared>,
+}
+
+struct Shared {
+    specs: Vec<NodeSpec>,
+    settings: ConnectSettings,
+    /// The group of every lock while no node is in cluster mode.
+    shared: Arc<[Node]>,
+    /// Per node: whether it is a cluster (learnt from its connection's facts).
+    cluster: Mutex<Vec<Option<bool>>>,
+    /// Cluster mode (or not known yet): the group of each slot in use.
+    by_slot: Mutex<HashMap<u16, Weak<[Node]>>>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Engine({:?})", self.inner.shared)
+    }
+}
+
+impl Engine {
+    /// An engine on `cfg`'s nodes (its lock name is not used). Inside a Tokio runtime each node
+    /// is connected at once in the background.
+    pub fn new(cfg: &RedlockConfig) -> Result<Engine, ConfigError> {
+        let settings = ConnectSettings {
+            connect_timeout: cfg.connect_timeout,
+            slot: 0,
+            stamp_slots: cfg.stamp_cluster_markers,
+        };
+        let shared = nodes(&cfg.nodes, settings)?;
+        warm_up(&shared, cfg.connect_timeout);
+        Ok(Engine {
+            inner: Arc::new(Shared {
+                cluster: Mutex::new(vec![None; cfg.nodes.len()]),
+                specs: cfg.nodes.clone(),
+                settings,
+                shared,
+                by_slot: Mutex::default(),
+            }),
+        })
+    }
+
+    /// Whether `nodes` are the ones this engine connects to (same servers, same order).
+    pub fn serves(&self, nodes: &[NodeSpec]) -> bool {
+        nodes.len() == self.inner.specs.len()
+            && nodes
+                .iter()
+                .zip(&self.inner.specs)
+                .all(|(a, b)| a.identity() == b.identity())
+    }
+
+    /// The nodes a lock whose keys hash to `slot` uses.
+    pub(super) fn nodes_for(&self, slot: u16) -> Result<Arc<[Node]>, ConfigError> {
+        let inner = &self.inner;
+        let all_direct = {
+            let mut known = inner.cluster.lock().unwrap_or_else(|e| e.into_inner());
+            for (mode, node) in known.iter_mut().zip(inner.shared.iter()) {
+                if let Some(facts) = node.facts() {
+                    *mode = Some(facts.cluster);
+                }
+            }
+            known.iter().all(|mode| *mode == Some(false))
+        };
+        if all_direct {
+            return Ok(inner.shared.clone());
+        }
+        let mut groups = inner.by_slot.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(group) = groups.get(&slot).and_then(Weak::upgrade) {
+            return Ok(group);
+        }
+        let settings = ConnectSettings {
+            slot,
+            ..inner.settings
+        };
+        let group = nodes(&inner.specs, settings)?;
+        warm_up(&group, inner.settings.connect_timeout);
+        groups.retain(|_, group| group.strong_count() > 0);
+        groups.insert(slot, Arc::downgrade(&group));
+        Ok(group)
+    }
+
+    /// How many groups of nodes are open (1 without cluster mode; tests and metrics).
+    pub fn groups(&self) -> usize {
+        let groups = self.inner.by_slot.lock().unwrap_or_else(|e| e.into_inner());
+        1 + groups.values().filter(|g| g.strong_count() > 0).count()
+    }
+}
+
+/// The hash slot of lock `name`'s keys.
+pub(super) fn slot_of(name: &str) -> u16 {
+    cluster::key_slot(&format!("redlock:{{{name}}}"))
+}
+
+/// One node per spec with `settings`.
+pub(super) fn nodes(
+    specs: &[NodeSpec],
+    settings: ConnectSettings,
+) -> Result<Arc<[Node]>, ConfigError> {
+    specs
+        .iter()
+        .map(|spec| Node::new(spec.clone(), settings))
+        .collect::<Result<Vec<_>, _>>()
+        .map(Arc::from)
+        .map_err(|e| ConfigError::new("--redis", e.to_string()))
+}
+
+/// Connects to every node in the background (a per-node call is bounded by the node timeout,
+/// which may be shorter than a connection takes to establish).
+pub(super) fn warm_up(nodes: &Arc<[Node]>, timeout: Duration) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    for index in 0..nodes.len() {
+        let nodes = Arc::downgrade(nodes);
+        runtime.spawn(async move {
+            if let Some(nodes) = nodes.upgrade() {
+                let _ = nodes[index]
+                    .command::<String>(&redis::cmd("PING"), timeout)
+                    .await;
+            }
+        });
+    }
+}

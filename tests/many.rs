@@ -1,0 +1,161 @@
+//! Many locks on one engine, against real redis-servers: every request lock of a sidecar shares
+//! one connection per node, and a release wakes the waiter of its own name only.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redlock_sidecar::locks::{Locks, RedlockEngine};
+use redlock_sidecar::metrics::Metrics;
+use redlock_sidecar::redlock::info_field;
+use support::RedisCluster;
+
+/// Longest wait for anything these tests expect to happen.
+const DEADLINE: Duration = Duration::from_secs(30);
+/// The ttl of the leases here: long, so that only a release (never an expiry) frees a name.
+const TTL: Duration = Duration::from_secs(60);
+/// How many names one sidecar holds at once.
+const NAMES: usize = 300;
+
+fn ready_cluster() -> RedisCluster {
+    let cluster = RedisCluster::start(3);
+    cluster.backdate_epochs(TTL);
+    cluster
+}
+
+/// A request-lock service as a sidecar named `identity` runs it, on `cluster`.
+fn service(cluster: &RedisCluster, identity: &str) -> Arc<Locks<RedlockEngine>> {
+    let urls = cluster.urls();
+    let mut cfg = support::engine_config(&urls, "leader", identity, Duration::from_secs(2));
+    // A waiter that hears nothing reads the nodes only this often: a quick wake-up is a push.
+    cfg.retry_max = Duration::from_secs(5);
+    let metrics = Metrics::new("leader", &urls, None);
+    Locks::new(
+        RedlockEngine::new(cfg, "app"),
+        10_000,
+        metrics.app_locks().clone(),
+    )
+}
+
+/// `connected_clients` of `INFO clients` on every node (the asking connection included).
+fn clients(cluster: &RedisCluster) -> Vec<u64> {
+    cluster
+        .iter()
+        .map(|node| {
+            info_field(&node.command(&["INFO", "clients"]), "connected_clients")
+                .parse()
+                .expect("connected_clients")
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundreds_of_leases_in_one_sidecar_use_one_connection_per_node() {
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let before = clients(&cluster);
+    let a = service(&cluster, "sidecar-a");
+    let mut leases = Vec::new();
+    for i in 0..NAMES {
+        let granted = a
+            .acquire(&format!("order-{i}"), TTL, Duration::ZERO, None)
+            .await
+            .unwrap_or_else(|e| panic!("order-{i}: {e:?}"));
+        leases.push(granted);
+    }
+    assert_eq!(a.held(), NAMES);
+    let during = clients(&cluster);
+    for (node, (before, during)) in before.iter().zip(&during).enumerate() {
+        // One for the engine (the asking connection is counted in both), and at most one for
+        // the names opened before the engine's first connection told it the node is no
+        // cluster (they get a group of their slot, see `redlock::Engine`).
+        assert!(
+            *during <= before + 2,
+            "node {node}: {during} clients with {NAMES} leases held (before: {before})"
+        );
+    }
+    eprintln!("{NAMES} leases held: connected_clients per node {during:?} (before {before:?})");
+    for node in cluster.iter() {
+        assert_eq!(node.command(&["EXISTS", "redlock:{app:order-7}"]), "1");
+    }
+    a.shutdown().await;
+    assert_eq!(a.held(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_the_waiter_of_its_name_and_no_other() {
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let holder = service(&cluster, "sidecar-holder");
+    let waiter = service(&cluster, "sidecar-waiter");
+    let mut held = Vec::new();
+    for name in ["stock-1", "stock-2"] {
+        let granted = holder
+            .acquire(name, TTL, Duration::ZERO, None)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e:?}"));
+        held.push(granted);
+    }
+    let wait_for = |name: &'static str| {
+        let waiter = waiter.clone();
+        tokio::spawn(async move { waiter.acquire(name, TTL, DEADLINE, None).await })
+    };
+    let first = wait_for("stock-1");
+    let second = wait_for("stock-2");
+    // Both are waiting on the nodes: subscribed to their names' channels.
+    support::wait_until_async(DEADLINE, "both waiters subscribed", || async {
+        cluster.iter().all(|node| {
+            let numsub = node.command(&[
+                "PUBSUB",
+                "NUMSUB",
+                "redlock:{app:stock-1}:acquired",
+                "redlock:{app:stock-2}:acquired",
+            ]);
+            // Lines: channel, count, channel, count.
+            numsub.lines().skip(1).step_by(2).all(|count| count == "1")
+        })
+    })
+    .await;
+
+    let released = Instant::now();
+    holder
+        .release("stock-1", held[0].lease)
+        .await
+        .expect("released");
+    let granted = tokio::time::timeout(DEADLINE, first)
+        .await
+        .expect("the waiter of stock-1 answers")
+        .expect("joined")
+        .expect("stock-1 granted");
+    let woken_in = released.elapsed();
+    assert!(
+        woken_in < Duration::from_secs(2),
+        "woken by the release, not a read: {woken_in:?}"
+    );
+    assert!(granted.fencing_token > held[0].fencing_token);
+    assert!(
+        !second.is_finished(),
+        "stock-2 is still held: its waiter waits on"
+    );
+    assert_eq!(
+        cluster
+            .node(0)
+            .command(&["GET", "redlock:{app:stock-2}"])
+            .split(':')
+            .next(),
+        Some("sidecar-holder")
+    );
+
+    let released = Instant::now();
+    holder
+        .release("stock-2", held[1].lease)
+        .await
+        .expect("released");
+    tokio::time::timeout(DEADLINE, second)
+        .await
+        .expect("the waiter of stock-2 answers")
+        .expect("joined")
+        .expect("stock-2 granted");
+    assert!(released.elapsed() < Duration::from_secs(2));
+    waiter.shutdown().await;
+    holder.shutdown().await;
+}
