@@ -414,7 +414,8 @@ impl<E: LockEngine> Locks<E> {
                         let valid_until = renewed.valid_until();
                         lease = renewed;
                         let mut timing = held.timing.lock().unwrap_or_else(|e| e.into_inner());
-                        timing.renewed(now, valid_until);
+                        // From when it ended: leases renewed in one batch stay in step.
+                        timing.renewed(clock::now(), valid_until);
                         let valid_until = timing.valid_until();
                         drop(timing);
                         held.state.send_replace(LeaseState::Held { valid_until });

@@ -37,6 +37,7 @@
 //!   and hung nodes all end as typed [`Vote::Failed`] entries within the node timeout.
 
 mod acquire;
+mod batch;
 mod error;
 pub mod fencing;
 mod pool;
@@ -398,6 +399,8 @@ struct Inner {
     node_set_key: String,
     /// Shared with the other locks of an [`Engine`], or this lock's own.
     nodes: Arc<[Node]>,
+    /// On an [`Engine`]: the renewal batches shared with its other locks (see [`batch`]).
+    batches: Option<Arc<batch::Batches>>,
     /// When a node-set conflict was last logged.
     conflict_logged_at: std::sync::Mutex<Option<Instant>>,
     /// The highest fencing counter seen, so the next candidate token starts above it.
@@ -567,7 +570,7 @@ impl Redlock {
         };
         let nodes = pool::nodes(&cfg.nodes, settings)?;
         pool::warm_up(&nodes, cfg.connect_timeout);
-        Ok(Redlock::with_nodes(cfg, observer, nodes))
+        Ok(Redlock::with_nodes(cfg, observer, nodes, None))
     }
 
     /// [`Redlock::new`] on the connections of `engine`, shared with every other lock built
@@ -584,11 +587,16 @@ impl Redlock {
                 "the lock's nodes are not the engine's",
             ));
         }
-        let nodes = engine.nodes_for(pool::slot_of(&cfg.lock))?;
-        Ok(Redlock::with_nodes(cfg, observer, nodes))
+        let (nodes, batches) = engine.nodes_for(pool::slot_of(&cfg.lock))?;
+        Ok(Redlock::with_nodes(cfg, observer, nodes, Some(batches)))
     }
 
-    fn with_nodes(cfg: RedlockConfig, observer: Arc<dyn Observer>, nodes: Arc<[Node]>) -> Redlock {
+    fn with_nodes(
+        cfg: RedlockConfig,
+        observer: Arc<dyn Observer>,
+        nodes: Arc<[Node]>,
+        batches: Option<Arc<batch::Batches>>,
+    ) -> Redlock {
         let stop = CancellationToken::new();
         let name = &cfg.lock;
         Redlock {
@@ -604,6 +612,7 @@ impl Redlock {
                 subscribed: watch::channel(vec![false; nodes.len()]).0,
                 watching_releases: watch::channel(vec![false; nodes.len()]).0,
                 nodes,
+                batches,
                 pushes: broadcast::channel(1024).0,
                 waiters_seen: AtomicU64::new(0),
                 listening: std::sync::Once::new(),
@@ -739,8 +748,13 @@ impl Redlock {
         let mut writes: Vec<Option<KeyWrite>> = (0..self.inner.nodes.len())
             .map(|index| Some(KeyWrite::start(&self.inner, index)))
             .collect();
-        let mut answers =
-            self.fan_out::<RawExtendReply>(Op::Extend, Order::Free, &EXTEND, args.clone());
+        let mut answers = match &self.inner.batches {
+            Some(batches) => {
+                let left = lease.valid_until.saturating_duration_since(start);
+                batch::fan_out(&self.inner, batches, &args, left)
+            }
+            None => self.fan_out::<RawExtendReply>(Op::Extend, Order::Free, &EXTEND, args.clone()),
+        };
         let step = self.run_extend(&mut round, &mut answers).await;
         let (valid_until, restore) = match step {
             ExtendStep::Renewed {

@@ -10,12 +10,15 @@
 //!   per slot in use, shared by the names of that slot and dropped with the last of them. A
 //!   node's mode is learnt on its first connection; until every node is known not to be a
 //!   cluster, locks get a group of their slot (the safe choice: right in both modes).
+//! - **Renewals go together**: the locks of a group renew through its batches (see
+//!   `batch`), one script per node carrying every renewal that is due.
 //! - Cheap to clone; the connections close when the engine and its last lock are dropped.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use super::batch::Batches;
 use super::transport::{cluster, ConnectSettings, Node, NodeSpec};
 use super::{ConfigError, RedlockConfig};
 
@@ -30,10 +33,18 @@ struct Shared {
     settings: ConnectSettings,
     /// The group of every lock while no node is in cluster mode.
     shared: Arc<[Node]>,
+    /// Its renewal batches.
+    shared_batches: Arc<Batches>,
     /// Per node: whether it is a cluster (learnt from its connection's facts).
     cluster: Mutex<Vec<Option<bool>>>,
     /// Cluster mode (or not known yet): the group of each slot in use.
-    by_slot: Mutex<HashMap<u16, Weak<[Node]>>>,
+    by_slot: Mutex<HashMap<u16, Group>>,
+}
+
+/// The nodes of one slot and their renewal batches, kept while a lock uses them.
+struct Group {
+    nodes: Weak<[Node]>,
+    batches: Weak<Batches>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -58,6 +69,7 @@ impl Engine {
                 cluster: Mutex::new(vec![None; cfg.nodes.len()]),
                 specs: cfg.nodes.clone(),
                 settings,
+                shared_batches: Arc::new(Batches::new(&shared)),
                 shared,
                 by_slot: Mutex::default(),
             }),
@@ -73,8 +85,8 @@ impl Engine {
                 .all(|(a, b)| a.identity() == b.identity())
     }
 
-    /// The nodes a lock whose keys hash to `slot` uses.
-    pub(super) fn nodes_for(&self, slot: u16) -> Result<Arc<[Node]>, ConfigError> {
+    /// The nodes a lock whose keys hash to `slot` uses, and their renewal batches.
+    pub(super) fn nodes_for(&self, slot: u16) -> Result<(Arc<[Node]>, Arc<Batches>), ConfigError> {
         let inner = &self.inner;
         let all_direct = {
             let mut known = inner.cluster.lock().unwrap_or_else(|e| e.into_inner());
@@ -86,11 +98,13 @@ impl Engine {
             known.iter().all(|mode| *mode == Some(false))
         };
         if all_direct {
-            return Ok(inner.shared.clone());
+            return Ok((inner.shared.clone(), inner.shared_batches.clone()));
         }
         let mut groups = inner.by_slot.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(group) = groups.get(&slot).and_then(Weak::upgrade) {
-            return Ok(group);
+        if let Some(group) = groups.get(&slot) {
+            if let (Some(nodes), Some(batches)) = (group.nodes.upgrade(), group.batches.upgrade()) {
+                return Ok((nodes, batches));
+            }
         }
         let settings = ConnectSettings {
             slot,
@@ -98,15 +112,25 @@ impl Engine {
         };
         let group = nodes(&inner.specs, settings)?;
         warm_up(&group, inner.settings.connect_timeout);
-        groups.retain(|_, group| group.strong_count() > 0);
-        groups.insert(slot, Arc::downgrade(&group));
-        Ok(group)
+        let batches = Arc::new(Batches::new(&group));
+        groups.retain(|_, group| group.nodes.strong_count() > 0);
+        groups.insert(
+            slot,
+            Group {
+                nodes: Arc::downgrade(&group),
+                batches: Arc::downgrade(&batches),
+            },
+        );
+        Ok((group, batches))
     }
 
     /// How many groups of nodes are open (1 without cluster mode; tests and metrics).
     pub fn groups(&self) -> usize {
         let groups = self.inner.by_slot.lock().unwrap_or_else(|e| e.into_inner());
-        1 + groups.values().filter(|g| g.strong_count() > 0).count()
+        1 + groups
+            .values()
+            .filter(|g| g.nodes.strong_count() > 0)
+            .count()
     }
 }
 

@@ -51,8 +51,15 @@ local max_ttl_before = tonumber(keys[3] or '0') or 0
 /// [`EPOCH_LIFETIME_MS`]: super::votes::EPOCH_LIFETIME_MS
 macro_rules! epoch_age {
     () => {
+        concat!(read_lineage!(), lineage_age!())
+    };
+}
+
+/// [`epoch_age!`] once the lineage has been read (`run_id`, `replid`): a script that proves
+/// many locks' data age reads the lineage once.
+macro_rules! lineage_age {
+    () => {
         concat!(
-            read_lineage!(),
             r#"local age = -2
 if run_id ~= '' and replid ~= '' then
   local lineage = run_id .. ':' .. replid .. ':' .. ARGV[#ARGV]
@@ -354,5 +361,49 @@ for i = 1, #ARGV - 1 do
   end
 end
 return stamped
+"#
+);
+
+/// [`EXTEND`] for many locks in one call: the renewals of every lock a process holds on one
+/// node go out together (see `batch`). Built from the same pieces as [`EXTEND`], run once per
+/// lock over that lock's own five keys and five arguments, so each lock gets exactly the
+/// answer [`EXTEND`] would give it. It must change whenever [`EXTEND`] does.
+///
+/// The server's lineage (`INFO`) is read once for all of them.
+///
+/// KEYS: five per lock, in [`EXTEND`]'s order. ARGV: five per lock, in [`EXTEND`]'s order,
+/// then the database index. Returns one `{status, epoch_age_ms, max_ttl_ms}` per lock.
+pub const EXTEND_MANY: &str = concat!(
+    read_lineage!(),
+    r#"
+local function extend_one(KEYS, ARGV)
+"#,
+    read_keys!("1"),
+    lineage_age!(),
+    record_ttl!(),
+    r#"
+if keys[1] == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+"#,
+    keep_fence!("ARGV[3]", "string.format('%d', want)"),
+    record_node_set!(),
+    r#"
+  return {1, age, max_ttl_before}
+end
+if keys[1] then return {0, age, max_ttl_before} end
+return {-1, age, max_ttl_before}
+end
+local db = ARGV[#ARGV]
+local replies = {}
+for i = 0, #KEYS / 5 - 1 do
+  local k, a = {}, {}
+  for j = 1, 5 do
+    k[j] = KEYS[i * 5 + j]
+    a[j] = ARGV[i * 5 + j]
+  end
+  a[6] = db
+  replies[i + 1] = extend_one(k, a)
+end
+return replies
 "#
 );
