@@ -228,3 +228,73 @@ async fn a_thousand_held_leases_renew_with_about_one_request_per_node_per_interv
     }
     a.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_renewals_keep_every_rule_of_a_single_renewal() {
+    use redlock_sidecar::redlock::{Engine, LockError, NoObserver, Redlock};
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let urls = cluster.urls();
+    let cfg = |name: &str| support::engine_config(&urls, name, "batcher", Duration::from_secs(3));
+    let engine = Engine::new(&cfg("any")).expect("engine");
+    engine.connect(DEADLINE).await;
+    let open = |name: &str| Redlock::on(&engine, cfg(name), Arc::new(NoObserver)).expect("lock");
+    let (kept, restored, taken) = (open("kept"), open("restored"), open("taken"));
+    assert_eq!(
+        engine.groups(),
+        1,
+        "no cluster: one group of nodes for every name"
+    );
+    let mut leases = Vec::new();
+    for lock in [&kept, &restored, &taken] {
+        leases.push(lock.try_acquire().await.expect("acquired"));
+    }
+    // Once alone, so that every node knows the batch script.
+    leases[0] = kept.extend(&leases[0]).await.expect("kept renews");
+    // `restored` lost its key on node 0; `taken` is held by someone else everywhere.
+    cluster.node(0).command(&["DEL", "redlock:{restored}"]);
+    for node in cluster.iter() {
+        node.command(&["SET", "redlock:{taken}", "other:1", "PX", "60000"]);
+    }
+    let before: Vec<u64> = cluster
+        .iter()
+        .map(|n| n.calls("evalsha") + n.calls("eval"))
+        .collect();
+    let (a, b, c) = tokio::join!(
+        kept.extend(&leases[0]),
+        restored.extend(&leases[1]),
+        taken.extend(&leases[2]),
+    );
+    let after: Vec<u64> = cluster
+        .iter()
+        .map(|n| n.calls("evalsha") + n.calls("eval"))
+        .collect();
+    let renewed = a.expect("kept renews");
+    assert!(
+        renewed.valid_until >= leases[0].valid_until,
+        "never earlier"
+    );
+    b.expect("a quorum still has it: renewed");
+    assert!(
+        matches!(c, Err(LockError::Superseded { .. })),
+        "another holder everywhere: superseded, {c:?}"
+    );
+    // One script per node carried the three renewals (node 0 also ran the restore).
+    for (node, (before, after)) in before.iter().zip(&after).enumerate().skip(1) {
+        assert_eq!(
+            after - before,
+            1,
+            "node {node}: one batch; {}",
+            cluster.node(node).command(&["INFO", "commandstats"])
+        );
+    }
+    support::wait_until_async(
+        DEADLINE,
+        "the lost key is restored after the quorum",
+        || async { cluster.node(0).command(&["GET", "redlock:{restored}"]) == leases[1].value() },
+    )
+    .await;
+    assert_eq!(
+        cluster.node(1).command(&["GET", "redlock:{taken}"]),
+        "other:1"
+    );
+}

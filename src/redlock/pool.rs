@@ -76,6 +76,13 @@ impl Engine {
         })
     }
 
+    /// Connects every node now (bounded by `timeout`), so that the nodes' mode is known before
+    /// the first lock opens: until then, locks get a group of their own slot.
+    pub async fn connect(&self, timeout: Duration) {
+        let connects = self.inner.shared.iter().map(|node| node.connect(timeout));
+        futures_util::future::join_all(connects).await;
+    }
+
     /// Whether `nodes` are the ones this engine connects to (same servers, same order).
     pub fn serves(&self, nodes: &[NodeSpec]) -> bool {
         nodes.len() == self.inner.specs.len()
