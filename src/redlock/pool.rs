@@ -54,8 +54,8 @@ impl std::fmt::Debug for Engine {
 }
 
 impl Engine {
-    /// An engine on `cfg`'s nodes (its lock name is not used). Inside a Tokio runtime each node
-    /// is connected at once in the background.
+    /// An engine on `cfg`'s nodes (its lock name is not used). Nothing is connected until the
+    /// first lock opens (a sidecar whose app takes no lock keeps no connection for it).
     pub fn new(cfg: &RedlockConfig) -> Result<Engine, ConfigError> {
         let settings = ConnectSettings {
             connect_timeout: cfg.connect_timeout,
@@ -63,7 +63,6 @@ impl Engine {
             stamp_slots: cfg.stamp_cluster_markers,
         };
         let shared = nodes(&cfg.nodes, settings)?;
-        warm_up(&shared, cfg.connect_timeout);
         Ok(Engine {
             inner: Arc::new(Shared {
                 cluster: Mutex::new(vec![None; cfg.nodes.len()]),
@@ -97,6 +96,10 @@ impl Engine {
         let inner = &self.inner;
         let all_direct = {
             let mut known = inner.cluster.lock().unwrap_or_else(|e| e.into_inner());
+            if known.iter().any(Option::is_none) {
+                // Learns the modes (in the background; a no-op for nodes already connected).
+                warm_up(&inner.shared, inner.settings.connect_timeout);
+            }
             for (mode, node) in known.iter_mut().zip(inner.shared.iter()) {
                 if let Some(facts) = node.facts() {
                     *mode = Some(facts.cluster);
