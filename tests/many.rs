@@ -298,3 +298,58 @@ async fn batched_renewals_keep_every_rule_of_a_single_renewal() {
         "other:1"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_mode_deployment_each_slot_in_use_gets_its_own_nodes_and_batches() {
+    use redlock_sidecar::redlock::cluster::key_slot;
+    use redlock_sidecar::redlock::{Engine, NoObserver, Redlock};
+    use support::cluster_mode::ClusterMode;
+    let cluster = tokio::task::block_in_place(|| ClusterMode::start(3, 0));
+    let url = cluster.masters[0].url();
+    let ttl = Duration::from_secs(1);
+    let cfg = |name: &str| support::engine_config(std::slice::from_ref(&url), name, "a", ttl);
+    let engine = Engine::new(&cfg("any")).expect("engine");
+    engine.connect(DEADLINE).await;
+    // Two names whose slots two other masters serve.
+    let names: Vec<String> = [1, 2]
+        .into_iter()
+        .map(|master| {
+            (0..)
+                .map(|n| format!("job-{n}"))
+                .find(|name| {
+                    let slot = key_slot(&format!("redlock:{{{name}}}"));
+                    cluster.master_of(slot).map(|m| m.port())
+                        == Some(cluster.masters[master].port())
+                })
+                .expect("a name")
+        })
+        .collect();
+    let locks: Vec<Redlock> = names
+        .iter()
+        .map(|name| Redlock::on(&engine, cfg(name), Arc::new(NoObserver)).expect("lock"))
+        .collect();
+    assert_eq!(
+        engine.groups(),
+        3,
+        "the engine's own group and one per slot in use"
+    );
+    let deadline = Instant::now() + DEADLINE;
+    let mut leases = Vec::new();
+    for lock in &locks {
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let lease = lock
+            .acquire(Some(deadline), &cancel, |_, _| {})
+            .await
+            .expect("the lock, once its slot's marker is ttl + drift old");
+        leases.push(lease);
+    }
+    let (a, b) = tokio::join!(locks[0].extend(&leases[0]), locks[1].extend(&leases[1]));
+    a.expect("renewed through its slot's batch");
+    b.expect("renewed through its slot's batch");
+    for (master, name) in [1, 2].into_iter().zip(&names) {
+        let key = format!("redlock:{{{name}}}");
+        assert!(cluster.masters[master]
+            .command(&["GET", &key])
+            .starts_with("a:"));
+    }
+}
