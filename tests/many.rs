@@ -220,9 +220,10 @@ async fn a_thousand_held_leases_renew_with_about_one_request_per_node_per_interv
     for (node, (before, after)) in before.iter().zip(&after).enumerate() {
         let per_interval = (after - before) as f64 / intervals;
         eprintln!("L={LEASES} node {node}: {per_interval:.2} script calls per renew interval");
-        // One request per lease would be 1,000; the goal is at most 2 (see `redlock::batch`).
+        // One request per lease would be 1,000; batches are at least a sixth of the ttl apart
+        // (see `redlock::batch`): at most 2, and one more at the window's edge.
         assert!(
-            per_interval <= 4.0,
+            per_interval <= 2.0 + 1.0 / intervals,
             "node {node}: {per_interval:.2} script calls per renew interval for {LEASES} leases"
         );
     }

@@ -12,8 +12,8 @@
 //!   renewal, so waiting that long still renews it well within its validity, and renewals due
 //!   within a few moments of each other go out together. A batch goes out when its most
 //!   urgent renewal's wait ends; every renewal waiting then goes with it.
-//! - The round's clock starts when the lock asked, before the wait: the validity it proves is
-//!   measured from then, which is never later than the script ran.
+//! - The round's clock starts when the earliest of the lock's batches was sent (never later
+//!   than any of its scripts ran): the wait in the batch costs the lease no validity.
 //! - A batch is one call bounded by the node timeout plus [`PER_RENEWAL`] per renewal it
 //!   carries; its failure is each lock's failed vote.
 
@@ -43,6 +43,8 @@ struct Pending {
     args: Vec<String>,
     send_by: Instant,
     timeout: Duration,
+    /// Told when the batch carrying it is sent.
+    sent: oneshot::Sender<Instant>,
     reply: oneshot::Sender<Reply>,
 }
 
@@ -113,7 +115,13 @@ async fn send_batches(nodes: Weak<[Node]>, index: usize, queue: Arc<Queue>) {
             () = crate::clock::sleep_until(send_by) => {}
             () = queue.changed.notified() => continue,
         }
-        let batch = std::mem::take(&mut *queue.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut batch =
+            std::mem::take(&mut *queue.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        let now = crate::clock::now();
+        for pending in &mut batch {
+            let (gone, _) = oneshot::channel();
+            let _ = std::mem::replace(&mut pending.sent, gone).send(now);
+        }
         let Some(nodes) = nodes.upgrade() else {
             return;
         };
@@ -162,19 +170,23 @@ async fn send(nodes: Arc<[Node]>, index: usize, batch: Vec<Pending>) {
 }
 
 /// The answers of one lock's renewal `args` (EXTEND's arguments) through `batches`, as
-/// [`super::Redlock::fan_out`] would give them; `left` is the lease's remaining validity.
-pub(super) fn fan_out(
+/// [`super::Redlock::fan_out`] would give them, and when the earliest of its batches was sent
+/// (the instant its validity is measured from); `left` is the lease's remaining validity.
+pub(super) async fn fan_out(
     inner: &Arc<Inner>,
     batches: &Batches,
     args: &[String],
     left: Duration,
-) -> Answers<RawExtendReply> {
+) -> (Answers<RawExtendReply>, Instant) {
     let asked = crate::clock::now();
     let wait = hold(inner.cfg.ttl, left);
     let keys = inner.keys().map(str::to_owned);
+    let mut sent_at = Vec::new();
     let calls = (0..inner.nodes.len())
         .map(|index| {
             let (reply, answer) = oneshot::channel();
+            let (sent, sent_rx) = oneshot::channel();
+            sent_at.push(sent_rx);
             let submitted = batches.submit(
                 index,
                 Pending {
@@ -182,6 +194,7 @@ pub(super) fn fan_out(
                     args: args.to_vec(),
                     send_by: asked + wait,
                     timeout: inner.cfg.node_timeout,
+                    sent,
                     reply,
                 },
             );
@@ -202,7 +215,19 @@ pub(super) fn fan_out(
             call
         })
         .collect();
-    Answers { calls }
+    // Every batch goes by its send-by instant; one that says nothing leaves `asked`, which is
+    // never later than any send.
+    let sent = tokio::time::timeout(
+        wait + Duration::from_secs(1),
+        futures_util::future::join_all(sent_at),
+    )
+    .await
+    .ok()
+    .and_then(|sent| sent.into_iter().map(Result::ok).collect::<Option<Vec<_>>>())
+    .and_then(|sent| sent.into_iter().min())
+    .unwrap_or(asked)
+    .max(asked);
+    (Answers { calls }, sent)
 }
 
 #[cfg(test)]

@@ -751,7 +751,16 @@ impl Redlock {
         let mut answers = match &self.inner.batches {
             Some(batches) => {
                 let left = lease.valid_until.saturating_duration_since(start);
-                batch::fan_out(&self.inner, batches, &args, left)
+                let (answers, sent) = batch::fan_out(&self.inner, batches, &args, left).await;
+                // Measured from when the renewal went out, after its wait in the batch.
+                round = ExtendRound::new(
+                    self.inner.nodes.len(),
+                    cfg.ttl,
+                    Deadline::from_instant(sent),
+                    Deadline::from_instant(lease.valid_until),
+                    Rules::ALL,
+                );
+                answers
             }
             None => self.fan_out::<RawExtendReply>(Op::Extend, Order::Free, &EXTEND, args.clone()),
         };
