@@ -49,7 +49,14 @@ impl Sidecar {
         let control = format!("127.0.0.1:{}", free_port());
         let child = Command::new(binary())
             .args(["run", "--lock", "bench-leader", "--redis", urls])
-            .args(["--node-set", "bench", "--identity", name, "--kubernetes", "off"])
+            .args([
+                "--node-set",
+                "bench",
+                "--identity",
+                name,
+                "--kubernetes",
+                "off",
+            ])
             .args(["--listen", &format!("127.0.0.1:{}", free_port())])
             .args(["--control-listen", &control])
             .stdout(Stdio::null())
@@ -155,8 +162,11 @@ async fn library_cycles(urls: &[String], cycles: usize, hot: bool) -> (Samples, 
         let lock = if hot {
             shared.clone()
         } else {
-            Redlock::new(config(urls, &format!("app:bench-lib-{i}")), Arc::new(NoObserver))
-                .unwrap()
+            Redlock::new(
+                config(urls, &format!("app:bench-lib-{i}")),
+                Arc::new(NoObserver),
+            )
+            .unwrap()
         };
         let lease = lock.try_acquire().await.expect("uncontended");
         lock.release(&lease).await;
