@@ -181,6 +181,8 @@ pub struct Locks<E: LockEngine> {
     metrics: AppLockMetrics,
     table: Mutex<Table<E::Name>>,
     closing: CancellationToken,
+    /// Notified when no lease is held and no acquisition runs (for shutdown).
+    idle: Notify,
 }
 
 impl<E: LockEngine> Locks<E> {
@@ -196,6 +198,7 @@ impl<E: LockEngine> Locks<E> {
                 in_use: 0,
             }),
             closing: CancellationToken::new(),
+            idle: Notify::new(),
         })
     }
 
@@ -280,7 +283,10 @@ impl<E: LockEngine> Locks<E> {
                 Ok(lease) => {
                     let granted = this.hold(claim, slot, lease, ttl, owner);
                     let id = granted.lease;
-                    if tx.send(Ok(granted)).is_err() {
+                    if this.closing.is_cancelled() {
+                        // Won as the sidecar began shutting down: released with the rest.
+                        this.stop(id, End::Shutdown);
+                    } else if tx.send(Ok(granted)).is_err() {
                         // Nobody to hand it to: release it at once.
                         this.stop(id, End::Released);
                     }
@@ -337,6 +343,9 @@ impl<E: LockEngine> Locks<E> {
     fn give_back(&self, key: &SlotKey) {
         let mut table = self.table();
         table.in_use = table.in_use.saturating_sub(1);
+        if table.in_use == 0 {
+            self.idle.notify_waiters();
+        }
         if let Some((_, users)) = table.slots.get_mut(key) {
             *users = users.saturating_sub(1);
             if *users == 0 {
@@ -573,21 +582,31 @@ impl<E: LockEngine> Locks<E> {
     /// once all are released.
     pub async fn shutdown(&self) {
         self.closing.cancel();
-        let leases: Vec<Arc<Lease>> = self.table().leases.values().cloned().collect();
-        let mut waits = Vec::new();
-        for lease in leases {
-            if lease.ended().is_none() {
-                self.stop(lease.id, End::Shutdown);
-                let mut state = lease.state.subscribe();
-                waits.push(async move {
-                    let _ = state.wait_for(|s| matches!(s, LeaseState::Ended(_))).await;
-                });
+        let mut released = 0;
+        loop {
+            // Registered before the check, so the last give-back cannot slip past.
+            let idle = self.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            let held: Vec<LeaseId> = self
+                .table()
+                .leases
+                .values()
+                .filter(|l| l.ended().is_none() && !l.stop.is_cancelled())
+                .map(|l| l.id)
+                .collect();
+            for id in held {
+                self.stop(id, End::Shutdown);
+                released += 1;
             }
+            // Every lease ended and every waiting acquisition answered.
+            if self.table().in_use == 0 {
+                break;
+            }
+            idle.await;
         }
-        let count = waits.len();
-        futures_util::future::join_all(waits).await;
-        if count > 0 {
-            info!(leases = count, "request-lock leases released");
+        if released > 0 {
+            info!(leases = released, "request-lock leases released");
         }
     }
 
