@@ -752,6 +752,7 @@ impl Redlock {
             ExtendStep::Renewed {
                 valid_until,
                 restore,
+                ..
             } => (valid_until, restore),
             ExtendStep::Lost(votes) => return Err(self.extend_lost(votes, false)),
             ExtendStep::Superseded(votes) => return Err(self.extend_lost(votes, true)),

@@ -23,14 +23,16 @@ use std::fmt::{self, Write as _};
 
 use stateright::{Model, Property};
 
-use crate::engine::{self, Age};
+use redlock_sidecar::redlock::round;
+
+use crate::engine::{
+    self, AcquireAns, AcquireNext, AcquireView, Age, ExtendAns, ExtendNext, RaiseNext,
+};
 
 /// Node slots a model may use.
 pub const MAX_NODES: usize = 4;
 /// Clients a model may use.
 pub const MAX_CLIENTS: usize = 3;
-/// Raise rounds before a mint gives up (the engine's `RAISE_ATTEMPTS`).
-const RAISE_ATTEMPTS: u8 = 3;
 
 /// How the acquire and extend scripts decide whether the epoch marker is their node's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,44 +49,31 @@ pub enum LineageRule {
 }
 
 /// The rules of the protocol, each of which can be switched off to see what it prevents.
+///
+/// The rounds' rules are the engine's own ([`round::Rules`], obeyed by the engine's state
+/// machines the clients call); the model keeps only the switches of what happens on the
+/// nodes (the scripts) and in the lease.
 #[derive(Clone, Copy, Debug)]
 pub struct Rules {
-    /// How the marker's lineage is checked.
+    /// How the marker's lineage is checked (in the scripts).
     pub lineage: LineageRule,
-    /// A grant counts only from a node whose data age covers the longest ttl plus drift.
-    pub data_age: bool,
-    /// Clients learn the longest ttl in use from the nodes' max-ttl registers.
-    pub register: bool,
-    /// A grant from a node younger than `MAX_TTL` + drift counts only once every node of the
-    /// round has answered or timed out.
-    pub wait_for_all: bool,
-    /// Validity subtracts the drift (`ttl − elapsed − drift`).
-    pub drift_margin: bool,
-    /// After a loss, what is still held is released only once the validity has run out.
-    pub keep_promise: bool,
-    /// Node-set records: no grant under a foreign record, no lead after seeing one.
+    /// The scripts write node-set records and grant nothing under a foreign one.
     pub fingerprint: bool,
-    /// A grant counts only if its connection shows the server the round's node set named
-    /// (`votes`, rule 7): a node first reached, or reached anew, during the round counts from
-    /// the next round on.
-    pub same_server: bool,
-    /// A renewal never moves the validity's end earlier than one already published, so a
-    /// lost lease waits for the latest promise (`timing::renewed_until`; found by this model).
-    pub longest_promise: bool,
+    /// After a loss, what is still held is released only once the validity has run out
+    /// (the lease).
+    pub keep_promise: bool,
+    /// The rounds' rules: data age, register, wait for all answers, drift margin, node-set
+    /// conflict, same server, longest promise.
+    pub engine: round::Rules,
 }
 
 impl Rules {
     /// The rules as implemented.
     pub const ALL: Rules = Rules {
         lineage: LineageRule::InScript,
-        data_age: true,
-        register: true,
-        wait_for_all: true,
-        drift_margin: true,
-        keep_promise: true,
         fingerprint: true,
-        same_server: true,
-        longest_promise: true,
+        keep_promise: true,
+        engine: round::Rules::ALL,
     };
 }
 
@@ -290,18 +279,26 @@ pub enum Ans {
     Pending,
     /// Timed out: never executed, or its answer was lost.
     NoAnswer,
-    /// Acquire: granted, with the data age proven and whether the candidate token was stored.
+    /// Acquire: granted, with the data age proven, whether the candidate token was stored,
+    /// the run id the answer's connection showed, and whether a node-set record stood there.
+    /// `longest`, in every acquire answer: the longest register the client knew once it had
+    /// this answer (the engine judges an answer with what it knows when the answer arrives).
     Granted {
         age: Age,
         stored: bool,
+        server: u8,
+        recorded: bool,
+        longest: u8,
     },
-    /// Acquire or extend: another value holds the key.
-    Held,
+    /// Acquire or extend: another value holds the key (`foreign`: beside another set's record).
+    Held {
+        foreign: bool,
+        longest: u8,
+    },
     /// Acquire: no grant under a live foreign node-set record.
-    Conflict,
-    /// Acquire: granted on a connection that shows another server than the round's node set
-    /// named there (a `?`, or a server since restarted): not counted (rule 7).
-    OtherServer,
+    Conflict {
+        longest: u8,
+    },
     /// Extend: our key, extended.
     Extended,
     /// Extend: no key at all.
@@ -314,8 +311,8 @@ pub enum Ans {
 pub enum Phase {
     /// Waiting to contend.
     Idle,
-    /// An acquire round; `lost` once decided against (it then waits for every answer and
-    /// cleans up).
+    /// An acquire round, until the engine's round decides (a lost one hears every answer
+    /// first, then cleans up).
     Acquire {
         start: u8,
         nonce: u8,
@@ -325,8 +322,6 @@ pub enum Phase {
         servers: [Option<u8>; MAX_NODES],
         set: u64,
         answers: [Ans; MAX_NODES],
-        foreign: bool,
-        lost: bool,
     },
     /// Minting the token by raise rounds after a won acquire round.
     Raise {
@@ -436,9 +431,6 @@ struct Reply {
     ans: Ans,
     register: u8,
     fence: u16,
-    foreign: bool,
-    /// The run id the answer's connection shows.
-    server: u8,
 }
 
 impl Config {
@@ -464,27 +456,8 @@ impl Config {
         engine::fingerprint(&list)
     }
 
-    /// Whether client `c`'s round on `servers` counts a grant node `n` gave on a connection
-    /// showing run id `server` (the engine's `NodeSet::admits`).
-    fn admits(&self, c: usize, servers: &[Option<u8>; MAX_NODES], n: usize, server: u8) -> bool {
-        if !self.rules.same_server {
-            return true;
-        }
-        let list: Vec<(usize, Option<u8>)> = self.clients[c]
-            .nodes
-            .iter()
-            .map(|n| (*n, servers[*n]))
-            .collect();
-        let index = self.clients[c].nodes.iter().position(|m| *m == n);
-        engine::admits(&list, index.expect("a node of the list"), (n, server))
-    }
-
     fn in_set(&self, client: usize, node: usize) -> bool {
         self.set_mask(client) & 1 << node != 0
-    }
-
-    fn quorum(&self, client: usize) -> usize {
-        engine::quorum_of(self.clients[client].nodes.len())
     }
 
     /// A node-clock interval of `d` real ticks, as the (fast) node measures it.
@@ -592,10 +565,14 @@ impl Config {
                 let age = self.prove(node, lineage, now);
                 let fence = node.data.fence;
                 let register = node.data.register.map_or(0, |(v, _)| v);
+                let recorded = node.data.record.is_some();
                 let ans = if node.data.key.is_some() {
-                    Ans::Held
+                    Ans::Held {
+                        foreign,
+                        longest: 0,
+                    }
                 } else if foreign {
-                    Ans::Conflict
+                    Ans::Conflict { longest: 0 }
                 } else {
                     node.data.key = Some(Key {
                         client: client as u8,
@@ -607,14 +584,18 @@ impl Config {
                         node.data.fence = cand;
                     }
                     self.record_ttl(node, set, ttl, now, true);
-                    Ans::Granted { age, stored }
+                    Ans::Granted {
+                        age,
+                        stored,
+                        server,
+                        recorded,
+                        longest: 0,
+                    }
                 };
                 Some(Reply {
                     ans,
                     register,
                     fence,
-                    foreign,
-                    server,
                 })
             }
             Op::Extend {
@@ -633,7 +614,10 @@ impl Config {
                     self.record_ttl(node, set, ttl, now, false);
                     Ans::Extended
                 } else if node.data.key.is_some() {
-                    Ans::Held
+                    Ans::Held {
+                        foreign: false,
+                        longest: 0,
+                    }
                 } else {
                     Ans::Missing
                 };
@@ -641,8 +625,6 @@ impl Config {
                     ans,
                     register,
                     fence,
-                    foreign,
-                    server,
                 })
             }
             Op::Restore { nonce, token, set } => {
@@ -664,8 +646,6 @@ impl Config {
                     ans: Ans::Before(before),
                     register: 0,
                     fence: before,
-                    foreign: false,
-                    server,
                 })
             }
             Op::Release { nonce } => {
@@ -735,40 +715,52 @@ impl Config {
 // Clients: the engine's and the lease's decisions
 // ---------------------------------------------------------------------------------------
 
-/// How a grant stands when the round's answers so far are known.
-enum Standing {
-    Counted,
-    /// Counts once every node has answered (young node, wait-for-all rule).
-    Waiting,
-    NotCounted,
-}
-
 impl Config {
-    /// The longest ttl the client knows to be in use.
-    fn longest(&self, s: &State, c: usize) -> u8 {
+    /// The longest ttl client `c` was configured with (`--ttl`, `--max-ttl`); what it learns
+    /// from the registers, the engine's round adds.
+    fn configured_longest(&self, c: usize) -> u8 {
         let cfg = &self.clients[c];
-        let mut longest = cfg.ttl.max(cfg.max_ttl.unwrap_or(0));
-        if self.rules.register {
-            longest = longest.max(s.clients[c].seen_ttl);
-        }
-        longest
+        cfg.ttl.max(cfg.max_ttl.unwrap_or(0))
     }
 
-    fn standing(&self, s: &State, c: usize, age: Age) -> Standing {
-        if !self.rules.data_age {
-            return Standing::Counted;
-        }
-        if !engine::counts(age, self.longest(s, c)) {
-            return Standing::NotCounted;
-        }
-        if self.rules.wait_for_all && !engine::old_beyond_any_ttl(age) {
-            return Standing::Waiting;
-        }
-        Standing::Counted
+    /// Client `c`'s wall clock (the token floor).
+    fn wall(&self, s: &State, c: usize) -> u16 {
+        u16::from(s.now) + self.clients[c].wall_offset
     }
 
+    /// The token client `c` proposes above `highest` (the engine's).
     fn next_token(&self, s: &State, c: usize, highest: u16) -> u16 {
-        (highest + 1).max(u16::from(s.now) + self.clients[c].wall_offset)
+        engine::token_above_ticks(highest, self.wall(s, c))
+    }
+
+    /// The client's node list with, per node, what the round records of it.
+    fn list(&self, c: usize, servers: &[Option<u8>; MAX_NODES]) -> Vec<(usize, Option<u8>)> {
+        self.clients[c]
+            .nodes
+            .iter()
+            .map(|n| (*n, servers[*n]))
+            .collect()
+    }
+
+    /// The answers of a round in list order: (position in the client's list, answer), for
+    /// the nodes that have answered.
+    fn answered<T>(
+        &self,
+        c: usize,
+        answers: &[Ans; MAX_NODES],
+        f: impl Fn(Ans) -> Option<T>,
+    ) -> Vec<(usize, T)> {
+        self.clients[c]
+            .nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, n)| f(answers[*n]).map(|a| (i, a)))
+            .collect()
+    }
+
+    /// The node of position `i` in client `c`'s list.
+    fn node_at(&self, c: usize, i: usize) -> usize {
+        self.clients[c].nodes[i]
     }
 
     fn send(&self, s: &mut State, c: usize, n: usize, op: Op) {
@@ -823,10 +815,27 @@ impl Config {
             client.seen_fence = client.seen_fence.max(r.fence);
             client.seen_ttl = client.seen_ttl.max(r.register);
         }
-        let ans = reply.as_ref().map_or(Ans::NoAnswer, |r| r.ans);
-        let admitted = match (&reply, s.clients[c].phase) {
-            (Some(r), Phase::Acquire { servers, .. }) => self.admits(c, &servers, n, r.server),
-            _ => true,
+        let known = s.clients[c].seen_ttl;
+        let ans = match reply.as_ref().map_or(Ans::NoAnswer, |r| r.ans) {
+            Ans::Granted {
+                age,
+                stored,
+                server,
+                recorded,
+                ..
+            } => Ans::Granted {
+                age,
+                stored,
+                server,
+                recorded,
+                longest: known,
+            },
+            Ans::Held { foreign, .. } => Ans::Held {
+                foreign,
+                longest: known,
+            },
+            Ans::Conflict { .. } => Ans::Conflict { longest: known },
+            ans => ans,
         };
         let phase = &mut s.clients[c].phase;
         match (op, phase) {
@@ -835,16 +844,9 @@ impl Config {
                 Phase::Acquire {
                     nonce: current,
                     answers,
-                    foreign,
                     ..
                 },
-            ) if nonce == *current => {
-                answers[n] = match ans {
-                    Ans::Granted { .. } if !admitted => Ans::OtherServer,
-                    ans => ans,
-                };
-                *foreign |= reply.is_some_and(|r| r.foreign);
-            }
+            ) if nonce == *current => answers[n] = ans,
             (
                 Op::Extend {
                     nonce, won: false, ..
@@ -888,7 +890,7 @@ impl Config {
     fn lead(&self, s: &mut State, c: usize, start: u8, nonce: u8, token: u16, set: u64) {
         let now = s.now;
         let ttl = self.clients[c].ttl;
-        let Some(valid) = engine::validity_ticks(ttl, now - start, self.rules.drift_margin) else {
+        let Some(valid) = engine::validity_ticks(self.rules.engine, ttl, now - start) else {
             s.clients[c].phase = Phase::Cleanup { nonce, set };
             return;
         };
@@ -951,132 +953,13 @@ impl Config {
         }
     }
 
+    /// What client `c` does next, as the engine's round state machines decide.
     fn step(&self, s: &mut State, c: usize) {
         let now = s.now;
-        let q = self.quorum(c);
         match s.clients[c].phase {
             Phase::Idle => {}
-            Phase::Acquire {
-                start,
-                nonce,
-                cand,
-                set,
-                answers,
-                foreign,
-                lost: false,
-                ..
-            } => {
-                let all_in = !answers.contains(&Ans::Pending);
-                let (mut counted, mut maybe, mut stored) = (0, 0, 0);
-                for ans in answers {
-                    match ans {
-                        Ans::Pending => maybe += 1,
-                        Ans::Granted { age, stored: st } => {
-                            let counts = match self.standing(s, c, age) {
-                                Standing::Counted => true,
-                                Standing::Waiting if all_in => true,
-                                Standing::Waiting => {
-                                    maybe += 1;
-                                    false
-                                }
-                                Standing::NotCounted => false,
-                            };
-                            if counts {
-                                counted += 1;
-                                stored += usize::from(st);
-                            }
-                        }
-                        _ => {}
-                    }
-                }
-                let refuse = foreign && self.rules.fingerprint;
-                if !refuse && counted >= q {
-                    if engine::validity_ticks(
-                        self.clients[c].ttl,
-                        now - start,
-                        self.rules.drift_margin,
-                    )
-                    .is_none()
-                    {
-                        s.clients[c].phase = Phase::Cleanup { nonce, set };
-                    } else if stored >= q {
-                        self.lead(s, c, start, nonce, cand, set);
-                    } else {
-                        let seen = s.clients[c].seen_fence.max(cand);
-                        let token = self.next_token(s, c, seen);
-                        s.clients[c].phase = Phase::Raise {
-                            start,
-                            nonce,
-                            token,
-                            attempt: 1,
-                            answers: self.round(c),
-                            set,
-                        };
-                        self.send_all(s, c, |_| Some(Op::Raise { token }));
-                    }
-                } else if refuse || counted + maybe < q {
-                    if let Phase::Acquire { lost, .. } = &mut s.clients[c].phase {
-                        *lost = true;
-                    }
-                }
-            }
-            Phase::Acquire {
-                nonce,
-                answers,
-                set,
-                lost: true,
-                ..
-            } => {
-                // Decided against: once every answer is in, delete our key wherever a node
-                // did not show another holder (and our record where no key is left).
-                if Self::idle_wire(&s.clients[c]) {
-                    s.clients[c].phase = Phase::Idle;
-                    self.send_all(s, c, |n| {
-                        (!matches!(answers[n], Ans::Held | Ans::Conflict))
-                            .then_some(Op::Cleanup { nonce, set })
-                    });
-                }
-            }
-            Phase::Raise {
-                start,
-                nonce,
-                token,
-                attempt,
-                answers,
-                set,
-            } => {
-                let answered: Vec<u16> = answers
-                    .iter()
-                    .filter_map(|a| match a {
-                        Ans::Before(v) => Some(*v),
-                        _ => None,
-                    })
-                    .collect();
-                let pending = answers.iter().filter(|a| **a == Ans::Pending).count();
-                if answered.len() >= q {
-                    let highest = answered.iter().copied().max().unwrap_or(0);
-                    let client = &mut s.clients[c];
-                    client.seen_fence = client.seen_fence.max(highest).max(token);
-                    if highest < token {
-                        self.lead(s, c, start, nonce, token, set);
-                    } else if attempt < RAISE_ATTEMPTS {
-                        let token = self.next_token(s, c, highest);
-                        s.clients[c].phase = Phase::Raise {
-                            start,
-                            nonce,
-                            token,
-                            attempt: attempt + 1,
-                            answers: self.round(c),
-                            set,
-                        };
-                        self.send_all(s, c, |_| Some(Op::Raise { token }));
-                    } else {
-                        s.clients[c].phase = Phase::Cleanup { nonce, set };
-                    }
-                } else if answered.len() + pending < q {
-                    s.clients[c].phase = Phase::Cleanup { nonce, set };
-                }
-            }
+            Phase::Acquire { .. } => self.step_acquire(s, c),
+            Phase::Raise { .. } => self.step_raise(s, c),
             Phase::Cleanup { nonce, set } => {
                 if Self::idle_wire(&s.clients[c]) {
                     s.clients[c].phase = Phase::Idle;
@@ -1084,93 +967,34 @@ impl Config {
                 }
             }
             Phase::Hold {
+                extend: Some(_), ..
+            } => self.step_extend(s, c),
+            Phase::Hold {
                 nonce,
                 token,
                 acquired,
                 end,
                 next_renew,
-                extend,
+                extend: None,
             } => {
-                let lose = |s: &mut State| s.clients[c].phase = Phase::Lost { nonce, end };
                 let step_down = end.saturating_sub(self.safety_margin).max(acquired);
-                match extend {
-                    Some((started, answers, set)) => {
-                        let count = |f: fn(&Ans) -> bool| answers.iter().filter(|a| f(a)).count();
-                        let extended = count(|a| *a == Ans::Extended);
-                        let pending = count(|a| *a == Ans::Pending);
-                        let contrary = count(|a| matches!(a, Ans::Held | Ans::Missing));
-                        if now >= end {
-                            lose(s);
-                        } else if extended >= q {
-                            let ttl = self.clients[c].ttl;
-                            let Some(valid) =
-                                engine::validity_ticks(ttl, now - started, self.rules.drift_margin)
-                            else {
-                                return lose(s);
-                            };
-                            let new_end = self.cap_end(started + valid + self.client_clock_slow);
-                            let client = &mut s.clients[c];
-                            if let Some((_, until)) = &mut client.window {
-                                *until = (*until).max(new_end);
-                            }
-                            for msg in client.pending.iter_mut().flatten() {
-                                if let Op::Extend { won, .. } = &mut msg.op {
-                                    *won = true;
-                                }
-                            }
-                            let end = if self.rules.longest_promise {
-                                new_end.max(end)
-                            } else {
-                                new_end
-                            };
-                            client.phase = Phase::Hold {
-                                nonce,
-                                token,
-                                acquired,
-                                end,
-                                next_renew: self.cap(started + (ttl / 3).max(1)),
-                                extend: None,
-                            };
-                            // Nodes that lost our key get it back, now the quorum is proven.
-                            self.send_all(s, c, |n| {
-                                (answers[n] == Ans::Missing).then_some(Op::Restore {
-                                    nonce,
-                                    token,
-                                    set,
-                                })
-                            });
-                        } else if extended + pending < q {
-                            if contrary >= q {
-                                lose(s); // superseded
-                            } else if let Phase::Hold {
-                                extend, next_renew, ..
-                            } = &mut s.clients[c].phase
-                            {
-                                *extend = None;
-                                *next_renew = now + 1; // fast retry
-                            }
-                        }
+                if now >= step_down {
+                    s.clients[c].phase = Phase::Lost { nonce, end };
+                } else if now >= next_renew && Self::idle_wire(&s.clients[c]) {
+                    // A renewal records the node set as the client knows it now.
+                    let set = self.fingerprint(c, &self.servers(s, c));
+                    let answers = self.round(c);
+                    if let Phase::Hold { extend, .. } = &mut s.clients[c].phase {
+                        *extend = Some((now, answers, set));
                     }
-                    None => {
-                        if now >= step_down {
-                            lose(s);
-                        } else if now >= next_renew && Self::idle_wire(&s.clients[c]) {
-                            // A renewal records the node set as the client knows it now.
-                            let set = self.fingerprint(c, &self.servers(s, c));
-                            let answers = self.round(c);
-                            if let Phase::Hold { extend, .. } = &mut s.clients[c].phase {
-                                *extend = Some((now, answers, set));
-                            }
-                            self.send_all(s, c, |_| {
-                                Some(Op::Extend {
-                                    nonce,
-                                    token,
-                                    won: false,
-                                    set,
-                                })
-                            });
-                        }
-                    }
+                    self.send_all(s, c, |_| {
+                        Some(Op::Extend {
+                            nonce,
+                            token,
+                            won: false,
+                            set,
+                        })
+                    });
                 }
             }
             Phase::Lost { nonce, end } => {
@@ -1179,6 +1003,187 @@ impl Config {
                     s.clients[c].phase = Phase::Idle;
                     self.send_all(s, c, |_| Some(Op::Release { nonce }));
                 }
+            }
+        }
+    }
+
+    /// An acquire round: the engine's `AcquireRound` decides on the answers so far.
+    fn step_acquire(&self, s: &mut State, c: usize) {
+        let Phase::Acquire {
+            start,
+            nonce,
+            cand,
+            servers,
+            set,
+            answers,
+        } = s.clients[c].phase
+        else {
+            return;
+        };
+        let list = self.list(c, &servers);
+        let view = AcquireView {
+            ttl: self.clients[c].ttl,
+            longest: self.configured_longest(c),
+            candidate: cand,
+            start,
+            list: &list,
+            seen_fence: s.clients[c].seen_fence,
+            rules: self.rules.engine,
+        };
+        let answered = self.answered(c, &answers, |a| match a {
+            Ans::NoAnswer => Some(AcquireAns::NoAnswer),
+            Ans::Granted {
+                age,
+                stored,
+                server,
+                recorded,
+                longest,
+            } => Some(AcquireAns::Granted {
+                age,
+                stored,
+                server,
+                recorded,
+                longest,
+            }),
+            Ans::Held { foreign, longest } => Some(AcquireAns::Held { foreign, longest }),
+            Ans::Conflict { longest } => Some(AcquireAns::Conflict { longest }),
+            _ => None,
+        });
+        match engine::acquire_next(&view, &answered, s.now) {
+            AcquireNext::Listen => {}
+            AcquireNext::Lost(clean_up) => {
+                // Once every request is done, our key goes wherever the round says it may stand.
+                if Self::idle_wire(&s.clients[c]) {
+                    s.clients[c].phase = Phase::Idle;
+                    let nodes: Vec<usize> = clean_up.iter().map(|i| self.node_at(c, *i)).collect();
+                    self.send_all(s, c, |n| {
+                        nodes.contains(&n).then_some(Op::Cleanup { nonce, set })
+                    });
+                }
+            }
+            AcquireNext::TooShort => s.clients[c].phase = Phase::Cleanup { nonce, set },
+            AcquireNext::Lead(token) => self.lead(s, c, start, nonce, token, set),
+            AcquireNext::Raise(above) => {
+                let token = self.next_token(s, c, above);
+                s.clients[c].phase = Phase::Raise {
+                    start,
+                    nonce,
+                    token,
+                    attempt: 1,
+                    answers: self.round(c),
+                    set,
+                };
+                self.send_all(s, c, |_| Some(Op::Raise { token }));
+            }
+        }
+    }
+
+    /// Raising the fence: the engine's `FenceRaise` decides on the answers so far.
+    fn step_raise(&self, s: &mut State, c: usize) {
+        let Phase::Raise {
+            start,
+            nonce,
+            token,
+            attempt,
+            answers,
+            set,
+        } = s.clients[c].phase
+        else {
+            return;
+        };
+        let answered = self.answered(c, &answers, |a| match a {
+            Ans::Before(v) => Some(Some(v)),
+            Ans::NoAnswer => Some(None),
+            _ => None,
+        });
+        let nodes = self.clients[c].nodes.len();
+        let (next, seen) =
+            engine::raise_next(nodes, token, attempt - 1, &answered, self.wall(s, c));
+        if next != RaiseNext::Listen {
+            let client = &mut s.clients[c];
+            client.seen_fence = client.seen_fence.max(seen);
+        }
+        match next {
+            RaiseNext::Listen => {}
+            RaiseNext::Minted(token) => self.lead(s, c, start, nonce, token, set),
+            RaiseNext::Again(token) => {
+                s.clients[c].phase = Phase::Raise {
+                    start,
+                    nonce,
+                    token,
+                    attempt: attempt + 1,
+                    answers: self.round(c),
+                    set,
+                };
+                self.send_all(s, c, |_| Some(Op::Raise { token }));
+            }
+            RaiseNext::Failed => s.clients[c].phase = Phase::Cleanup { nonce, set },
+        }
+    }
+
+    /// A renewal: the engine's `ExtendRound` decides on the answers so far.
+    fn step_extend(&self, s: &mut State, c: usize) {
+        let Phase::Hold {
+            nonce,
+            token,
+            acquired,
+            end,
+            extend: Some((started, answers, set)),
+            ..
+        } = s.clients[c].phase
+        else {
+            return;
+        };
+        let now = s.now;
+        let ttl = self.clients[c].ttl;
+        let answered = self.answered(c, &answers, |a| match a {
+            Ans::NoAnswer => Some(ExtendAns::NoAnswer),
+            Ans::Extended => Some(ExtendAns::Extended),
+            Ans::Held { .. } => Some(ExtendAns::Held),
+            Ans::Missing => Some(ExtendAns::Missing),
+            _ => None,
+        });
+        let nodes = self.clients[c].nodes.len();
+        let rules = self.rules.engine;
+        match engine::extend_next(rules, nodes, ttl, started, end, &answered, now) {
+            ExtendNext::Listen => {}
+            ExtendNext::Gone => s.clients[c].phase = Phase::Lost { nonce, end },
+            ExtendNext::Lost => {
+                if let Phase::Hold {
+                    extend, next_renew, ..
+                } = &mut s.clients[c].phase
+                {
+                    *extend = None;
+                    *next_renew = now + 1; // fast retry
+                }
+            }
+            ExtendNext::Renewed { proven, restore } => {
+                // The client's clock runs slow: what it proved ends a little later in real time.
+                let new_end = self.cap_end(proven.saturating_add(self.client_clock_slow));
+                let client = &mut s.clients[c];
+                if let Some((_, until)) = &mut client.window {
+                    *until = (*until).max(new_end);
+                }
+                for msg in client.pending.iter_mut().flatten() {
+                    if let Op::Extend { won, .. } = &mut msg.op {
+                        *won = true;
+                    }
+                }
+                client.phase = Phase::Hold {
+                    nonce,
+                    token,
+                    acquired,
+                    end: engine::renewed_end_ticks(rules, end, new_end),
+                    next_renew: self.cap(started + (ttl / 3).max(1)),
+                    extend: None,
+                };
+                // Nodes that lost our key get it back, now the quorum is proven.
+                let nodes: Vec<usize> = restore.iter().map(|i| self.node_at(c, *i)).collect();
+                self.send_all(s, c, |n| {
+                    nodes
+                        .contains(&n)
+                        .then_some(Op::Restore { nonce, token, set })
+                });
             }
         }
     }
@@ -1342,8 +1347,6 @@ impl Model for Config {
                     servers,
                     set,
                     answers: self.round(c),
-                    foreign: false,
-                    lost: false,
                 };
                 self.send_all(&mut s, c, |_| Some(Op::Acquire { nonce, cand, set }));
             }
@@ -1477,9 +1480,7 @@ impl Config {
         for (c, client) in s.clients.iter().enumerate().take(self.clients.len()) {
             let phase = match client.phase {
                 Phase::Idle => "idle".to_owned(),
-                Phase::Acquire { start, lost, .. } => {
-                    format!("acquire@{start}{}", if lost { " lost" } else { "" })
-                }
+                Phase::Acquire { start, .. } => format!("acquire@{start}"),
                 Phase::Raise { token, .. } => format!("raise {token}"),
                 Phase::Cleanup { .. } => "cleanup".to_owned(),
                 Phase::Hold {
