@@ -116,8 +116,6 @@ impl RedlockConfig {
                 ));
             }
         }
-        // Bounded before any rule below computes with them.
-        timing::check_bounds(self)?;
         if self.node_set.as_ref().is_some_and(|name| {
             name.is_empty() || name.len() > 200 || name.chars().any(char::is_control)
         }) {
@@ -126,6 +124,14 @@ impl RedlockConfig {
                 "must be 1 to 200 printable characters",
             ));
         }
+        // Bounded before any rule below computes with them.
+        timing::check_bounds(self)?;
+        self.validate_durations()
+    }
+
+    /// The rules between the durations: a round leaves most of the ttl, the longest ttl is
+    /// at least the ttl, counters outlive two ttls, retries wait.
+    fn validate_durations(&self) -> Result<(), ConfigError> {
         if self.node_timeout.is_zero() {
             return Err(ConfigError::new("--node-timeout", "must be greater than 0"));
         }
