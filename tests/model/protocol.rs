@@ -2,6 +2,10 @@
 //! counter, max-ttl register, node-set record and epoch marker; clients that acquire, mint
 //! tokens, renew, step down, keep a lost lease's promise and release; and the faults.
 //!
+//! The clients' round decisions are not written here: each client keeps the answers its nodes
+//! gave and asks the engine's own state machines (`redlock::round`, through `engine`) what to
+//! do next.
+//!
 //! ## Time
 //! Real time is a tick counter (one tick is one millisecond of the engine's arithmetic, see
 //! `engine`). Every clock misjudges an interval by at most one tick, in the direction that
