@@ -23,14 +23,13 @@
 //! tick later. Requests from one client to one node are executed in the order sent. A client
 //! reacts to an answer at once (decides, sends what follows) unless it is paused.
 
-use std::fmt::{self, Write as _};
-
 use stateright::{Model, Property};
 
 use redlock_sidecar::redlock::round;
 
 mod clients;
 mod nodes;
+mod trace;
 
 use crate::engine::{
     self, AcquireAns, AcquireNext, AcquireView, Age, ExtendAns, ExtendNext, RaiseNext,
@@ -572,24 +571,7 @@ impl Model for Config {
                 msg.not_before = s.now + 1;
             }
             Action::Deliver(c, n) | Action::DeliverUnanswered(c, n) | Action::Drop(c, n) => {
-                s.opening = false;
-                let msg = s.clients[c].pending[n].take().expect("pending");
-                if !matches!(action, Action::Deliver(..)) {
-                    s.losses_left -= 1;
-                }
-                let reply = if matches!(action, Action::Drop(..)) {
-                    None
-                } else {
-                    self.execute(&mut s, c, n, msg.op)
-                };
-                let reply = if matches!(action, Action::Deliver(..)) {
-                    reply
-                } else {
-                    None
-                };
-                if msg.op.answered() {
-                    self.receive(&mut s, c, n, msg.op, reply);
-                }
+                self.deliver(&mut s, action, c, n)
             }
             Action::Resign(c) => {
                 s.resigns_left -= 1;
@@ -653,66 +635,27 @@ impl Model for Config {
     }
 }
 
-// ---------------------------------------------------------------------------------------
-// Traces
-// ---------------------------------------------------------------------------------------
-
 impl Config {
-    /// One line for a state: the time, each node, each client.
-    pub fn describe(&self, s: &State) -> String {
-        let mut f = String::new();
-        self.describe_into(&mut f, s).expect("writing to a String");
-        f
-    }
-
-    fn describe_into(&self, f: &mut String, s: &State) -> fmt::Result {
-        write!(f, "t={:<2}", s.now)?;
-        for (n, node) in s.nodes.iter().enumerate().take(self.nodes) {
-            let d = &node.data;
-            let mut line = String::new();
-            match d.key {
-                Some(k) => write!(line, "key=c{}#{}<{}", k.client, k.nonce, k.expires)?,
-                None => line.push_str("key=-"),
-            }
-            write!(line, " fence={}", d.fence)?;
-            if let Some((v, at)) = d.register {
-                write!(line, " reg={v}<{at}")?;
-            }
-            if let Some((set, at)) = d.record {
-                write!(line, " rec={:04x}<{at}", set & 0xffff)?;
-            }
-            match d.marker {
-                Some(m) => write!(
-                    line,
-                    " epoch={}.{}@{}",
-                    m.lineage.run,
-                    m.lineage.repl,
-                    m.stamped.map_or("old".to_owned(), |t| t.to_string())
-                )?,
-                None => line.push_str(" epoch=-"),
-            }
-            write!(f, " | n{n}[{line} id={}.{}]", node.id.run, node.id.repl)?;
+    /// Client `c`'s request to node `n` is executed (`Deliver`), executed with its answer
+    /// lost (`DeliverUnanswered`), or never executed (`Drop`).
+    fn deliver(&self, s: &mut State, action: Action, c: usize, n: usize) {
+        s.opening = false;
+        let msg = s.clients[c].pending[n].take().expect("pending");
+        if !matches!(action, Action::Deliver(..)) {
+            s.losses_left -= 1;
         }
-        for (c, client) in s.clients.iter().enumerate().take(self.clients.len()) {
-            let phase = match client.phase {
-                Phase::Idle => "idle".to_owned(),
-                Phase::Acquire { start, .. } => format!("acquire@{start}"),
-                Phase::Raise { token, .. } => format!("raise {token}"),
-                Phase::Cleanup { .. } => "cleanup".to_owned(),
-                Phase::Hold {
-                    token, end, extend, ..
-                } => format!(
-                    "hold token={token} end={end}{}",
-                    if extend.is_some() { " extending" } else { "" }
-                ),
-                Phase::Lost { end, .. } => format!("lost end={end}"),
-            };
-            let window = client
-                .window
-                .map_or(String::new(), |(a, b)| format!(" app=[{a},{b})"));
-            let paused = if client.paused { " paused" } else { "" };
-            write!(f, " | c{c}[{phase}{window}{paused}]")?;
+        let reply = if matches!(action, Action::Drop(..)) {
+            None
+        } else {
+            self.execute(s, c, n, msg.op)
+        };
+        let reply = if matches!(action, Action::Deliver(..)) {
+            reply
+        } else {
+            None
+        };
+        if msg.op.answered() {
+            self.receive(s, c, n, msg.op, reply);
         }
-        Ok(())
     }
 }

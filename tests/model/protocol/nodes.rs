@@ -11,6 +11,18 @@ pub(super) struct Reply {
     pub(super) fence: u16,
 }
 
+/// Who runs a request on a node, and what the script reads there.
+#[derive(Clone, Copy)]
+struct At {
+    client: usize,
+    now: u8,
+    ttl: u8,
+    /// The lineage the script reads (see `LineageRule`).
+    lineage: Id,
+    /// The run id the request's connection shows.
+    server: u8,
+}
+
 impl Config {
     pub(super) fn set_mask(&self, client: usize) -> u8 {
         self.clients[client]
@@ -140,41 +152,14 @@ impl Config {
         };
         match op {
             Op::Acquire { nonce, cand, set } => {
-                let age = self.prove(node, lineage, now);
-                let fence = node.data.fence;
-                let register = node.data.register.map_or(0, |(v, _)| v);
-                let recorded = node.data.record.is_some();
-                let ans = if node.data.key.is_some() {
-                    Ans::Held {
-                        foreign,
-                        longest: 0,
-                    }
-                } else if foreign {
-                    Ans::Conflict { longest: 0 }
-                } else {
-                    node.data.key = Some(Key {
-                        client: client as u8,
-                        nonce,
-                        expires: self.node_expiry(now, ttl),
-                    });
-                    let stored = fence < cand;
-                    if stored {
-                        node.data.fence = cand;
-                    }
-                    self.record_ttl(node, set, ttl, now, true);
-                    Ans::Granted {
-                        age,
-                        stored,
-                        server,
-                        recorded,
-                        longest: 0,
-                    }
+                let at = At {
+                    client,
+                    now,
+                    ttl,
+                    lineage,
+                    server,
                 };
-                Some(Reply {
-                    ans,
-                    register,
-                    fence,
-                })
+                Some(self.acquire_on(node, at, (nonce, cand, set), foreign))
             }
             Op::Extend {
                 nonce, token, set, ..
@@ -242,6 +227,59 @@ impl Config {
                 }
                 None
             }
+        }
+    }
+
+    /// The acquire script on `node`: `SET NX` unless held or under a foreign record, with the
+    /// data-age proof, the fence and the register as they were.
+    fn acquire_on(
+        &self,
+        node: &mut Node,
+        at: At,
+        (nonce, cand, set): (u8, u16, u64),
+        foreign: bool,
+    ) -> Reply {
+        let At {
+            client,
+            now,
+            ttl,
+            lineage,
+            server,
+        } = at;
+        let age = self.prove(node, lineage, now);
+        let fence = node.data.fence;
+        let register = node.data.register.map_or(0, |(v, _)| v);
+        let recorded = node.data.record.is_some();
+        let ans = if node.data.key.is_some() {
+            Ans::Held {
+                foreign,
+                longest: 0,
+            }
+        } else if foreign {
+            Ans::Conflict { longest: 0 }
+        } else {
+            node.data.key = Some(Key {
+                client: client as u8,
+                nonce,
+                expires: self.node_expiry(now, ttl),
+            });
+            let stored = fence < cand;
+            if stored {
+                node.data.fence = cand;
+            }
+            self.record_ttl(node, set, ttl, now, true);
+            Ans::Granted {
+                age,
+                stored,
+                server,
+                recorded,
+                longest: 0,
+            }
+        };
+        Reply {
+            ans,
+            register,
+            fence,
         }
     }
 
