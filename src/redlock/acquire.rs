@@ -371,6 +371,7 @@ impl Redlock {
             acquired_at: start,
             since,
             valid_until: start + valid,
+            renewals: 0,
         };
         self.announce_acquired(&lease);
         Ok(lease)

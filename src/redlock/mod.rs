@@ -347,7 +347,14 @@ pub struct Lease {
     pub since: SystemTime,
     /// The end of validity (monotonic): no node keeps our key past it without a renewal.
     pub valid_until: Instant,
+    /// Renewals so far: every [`PROOF_EVERY`]th one asks the nodes for their data-age proof.
+    renewals: u32,
 }
+
+/// A renewal asks the nodes to prove their data age (their `INFO`, see `scripts::EXTEND`)
+/// once in this many renewals (about every 9 ttl at the default cadence): extend votes need no
+/// proof, it only keeps the nodes' reported health current, and it is the costliest part.
+pub const PROOF_EVERY: u32 = 27;
 
 impl Lease {
     /// The validity left at `now`.
@@ -733,6 +740,7 @@ impl Redlock {
             lease.fencing_token.to_string(),
             self.inner.retention_ms(),
             self.node_set().fingerprint,
+            u8::from(lease.renewals.wrapping_add(1).is_multiple_of(PROOF_EVERY)).to_string(),
         ];
         // An answer "key missing" calls for a restore: each node counts as writing our key
         // until its answer has been handled.
@@ -794,12 +802,14 @@ impl Redlock {
         });
         Ok(Lease {
             valid_until: timing::renewed_until(lease.valid_until, start, valid),
+            renewals: lease.renewals.wrapping_add(1),
             ..lease.clone()
         })
     }
 
     /// The vote in node `index`'s extend answer. Extend votes need no data-age rule (a node
-    /// that lost our key says so), but the verdict keeps the node's reported health current.
+    /// that lost our key says so), but an answer with a proof keeps the node's reported health
+    /// current (most renewals carry none, see [`PROOF_EVERY`]).
     fn extend_vote(
         &self,
         index: usize,
@@ -811,7 +821,11 @@ impl Redlock {
                     data_age: votes::DataAge::from_script(age),
                     max_ttl: Duration::from_millis(max_ttl),
                 };
-                let _ = self.judge(index, &facts, proof);
+                if proof.data_age == votes::DataAge::NotProven {
+                    self.learn_max_ttl(proof.max_ttl);
+                } else {
+                    let _ = self.judge(index, &facts, proof);
+                }
                 match status {
                     1 => Vote::Granted,
                     0 => Vote::HeldBy("another holder".to_owned()),
