@@ -1490,7 +1490,7 @@ fn print_floor_ratios(rows: &[Row]) {
         }
         match (cpu(Shape::Locks(l)), cpu(Shape::Bare(l))) {
             (Some(engine), Some(floor)) => println!(
-                "L={l} engine/floor={:.2} ({engine:.0} µs/s / {floor:.0} µs/s of Redis CPU per node; goal ≤ 1.25: {})",
+                "L={l} engine/floor={:.3} ({engine:.0} µs/s / {floor:.0} µs/s of Redis CPU per node; goal ≤ 1.25: {})",
                 engine / floor,
                 if engine <= floor * 1.25 { "met" } else { "missed" }
             ),

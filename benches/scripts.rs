@@ -5,12 +5,14 @@
 //! `renewal/classic=<ratio>` and `acquire/classic_fenced=<ratio>`.
 //!
 //! One local `redis-server` (pinned with the benchmark, as `benches/engine.rs` does;
-//! `BENCH_CPU=none` to run unpinned). Five kinds of call, each made `BENCH_CALLS` (default 10)
-//! times per phase, one call every `BENCH_CADENCE_MS` (default 300: a renewal's cadence at a
-//! ttl of 900 ms, three calls a second):
+//! `BENCH_CPU=none` to run unpinned). Five kinds of call, each made `BENCH_CALLS` (default 27,
+//! `PROOF_EVERY`) times per phase, one call every `BENCH_CADENCE_MS` (default 300: a renewal's
+//! cadence at a ttl of 900 ms, three calls a second):
 //! - **renewal**: `Redlock::extend` of a held lease (ttl 900 ms): the engine's `EXTEND` with
 //!   everything it refreshes when due, as often as it is due at this cadence. The lease is
-//!   taken afresh before each phase (before the statistics are reset).
+//!   taken afresh before each phase (before the statistics are reset), so a phase of
+//!   `PROOF_EVERY` renewals holds exactly the mix a long tenure has: one renewal with the
+//!   data-age proof, about one in four with the register's refresh, the rest bare.
 //! - **classic renewal**: `if GET key == value then PEXPIRE key ttl` as one script, on a key
 //!   set afresh before each phase.
 //! - **acquire**: `Redlock::try_acquire` of a free lock (granted), then a bare `DEL` of the key.
@@ -22,10 +24,10 @@
 //!
 //! `INFO commandstats` counts every `EVALSHA` under one name, so each phase runs one kind
 //! only: `CONFIG RESETSTAT`, the calls, then `cmdstat_evalsha` (calls and `usec`). Phases
-//! alternate (in the order above, with the order rotated
-//! each round) for `BENCH_ROUNDS` (default 9) rounds, so that whatever else loads the machine
-//! hits every kind alike; a kind's figure is the `usec` per call of its median phase (the mean
-//! over all its calls is printed beside it: one disturbed phase moves it far more).
+//! alternate (in the order above, rotated each round) for `BENCH_ROUNDS` (default 5) rounds, so
+//! that whatever else loads the machine hits every kind alike; a kind's figure is the `usec` per
+//! call of its median phase (the mean over all its calls is printed beside it: one disturbed
+//! phase moves it far more).
 //! The `DEL`s count under `cmdstat_del`, not in these figures.
 
 mod support;
@@ -35,10 +37,13 @@ use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 use redis::Script;
-use redlock_sidecar::redlock::{NoObserver, Redlock};
+use redlock_sidecar::redlock::{NoObserver, Redlock, PROOF_EVERY};
 use support::{env_usize, RedisServer};
 
 const TTL: Duration = Duration::from_millis(900);
+
+/// The commands a script may run inside, counted per call of each kind.
+const INSIDE: [&str; 7] = ["get", "mget", "pttl", "set", "pexpire", "info", "incr"];
 
 static CLASSIC_RENEWAL: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
@@ -202,8 +207,8 @@ impl Cost {
 }
 
 fn main() {
-    let calls = env_usize("BENCH_CALLS", 10);
-    let rounds = env_usize("BENCH_ROUNDS", 9);
+    let calls = env_usize("BENCH_CALLS", PROOF_EVERY as usize);
+    let rounds = env_usize("BENCH_ROUNDS", 5);
     let cadence = Duration::from_millis(env_usize("BENCH_CADENCE_MS", 300) as u64);
     let cpu = support::pinned_cpu();
     if let Some(cpu) = cpu {
@@ -221,7 +226,7 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let costs = runtime.block_on(async {
+    let (costs, inside) = runtime.block_on(async {
         let holder = engine("bench-scripts-renewal");
         let conn = redis::Client::open(server.url())
             .expect("url")
@@ -243,6 +248,7 @@ fn main() {
             }
         }
         let mut costs: [Cost; 5] = Default::default();
+        let mut inside = [[0u64; INSIDE.len()]; 5];
         for round in 0..rounds {
             for k in 0..KINDS.len() {
                 let ki = (k + round) % KINDS.len();
@@ -259,12 +265,15 @@ fn main() {
                 costs[ki].calls += c;
                 costs[ki].usec += u;
                 costs[ki].per_phase.push(u as f64 / c.max(1) as f64);
+                for (i, command) in INSIDE.iter().enumerate() {
+                    inside[ki][i] += support::command_stats(&server, command).0;
+                }
             }
         }
         if let Some(lease) = contenders.lease.take() {
             contenders.holder.release(&lease).await;
         }
-        costs
+        (costs, inside)
     });
     println!("## Script-cost benchmark\n");
     println!(
@@ -277,15 +286,22 @@ fn main() {
         TTL.as_millis(),
         started.elapsed().as_secs_f64()
     );
-    println!("| call | calls | µs per call, median phase | mean |");
-    println!("|---|---|---|---|");
-    for (kind, cost) in KINDS.iter().zip(&costs) {
+    println!("| call | calls | µs per call, median phase | mean | commands run inside, per call |");
+    println!("|---|---|---|---|---|");
+    for ((kind, cost), inside) in KINDS.iter().zip(&costs).zip(&inside) {
+        let ran: Vec<String> = INSIDE
+            .iter()
+            .zip(inside)
+            .filter(|(_, n)| **n > 0)
+            .map(|(command, n)| format!("{:.2} {command}", *n as f64 / cost.calls.max(1) as f64))
+            .collect();
         println!(
-            "| {} | {} | {:.1} | {:.1} |",
+            "| {} | {} | {:.1} | {:.1} | {} |",
             kind.name(),
             cost.calls,
             cost.median(),
-            cost.mean()
+            cost.mean(),
+            ran.join(", ")
         );
     }
     let [renewal, classic, acquire, fenced, lineage] = costs.each_ref().map(Cost::median);
