@@ -117,6 +117,7 @@ impl Redlock {
             acquired_at: start,
             since,
             valid_until,
+            renewals: 0,
         };
         self.announce_acquired(&lease);
         Ok(lease)

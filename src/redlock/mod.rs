@@ -170,7 +170,14 @@ pub struct Lease {
     pub since: SystemTime,
     /// The end of validity (monotonic): no node keeps our key past it without a renewal.
     pub valid_until: Instant,
+    /// Renewals so far: every [`PROOF_EVERY`]th one asks the nodes for their data-age proof.
+    renewals: u32,
 }
+
+/// A renewal asks the nodes to prove their data age (their `INFO`, see `scripts::EXTEND`)
+/// once in this many renewals (about every 9 ttl at the default cadence): extend votes need no
+/// proof, it only keeps the nodes' reported health current, and it is the costliest part.
+pub const PROOF_EVERY: u32 = 27;
 
 impl Lease {
     /// The validity left at `now`.

@@ -6,9 +6,10 @@ use std::sync::Arc;
 use super::round::extend::RawExtendReply;
 use super::round::release::RawReleaseReply;
 use super::round::{ExtendReply, ExtendRound, ExtendStep, ReleaseTally, Rules};
+use super::votes::DataAge;
 use super::{
     clock, Answers, KeyWrite, Lease, LockError, NodeError, NodeFacts, Op, Order, Redlock, Vote,
-    EXTEND, RELEASE, RESTORE,
+    EXTEND, PROOF_EVERY, RELEASE, RESTORE,
 };
 use crate::clock::Deadline;
 
@@ -28,6 +29,8 @@ impl Redlock {
             lease.fencing_token.to_string(),
             self.inner.retention_ms(),
             self.node_set().fingerprint,
+            // Most renewals skip the data-age proof (see `PROOF_EVERY`).
+            u8::from(lease.renewals.wrapping_add(1).is_multiple_of(PROOF_EVERY)).to_string(),
         ];
         let mut round = ExtendRound::new(
             self.inner.nodes.len(),
@@ -79,6 +82,7 @@ impl Redlock {
         });
         Ok(Lease {
             valid_until: valid_until.to_instant(),
+            renewals: lease.renewals.wrapping_add(1),
             ..lease.clone()
         })
     }
@@ -114,8 +118,8 @@ impl Redlock {
     }
 
     /// Node `index`'s extend answer into `round`; returns its vote. Extend votes need no
-    /// data-age rule (a node that lost our key says so), but the verdict keeps the node's
-    /// reported health current.
+    /// data-age rule (a node that lost our key says so), but an answer with a proof keeps the
+    /// node's reported health current (most renewals carry none, see [`PROOF_EVERY`]).
     fn feed_extend(
         &self,
         round: &mut ExtendRound,
@@ -124,7 +128,11 @@ impl Redlock {
     ) -> Vote {
         let answer = answer.map(|(raw, facts)| {
             let reply = ExtendReply::parse(raw);
-            let _ = self.judge(index, &facts, reply.proof);
+            if reply.proof.data_age == DataAge::NotProven {
+                self.learn_max_ttl(reply.proof.max_ttl);
+            } else {
+                let _ = self.judge(index, &facts, reply.proof);
+            }
             reply
         });
         round.handle(index, answer)

@@ -161,6 +161,31 @@ impl Config {
                 };
                 Some(self.acquire_on(node, at, (nonce, cand, set), foreign))
             }
+            // Our key stands: the renewal refreshes the register and the record only when due
+            // (the register has less than a ttl left, or the record is not ours), and neither
+            // proves nor writes the counter. The engine also sends everything on every
+            // `PROOF_EVERY`th renewal; the model never does, the case with the fewest writes.
+            Op::Extend { nonce, set, .. } if ours(node, nonce) => {
+                let register = node.data.register.map_or(0, |(v, _)| v);
+                let due = node.data.register.is_none_or(|(_, at)| at - now < ttl);
+                if due {
+                    self.record_ttl(node, set, ttl, now, false);
+                } else if self.rules.fingerprint
+                    && node.data.record.is_none_or(|(recorded, _)| recorded != set)
+                {
+                    node.data.record = Some((set, self.node_expiry(now, 2 * register.max(ttl))));
+                }
+                node.data.key = Some(Key {
+                    client: client as u8,
+                    nonce,
+                    expires: self.node_expiry(now, ttl),
+                });
+                Some(Reply {
+                    ans: Ans::Extended,
+                    register,
+                    fence: node.data.fence,
+                })
+            }
             Op::Extend {
                 nonce, token, set, ..
             } => {
