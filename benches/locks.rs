@@ -35,6 +35,9 @@
 //! same sidecar or in a second one; measured from the holder's `DELETE` being sent to the
 //! waiter's 200.
 //!
+//! - **HTTP, two answers without Redis**: two `POST .../keepalive` for a lease nobody has
+//!   (404 from the lease table): the transport part of the HTTP hop, without the service.
+//!
 //! Goal lines: `http_hop_p50_us` is the HTTP p50 less the library p50 for the same engine work
 //! (many names: both open an engine per name); `hot_handover_p50_us` per kind.
 
@@ -58,6 +61,8 @@ const NODE_COUNTS: [usize; 3] = [1, 3, 5];
 const TTL: Duration = Duration::from_secs(10);
 const HANDOVER_GOAL_US: f64 = 1000.0;
 const HOP_GOAL_US: f64 = 100.0;
+/// A keepalive for a lease nobody has: answered from the lease table alone.
+const UNKNOWN_LEASE: &str = "/v1/locks/bench/00000000000000000000000000000000/keepalive";
 
 static CAD: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
@@ -166,6 +171,8 @@ enum Path {
     Rslock,
     Library,
     Http,
+    /// Two requests the sidecar answers without Redis: what HTTP itself costs.
+    HttpNoRedis,
 }
 
 impl Path {
@@ -179,11 +186,12 @@ impl Path {
             (Path::Library, true) => "library, hot name (one engine)",
             (Path::Http, false) => "HTTP, many names",
             (Path::Http, true) => "HTTP, hot name",
+            (Path::HttpNoRedis, _) => "HTTP, two answers without Redis (404 keepalive)",
         }
     }
 }
 
-const PATHS: [(Path, bool); 8] = [
+const PATHS: [(Path, bool); 9] = [
     (Path::Floor, false),
     (Path::Floor, true),
     (Path::Rslock, false),
@@ -192,6 +200,7 @@ const PATHS: [(Path, bool); 8] = [
     (Path::Library, true),
     (Path::Http, false),
     (Path::Http, true),
+    (Path::HttpNoRedis, false),
 ];
 
 /// One row: cycle latencies, time spent in cycles, Redis CPU seconds over all nodes.
@@ -283,6 +292,12 @@ fn cycle(rt: &tokio::runtime::Runtime, c: &mut Clients, path: Path, hot: bool) -
         Path::Http => {
             let lease = c.http.acquire(&format!("/v1/locks/{name}?ttl=10s"));
             c.http.release(&name, &lease);
+        }
+        Path::HttpNoRedis => {
+            for _ in 0..2 {
+                let (status, body) = c.http.call("POST", UNKNOWN_LEASE);
+                assert_eq!(status, 404, "{body}");
+            }
         }
     }
     start.elapsed()
@@ -459,6 +474,10 @@ fn main() {
             p50(Path::Http, false),
             p50(Path::Library, false),
             met(hop <= HOP_GOAL_US)
+        ));
+        goals.push(format!(
+            "http_two_requests_without_redis_p50_us n={nodes} {:.0} (what HTTP itself costs here)",
+            p50(Path::HttpNoRedis, false)
         ));
         goals.push(format!(
             "http_hot_over_library_hot_p50_us n={nodes} {hop_hot:.0} (HTTP hot name opens an engine per cycle, the library keeps one)"
