@@ -286,7 +286,17 @@ fn cycle(rt: &tokio::runtime::Runtime, c: &mut Clients, path: Path, hot: bool) -
                 fresh = engine(&c.urls, &format!("lib:{name}"));
                 &fresh
             };
-            let lease = lock.try_acquire().await.expect("library: uncontended");
+            // A fresh engine's first round may not count a node yet (its server is learnt in
+            // that round): the next round does, as the sidecar's own acquisition retries.
+            let mut tries = 0;
+            let lease = loop {
+                tries += 1;
+                match lock.try_acquire().await {
+                    Ok(lease) => break lease,
+                    Err(e) if tries >= 3 => panic!("library: uncontended: {e:?}"),
+                    Err(_) => {}
+                }
+            };
             lock.release(&lease).await;
         }),
         Path::Http => {
