@@ -8,7 +8,7 @@
 //! not a timed test.
 //!
 //! Knobs (environment):
-//! - `BENCH_QUICK=1`: a CI-sized run (4 rounds of 25 cycles, 10 hand-overs; about a minute).
+//! - `BENCH_QUICK=1`: a CI-sized run (4 rounds of 25 cycles, 10 hand-overs; seconds).
 //! - `BENCH_ROUNDS` (default 20), `BENCH_BATCH` (default 50): each row has
 //!   `BENCH_ROUNDS × BENCH_BATCH` cycles, run in interleaved batches (every path one batch,
 //!   round after round, on the same nodes), so whatever else loads the machine hits every
@@ -24,6 +24,8 @@
 //! - **library**: `Redlock::try_acquire` then `release`; for many names a new `Redlock` per
 //!   name (what the sidecar does per name with the engine of today), for the hot name one
 //!   `Redlock` kept.
+//! - **service in-process**: the sidecar's request-lock service (`locks::Locks` over
+//!   `RedlockEngine`) in the bench's process: `acquire` then `release`, no HTTP.
 //! - **http**: `POST /v1/locks/NAME?ttl=10s` then `DELETE /v1/locks/NAME/LEASE` on one
 //!   kept-alive connection with `TCP_NODELAY`, as a pooling HTTP client does.
 //!
@@ -54,6 +56,8 @@ use futures_util::future::join_all;
 use rand::Rng;
 use redis::aio::MultiplexedConnection;
 use redis::Script;
+use redlock_sidecar::locks::{Locks, RedlockEngine};
+use redlock_sidecar::metrics::Metrics;
 use redlock_sidecar::redlock::{NoObserver, Redlock};
 use support::{env_usize, fmt_dur, free_port, info_field, RedisServer, Samples};
 
@@ -170,6 +174,8 @@ enum Path {
     Floor,
     Rslock,
     Library,
+    /// The sidecar's request-lock service in this process, without HTTP.
+    Service,
     Http,
     /// Two requests the sidecar answers without Redis: what HTTP itself costs.
     HttpNoRedis,
@@ -184,6 +190,8 @@ impl Path {
             (Path::Rslock, true) => "rslock 0.10, hot name",
             (Path::Library, false) => "library, many names (an engine per name)",
             (Path::Library, true) => "library, hot name (one engine)",
+            (Path::Service, false) => "service in-process (no HTTP), many names",
+            (Path::Service, true) => "service in-process (no HTTP), hot name",
             (Path::Http, false) => "HTTP, many names",
             (Path::Http, true) => "HTTP, hot name",
             (Path::HttpNoRedis, _) => "HTTP, two answers without Redis (404 keepalive)",
@@ -191,13 +199,15 @@ impl Path {
     }
 }
 
-const PATHS: [(Path, bool); 9] = [
+const PATHS: [(Path, bool); 11] = [
     (Path::Floor, false),
     (Path::Floor, true),
     (Path::Rslock, false),
     (Path::Rslock, true),
     (Path::Library, false),
     (Path::Library, true),
+    (Path::Service, false),
+    (Path::Service, true),
     (Path::Http, false),
     (Path::Http, true),
     (Path::HttpNoRedis, false),
@@ -217,6 +227,7 @@ struct Clients {
     conns: Vec<MultiplexedConnection>,
     rslock: rslock::LockManager,
     hot_engine: Redlock,
+    service: Arc<Locks<RedlockEngine>>,
     http: Conn,
     /// A fresh name each cycle.
     serial: usize,
@@ -225,6 +236,17 @@ struct Clients {
 fn engine(urls: &[String], lock: &str) -> Redlock {
     let cfg = support::engine_config(urls, lock, "bench-library", TTL);
     Redlock::new(cfg, Arc::new(NoObserver)).expect("valid config")
+}
+
+/// The request-lock service as the sidecar builds it, in this process, in namespace `svc`.
+fn service(urls: &[String]) -> Arc<Locks<RedlockEngine>> {
+    let cfg = support::engine_config(urls, "bench-service", "bench-service", TTL);
+    let metrics = Metrics::new("bench-service", &[], None);
+    Locks::new(
+        RedlockEngine::new(cfg, "svc"),
+        1024,
+        metrics.app_locks().clone(),
+    )
 }
 
 fn random_value() -> String {
@@ -298,6 +320,17 @@ fn cycle(rt: &tokio::runtime::Runtime, c: &mut Clients, path: Path, hot: bool) -
                 }
             };
             lock.release(&lease).await;
+        }),
+        Path::Service => rt.block_on(async {
+            let granted = c
+                .service
+                .acquire(&name, TTL, Duration::ZERO, None)
+                .await
+                .expect("service: uncontended");
+            c.service
+                .release(&name, granted.lease)
+                .await
+                .expect("service: release");
         }),
         Path::Http => {
             let lease = c.http.acquire(&format!("/v1/locks/{name}?ttl=10s"));
@@ -428,6 +461,7 @@ fn main() {
         rslock.set_retry(1, Duration::from_millis(10));
         let mut clients = Clients {
             hot_engine: engine(&urls, "lib:bench-hot"),
+            service: service(&urls),
             urls,
             conns,
             rslock,
@@ -484,6 +518,14 @@ fn main() {
             p50(Path::Http, false),
             p50(Path::Library, false),
             met(hop <= HOP_GOAL_US)
+        ));
+        goals.push(format!(
+            "service_over_library_p50_us n={nodes} {:.0} (the service in-process, no HTTP, less the library; many names)",
+            p50(Path::Service, false) - p50(Path::Library, false)
+        ));
+        goals.push(format!(
+            "http_over_service_p50_us n={nodes} {:.0} (HTTP less the service in-process; many names)",
+            p50(Path::Http, false) - p50(Path::Service, false)
         ));
         goals.push(format!(
             "http_two_requests_without_redis_p50_us n={nodes} {:.0} (what HTTP itself costs here)",
