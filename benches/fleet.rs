@@ -1,13 +1,14 @@
 //! Fleet benchmark: what many contenders cost the Redis nodes they share.
 //!
-//! `cargo bench --bench fleet` (a few minutes: S = 10, 100, 1,000; L = 100, 1,000; the floor of
-//! L = 1,000), or one size:
+//! `cargo bench --bench fleet` (several minutes: S = 10, 100, 1,000; L = 1,000 and 3,000, each
+//! with its floor), or one size:
 //! `cargo bench --bench fleet -- --standbys 1000`, `-- --locks 1000`; `--secs N` sets the
 //! measurement window (default 10 s), `--warmup N` the warm-up before it (default 5 s),
 //! `--releases N` the takeovers after a release measured per size (default 9); `--sidecars`
 //! runs real sidecar processes instead of engines (see below); `--bare-locks N` runs the floor
-//! of the L-locks shape (see below).
-//! Prints markdown tables; asserts nothing about timing.
+//! of the L-locks shape (see below); without it, the floor of every `--locks` size runs.
+//! Prints markdown tables and, last, one line `L=<n> engine/floor=<ratio>` per L-locks size (the
+//! nodes' Redis CPU over the floor's); asserts nothing about timing.
 //!
 //! Three local `redis-server` nodes (`--maxclients` raised to what `ulimit -n` allows). Two
 //! shapes, each with the engine's defaults (ttl 10 s, renewal every ttl/3, standby retry 1 s):
@@ -470,8 +471,11 @@ fn parse_args(args: &[String]) -> Args {
     }
     if parsed.standbys.is_empty() && parsed.locks.is_empty() && parsed.bare_locks.is_empty() {
         parsed.standbys = vec![10, 100, 1_000];
-        parsed.locks = vec![100, 1_000];
-        parsed.bare_locks = vec![1_000];
+        parsed.locks = vec![1_000, 3_000];
+    }
+    // Every L-locks size is compared with its own floor, measured in the same run.
+    if parsed.bare_locks.is_empty() {
+        parsed.bare_locks = parsed.locks.clone();
     }
     parsed
 }
@@ -872,7 +876,7 @@ async fn del(conn: &mut MultiplexedConnection, key: &str) {
         .expect("DEL");
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Shape {
     /// S standbys (and one holder) on one lock.
     Standbys(usize),
@@ -1464,6 +1468,34 @@ fn print_summary(rows: &[Row], args: &Args) {
             row.shape.name(),
             pct_core(worst),
         );
+    }
+    print_floor_ratios(rows);
+}
+
+/// Last, one line per L-locks size: the Redis CPU (`used_cpu_sys` + `used_cpu_user`, mean
+/// per node) of L locks of three over that of the floor of the same L, measured in this run
+/// (goal ≤ 1.25).
+fn print_floor_ratios(rows: &[Row]) {
+    let cpu = |shape: Shape| {
+        rows.iter()
+            .find(|row| row.shape == shape && row.skipped.is_none() && !row.nodes.is_empty())
+            .map(|row| row.nodes.iter().map(|c| c.cpu_usec).sum::<f64>() / row.nodes.len() as f64)
+    };
+    let mut first = true;
+    for row in rows {
+        let Shape::Locks(l) = row.shape else { continue };
+        if first {
+            println!();
+            first = false;
+        }
+        match (cpu(Shape::Locks(l)), cpu(Shape::Bare(l))) {
+            (Some(engine), Some(floor)) => println!(
+                "L={l} engine/floor={:.3} ({engine:.0} µs/s / {floor:.0} µs/s of Redis CPU per node; goal ≤ 1.25: {})",
+                engine / floor,
+                if engine <= floor * 1.25 { "met" } else { "missed" }
+            ),
+            _ => println!("L={l} engine/floor=? (not measured: run with --bare-locks {l})"),
+        }
     }
 }
 

@@ -1,21 +1,47 @@
-//! Request-lock benchmark: lock cycles (acquire + release) through the sidecar's HTTP API
-//! beside the library path, on 1 and 3 local `redis-server` nodes, and the hand-over of one
-//! hot name between waiters in two sidecars.
+//! Request-lock benchmark: lock cycles (acquire + release) per second and their p50/p99
+//! through the sidecar's HTTP API, through the library, through rslock and through the floor,
+//! on 1, 3 and 5 local `redis-server` nodes, with the Redis CPU each cycle costs each node;
+//! then the hand-over of one hot name between waiters (in one sidecar, and between two).
 //!
 //! `cargo bench --bench locks` (Cargo builds the binary first, into `target/release`). Prints
-//! a markdown table; it is not a timed test.
+//! a markdown table, then one line per goal of issue 28 with the figure and the goal. It is
+//! not a timed test.
 //!
-//! Rows, each `BENCH_CYCLES` (default 500) sequential cycles from one client:
-//! - **http, many names**: `POST /v1/locks/bench-N` then `DELETE`, a new name every cycle, over
-//!   one kept-alive connection to the control listener.
-//! - **http, hot name**: the same, one name.
-//! - **library, many names**: what the sidecar does per name today: a new `Redlock` for the
-//!   name, `try_acquire`, `release` (the engine is dropped after each cycle).
-//! - **library, hot name**: one `Redlock`, `try_acquire` then `release`.
-//! - **hand-over**: sidecar A holds the hot name, sidecar B waits for it (`wait=10s`); the time
-//!   from A's `DELETE` being sent to B's 200 (`BENCH_HANDOVERS`, default 50).
+//! Knobs (environment):
+//! - `BENCH_QUICK=1`: a CI-sized run (4 rounds of 25 cycles, 10 hand-overs; seconds).
+//! - `BENCH_ROUNDS` (default 20), `BENCH_BATCH` (default 50): each row has
+//!   `BENCH_ROUNDS × BENCH_BATCH` cycles, run in interleaved batches (every path one batch,
+//!   round after round, on the same nodes), so whatever else loads the machine hits every
+//!   row alike.
+//! - `BENCH_HANDOVERS` (default 100): hand-overs per kind per node count.
+//! - `REDLOCK_BIN`: measure another sidecar binary.
 //!
-//! `REDLOCK_BIN` measures another binary.
+//! Paths, each from one client doing sequential cycles:
+//! - **floor**: `SET key val NX PX ttl` on all N nodes at once, then a compare-and-delete
+//!   script (EVALSHA) on all N at once, on one `redis` `MultiplexedConnection` per node: the
+//!   least any Redlock can do.
+//! - **rslock 0.10**: `LockManager::lock` then `unlock` (no retries).
+//! - **library**: `Redlock::try_acquire` then `release`; for many names a new `Redlock` per
+//!   name (what the sidecar does per name with the engine of today), for the hot name one
+//!   `Redlock` kept.
+//! - **service in-process**: the sidecar's request-lock service (`locks::Locks` over
+//!   `RedlockEngine`) in the bench's process: `acquire` then `release`, no HTTP.
+//! - **http**: `POST /v1/locks/NAME?ttl=10s` then `DELETE /v1/locks/NAME/LEASE` on one
+//!   kept-alive connection with `TCP_NODELAY`, as a pooling HTTP client does.
+//!
+//! "Many names" takes a new name every cycle; "hot name" one name for every cycle.
+//! **Redis CPU** is `used_cpu_sys + used_cpu_user` (`INFO cpu`) over each batch, summed over
+//! the nodes, divided by cycles and nodes; it includes what the idle sidecars do meanwhile.
+//!
+//! Hand-over: a client holds the hot name, a second client waits for it (`wait=10s`) in the
+//! same sidecar or in a second one; measured from the holder's `DELETE` being sent to the
+//! waiter's 200.
+//!
+//! - **HTTP, two answers without Redis**: two `POST .../keepalive` for a lease nobody has
+//!   (404 from the lease table): the transport part of the HTTP hop, without the service.
+//!
+//! Goal lines: `http_hop_p50_us` is the HTTP p50 less the library p50 for the same engine work
+//! (many names: both open an engine per name); `hot_handover_p50_us` per kind.
 
 mod support;
 
@@ -23,14 +49,30 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
-use redlock_sidecar::redlock::{Credentials, NoObserver, NodeSpec, Redlock, RedlockConfig};
-use support::{env_usize, fmt_dur, free_port, RedisServer, Samples};
+use futures_util::future::join_all;
+use rand::Rng;
+use redis::aio::MultiplexedConnection;
+use redis::Script;
+use redlock_sidecar::locks::{Locks, RedlockEngine};
+use redlock_sidecar::metrics::Metrics;
+use redlock_sidecar::redlock::{NoObserver, Redlock};
+use support::{env_usize, fmt_dur, free_port, info_field, RedisServer, Samples};
 
-const NODE_COUNTS: [usize; 2] = [1, 3];
+const NODE_COUNTS: [usize; 3] = [1, 3, 5];
 const TTL: Duration = Duration::from_secs(10);
+const HANDOVER_GOAL_US: f64 = 1000.0;
+const HOP_GOAL_US: f64 = 100.0;
+/// A keepalive for a lease nobody has: answered from the lease table alone.
+const UNKNOWN_LEASE: &str = "/v1/locks/bench/00000000000000000000000000000000/keepalive";
+
+static CAD: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+    )
+});
 
 fn binary() -> PathBuf {
     std::env::var_os("REDLOCK_BIN")
@@ -79,7 +121,7 @@ impl Drop for Sidecar {
     }
 }
 
-/// One kept-alive HTTP/1.1 connection.
+/// One kept-alive HTTP/1.1 connection with `TCP_NODELAY`.
 struct Conn(BufReader<TcpStream>);
 
 impl Conn {
@@ -120,135 +162,393 @@ impl Conn {
         let json: serde_json::Value = serde_json::from_str(&body).unwrap();
         json["lease"].as_str().unwrap().to_owned()
     }
-}
 
-fn http_cycles(control: &str, cycles: usize, hot: bool) -> (Samples, Duration) {
-    let mut conn = Conn::open(control);
-    let mut samples = Samples::default();
-    let started = Instant::now();
-    for i in 0..cycles {
-        let name = if hot {
-            "bench-hot".to_owned()
-        } else {
-            format!("bench-{i}")
-        };
-        let cycle = Instant::now();
-        let lease = conn.acquire(&format!("/v1/locks/{name}?ttl=10s"));
-        let (status, body) = conn.call("DELETE", &format!("/v1/locks/{name}/{lease}"));
+    fn release(&mut self, name: &str, lease: &str) {
+        let (status, body) = self.call("DELETE", &format!("/v1/locks/{name}/{lease}"));
         assert_eq!(status, 200, "{body}");
-        samples.push(cycle.elapsed());
     }
-    (samples, started.elapsed())
 }
 
-fn config(urls: &[String], lock: &str) -> RedlockConfig {
-    let nodes = urls
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Path {
+    Floor,
+    Rslock,
+    Library,
+    /// The sidecar's request-lock service in this process, without HTTP.
+    Service,
+    Http,
+    /// Two requests the sidecar answers without Redis: what HTTP itself costs.
+    HttpNoRedis,
+}
+
+impl Path {
+    fn label(self, hot: bool) -> &'static str {
+        match (self, hot) {
+            (Path::Floor, false) => "floor (SET NX PX + CAD), many names",
+            (Path::Floor, true) => "floor (SET NX PX + CAD), hot name",
+            (Path::Rslock, false) => "rslock 0.10, many names",
+            (Path::Rslock, true) => "rslock 0.10, hot name",
+            (Path::Library, false) => "library, many names (an engine per name)",
+            (Path::Library, true) => "library, hot name (one engine)",
+            (Path::Service, false) => "service in-process (no HTTP), many names",
+            (Path::Service, true) => "service in-process (no HTTP), hot name",
+            (Path::Http, false) => "HTTP, many names",
+            (Path::Http, true) => "HTTP, hot name",
+            (Path::HttpNoRedis, _) => "HTTP, two answers without Redis (404 keepalive)",
+        }
+    }
+}
+
+const PATHS: [(Path, bool); 11] = [
+    (Path::Floor, false),
+    (Path::Floor, true),
+    (Path::Rslock, false),
+    (Path::Rslock, true),
+    (Path::Library, false),
+    (Path::Library, true),
+    (Path::Service, false),
+    (Path::Service, true),
+    (Path::Http, false),
+    (Path::Http, true),
+    (Path::HttpNoRedis, false),
+];
+
+/// One row: cycle latencies, time spent in cycles, Redis CPU seconds over all nodes.
+#[derive(Default)]
+struct Row {
+    samples: Samples,
+    busy: Duration,
+    redis_cpu: f64,
+}
+
+/// The clients of one node count.
+struct Clients {
+    urls: Vec<String>,
+    conns: Vec<MultiplexedConnection>,
+    rslock: rslock::LockManager,
+    hot_engine: Redlock,
+    service: Arc<Locks<RedlockEngine>>,
+    http: Conn,
+    /// A fresh name each cycle.
+    serial: usize,
+}
+
+fn engine(urls: &[String], lock: &str) -> Redlock {
+    let cfg = support::engine_config(urls, lock, "bench-library", TTL);
+    Redlock::new(cfg, Arc::new(NoObserver)).expect("valid config")
+}
+
+/// The request-lock service as the sidecar builds it, in this process, in namespace `svc`.
+fn service(urls: &[String]) -> Arc<Locks<RedlockEngine>> {
+    let cfg = support::engine_config(urls, "bench-service", "bench-service", TTL);
+    let metrics = Metrics::new("bench-service", &[], None);
+    Locks::new(
+        RedlockEngine::new(cfg, "svc"),
+        1024,
+        metrics.app_locks().clone(),
+    )
+}
+
+fn random_value() -> String {
+    format!("{:032x}", rand::rng().random::<u128>())
+}
+
+async fn floor_cycle(conns: &[MultiplexedConnection], key: &str) {
+    let value = random_value();
+    let ttl_ms = TTL.as_millis() as u64;
+    let sets = join_all(conns.iter().map(|c| {
+        let mut c = c.clone();
+        let value = &value;
+        async move {
+            redis::cmd("SET")
+                .arg(key)
+                .arg(value)
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl_ms)
+                .query_async::<Option<String>>(&mut c)
+                .await
+        }
+    }))
+    .await;
+    let granted = sets.iter().filter(|r| matches!(r, Ok(Some(_)))).count();
+    assert_eq!(granted, conns.len(), "the floor is uncontended");
+    join_all(conns.iter().map(|c| {
+        let mut c = c.clone();
+        let value = &value;
+        async move { CAD.key(key).arg(value).invoke_async::<i64>(&mut c).await }
+    }))
+    .await;
+}
+
+/// One cycle on `path`; its latency.
+fn cycle(rt: &tokio::runtime::Runtime, c: &mut Clients, path: Path, hot: bool) -> Duration {
+    c.serial += 1;
+    let name = if hot {
+        "bench-hot".to_owned()
+    } else {
+        format!("bench-{}", c.serial)
+    };
+    let start = Instant::now();
+    match path {
+        Path::Floor => rt.block_on(floor_cycle(&c.conns, &format!("floor:{name}"))),
+        Path::Rslock => rt.block_on(async {
+            let lock = c
+                .rslock
+                .lock(format!("rslock:{name}").as_str(), TTL)
+                .await
+                .expect("rslock: uncontended");
+            c.rslock.unlock(&lock).await;
+        }),
+        Path::Library => rt.block_on(async {
+            let fresh;
+            let lock = if hot {
+                &c.hot_engine
+            } else {
+                fresh = engine(&c.urls, &format!("lib:{name}"));
+                &fresh
+            };
+            // A fresh engine's first round may not count a node yet (its server is learnt in
+            // that round): the next round does, as the sidecar's own acquisition retries.
+            let mut tries = 0;
+            let lease = loop {
+                tries += 1;
+                match lock.try_acquire().await {
+                    Ok(lease) => break lease,
+                    Err(e) if tries >= 3 => panic!("library: uncontended: {e:?}"),
+                    Err(_) => {}
+                }
+            };
+            lock.release(&lease).await;
+        }),
+        Path::Service => rt.block_on(async {
+            let granted = c
+                .service
+                .acquire(&name, TTL, Duration::ZERO, None)
+                .await
+                .expect("service: uncontended");
+            c.service
+                .release(&name, granted.lease)
+                .await
+                .expect("service: release");
+        }),
+        Path::Http => {
+            let lease = c.http.acquire(&format!("/v1/locks/{name}?ttl=10s"));
+            c.http.release(&name, &lease);
+        }
+        Path::HttpNoRedis => {
+            for _ in 0..2 {
+                let (status, body) = c.http.call("POST", UNKNOWN_LEASE);
+                assert_eq!(status, 404, "{body}");
+            }
+        }
+    }
+    start.elapsed()
+}
+
+/// `used_cpu_sys + used_cpu_user` of every server, summed, in seconds.
+fn redis_cpu(servers: &[RedisServer]) -> f64 {
+    servers
         .iter()
-        .enumerate()
-        .map(|(i, url)| NodeSpec::parse(i, url, &Credentials::default()).unwrap())
-        .collect();
-    let mut cfg = RedlockConfig::new(lock, "bench-library", nodes);
-    cfg.ttl = TTL;
-    cfg.node_set = Some("bench".to_owned());
-    cfg
+        .map(|s| {
+            let info = s.cmd(&["INFO", "cpu"]);
+            let field = |f| {
+                info_field(&info, f)
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+                    .unwrap_or(0.0)
+            };
+            field("used_cpu_sys") + field("used_cpu_user")
+        })
+        .sum()
 }
 
-async fn library_cycles(urls: &[String], cycles: usize, hot: bool) -> (Samples, Duration) {
+/// The hand-over of `bench-handover` from a holder on `from` to a waiter on `to`: DELETE sent
+/// → the waiter's 200.
+fn handovers(from: &str, to: &str, count: usize) -> Samples {
     let mut samples = Samples::default();
-    let shared = Redlock::new(config(urls, "app:bench-lib-hot"), Arc::new(NoObserver)).unwrap();
-    let started = Instant::now();
-    for i in 0..cycles {
-        let cycle = Instant::now();
-        let lock = if hot {
-            shared.clone()
-        } else {
-            Redlock::new(
-                config(urls, &format!("app:bench-lib-{i}")),
-                Arc::new(NoObserver),
-            )
-            .unwrap()
-        };
-        let lease = lock.try_acquire().await.expect("uncontended");
-        lock.release(&lease).await;
-        samples.push(cycle.elapsed());
-    }
-    (samples, started.elapsed())
-}
-
-fn handovers(a: &Sidecar, b: &Sidecar, count: usize) -> Samples {
-    let mut samples = Samples::default();
-    let mut holder = Conn::open(&a.control);
+    let mut holder = Conn::open(from);
+    let mut waiter = Some(Conn::open(to));
     for _ in 0..count {
         let lease = holder.acquire("/v1/locks/bench-handover?ttl=10s");
-        let control = b.control.clone();
+        let mut conn = waiter.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
-        let waiter = std::thread::spawn(move || {
-            let mut conn = Conn::open(&control);
+        let waiting = std::thread::spawn(move || {
             tx.send(()).unwrap();
             let lease = conn.acquire("/v1/locks/bench-handover?ttl=10s&wait=10s");
             let answered = Instant::now();
-            let (status, _) = conn.call("DELETE", &format!("/v1/locks/bench-handover/{lease}"));
-            assert_eq!(status, 200);
-            answered
+            conn.release("bench-handover", &lease);
+            (answered, conn)
         });
         rx.recv().unwrap();
-        // Let B's request reach the nodes and wait there (a benchmark, not a test).
-        std::thread::sleep(Duration::from_millis(50));
+        // Let the waiter's request reach the sidecar and wait there (a benchmark, not a test).
+        std::thread::sleep(Duration::from_millis(30));
         let released = Instant::now();
-        let (status, _) = holder.call("DELETE", &format!("/v1/locks/bench-handover/{lease}"));
-        assert_eq!(status, 200);
-        let answered = waiter.join().unwrap();
+        holder.release("bench-handover", &lease);
+        let (answered, conn) = waiting.join().unwrap();
+        waiter = Some(conn);
         samples.push(answered.saturating_duration_since(released));
     }
     samples
 }
 
-fn row(what: &str, nodes: usize, samples: &Samples, total: Duration) {
-    let rate = samples.len() as f64 / total.as_secs_f64();
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn print_row(what: &str, nodes: usize, row: &Row) {
+    let rate = row.samples.len() as f64 / row.busy.as_secs_f64().max(1e-9);
+    let cpu_us = row.redis_cpu * 1e6 / (row.samples.len().max(1) * nodes) as f64;
     println!(
-        "| {what} | {nodes} | {rate:.0} | {} | {} | {} |",
-        fmt_dur(samples.pct(50.0)),
-        fmt_dur(samples.pct(99.0)),
-        samples.len()
+        "| {what} | {nodes} | {rate:.0} | {} | {} | {cpu_us:.1} µs | {} |",
+        fmt_dur(row.samples.pct(50.0)),
+        fmt_dur(row.samples.pct(99.0)),
+        row.samples.len()
     );
 }
 
+fn print_handover(what: &str, nodes: usize, s: &Samples) {
+    println!(
+        "| {what} | {nodes} | | {} | {} | | {} |",
+        fmt_dur(s.pct(50.0)),
+        fmt_dur(s.pct(99.0)),
+        s.len()
+    );
+}
+
+fn met(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "NOT met"
+    }
+}
+
 fn main() {
-    let cycles = env_usize("BENCH_CYCLES", 500);
-    let count = env_usize("BENCH_HANDOVERS", 50);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let quick = std::env::var_os("BENCH_QUICK").is_some_and(|v| v != "0" && !v.is_empty());
+    let rounds = env_usize("BENCH_ROUNDS", if quick { 4 } else { 20 });
+    let batch = env_usize("BENCH_BATCH", if quick { 25 } else { 50 });
+    let count = env_usize("BENCH_HANDOVERS", if quick { 10 } else { 100 });
+    let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
-    println!("| path | nodes | cycles/s | p50 | p99 | samples |");
-    println!("|---|---|---|---|---|---|");
+    println!("{}", support::machine());
+    println!(
+        "{rounds} rounds × {batch} cycles per path, interleaved; {count} hand-overs per kind{}",
+        if quick { " (quick mode)" } else { "" }
+    );
+    println!();
+    println!("| path | nodes | cycles/s | p50 | p99 | Redis CPU per cycle per node | samples |");
+    println!("|---|---|---|---|---|---|---|");
+    let mut goals = Vec::new();
     for nodes in NODE_COUNTS {
         let servers: Vec<RedisServer> = (0..nodes).map(|_| RedisServer::start()).collect();
-        for server in &servers {
-            server.backdate(Duration::from_secs(120));
-        }
+        support::settle(&servers);
         let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
         let joined = urls.join(",");
         let a = Sidecar::start("bench-a", &joined);
-        // Warm up: connections, scripts.
-        http_cycles(&a.control, 20, true);
-        let (s, t) = http_cycles(&a.control, cycles, false);
-        row("http, many names", nodes, &s, t);
-        let (s, t) = http_cycles(&a.control, cycles, true);
-        row("http, hot name", nodes, &s, t);
-        runtime.block_on(library_cycles(&urls, 20, true));
-        let (s, t) = runtime.block_on(library_cycles(&urls, cycles, false));
-        row("library, many names (a new engine per name)", nodes, &s, t);
-        let (s, t) = runtime.block_on(library_cycles(&urls, cycles, true));
-        row("library, hot name", nodes, &s, t);
         let b = Sidecar::start("bench-b", &joined);
-        let s = handovers(&a, &b, count);
-        println!(
-            "| hand-over between sidecars (DELETE sent → waiter's 200) | {nodes} | | {} | {} | {} |",
-            fmt_dur(s.pct(50.0)),
-            fmt_dur(s.pct(99.0)),
-            s.len()
+        let conns = rt.block_on(async {
+            let mut conns = Vec::new();
+            for url in &urls {
+                let client = redis::Client::open(url.as_str()).expect("valid url");
+                conns.push(client.get_multiplexed_async_connection().await.unwrap());
+            }
+            conns
+        });
+        let mut rslock = rslock::LockManager::new(urls.clone());
+        rslock.set_retry(1, Duration::from_millis(10));
+        let mut clients = Clients {
+            hot_engine: engine(&urls, "lib:bench-hot"),
+            service: service(&urls),
+            urls,
+            conns,
+            rslock,
+            http: Conn::open(&a.control),
+            serial: 0,
+        };
+        // Warm up: connections, scripts, the sidecar's first rounds.
+        for &(path, hot) in &PATHS {
+            for _ in 0..10 {
+                cycle(&rt, &mut clients, path, hot);
+            }
+        }
+        let mut rows: Vec<Row> = PATHS.iter().map(|_| Row::default()).collect();
+        for round in 0..rounds {
+            // Rotate the order each round, so no path always follows the same one.
+            for k in 0..PATHS.len() {
+                let i = (k + round) % PATHS.len();
+                let (path, hot) = PATHS[i];
+                let cpu = redis_cpu(&servers);
+                let started = Instant::now();
+                for _ in 0..batch {
+                    let d = cycle(&rt, &mut clients, path, hot);
+                    rows[i].samples.push(d);
+                }
+                rows[i].busy += started.elapsed();
+                rows[i].redis_cpu += redis_cpu(&servers) - cpu;
+            }
+        }
+        for (i, &(path, hot)) in PATHS.iter().enumerate() {
+            print_row(path.label(hot), nodes, &rows[i]);
+        }
+        let within = handovers(&a.control, &a.control, count);
+        print_handover(
+            "hand-over of the hot name, waiter in the same sidecar",
+            nodes,
+            &within,
         );
+        let between = handovers(&a.control, &b.control, count);
+        print_handover(
+            "hand-over of the hot name, waiter in another sidecar",
+            nodes,
+            &between,
+        );
+        let p50 = |path, hot| {
+            let i = PATHS.iter().position(|&p| p == (path, hot)).unwrap();
+            us(rows[i].samples.pct(50.0))
+        };
+        let hop = p50(Path::Http, false) - p50(Path::Library, false);
+        let hop_hot = p50(Path::Http, true) - p50(Path::Library, true);
+        let floor = p50(Path::Floor, true);
+        let library = p50(Path::Library, true);
+        goals.push(format!(
+            "http_hop_p50_us n={nodes} {hop:.0} (HTTP {:.0} − library {:.0}, many names, an engine per name each) goal ≤ {HOP_GOAL_US:.0}: {}",
+            p50(Path::Http, false),
+            p50(Path::Library, false),
+            met(hop <= HOP_GOAL_US)
+        ));
+        goals.push(format!(
+            "service_over_library_p50_us n={nodes} {:.0} (the service in-process, no HTTP, less the library; many names)",
+            p50(Path::Service, false) - p50(Path::Library, false)
+        ));
+        goals.push(format!(
+            "http_over_service_p50_us n={nodes} {:.0} (HTTP less the service in-process; many names)",
+            p50(Path::Http, false) - p50(Path::Service, false)
+        ));
+        goals.push(format!(
+            "http_two_requests_without_redis_p50_us n={nodes} {:.0} (what HTTP itself costs here)",
+            p50(Path::HttpNoRedis, false)
+        ));
+        goals.push(format!(
+            "http_hot_over_library_hot_p50_us n={nodes} {hop_hot:.0} (HTTP hot name opens an engine per cycle, the library keeps one)"
+        ));
+        goals.push(format!(
+            "library_over_floor_p50 n={nodes} {:.2} (library hot {library:.0} µs, floor hot {floor:.0} µs, rslock hot {:.0} µs)",
+            library / floor.max(1.0),
+            p50(Path::Rslock, true)
+        ));
+        for (kind, s) in [("same_sidecar", &within), ("between_sidecars", &between)] {
+            let v = us(s.pct(50.0));
+            goals.push(format!(
+                "hot_handover_p50_us n={nodes} {kind} {v:.0} goal < {HANDOVER_GOAL_US:.0}: {}",
+                met(v < HANDOVER_GOAL_US)
+            ));
+        }
+    }
+    println!();
+    for goal in goals {
+        println!("{goal}");
     }
 }

@@ -2,7 +2,8 @@
 # End-to-end check of the dashboard and the alerts against real processes, all on loopback:
 #   3 redis-server  <-  3 `redlock-sidecar run` (lock "demo")  <-  Prometheus (1s scrapes, alerts loaded)
 # Prometheus scrapes every sidecar twice (two jobs, as a PodMonitor plus a ServiceMonitor would),
-# with the namespace and pod labels the Prometheus Operator adds. It waits for samples, causes a
+# with the namespace and pod labels the Prometheus Operator adds. It waits for samples, takes and
+# releases a request lock through each sidecar's control listener, causes a
 # handoff (SIGTERM the leader, start it again), then evaluates every query of dashboards/redlock.json
 # and every rule of dashboards/alerts.yaml through Prometheus' HTTP API. A query fails the run if
 # Prometheus rejects it, or if it returns no data although this scenario must produce some (see
@@ -81,10 +82,11 @@ wait_until() { # wait_until WHAT COMMAND...: retry the command every 0.2s until 
   done
 }
 
-read -r -a PORTS <<<"$(free_ports 7)"
+read -r -a PORTS <<<"$(free_ports 10)"
 REDIS_PORTS=("${PORTS[0]}" "${PORTS[1]}" "${PORTS[2]}")
 SIDECAR_PORTS=("${PORTS[3]}" "${PORTS[4]}" "${PORTS[5]}")
 PROM_PORT="${PORTS[6]}"
+CONTROL_PORTS=("${PORTS[7]}" "${PORTS[8]}" "${PORTS[9]}")
 PROM="http://127.0.0.1:${PROM_PORT}"
 REDIS_URLS="redis://127.0.0.1:${REDIS_PORTS[0]},redis://127.0.0.1:${REDIS_PORTS[1]},redis://127.0.0.1:${REDIS_PORTS[2]}"
 
@@ -108,7 +110,7 @@ SIDECAR_PIDS=()
 start_sidecar() { # start_sidecar I [LOCK]: sidecar I of the workload demo-app, on lock demo by default
   local i="$1" lock="${2:-demo}"
   "${BIN}" run --lock "${lock}" --redis "${REDIS_URLS}" --listen "127.0.0.1:${SIDECAR_PORTS[$i]}" \
-    --control-listen 127.0.0.1:0 \
+    --control-listen "127.0.0.1:${CONTROL_PORTS[$i]}" \
     --identity "sidecar-${i}" --kubernetes off --log-format text --workload demo-app \
     >>"${WORK}/sidecar-${i}.log" 2>&1 &
   SIDECAR_PIDS[i]=$!
@@ -187,6 +189,13 @@ PY
 six_series() { [ "$(prom_value 'count(redlock_is_leader{lock="demo"})')" = 6 ]; }
 wait_until "Prometheus samples of all 3 sidecars from both jobs" six_series
 log "Prometheus on port ${PROM_PORT} has samples of all 3 sidecars, each scraped twice"
+# The app's request locks, so that their panels have data: a lock cycle through every sidecar.
+for i in 0 1 2; do
+  answer="$(curl -fsS -X POST "http://127.0.0.1:${CONTROL_PORTS[$i]}/v1/locks/e2e-order-${i}?ttl=5s&wait=20s")"
+  lease="$(python3 -c 'import json, sys; print(json.load(sys.stdin)["lease"])' <<<"${answer}")"
+  curl -fsS -o /dev/null -X DELETE "http://127.0.0.1:${CONTROL_PORTS[$i]}/v1/locks/e2e-order-${i}/${lease}"
+done
+log "a request-lock cycle through each sidecar's control listener"
 sleep 5   # a few scrapes of the steady state
 
 # --- Handoff ------------------------------------------------------------------------------------

@@ -253,6 +253,8 @@ async fn serve_connection(
     ending: CancellationToken,
     _slot: OwnedSemaphorePermit,
 ) {
+    // Small answers go out at once, not held back waiting for the client's ACK (Nagle).
+    let _ = stream.set_nodelay(true);
     let tag = ConnectionEnding(ending.clone());
     let service = hyper::service::service_fn(move |mut request: Request<hyper::body::Incoming>| {
         request.extensions_mut().insert(tag.clone());

@@ -707,8 +707,41 @@ async fn after_shutdown_an_apps_next_call_learns_its_lease_was_released() {
         .as_str()
         .unwrap()
         .to_owned();
-    service.shutdown().await;
+    // Another sidecar holds refund-3; a request here waits for it when the shutdown begins.
+    let mut other_cfg = support::engine_config(&nodes, "leader", "other", Duration::from_secs(2));
+    other_cfg.node_set = Some(support::TEST_NODE_SET.to_owned());
+    let other = Locks::new(
+        RedlockEngine::new(other_cfg, "app"),
+        10,
+        metrics.app_locks().clone(),
+    );
+    other
+        .acquire("refund-3", Duration::from_secs(30), Duration::ZERO, None)
+        .await
+        .unwrap();
+    let waiting_router = router.clone();
+    let waiter = tokio::spawn(async move {
+        oneshot(&waiting_router, "POST", "/v1/locks/refund-3?wait=60s", "").await
+    });
+    support::wait_until_async(DEADLINE, "the request waits", || async {
+        metrics
+            .render(&redlock_sidecar::leadership::Leadership::new("leader", "x"))
+            .contains("redlock_app_lock_waiting{lock=\"leader\"} 1")
+    })
+    .await;
+    let began = Instant::now();
+    tokio::time::timeout(Duration::from_secs(10), service.shutdown())
+        .await
+        .expect("the shutdown ends once the lease is released and the wait answered");
+    assert!(
+        began.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        began.elapsed()
+    );
     assert_eq!(service.held(), 0);
+    let (status, body) = waiter.await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("shutting down"), "{body}");
     let (status, body) = oneshot(
         &router,
         "POST",

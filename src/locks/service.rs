@@ -16,6 +16,12 @@
 //!   bare 404.
 //! - **Shutdown** refuses new acquisitions, cancels the waiting ones and releases every
 //!   lease ([`Locks::shutdown`]).
+//! - **Hand-over inside the sidecar without pub/sub.** While a lease of this sidecar holds a
+//!   name, the request whose turn it is waits for that lease's release here, then runs the
+//!   acquisition round on the nodes at once; it does not wait for the release announcement to
+//!   come back from Redis. Safe: the round on the nodes decides, as for any other waiter; the
+//!   local signal only says when to try. Past its wait it still runs one round, so a busy
+//!   answer names the holder the nodes report.
 //! - A name's engine lock lives while the name is held or waited for, then is dropped.
 
 use std::collections::HashMap;
@@ -162,6 +168,8 @@ struct Slot<N> {
     turn: Arc<tokio::sync::Mutex<()>>,
     /// The holder last seen, for a busy answer.
     holder: Mutex<Option<String>>,
+    /// Whether a lease of this sidecar holds the slot (until its release on the nodes ends).
+    held_here: watch::Sender<bool>,
 }
 
 type SlotKey = (String, Duration);
@@ -181,6 +189,8 @@ pub struct Locks<E: LockEngine> {
     metrics: AppLockMetrics,
     table: Mutex<Table<E::Name>>,
     closing: CancellationToken,
+    /// Notified when no lease is held and no acquisition runs (for shutdown).
+    idle: Notify,
 }
 
 impl<E: LockEngine> Locks<E> {
@@ -196,6 +206,7 @@ impl<E: LockEngine> Locks<E> {
                 in_use: 0,
             }),
             closing: CancellationToken::new(),
+            idle: Notify::new(),
         })
     }
 
@@ -269,18 +280,24 @@ impl<E: LockEngine> Locks<E> {
         // Its own task: an acquisition is never dropped half-way (see the module doc).
         tokio::spawn(async move {
             let _turn = turn;
-            let seen = Arc::clone(&slot);
-            let result = slot
-                .lock
-                .acquire(deadline, run, move |holder| {
-                    *seen.holder.lock().unwrap_or_else(|e| e.into_inner()) = holder;
-                })
-                .await;
+            let result = if released_here(&slot, deadline, &run).await {
+                let seen = Arc::clone(&slot);
+                slot.lock
+                    .acquire(deadline, run, move |holder| {
+                        *seen.holder.lock().unwrap_or_else(|e| e.into_inner()) = holder;
+                    })
+                    .await
+            } else {
+                Err(AcquireFailed::Cancelled)
+            };
             match result {
                 Ok(lease) => {
                     let granted = this.hold(claim, slot, lease, ttl, owner);
                     let id = granted.lease;
-                    if tx.send(Ok(granted)).is_err() {
+                    if this.closing.is_cancelled() {
+                        // Won as the sidecar began shutting down: released with the rest.
+                        this.stop(id, End::Shutdown);
+                    } else if tx.send(Ok(granted)).is_err() {
                         // Nobody to hand it to: release it at once.
                         this.stop(id, End::Released);
                     }
@@ -324,6 +341,7 @@ impl<E: LockEngine> Locks<E> {
                     lock,
                     turn: Arc::new(tokio::sync::Mutex::new(())),
                     holder: Mutex::new(None),
+                    held_here: watch::Sender::new(false),
                 });
                 table.slots.insert(key.clone(), (Arc::clone(&slot), 1));
                 slot
@@ -337,6 +355,9 @@ impl<E: LockEngine> Locks<E> {
     fn give_back(&self, key: &SlotKey) {
         let mut table = self.table();
         table.in_use = table.in_use.saturating_sub(1);
+        if table.in_use == 0 {
+            self.idle.notify_waiters();
+        }
         if let Some((_, users)) = table.slots.get_mut(key) {
             *users = users.saturating_sub(1);
             if *users == 0 {
@@ -374,6 +395,7 @@ impl<E: LockEngine> Locks<E> {
             stop_reason: Mutex::new(End::Released),
         });
         self.table().leases.insert(granted.lease, Arc::clone(&held));
+        slot.held_here.send_replace(true);
         self.metrics.leases_add(1);
         tokio::spawn(Arc::clone(self).keep(claim, slot, held, lease, ttl));
         granted
@@ -437,6 +459,8 @@ impl<E: LockEngine> Locks<E> {
                 }
             }
         };
+        // Released on the nodes (or lost): the next request in this sidecar may try now.
+        slot.held_here.send_replace(false);
         if end == End::Lost {
             warn!(lock = %held.name, fencing_token = held.fencing_token, "request lock lost");
         }
@@ -574,21 +598,31 @@ impl<E: LockEngine> Locks<E> {
     /// once all are released.
     pub async fn shutdown(&self) {
         self.closing.cancel();
-        let leases: Vec<Arc<Lease>> = self.table().leases.values().cloned().collect();
-        let mut waits = Vec::new();
-        for lease in leases {
-            if lease.ended().is_none() {
-                self.stop(lease.id, End::Shutdown);
-                let mut state = lease.state.subscribe();
-                waits.push(async move {
-                    let _ = state.wait_for(|s| matches!(s, LeaseState::Ended(_))).await;
-                });
+        let mut released = 0;
+        loop {
+            // Registered before the check, so the last give-back cannot slip past.
+            let idle = self.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            let held: Vec<LeaseId> = self
+                .table()
+                .leases
+                .values()
+                .filter(|l| l.ended().is_none() && !l.stop.is_cancelled())
+                .map(|l| l.id)
+                .collect();
+            for id in held {
+                self.stop(id, End::Shutdown);
+                released += 1;
             }
+            // Every lease ended and every waiting acquisition answered.
+            if self.table().in_use == 0 {
+                break;
+            }
+            idle.await;
         }
-        let count = waits.len();
-        futures_util::future::join_all(waits).await;
-        if count > 0 {
-            info!(leases = count, "request-lock leases released");
+        if released > 0 {
+            info!(leases = released, "request-lock leases released");
         }
     }
 
@@ -599,6 +633,19 @@ impl<E: LockEngine> Locks<E> {
             .values()
             .filter(|l| l.ended().is_none())
             .count()
+    }
+}
+
+/// Waits while a lease of this sidecar holds `slot`: until its release on the nodes ended,
+/// or `deadline` (then the caller still runs one round, which reports the holder). `false`
+/// when cancelled.
+async fn released_here<N>(slot: &Slot<N>, deadline: Instant, cancel: &CancellationToken) -> bool {
+    let mut held = slot.held_here.subscribe();
+    tokio::select! {
+        biased;
+        _ = cancel.cancelled() => false,
+        _ = held.wait_for(|held| !*held) => true,
+        _ = clock::sleep_until(deadline) => true,
     }
 }
 
@@ -654,5 +701,139 @@ struct Waiting<'a>(&'a AppLockMetrics);
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.0.waiting_add(-1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The service over an in-process engine whose waiters are never woken by the nodes
+    //! (as if no release announcement came), to see what the service itself does.
+
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::metrics::Metrics;
+
+    #[derive(Default)]
+    struct Nodes {
+        held: AtomicBool,
+        /// Acquisition rounds that found the name held.
+        busy_rounds: AtomicUsize,
+        tokens: AtomicUsize,
+    }
+
+    struct Engine(Arc<Nodes>);
+    struct Name(Arc<Nodes>);
+    struct Held(u64, Instant);
+
+    impl EngineLease for Held {
+        fn fencing_token(&self) -> u64 {
+            self.0
+        }
+        fn valid_until(&self) -> Instant {
+            self.1
+        }
+    }
+
+    impl NameLock for Name {
+        type Lease = Held;
+
+        async fn acquire(
+            &self,
+            deadline: Instant,
+            cancel: CancellationToken,
+            _: impl FnMut(Option<String>) + Send + 'static,
+        ) -> Result<Held, AcquireFailed> {
+            if !self.0.held.swap(true, Ordering::SeqCst) {
+                let token = self.0.tokens.fetch_add(1, Ordering::SeqCst) as u64 + 1;
+                return Ok(Held(token, clock::now() + Duration::from_secs(30)));
+            }
+            self.0.busy_rounds.fetch_add(1, Ordering::SeqCst);
+            // No announcement ever comes: only the deadline or a cancel ends the wait.
+            tokio::select! {
+                _ = clock::sleep_until(deadline) => Err(AcquireFailed::Held { holder: None }),
+                _ = cancel.cancelled() => Err(AcquireFailed::Cancelled),
+            }
+        }
+        async fn extend(&self, lease: &Held) -> Result<Held, ExtendFailed> {
+            Ok(Held(lease.0, clock::now() + Duration::from_secs(30)))
+        }
+        async fn release(&self, _: &Held) {
+            self.0.held.store(false, Ordering::SeqCst);
+        }
+        async fn holder(&self) -> Result<Option<String>, ()> {
+            Ok(None)
+        }
+    }
+
+    impl LockEngine for Engine {
+        type Name = Name;
+        fn open(&self, _: &str, _: Duration) -> Result<Name, String> {
+            Ok(Name(Arc::clone(&self.0)))
+        }
+    }
+
+    fn service(nodes: &Arc<Nodes>) -> Arc<Locks<Engine>> {
+        let metrics = Metrics::new("t", &[], None).app_locks().clone();
+        Locks::new(Engine(Arc::clone(nodes)), 16, metrics)
+    }
+
+    #[tokio::test]
+    async fn a_release_here_hands_the_name_to_the_next_request_here_without_an_announcement() {
+        let nodes = Arc::new(Nodes::default());
+        let locks = service(&nodes);
+        let ttl = Duration::from_secs(10);
+        let first = locks
+            .acquire("hot", ttl, Duration::ZERO, None)
+            .await
+            .unwrap();
+        let waiter = tokio::spawn({
+            let locks = Arc::clone(&locks);
+            async move {
+                locks
+                    .acquire("hot", ttl, Duration::from_secs(20), None)
+                    .await
+            }
+        });
+        // The waiter has its turn (it holds a claim) before the release.
+        until(|| locks.table().in_use == 2).await;
+        locks.release("hot", first.lease).await.unwrap();
+        let second = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("handed over without waiting for the deadline")
+            .unwrap()
+            .unwrap();
+        assert!(second.fencing_token > first.fencing_token);
+        assert_eq!(
+            nodes.busy_rounds.load(Ordering::SeqCst),
+            0,
+            "no round ran while the name was held here"
+        );
+    }
+
+    #[tokio::test]
+    async fn past_its_wait_a_request_behind_a_lease_here_still_asks_the_nodes_once() {
+        let nodes = Arc::new(Nodes::default());
+        let locks = service(&nodes);
+        let ttl = Duration::from_secs(10);
+        locks
+            .acquire("hot", ttl, Duration::ZERO, None)
+            .await
+            .unwrap();
+        let refused = locks
+            .acquire("hot", ttl, Duration::from_millis(20), None)
+            .await;
+        assert_eq!(refused.unwrap_err(), Refused::Held { holder: None });
+        assert_eq!(nodes.busy_rounds.load(Ordering::SeqCst), 1);
+    }
+
+    /// Waits (with a deadline) until `done`.
+    async fn until(done: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !done() {
+            assert!(Instant::now() < deadline, "condition not reached in 5 s");
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
 }

@@ -94,20 +94,11 @@ impl Redlock {
             }
         };
         self.judge_late_answers(round, answers);
-        let fencing_token = match plan {
-            TokenPlan::Stored(token) => token,
-            TokenPlan::RaiseAbove(highest) => {
-                match self.raise_fence(self.next_token(highest)).await {
-                    Ok(token) => token,
-                    Err(votes) => {
-                        self.clean_up_everywhere(&value, &fingerprint).await;
-                        return Err(LockError::QuorumUnreachable {
-                            lock: cfg.lock.clone(),
-                            needed: super::quorum(self.inner.nodes.len()),
-                            votes,
-                        });
-                    }
-                }
+        let fencing_token = match self.mint(plan).await {
+            Ok(token) => token,
+            Err(err) => {
+                self.clean_up_everywhere(&value, &fingerprint).await;
+                return Err(err);
             }
         };
         self.inner
@@ -126,9 +117,25 @@ impl Redlock {
             acquired_at: start,
             since,
             valid_until,
+            renewals: 0,
         };
         self.announce_acquired(&lease);
         Ok(lease)
+    }
+
+    /// The token of a won round: the stored candidate, or a raise above every counter seen.
+    async fn mint(&self, plan: TokenPlan) -> Result<u64, LockError> {
+        match plan {
+            TokenPlan::Stored(token) => Ok(token),
+            TokenPlan::RaiseAbove(highest) => self
+                .raise_fence(self.next_token(highest))
+                .await
+                .map_err(|votes| LockError::QuorumUnreachable {
+                    lock: self.inner.cfg.lock.clone(),
+                    needed: super::quorum(self.inner.nodes.len()),
+                    votes,
+                }),
+        }
     }
 
     /// Feeds `round` every answer it asks for, until it decides.

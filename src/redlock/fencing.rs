@@ -7,7 +7,8 @@
 //!
 //! ## How a token is minted
 //! Every node keeps a counter per lock (`redlock:{name}:fence`), kept for the fence
-//! retention (default 24 h) after its last write; grants, renewals and restores write it.
+//! retention (default 24 h) after its last write; grants, restores and renewals write it (a
+//! renewal every `PROOF_EVERY`th time, and wherever the key is gone).
 //! 1. The client proposes a candidate, `max(highest counter it has seen + 1, now in Unix ms)`.
 //!    "Seen" covers every answer, including those that arrive after a round was decided.
 //!    The acquire script, on a grant, stores the candidate if the node's counter is lower.
@@ -19,7 +20,8 @@
 //!    else the next raise starts above the highest answer (at most three raises).
 //!
 //! Either way a token is handed out only once a quorum of nodes had a lower counter and now
-//! holds the token. Renewals write it again, repairing nodes that lost it.
+//! holds the token. A node that lost it lost the holder's key too: the renewal that finds the
+//! key gone writes it again, and the restore.
 //!
 //! ## What it guarantees
 //! Let A be an acquisition with token `a`, and B a later one (B's round starts after A's

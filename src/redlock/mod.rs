@@ -38,10 +38,13 @@
 
 mod acquire;
 mod batch;
+mod config;
 mod error;
+mod fanout;
 pub mod fencing;
 mod pool;
 pub mod push;
+mod renew;
 pub mod round;
 mod scripts;
 mod slot;
@@ -55,20 +58,16 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant, SystemTime};
 
-use futures_util::future::BoxFuture;
-use futures_util::stream::FuturesUnordered;
-use futures_util::StreamExt;
 use redis::Script;
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::clock::{self, Deadline};
+use crate::clock;
+pub use config::{RedlockConfig, DEFAULT_FENCE_RETENTION};
 pub use error::{ConfigError, LockError, Vote, Votes};
+use fanout::{Answers, KeyWrite, Order};
 pub use pool::Engine;
 use round::acquire::identity_of;
-use round::extend::RawExtendReply;
-use round::release::RawReleaseReply;
-use round::{ExtendReply, ExtendRound, ExtendStep, ReleaseTally, Rules};
 pub use slot::{slot_seen, SlotSeen};
 pub use timing::{drift, quorum, validity};
 pub use transport::{cluster, secrets, sentinel};
@@ -162,181 +161,6 @@ pub trait Observer: Send + Sync + 'static {
 pub struct NoObserver;
 impl Observer for NoObserver {}
 
-/// Everything the engine needs; validated by [`RedlockConfig::validate`].
-#[derive(Clone, Debug)]
-pub struct RedlockConfig {
-    /// The lock name; keys are `redlock:{name}` and `redlock:{name}:fence`. It must not start
-    /// with `}` (the keys' cluster hash tag would be empty).
-    pub lock: String,
-    /// Who we are, written into the lock value so others can see the holder.
-    pub identity: String,
-    /// The voters: independent Redis masters (no replication between them), or Sentinel
-    /// groups, each followed to its current master.
-    pub nodes: Vec<NodeSpec>,
-    /// How long a key lives without renewal.
-    pub ttl: Duration,
-    /// The longest ttl any contender of this lock uses, when ttls differ (see [`votes`]).
-    pub max_ttl: Option<Duration>,
-    /// How long a fencing counter is kept after its last use; then the Unix-ms floor of the
-    /// next token takes over (see [`fencing`]).
-    pub fence_retention: Duration,
-    /// The name of the node set recorded beside the lock; `None`: the fingerprint of the
-    /// servers `nodes` reach (see [`votes::NodeSet`]).
-    pub node_set: Option<String>,
-    /// Count votes of nodes whose `maxmemory-policy` may evict lock keys (unsafe).
-    pub allow_evicting_nodes: bool,
-    /// Whether a waiter subscribes to the lock key's keyspace events too (see [`push`]).
-    pub keyspace_events: bool,
-    /// Whether connecting to a cluster-mode node stamps the epoch markers of every slot (see
-    /// [`cluster`]); the operator commands, which never write, turn it off.
-    pub stamp_cluster_markers: bool,
-    /// Tests only: pretend this client's wall clock is off by this many milliseconds, to
-    /// check the fencing guarantee under clock skew.
-    #[doc(hidden)]
-    pub wall_clock_skew_ms: i64,
-    /// Bound on each call to each node.
-    pub node_timeout: Duration,
-    /// Bound on making a connection.
-    pub connect_timeout: Duration,
-    /// First retry delay after a failed round; it grows up to `retry_max`.
-    pub retry_delay: Duration,
-    /// Longest wait between two attempts while waiting; a standby with no live push
-    /// subscription reads the nodes at least this often.
-    pub retry_max: Duration,
-}
-
-impl RedlockConfig {
-    /// A config with the defaults for everything but the lock, identity and nodes.
-    pub fn new(lock: impl Into<String>, identity: impl Into<String>, nodes: Vec<NodeSpec>) -> Self {
-        RedlockConfig {
-            lock: lock.into(),
-            identity: identity.into(),
-            nodes,
-            ttl: Duration::from_secs(10),
-            max_ttl: None,
-            fence_retention: DEFAULT_FENCE_RETENTION,
-            node_set: None,
-            allow_evicting_nodes: false,
-            keyspace_events: false,
-            stamp_cluster_markers: true,
-            wall_clock_skew_ms: 0,
-            node_timeout: Duration::from_millis(50),
-            connect_timeout: Duration::from_secs(1),
-            retry_delay: Duration::from_millis(200),
-            retry_max: Duration::from_secs(1),
-        }
-    }
-
-    /// Checks the rules the algorithm depends on; the error names the flag.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.lock.is_empty() {
-            return Err(ConfigError::new("--lock", "must not be empty"));
-        }
-        if self.lock.len() > 200
-            || self
-                .lock
-                .chars()
-                .any(|c| c.is_control() || c.is_whitespace())
-        {
-            return Err(ConfigError::new(
-                "--lock",
-                "must be at most 200 characters without spaces or control characters",
-            ));
-        }
-        if self.lock.starts_with('}') {
-            // The keys' hash tag `{NAME}` would be empty: in Redis Cluster each key would hash
-            // to its own slot, and every script fail with CROSSSLOT. Braces elsewhere keep a
-            // non-empty tag shared by all the lock's keys, and work everywhere.
-            return Err(ConfigError::new(
-                "--lock",
-                "must not start with '}': in Redis Cluster the keys' hash tag {NAME} would be empty",
-            ));
-        }
-        if self.identity.is_empty() || self.identity.chars().any(char::is_control) {
-            return Err(ConfigError::new(
-                "--identity",
-                "must be non-empty printable text",
-            ));
-        }
-        if self.nodes.is_empty() {
-            return Err(ConfigError::new("--redis", "at least one node is required"));
-        }
-        let mut seen = std::collections::HashSet::new();
-        for node in &self.nodes {
-            if !seen.insert(node.identity()) {
-                return Err(ConfigError::new(
-                    "--redis",
-                    format!(
-                        "node {} is listed twice; the nodes must be independent masters",
-                        node.label()
-                    ),
-                ));
-            }
-        }
-        // Bounded before any rule below computes with them.
-        timing::check_bounds(self)?;
-        if self.node_set.as_ref().is_some_and(|name| {
-            name.is_empty() || name.len() > 200 || name.chars().any(char::is_control)
-        }) {
-            return Err(ConfigError::new(
-                "--node-set",
-                "must be 1 to 200 printable characters",
-            ));
-        }
-        if self.node_timeout.is_zero() {
-            return Err(ConfigError::new("--node-timeout", "must be greater than 0"));
-        }
-        let drift = drift(self.ttl);
-        // A round that uses the whole node timeout must still leave most of the ttl.
-        if self.ttl < (self.node_timeout + drift) * 4 {
-            return Err(ConfigError::new(
-                "--ttl",
-                format!(
-                    "{} is too short: it must be at least 4 × (node timeout {} + drift {})",
-                    humantime::format_duration(self.ttl),
-                    humantime::format_duration(self.node_timeout),
-                    humantime::format_duration(drift)
-                ),
-            ));
-        }
-        if let Some(max_ttl) = self.max_ttl.filter(|max| *max < self.ttl) {
-            return Err(ConfigError::new(
-                "--max-ttl",
-                format!(
-                    "{} is shorter than --ttl {}: it is the longest ttl any contender uses",
-                    humantime::format_duration(max_ttl),
-                    humantime::format_duration(self.ttl)
-                ),
-            ));
-        }
-        if self.fence_retention < self.longest_ttl() * 2 {
-            return Err(ConfigError::new(
-                "--fence-retention",
-                format!(
-                    "{} is too short: it must be at least twice the longest ttl ({})",
-                    humantime::format_duration(self.fence_retention),
-                    humantime::format_duration(self.longest_ttl())
-                ),
-            ));
-        }
-        if self.retry_delay.is_zero() || self.retry_delay > self.retry_max.max(self.retry_delay) {
-            return Err(ConfigError::new("--retry-delay", "must be greater than 0"));
-        }
-        Ok(())
-    }
-}
-
-impl RedlockConfig {
-    /// The longest ttl this contender knows to be in use: `--max-ttl`, else `--ttl`.
-    pub fn longest_ttl(&self) -> Duration {
-        self.max_ttl.unwrap_or(self.ttl).max(self.ttl)
-    }
-}
-
-/// Default of [`RedlockConfig::fence_retention`]: a day, so client clocks would have to be
-/// off by a day for the Unix-ms floor to fail once a counter is gone.
-pub const DEFAULT_FENCE_RETENTION: Duration = Duration::from_secs(24 * 3600);
-
 /// A held lock: proof of one acquisition. Pass it back to extend or release.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lease {
@@ -349,7 +173,14 @@ pub struct Lease {
     pub since: SystemTime,
     /// The end of validity (monotonic): no node keeps our key past it without a renewal.
     pub valid_until: Instant,
+    /// Renewals so far: every [`PROOF_EVERY`]th one asks the nodes for their data-age proof.
+    renewals: u32,
 }
+
+/// A renewal asks the nodes to prove their data age (their `INFO`, see `scripts::EXTEND`)
+/// once in this many renewals (about every 9 ttl at the default cadence): extend votes need no
+/// proof, it only keeps the nodes' reported health current, and it is the costliest part.
+pub const PROOF_EVERY: u32 = 27;
 
 impl Lease {
     /// The validity left at `now`.
@@ -425,136 +256,6 @@ struct Inner {
     observer: Arc<dyn Observer>,
     stop: CancellationToken,
     _stop_on_drop: DropGuard,
-}
-
-/// One node's answer to a script, with the facts of the connection it came on.
-type Answer<T> = (usize, Result<(T, Arc<NodeFacts>), NodeError>);
-
-/// The answers of one round, in the order they come.
-///
-/// Dropped while calls are still running (a round decided at quorum), it hands them to a
-/// task: every request is finished, so no node is left with a half-done call and every
-/// `KeyWrite` is released when its answer arrives.
-struct Answers<T: Send + 'static> {
-    calls: FuturesUnordered<BoxFuture<'static, Answer<T>>>,
-}
-
-impl<T: Send + 'static> Answers<T> {
-    /// The next answer, or `None` once every node has answered or timed out.
-    async fn recv(&mut self) -> Option<Answer<T>> {
-        self.calls.next().await
-    }
-}
-
-impl<T: Send + 'static> Drop for Answers<T> {
-    fn drop(&mut self) {
-        if self.calls.is_empty() {
-            return;
-        }
-        let mut calls = std::mem::take(&mut self.calls);
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move { while calls.next().await.is_some() {} });
-        }
-    }
-}
-
-/// How a call is ordered against the others that touch our key on the same node.
-///
-/// A round is decided at quorum, so a slow node's `SET` may not even be sent when the
-/// holder releases. Were the delete sent first, the late `SET` would leave a key that
-/// blocks that node's vote for a whole ttl. Deletes therefore wait (bounded by the node
-/// timeout) until no call that may write the key there is in flight; from then on, the
-/// connection's own order keeps them behind it. And a delete is never given up before it is
-/// sent (see `Inner::delete_on`).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Order {
-    /// Touches nothing a delete could race with.
-    Free,
-    /// May write our key: tracked until its answer arrives.
-    MayWrite,
-    /// Deletes our key: sent only after the node's writes have settled.
-    AfterWrites,
-}
-
-/// One call that may still write our key on a node; counted until dropped.
-struct KeyWrite {
-    inner: Arc<Inner>,
-    index: usize,
-}
-
-impl KeyWrite {
-    fn start(inner: &Arc<Inner>, index: usize) -> KeyWrite {
-        inner.key_writes[index].send_modify(|n| *n += 1);
-        KeyWrite {
-            inner: inner.clone(),
-            index,
-        }
-    }
-}
-
-impl Drop for KeyWrite {
-    fn drop(&mut self) {
-        self.inner.key_writes[self.index].send_modify(|n| *n -= 1);
-    }
-}
-
-impl Inner {
-    /// The keys every script gets, in the order `scripts` documents.
-    fn keys(&self) -> [&str; 5] {
-        [
-            &self.key,
-            &self.fence_key,
-            &self.ttl_key,
-            EPOCH_KEY,
-            &self.node_set_key,
-        ]
-    }
-
-    /// The lock's channels on node `index` (they are scoped by its database).
-    fn channels(&self, index: usize) -> push::Channels {
-        push::Channels::new(&self.key, self.nodes[index].db())
-    }
-
-    /// Arguments 4 on of the scripts that keep the fencing counter: its retention in ms.
-    fn retention_ms(&self) -> String {
-        self.cfg.fence_retention.as_millis().to_string()
-    }
-
-    /// Waits until no call that may write our key on node `index` is in flight. Each such
-    /// call is bounded by the node timeout, and so is this wait.
-    async fn key_writes_settled(&self, index: usize) {
-        if *self.key_writes[index].borrow() == 0 {
-            return;
-        }
-        let mut writes = self.key_writes[index].subscribe();
-        let _ = tokio::time::timeout(self.cfg.node_timeout, writes.wait_for(|n| *n == 0)).await;
-    }
-
-    /// Runs `script`, a delete of our key, on node `index` once the node's writes have settled,
-    /// and waits for its answer for up to twice the node timeout. The call runs in its own
-    /// task, bounded by the ttl: the client sheds a request whose caller has given up before
-    /// its connection wrote it, and a delete so shed (on a busy client) left our key, and so a
-    /// lost round's split or an old holder's lock, for a whole ttl.
-    async fn delete_on<T: redis::FromRedisValue + Send + 'static>(
-        self: Arc<Self>,
-        index: usize,
-        script: &'static Script,
-        args: Arc<[String]>,
-    ) -> Result<(T, Arc<NodeFacts>), NodeError> {
-        let wait = self.cfg.node_timeout.saturating_mul(2);
-        let bound = self.cfg.ttl.max(wait);
-        let call = tokio::spawn(async move {
-            self.key_writes_settled(index).await;
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            self.nodes[index]
-                .eval::<T>(script, &self.keys(), &args, bound)
-                .await
-        });
-        match tokio::time::timeout(wait, call).await {
-            Ok(Ok(answer)) => answer,
-            _ => Err(NodeError::timeout(wait)),
-        }
-    }
 }
 
 impl Redlock {
@@ -660,257 +361,6 @@ impl Redlock {
         &self.inner.nodes
     }
 
-    /// Sends `script` to every node at once; answers arrive in the order they come. The
-    /// calls are polled by whoever awaits the answers, with no task hop on the hot path; see
-    /// [`Answers`] for what happens to calls still running when the answers are dropped.
-    fn fan_out<T>(
-        &self,
-        op: Op,
-        order: Order,
-        script: &'static Script,
-        args: Vec<String>,
-    ) -> Answers<T>
-    where
-        T: redis::FromRedisValue + Send + 'static,
-    {
-        let args: Arc<[String]> = args.into();
-        self.fan_out_each(op, order, script, |_| args.clone())
-    }
-
-    /// [`Redlock::fan_out`] with arguments of each node's own (`args(index)`).
-    fn fan_out_each<T>(
-        &self,
-        op: Op,
-        order: Order,
-        script: &'static Script,
-        args: impl Fn(usize) -> Arc<[String]>,
-    ) -> Answers<T>
-    where
-        T: redis::FromRedisValue + Send + 'static,
-    {
-        let calls = (0..self.inner.nodes.len())
-            .map(|index| {
-                let inner = self.inner.clone();
-                let args = args(index);
-                // Counted now, so that a delete issued right after this returns waits for it.
-                let write = (order == Order::MayWrite).then(|| KeyWrite::start(&inner, index));
-                let call: BoxFuture<'static, Answer<T>> = Box::pin(async move {
-                    let start = Instant::now();
-                    let result = if order == Order::AfterWrites {
-                        inner.clone().delete_on::<T>(index, script, args).await
-                    } else {
-                        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                        inner.nodes[index]
-                            .eval::<T>(script, &inner.keys(), &args, inner.cfg.node_timeout)
-                            .await
-                    };
-                    drop(write);
-                    let outcome = result.as_ref().map(|_| ()).map_err(|e| e.kind);
-                    inner
-                        .observer
-                        .node_call(index, op, start.elapsed(), outcome);
-                    (index, result)
-                });
-                call
-            })
-            .collect();
-        Answers { calls }
-    }
-
-    /// Extends `lease` to a fresh ttl on a quorum, within its remaining validity.
-    ///
-    /// Returns the lease with its new validity. Nodes that lost our key get it back only
-    /// after the quorum is proven, and only where nobody else has the key. When a quorum
-    /// shows another holder's key or none at all, the lease is gone for good:
-    /// [`LockError::Superseded`], so the holder steps down at once instead of retrying.
-    pub async fn extend(&self, lease: &Lease) -> Result<Lease, LockError> {
-        let cfg = &self.inner.cfg;
-        let start = clock::now();
-        let args = vec![
-            lease.value.clone(),
-            cfg.ttl.as_millis().to_string(),
-            lease.fencing_token.to_string(),
-            self.inner.retention_ms(),
-            self.node_set().fingerprint,
-        ];
-        let mut round = ExtendRound::new(
-            self.inner.nodes.len(),
-            cfg.ttl,
-            Deadline::from_instant(start),
-            Deadline::from_instant(lease.valid_until),
-            Rules::ALL,
-        );
-        if round.poll(Deadline::from_instant(start)) == ExtendStep::Expired {
-            return Err(self.expired());
-        }
-        // An answer "key missing" calls for a restore: each node counts as writing our key
-        // until its answer has been handled.
-        let mut writes: Vec<Option<KeyWrite>> = (0..self.inner.nodes.len())
-            .map(|index| Some(KeyWrite::start(&self.inner, index)))
-            .collect();
-        let mut answers = match &self.inner.batches {
-            Some(batches) => {
-                let left = lease.valid_until.saturating_duration_since(start);
-                let (answers, sent) = batch::fan_out(&self.inner, batches, &args, left).await;
-                // Measured from when the renewal went out, after its wait in the batch.
-                round = ExtendRound::new(
-                    self.inner.nodes.len(),
-                    cfg.ttl,
-                    Deadline::from_instant(sent),
-                    Deadline::from_instant(lease.valid_until),
-                    Rules::ALL,
-                );
-                answers
-            }
-            None => self.fan_out::<RawExtendReply>(Op::Extend, Order::Free, &EXTEND, args.clone()),
-        };
-        let step = self.run_extend(&mut round, &mut answers).await;
-        let (valid_until, restore) = match step {
-            ExtendStep::Renewed {
-                valid_until,
-                restore,
-            } => (valid_until, restore),
-            ExtendStep::Lost(votes) => return Err(self.extend_lost(votes, false)),
-            ExtendStep::Superseded(votes) => return Err(self.extend_lost(votes, true)),
-            ExtendStep::Expired | ExtendStep::Listen => return Err(self.expired()),
-        };
-        // A node that lost our key (data loss) gets it back, now the quorum is proven. The
-        // slowest nodes answer after the quorum, so their answers are awaited in the background.
-        let args: Arc<[String]> = args.into();
-        for index in restore {
-            self.spawn_on(index, &RESTORE, args.clone());
-        }
-        for (index, vote) in round.votes().iter().enumerate() {
-            if vote.is_some() {
-                writes[index] = None;
-            }
-        }
-        let this = self.clone();
-        tokio::spawn(async move {
-            while let Some((index, answer)) = answers.recv().await {
-                if this.feed_extend(&mut round, index, answer) == Vote::Missing {
-                    this.spawn_on(index, &RESTORE, args.clone());
-                }
-                writes[index] = None;
-            }
-        });
-        Ok(Lease {
-            valid_until: valid_until.to_instant(),
-            ..lease.clone()
-        })
-    }
-
-    /// Feeds `round` answers until it decides or the lease's validity ends.
-    async fn run_extend(
-        &self,
-        round: &mut ExtendRound,
-        answers: &mut Answers<RawExtendReply>,
-    ) -> ExtendStep {
-        let expiry = clock::sleep_until(
-            round
-                .poll_timeout()
-                .map_or_else(clock::now, Deadline::to_instant),
-        );
-        tokio::pin!(expiry);
-        loop {
-            let step = round.poll(Deadline::from_instant(clock::now()));
-            if step != ExtendStep::Listen {
-                return step;
-            }
-            tokio::select! {
-                biased;
-                answer = answers.recv() => match answer {
-                    Some((index, answer)) => {
-                        self.feed_extend(round, index, answer);
-                    }
-                    None => return step,
-                },
-                _ = &mut expiry => return ExtendStep::Expired,
-            }
-        }
-    }
-
-    /// Node `index`'s extend answer into `round`; returns its vote. Extend votes need no
-    /// data-age rule (a node that lost our key says so), but the verdict keeps the node's
-    /// reported health current.
-    fn feed_extend(
-        &self,
-        round: &mut ExtendRound,
-        index: usize,
-        answer: Result<(RawExtendReply, Arc<NodeFacts>), NodeError>,
-    ) -> Vote {
-        let answer = answer.map(|(raw, facts)| {
-            let reply = ExtendReply::parse(raw);
-            let _ = self.judge(index, &facts, reply.proof);
-            reply
-        });
-        round.handle(index, answer)
-    }
-
-    fn expired(&self) -> LockError {
-        LockError::Expired {
-            lock: self.inner.cfg.lock.clone(),
-        }
-    }
-
-    /// The error of a renewal that did not win: superseded when a quorum showed another
-    /// holder's key or none.
-    fn extend_lost(&self, votes: Vec<Option<Vote>>, superseded: bool) -> LockError {
-        let lock = self.inner.cfg.lock.clone();
-        let votes = self.label_votes(votes);
-        if superseded {
-            LockError::Superseded { lock, votes }
-        } else {
-            LockError::Lost { lock, votes }
-        }
-    }
-
-    /// Releases `lease` on every node (owner-checked) and announces it to waiters, on each
-    /// node's own release channel (see [`push::Channels`]).
-    ///
-    /// Returns how many nodes deleted our key. Bounded by twice the node timeout: on each
-    /// node, a call that may still write our key there is let finish first (see [`Order`]).
-    pub async fn release(&self, lease: &Lease) -> usize {
-        let mut answers = self.fan_out_each::<RawReleaseReply>(
-            Op::Release,
-            Order::AfterWrites,
-            &RELEASE,
-            |index| vec![lease.value.clone(), self.inner.channels(index).released].into(),
-        );
-        let mut tally = ReleaseTally::default();
-        while let Some((_, answer)) = answers.recv().await {
-            tally.handle(answer.map(|(deleted, _)| deleted));
-        }
-        tally.deleted()
-    }
-
-    /// Deletes `value` on the nodes `which` lists, and the node-set record `fingerprint`
-    /// where no lock key is left, and waits for the answers (each bounded by the node
-    /// timeout). Owner-checked, and silent: a lost round must not wake the waiters.
-    async fn clean_up(&self, value: &str, fingerprint: &str, which: &[usize]) {
-        let args: Arc<[String]> = vec![value.to_owned(), fingerprint.to_owned()].into();
-        let calls = which.iter().map(|index| {
-            self.inner
-                .clone()
-                .delete_on::<i64>(*index, &CLEANUP, args.clone())
-        });
-        futures_util::future::join_all(calls).await;
-    }
-
-    /// Runs `script`, which may write our key, on node `index` in the background, bounded
-    /// by the node timeout.
-    fn spawn_on(&self, index: usize, script: &'static Script, args: Arc<[String]>) {
-        let inner = self.inner.clone();
-        let write = KeyWrite::start(&inner, index);
-        tokio::spawn(async move {
-            let _write = write;
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let _ = inner.nodes[index]
-                .eval::<i64>(script, &inner.keys(), &args, inner.cfg.node_timeout)
-                .await;
-        });
-    }
-
     /// What every node says about the lock: holder, remaining ttl, fencing counter.
     pub async fn inspect(&self) -> Vec<(String, Result<NodeView, NodeError>)> {
         let mut answers =
@@ -987,30 +437,6 @@ impl Redlock {
                 result.map(|read| read.map(|(value, pttl)| (identity_of(&value).to_owned(), pttl)))
             })
             .collect()
-    }
-
-    /// Reads `key` on every node at once (`GET` + `PTTL`, each bounded by the node timeout),
-    /// timed and counted as `op`: per node, the value and its remaining time, `None` if absent.
-    async fn read_everywhere(
-        &self,
-        key: &str,
-        op: Op,
-    ) -> Vec<Result<Option<(String, Duration)>, NodeError>> {
-        let inner = &self.inner;
-        let reads = inner
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(index, node)| async move {
-                let start = Instant::now();
-                let result = node.read_key(key, inner.cfg.node_timeout).await;
-                let outcome = result.as_ref().map(|_| ()).map_err(|e| e.kind);
-                inner
-                    .observer
-                    .node_call(index, op, start.elapsed(), outcome);
-                result
-            });
-        futures_util::future::join_all(reads).await
     }
 
     /// Announces a won round on every node's acquisition channel (see [`push::Acquired`]), in

@@ -8,7 +8,8 @@
 //! `votes`, rule 7).
 //!
 //! Arguments, in this order wherever a script takes them: value, ttl in ms, fencing token,
-//! fence retention in ms, node-set fingerprint. The node's database index is always appended
+//! fence retention in ms, node-set fingerprint, and (`EXTEND`) `1` when the renewal asks for the
+//! data-age proof. The node's database index is always appended
 //! as the last argument (`ARGV[#ARGV]`) by the connection.
 
 /// Lua that reads the lock's keys and the node's epoch marker in one `MGET`: `KEYS[i]` is
@@ -46,7 +47,7 @@ local max_ttl_before = tonumber(keys[3] or '0') or 0
 /// back (new replication id), a proxy that re-dials another server under a kept connection
 /// (that server's ids), `SWAPDB` (the other database's marker names the other index). Either
 /// way the age starts again at 0. A server whose `INFO` has no run id or replication id
-/// proves nothing: age −2.
+/// proves nothing: age −2. Sets `age`, which the caller declares.
 ///
 /// [`EPOCH_LIFETIME_MS`]: super::votes::EPOCH_LIFETIME_MS
 macro_rules! epoch_age {
@@ -60,7 +61,7 @@ macro_rules! epoch_age {
 macro_rules! lineage_age {
     () => {
         concat!(
-            r#"local age = -2
+            r#"age = -2
 if run_id ~= '' and replid ~= '' then
   local lineage = run_id .. ':' .. replid .. ':' .. ARGV[#ARGV]
   age = -1
@@ -183,6 +184,7 @@ end
 if node_set ~= '' and node_set ~= ARGV[5] then
   return {-1, fence, -1, max_ttl_before, 0, '', 0, node_set}
 end
+local age
 "#,
     epoch_age!(),
     r#"
@@ -211,32 +213,83 @@ local fence = tonumber(before) or 0
     "return before\n"
 );
 
-/// Extend our own lock, keep the fencing counter at least at our token, record our ttl and
-/// node set (replacing another set's record: we hold the key here), and prove the node's data age (so a leader's view of node health stays current,
-/// and a new or emptied node starts aging while the lock is held).
+/// [`EXTEND`]'s usual case: our key stands and no proof is asked for (`ARGV[6]` is not `1`):
+/// the owner-checked `PEXPIRE`, with the max-ttl register and node-set record refreshed only
+/// when due. Returns from the script (or the function) in that case; falls through otherwise.
+macro_rules! extend_usual {
+    () => {
+        r#"
+local ttl = tonumber(ARGV[2])
+local held = redis.call('MGET', KEYS[1], KEYS[3], KEYS[5])
+local ours = held[1] == ARGV[1]
+if ours and ARGV[6] ~= '1' then
+  local register = tonumber(held[2] or '0') or 0
+  local due = redis.call('PTTL', KEYS[3]) < ttl
+  if due and register <= ttl then
+    redis.call('SET', KEYS[3], ARGV[2], 'PX', 2 * ttl)
+  end
+  if due or held[3] ~= ARGV[5] then
+    redis.call('SET', KEYS[5], ARGV[5], 'PX', 2 * math.max(ttl, register))
+  end
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, -1, register}
+end
+"#
+    };
+}
+
+/// [`EXTEND`] once the data age is proven (`age`, `keys`): the register, our key, the fencing
+/// counter and the node-set record, and the answer.
+macro_rules! extend_proven {
+    () => {
+        concat!(
+            record_ttl!(),
+            r#"
+if ours then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+"#,
+            keep_fence!("ARGV[3]", "string.format('%d', want)"),
+            record_node_set!(),
+            r#"
+  return {1, age, max_ttl_before}
+end
+if keys[1] then return {0, age, max_ttl_before} end
+return {-1, age, max_ttl_before}
+"#
+        )
+    };
+}
+
+/// Extend our own lock. Where our key stands, a renewal is the classic owner-checked one
+/// (`if GET == value then PEXPIRE`) with one `MGET` of three keys and one `PTTL` in place of
+/// the `GET`, and refreshes what outlives the key only when it is due:
+/// - the max-ttl register, when it has less than one ttl left (half its life): it lives twice
+///   the longest ttl, so it always outlives our key; at the same time our node-set record,
+///   which lives as long;
+/// - the node-set record, also whenever it does not hold our fingerprint (a node of our set
+///   restarted: the holder's record replaces the old one at once, see `votes`, rule 7);
+/// - everything (the fencing counter kept at least at our token and for the fence retention,
+///   the register, the record, and the proof of the node's data age from its `INFO`) when the
+///   client asks for it (ARGV[6] = `1`: once in `PROOF_EVERY` renewals, see
+///   `Redlock::extend`) and wherever our key does not stand.
+///
+/// Extend votes need no data-age proof (a node that lost our key says so): the proof only keeps
+/// a leader's view of node health current and lets a node whose lineage changed under our key
+/// start aging while the lock is held (the next acquire round would stamp it otherwise).
 ///
 /// The ttl register is written whatever the key's state: a node that lost our key (and the
 /// register with it) learns our ttl again from the live holder, so a contender with a shorter
 /// ttl does not count that node too early.
 ///
 /// Returns `{status, epoch_age_ms, max_ttl_ms}`: status 1 if extended, 0 if another holder has
-/// the key, -1 if the key is gone (expired, or the node lost it).
+/// the key, -1 if the key is gone (expired, or the node lost it); `epoch_age_ms` −1 when no
+/// proof was made; `max_ttl_ms` the register before this call.
 pub const EXTEND: &str = concat!(
+    extend_usual!(),
     read_keys!("1"),
+    "local age\n",
     epoch_age!(),
-    record_ttl!(),
-    r#"
-if keys[1] == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-"#,
-    keep_fence!("ARGV[3]", "string.format('%d', want)"),
-    record_node_set!(),
-    r#"
-  return {1, age, max_ttl_before}
-end
-if keys[1] then return {0, age, max_ttl_before} end
-return {-1, age, max_ttl_before}
-"#
+    extend_proven!()
 );
 
 /// Put our key back on a node that lost it, only if nobody else has it there, with our
@@ -366,32 +419,34 @@ return stamped
 
 /// [`EXTEND`] for many locks in one call: the renewals of every lock a process holds on one
 /// node go out together (see `batch`). Built from the same pieces as [`EXTEND`], run once per
-/// lock over that lock's own five keys and five arguments, so each lock gets exactly the
-/// answer [`EXTEND`] would give it. It must change whenever [`EXTEND`] does.
+/// lock over that lock's own five keys and six arguments, so each lock gets exactly the
+/// answer [`EXTEND`] would give it: both are built from `extend_usual!` and `extend_proven!`.
 ///
-/// The server's lineage (`INFO`) is read once for all of them.
+/// The server's lineage (`INFO`) is read at most once for all of them, and only if a lock
+/// needs the proof.
 ///
-/// KEYS: five per lock, in [`EXTEND`]'s order. ARGV: five per lock, in [`EXTEND`]'s order,
+/// KEYS: five per lock, in [`EXTEND`]'s order. ARGV: six per lock, in [`EXTEND`]'s order,
 /// then the database index. Returns one `{status, epoch_age_ms, max_ttl_ms}` per lock.
 pub const EXTEND_MANY: &str = concat!(
+    r#"
+local run_id, replid
+local function read_lineage_once()
+"#,
     read_lineage!(),
     r#"
+  return run_id, replid
+end
 local function extend_one(KEYS, ARGV)
 "#,
+    extend_usual!(),
     read_keys!("1"),
-    lineage_age!(),
-    record_ttl!(),
     r#"
-if keys[1] == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local age
+if run_id == nil then run_id, replid = read_lineage_once() end
 "#,
-    keep_fence!("ARGV[3]", "string.format('%d', want)"),
-    record_node_set!(),
+    lineage_age!(),
+    extend_proven!(),
     r#"
-  return {1, age, max_ttl_before}
-end
-if keys[1] then return {0, age, max_ttl_before} end
-return {-1, age, max_ttl_before}
 end
 local db = ARGV[#ARGV]
 local replies = {}
@@ -399,9 +454,11 @@ for i = 0, #KEYS / 5 - 1 do
   local k, a = {}, {}
   for j = 1, 5 do
     k[j] = KEYS[i * 5 + j]
-    a[j] = ARGV[i * 5 + j]
   end
-  a[6] = db
+  for j = 1, 6 do
+    a[j] = ARGV[i * 6 + j]
+  end
+  a[7] = db
   replies[i + 1] = extend_one(k, a)
 end
 return replies

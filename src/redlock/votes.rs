@@ -19,8 +19,9 @@
 //!    and the age starts again at 0. A node whose `INFO` shows no run id or replication id
 //!    never counts.
 //! 3. **The longest ttl** is the largest of our `--ttl`, `--max-ttl`, and every value any node
-//!    ever reported from the lock's max-ttl register (written by every grant, renewal and
-//!    restore, living twice its ttl; a renewal rewrites it even where our key was lost).
+//!    ever reported from the lock's max-ttl register (written by every grant and restore, and
+//!    by a renewal when due: where less than one ttl is left, and where our key was lost;
+//!    living twice its ttl, so it outlives every key written with that ttl).
 //!    A grant from a node whose data age is below [`MAX_TTL`] + drift (the bound on every ttl)
 //!    counts only once every node of the round has answered or timed out, so the registers of
 //!    all reachable nodes are known before it is judged. `--max-ttl` closes the remaining gap:
@@ -33,8 +34,8 @@
 //! 6. **Trusted again** once the marker is old enough: no memory of earlier verdicts is kept,
 //!    each answer is judged on what the node proves in that same atomic script.
 //! 7. **Same servers, same set.** Contenders that list different servers must not both lead:
-//!    every grant and renewal records the fingerprint of the contender's node set beside the
-//!    lock, and a round that sees another live fingerprint refuses to lead (see `acquire`).
+//!    every grant records the fingerprint of the contender's node set beside the lock (and
+//!    renewals keep it: with the register, and at once where it is not the holder's), and a round that sees another live fingerprint refuses to lead (see `acquire`).
 //!    The fingerprint names the servers, not the addresses ([`NodeSet`]): each node by the run
 //!    id its last connection showed and the database, `?` for a node never reached, so
 //!    contenders that reach the same servers through other addresses (a proxy per pod,

@@ -307,40 +307,7 @@ impl Redlock {
                 Action::Round => return Watched::Round,
                 Action::Read { fallback } => {
                     self.inner.observer.standby_read(fallback);
-                    let started = clock::now();
-                    let reads = self.read_keys().await;
-                    let mut holders: Vec<(&str, usize)> = Vec::new();
-                    for (index, read) in reads.iter().enumerate() {
-                        standby.read(
-                            started,
-                            index,
-                            match read {
-                                Ok(read) => Ok(read.as_ref().map(|(_, pttl)| *pttl)),
-                                Err(_) => Err(()),
-                            },
-                        );
-                        if let Ok(Some((identity, _))) = read {
-                            match holders.iter_mut().find(|(id, _)| id == identity) {
-                                Some((_, n)) => *n += 1,
-                                None => holders.push((identity, 1)),
-                            }
-                        }
-                    }
-                    let needed = quorum(reads.len());
-                    let shown = holders
-                        .iter()
-                        .find(|(_, n)| *n >= needed)
-                        .map(|(identity, _)| *identity);
-                    standby.shown(shown);
-                    let mut rng = rand::rng();
-                    standby.turn_taken(rng.random_range(0.0..=1.0));
-                    standby.settle(clock::now(), rng.random_range(0.0..=1.0), false);
-                    if let Some(identity) = shown {
-                        on_holder(Some(HolderSeen {
-                            identity: identity.to_owned(),
-                            fencing_token: None,
-                        }));
-                    }
+                    self.read_for_standby(standby, on_holder).await;
                     continue;
                 }
                 Action::Skip => {
@@ -376,6 +343,49 @@ impl Redlock {
                 // The deadline is checked at the top of the loop.
                 _ = sleep => {}
             }
+        }
+    }
+
+    /// Reads the key on every node for `standby`, and tells `on_holder` of a holder a quorum
+    /// shows.
+    async fn read_for_standby(
+        &self,
+        standby: &mut Standby,
+        on_holder: &mut impl FnMut(Option<HolderSeen>),
+    ) {
+        let started = clock::now();
+        let reads = self.read_keys().await;
+        let mut holders: Vec<(&str, usize)> = Vec::new();
+        for (index, read) in reads.iter().enumerate() {
+            standby.read(
+                started,
+                index,
+                match read {
+                    Ok(read) => Ok(read.as_ref().map(|(_, pttl)| *pttl)),
+                    Err(_) => Err(()),
+                },
+            );
+            if let Ok(Some((identity, _))) = read {
+                match holders.iter_mut().find(|(id, _)| id == identity) {
+                    Some((_, n)) => *n += 1,
+                    None => holders.push((identity, 1)),
+                }
+            }
+        }
+        let needed = quorum(reads.len());
+        let shown = holders
+            .iter()
+            .find(|(_, n)| *n >= needed)
+            .map(|(identity, _)| *identity);
+        standby.shown(shown);
+        let mut rng = rand::rng();
+        standby.turn_taken(rng.random_range(0.0..=1.0));
+        standby.settle(clock::now(), rng.random_range(0.0..=1.0), false);
+        if let Some(identity) = shown {
+            on_holder(Some(HolderSeen {
+                identity: identity.to_owned(),
+                fencing_token: None,
+            }));
         }
     }
 

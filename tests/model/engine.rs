@@ -1,11 +1,23 @@
-//! The model's only coupling to the engine: the crate's own pure decision functions, called
-//! on whole-millisecond ticks (one model tick is one millisecond of the engine's arithmetic).
-//! When their signatures change, this file is the one to adapt.
+//! The model's coupling to the engine: the engine's own round state machines
+//! (`redlock::round`) and pure functions, called on whole-millisecond ticks (one model tick is
+//! one millisecond of the engine's arithmetic). The model keeps each round's answers as it
+//! recorded them; every decision about them is made here, by feeding them to a fresh state
+//! machine of the engine and asking it what to do next. When the engine's signatures change,
+//! this file is the one to adapt.
 
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
+use redlock_sidecar::clock::Deadline;
+use redlock_sidecar::redlock::fencing::token_above;
+use redlock_sidecar::redlock::round::acquire::AcquireStatus;
+use redlock_sidecar::redlock::round::extend::{renewed_end, ExtendStatus};
+use redlock_sidecar::redlock::round::{
+    AcquireParams, AcquireReply, AcquireRound, AcquireStep, Connection, ExtendReply, ExtendRound,
+    ExtendStep, FenceRaise, NodeAnswer, RaiseStep, Rules, TokenPlan,
+};
 use redlock_sidecar::redlock::votes::{self, DataAge, NodeSet, Proof, EPOCH_LIFETIME_MS};
-use redlock_sidecar::redlock::{quorum, timing, validity, NodeFacts};
+use redlock_sidecar::redlock::{timing, NodeError, NodeErrorKind, NodeFacts};
 
 /// A marker stamped before the model's time begins proves this much (beyond `MAX_TTL` + drift).
 const ANCIENT: Duration = Duration::from_secs(2 * timing::MAX_TTL.as_secs());
@@ -33,44 +45,16 @@ pub fn ms(ticks: u8) -> Duration {
     Duration::from_millis(u64::from(ticks))
 }
 
-/// Votes needed among `nodes` (the engine's `quorum`).
-pub fn quorum_of(nodes: usize) -> usize {
-    quorum(nodes)
+/// Tick `t` as the engine's time.
+fn at(t: u8) -> Deadline {
+    Deadline::from_boottime(ms(t))
 }
 
-/// The validity a round that took `elapsed` leaves of `ttl`, rounded up to whole ticks (the
-/// app may act until any instant inside it); `None` when nothing is left. Without
-/// `drift_margin` the drift term is left out (`ttl − elapsed`): the rule switched off.
-pub fn validity_ticks(ttl: u8, elapsed: u8, drift_margin: bool) -> Option<u8> {
-    let left = if drift_margin {
-        validity(ms(ttl), ms(elapsed))?
-    } else {
-        ms(ttl)
-            .checked_sub(ms(elapsed))
-            .filter(|left| !left.is_zero())?
-    };
-    Some(u8::try_from(left.as_nanos().div_ceil(1_000_000)).expect("ticks fit in u8"))
-}
-
-/// Whether a grant from a node that proved `age` counts when the longest ttl known is
-/// `longest` ticks (the engine's `votes::judge`, on a node that does not evict).
-pub fn counts(age: Age, longest: u8) -> bool {
-    let facts = NodeFacts {
-        maxmemory_policy: "noeviction".to_owned(),
-        role: "master".to_owned(),
-        ..NodeFacts::default()
-    };
-    let proof = Proof {
-        data_age: DataAge::Proven(age.duration()),
-        max_ttl: Duration::ZERO,
-    };
-    votes::judge(&facts, proof, ms(longest), false).is_ok()
-}
-
-/// Whether `age` proves the node kept its data for longer than any ttl can be (`MAX_TTL` plus
-/// its drift): then its grant counts without waiting for the round's other answers.
-pub fn old_beyond_any_ttl(age: Age) -> bool {
-    age.duration() >= votes::settled_data_age()
+/// An instant of the engine's time in ticks, rounded up (the app may act until any instant
+/// before it).
+fn ticks(at: Deadline) -> u8 {
+    let ns = at.boottime().as_nanos().div_ceil(1_000_000);
+    u8::try_from(ns).unwrap_or(u8::MAX)
 }
 
 /// The age an epoch marker holding lineage `marker` proves, measured `measured` on the node's
@@ -107,11 +91,298 @@ pub fn fingerprint(list: &[(usize, Option<u8>)]) -> u64 {
     u64::from_str_radix(&node_set(list).fingerprint, 16).expect("a hex fingerprint")
 }
 
-/// Whether a round on `list` counts a grant from the `index`th node of the list, answered on a
-/// connection to `answered` (node, run id) (the engine's `NodeSet::admits`).
-pub fn admits(list: &[(usize, Option<u8>)], index: usize, answered: (usize, u8)) -> bool {
-    let server = server(answered.0, answered.1);
-    node_set(list).admits(index, Some(&server)).is_ok()
+/// The facts every model node's connection shows: a run id, and no eviction.
+static FACTS: LazyLock<Arc<NodeFacts>> = LazyLock::new(|| {
+    Arc::new(NodeFacts {
+        run_id: "model".to_owned(),
+        maxmemory_policy: "noeviction".to_owned(),
+        role: "master".to_owned(),
+        ..NodeFacts::default()
+    })
+});
+
+fn no_answer() -> NodeError {
+    NodeError {
+        kind: NodeErrorKind::Timeout,
+        message: "no answer".to_owned(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The acquire round
+// ---------------------------------------------------------------------------------------
+
+/// A node's answer to an acquire request, as the model's node gave it. `longest`: the
+/// longest register the client knew once this answer was in (the register it reported, and
+/// every one before).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AcquireAns {
+    /// Never executed, or the answer was lost: the call timed out.
+    NoAnswer,
+    /// Our key was set: the data age proven, whether the candidate token was stored, the run
+    /// id the answer's connection shows, and whether the node carried a node-set record.
+    Granted {
+        age: Age,
+        stored: bool,
+        server: u8,
+        recorded: bool,
+        longest: u8,
+    },
+    /// Another value holds the key; `foreign`: another set's record stands beside it.
+    Held { foreign: bool, longest: u8 },
+    /// No grant under another set's live record.
+    Conflict { longest: u8 },
+}
+
+impl AcquireAns {
+    fn longest(self) -> u8 {
+        match self {
+            AcquireAns::NoAnswer => 0,
+            AcquireAns::Granted { longest, .. }
+            | AcquireAns::Held { longest, .. }
+            | AcquireAns::Conflict { longest } => longest,
+        }
+    }
+}
+
+/// What a client knows when it asks its acquire round what to do.
+pub struct AcquireView<'a> {
+    pub ttl: u8,
+    /// The longest ttl it was configured with (`--ttl`, `--max-ttl`).
+    pub longest: u8,
+    pub candidate: u16,
+    pub start: u8,
+    /// The round's node set: per position in the client's list, the node and the run id named.
+    pub list: &'a [(usize, Option<u8>)],
+    /// The highest counter the client's answers ever showed (the model keeps it per client,
+    /// not per answer: every answer reports it).
+    pub seen_fence: u16,
+    pub rules: Rules,
+}
+
+/// What the engine's acquire round says to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AcquireNext {
+    Listen,
+    /// Lost: clean up at these positions of the list.
+    Lost(Vec<usize>),
+    /// Won without validity left: clean up everywhere.
+    TooShort,
+    /// Won with this token.
+    Lead(u16),
+    /// Won, but the fence must be raised above this.
+    Raise(u16),
+}
+
+/// Feeds `answers` (position in the list, answer) to a fresh acquire round of the engine and
+/// asks it what to do at `now`. They go in the order the registers became known (then list
+/// order), so that each is judged with what the client knew when it arrived.
+pub fn acquire_next(view: &AcquireView, answers: &[(usize, AcquireAns)], now: u8) -> AcquireNext {
+    let mut answers = answers.to_vec();
+    answers.sort_by_key(|(i, ans)| (ans.longest(), *i));
+    let set = node_set(view.list);
+    let own = set.fingerprint.clone();
+    let params = AcquireParams {
+        ttl: ms(view.ttl),
+        longest_ttl: ms(view.longest),
+        candidate: u64::from(view.candidate),
+        node_set: set,
+        allow_evicting: false,
+        rules: view.rules,
+    };
+    let mut round = AcquireRound::new(view.list.len(), params, at(view.start));
+    for (index, ans) in &answers {
+        let (status, age, stored, run, node_set) = match *ans {
+            AcquireAns::NoAnswer => {
+                round.handle(*index, Err(no_answer()));
+                continue;
+            }
+            AcquireAns::Granted {
+                age,
+                stored,
+                server,
+                recorded,
+                ..
+            } => (
+                AcquireStatus::Granted,
+                age,
+                stored,
+                server,
+                if recorded { own.clone() } else { String::new() },
+            ),
+            AcquireAns::Held { foreign, .. } => (
+                AcquireStatus::Held,
+                Age::Ancient,
+                false,
+                0,
+                if foreign {
+                    "foreign".to_owned()
+                } else {
+                    String::new()
+                },
+            ),
+            AcquireAns::Conflict { .. } => (
+                AcquireStatus::OtherNodeSet,
+                Age::Ancient,
+                false,
+                0,
+                "foreign".to_owned(),
+            ),
+        };
+        let reply = AcquireReply {
+            status,
+            fence: u64::from(view.seen_fence),
+            proof: Proof {
+                data_age: DataAge::Proven(age.duration()),
+                max_ttl: ms(ans.longest()),
+            },
+            candidate_stored: stored,
+            holder_value: "holder:1".to_owned(),
+            holder_pttl: None,
+            node_set,
+        };
+        let conn = Connection {
+            facts: FACTS.clone(),
+            server: Some(server(view.list[*index].0, run)),
+            same_server_as: None,
+        };
+        round.handle(*index, Ok(NodeAnswer { reply, conn }));
+    }
+    let token = |t: u64| u16::try_from(t).expect("model tokens fit in u16");
+    match round.poll(at(now)) {
+        AcquireStep::Listen => AcquireNext::Listen,
+        AcquireStep::Lost { clean_up, .. } => AcquireNext::Lost(clean_up),
+        AcquireStep::TooShort { .. } => AcquireNext::TooShort,
+        AcquireStep::Won(TokenPlan::Stored(t)) => AcquireNext::Lead(token(t)),
+        AcquireStep::Won(TokenPlan::RaiseAbove(t)) => AcquireNext::Raise(token(t)),
+    }
+}
+
+/// The validity a round that started at `start` has left at `now` (the engine's), in ticks
+/// from `start`, rounded up; `None` when nothing is left.
+pub fn validity_ticks(rules: Rules, ttl: u8, elapsed: u8) -> Option<u8> {
+    let left = rules.validity(ms(ttl), ms(elapsed))?;
+    Some(ticks(at(0) + left))
+}
+
+/// The token to propose above `highest` when the client's wall clock reads `wall` (the
+/// engine's `fencing::token_above`).
+pub fn token_above_ticks(highest: u16, wall: u16) -> u16 {
+    u16::try_from(token_above(u64::from(highest), u64::from(wall))).expect("fits in u16")
+}
+
+// ---------------------------------------------------------------------------------------
+// Raising the fence
+// ---------------------------------------------------------------------------------------
+
+/// What the engine's raise round says to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RaiseNext {
+    Listen,
+    Minted(u16),
+    Again(u16),
+    Failed,
+}
+
+/// Feeds a raise round of `token` (attempt `attempt`, 0-based) over `nodes` nodes the answers
+/// (position, counter before or `None` for no answer), and asks it what to do when the wall
+/// clock reads `wall`. Also returns the highest counter it saw.
+pub fn raise_next(
+    nodes: usize,
+    token: u16,
+    attempt: u8,
+    answers: &[(usize, Option<u16>)],
+    wall: u16,
+) -> (RaiseNext, u16) {
+    let mut raise = FenceRaise::new(nodes, u64::from(token), usize::from(attempt));
+    for (index, before) in answers {
+        raise.handle(*index, before.map(|b| b.to_string()).ok_or_else(no_answer));
+    }
+    let t = |t: u64| u16::try_from(t).expect("model tokens fit in u16");
+    let next = match raise.poll(u64::from(wall)) {
+        RaiseStep::Listen => RaiseNext::Listen,
+        RaiseStep::Minted(token) => RaiseNext::Minted(t(token)),
+        RaiseStep::Again(token) => RaiseNext::Again(t(token)),
+        RaiseStep::Failed(_) => RaiseNext::Failed,
+    };
+    (next, t(raise.fence_seen()))
+}
+
+// ---------------------------------------------------------------------------------------
+// The extend round
+// ---------------------------------------------------------------------------------------
+
+/// A node's answer to an extend request, as the model's node gave it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ExtendAns {
+    NoAnswer,
+    Extended,
+    Held,
+    Missing,
+}
+
+/// What the engine's extend round says to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExtendNext {
+    Listen,
+    /// Expired or superseded: the lease is gone.
+    Gone,
+    /// No quorum this time.
+    Lost,
+    /// Renewed: what the round proved (ticks, rounded up), and where to restore (positions).
+    Renewed {
+        proven: u8,
+        restore: Vec<usize>,
+    },
+}
+
+/// Feeds a renewal over `nodes` nodes started at `started`, of a lease whose validity ends at
+/// `end`, the answers (position, answer), and asks it what to do at `now`.
+pub fn extend_next(
+    rules: Rules,
+    nodes: usize,
+    ttl: u8,
+    started: u8,
+    end: u8,
+    answers: &[(usize, ExtendAns)],
+    now: u8,
+) -> ExtendNext {
+    let mut round = ExtendRound::new(nodes, ms(ttl), at(started), at(end), rules);
+    for (index, ans) in answers {
+        let status = match ans {
+            ExtendAns::NoAnswer => {
+                round.handle(*index, Err(no_answer()));
+                continue;
+            }
+            ExtendAns::Extended => ExtendStatus::Extended,
+            ExtendAns::Held => ExtendStatus::Held,
+            ExtendAns::Missing => ExtendStatus::Missing,
+        };
+        let proof = Proof {
+            data_age: DataAge::NotProven,
+            max_ttl: Duration::ZERO,
+        };
+        round.handle(*index, Ok(ExtendReply { status, proof }));
+    }
+    match round.poll(at(now)) {
+        ExtendStep::Listen => ExtendNext::Listen,
+        ExtendStep::Expired | ExtendStep::Superseded(_) => ExtendNext::Gone,
+        ExtendStep::Lost(_) => ExtendNext::Lost,
+        ExtendStep::Renewed {
+            proven_until,
+            restore,
+            ..
+        } => ExtendNext::Renewed {
+            proven: ticks(proven_until),
+            restore,
+        },
+    }
+}
+
+/// The end of validity after a renewal that proved `proven` of a lease promised until
+/// `previous` (the engine's `round::extend::renewed_end`: the longest promise).
+pub fn renewed_end_ticks(rules: Rules, previous: u8, proven: u8) -> u8 {
+    ticks(renewed_end(rules, at(previous), at(proven)))
 }
 
 #[cfg(test)]
@@ -120,19 +391,76 @@ mod tests {
 
     #[test]
     fn ticks_round_the_engine_arithmetic_as_the_model_documents() {
+        let all = Rules::ALL;
+        let lax = Rules {
+            drift_margin: false,
+            ..Rules::ALL
+        };
         // ttl 6 ms: drift is 2.06 ms, so 3.94 ms are left, which the app may use up to its end.
-        assert_eq!(validity_ticks(6, 0, true), Some(4));
-        assert_eq!(validity_ticks(6, 1, true), Some(3));
-        assert_eq!(validity_ticks(6, 4, true), None);
-        assert_eq!(validity_ticks(6, 0, false), Some(6));
-        // ttl 6 ms needs 8.06 ms of data age: 9 whole ticks on the node's clock.
-        assert!(!counts(Age::Ticks(8), 6));
-        assert!(counts(Age::Ticks(9), 6));
-        assert!(counts(Age::Ancient, 60));
-        assert!(old_beyond_any_ttl(Age::Ancient));
-        assert!(!old_beyond_any_ttl(Age::Ticks(200)));
+        assert_eq!(validity_ticks(all, 6, 0), Some(4));
+        assert_eq!(validity_ticks(all, 6, 1), Some(3));
+        assert_eq!(validity_ticks(all, 6, 4), None);
+        assert_eq!(validity_ticks(lax, 6, 0), Some(6));
         assert_eq!(proven_age("a", Age::Ticks(3), "a"), Some(Age::Ticks(3)));
         assert_eq!(proven_age("a", Age::Ancient, "a"), Some(Age::Ancient));
         assert_eq!(proven_age("a", Age::Ticks(3), "b"), None);
+        assert_eq!(token_above_ticks(7, 3), 8);
+        assert_eq!(token_above_ticks(7, 30), 30);
+    }
+
+    #[test]
+    fn the_engines_acquire_round_judges_the_models_answers() {
+        let list = [(0, Some(1)), (1, Some(1)), (2, Some(1))];
+        let view = AcquireView {
+            ttl: 6,
+            longest: 6,
+            candidate: 5,
+            start: 0,
+            list: &list,
+            seen_fence: 0,
+            rules: Rules::ALL,
+        };
+        let grant = |age, server| AcquireAns::Granted {
+            age,
+            stored: true,
+            server,
+            recorded: true,
+            longest: 6,
+        };
+        // Two old grants win at once.
+        let old = [(0, grant(Age::Ancient, 1)), (2, grant(Age::Ancient, 1))];
+        assert_eq!(acquire_next(&view, &old, 1), AcquireNext::Lead(5));
+        // ttl 6 ms needs 8.06 ms of data age: 9 whole ticks on the node's clock, and a young
+        // node waits for every answer.
+        let young = [(0, grant(Age::Ticks(9), 1)), (1, grant(Age::Ticks(9), 1))];
+        assert_eq!(acquire_next(&view, &young, 1), AcquireNext::Listen);
+        let mut all_in = young.to_vec();
+        all_in.push((2, AcquireAns::NoAnswer));
+        assert_eq!(acquire_next(&view, &all_in, 1), AcquireNext::Lead(5));
+        let too_young = [
+            (0, grant(Age::Ticks(8), 1)),
+            (1, grant(Age::Ticks(8), 1)),
+            (2, AcquireAns::NoAnswer),
+        ];
+        assert_eq!(
+            acquire_next(&view, &too_young, 1),
+            AcquireNext::Lost(vec![0, 1, 2])
+        );
+        // A grant from a restarted server does not count.
+        let restarted = [
+            (0, grant(Age::Ancient, 2)),
+            (1, grant(Age::Ancient, 1)),
+            (
+                2,
+                AcquireAns::Held {
+                    foreign: false,
+                    longest: 6,
+                },
+            ),
+        ];
+        assert_eq!(
+            acquire_next(&view, &restarted, 1),
+            AcquireNext::Lost(vec![0, 1])
+        );
     }
 }

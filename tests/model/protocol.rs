@@ -2,6 +2,10 @@
 //! counter, max-ttl register, node-set record and epoch marker; clients that acquire, mint
 //! tokens, renew, step down, keep a lost lease's promise and release; and the faults.
 //!
+//! The clients' round decisions are not written here: each client keeps the answers its nodes
+//! gave and asks the engine's own state machines (`redlock::round`, through `engine`) what to
+//! do next.
+//!
 //! ## Time
 //! Real time is a tick counter (one tick is one millisecond of the engine's arithmetic, see
 //! `engine`). Every clock misjudges an interval by at most one tick, in the direction that
@@ -19,18 +23,22 @@
 //! tick later. Requests from one client to one node are executed in the order sent. A client
 //! reacts to an answer at once (decides, sends what follows) unless it is paused.
 
-use std::fmt::{self, Write as _};
-
 use stateright::{Model, Property};
 
-use crate::engine::{self, Age};
+use redlock_sidecar::redlock::round;
+
+mod clients;
+mod nodes;
+mod trace;
+
+use crate::engine::{
+    self, AcquireAns, AcquireNext, AcquireView, Age, ExtendAns, ExtendNext, RaiseNext,
+};
 
 /// Node slots a model may use.
 pub const MAX_NODES: usize = 4;
 /// Clients a model may use.
 pub const MAX_CLIENTS: usize = 3;
-/// Raise rounds before a mint gives up (the engine's `RAISE_ATTEMPTS`).
-const RAISE_ATTEMPTS: u8 = 3;
 
 /// How the acquire and extend scripts decide whether the epoch marker is their node's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,44 +55,31 @@ pub enum LineageRule {
 }
 
 /// The rules of the protocol, each of which can be switched off to see what it prevents.
+///
+/// The rounds' rules are the engine's own ([`round::Rules`], obeyed by the engine's state
+/// machines the clients call); the model keeps only the switches of what happens on the
+/// nodes (the scripts) and in the lease.
 #[derive(Clone, Copy, Debug)]
 pub struct Rules {
-    /// How the marker's lineage is checked.
+    /// How the marker's lineage is checked (in the scripts).
     pub lineage: LineageRule,
-    /// A grant counts only from a node whose data age covers the longest ttl plus drift.
-    pub data_age: bool,
-    /// Clients learn the longest ttl in use from the nodes' max-ttl registers.
-    pub register: bool,
-    /// A grant from a node younger than `MAX_TTL` + drift counts only once every node of the
-    /// round has answered or timed out.
-    pub wait_for_all: bool,
-    /// Validity subtracts the drift (`ttl − elapsed − drift`).
-    pub drift_margin: bool,
-    /// After a loss, what is still held is released only once the validity has run out.
-    pub keep_promise: bool,
-    /// Node-set records: no grant under a foreign record, no lead after seeing one.
+    /// The scripts write node-set records and grant nothing under a foreign one.
     pub fingerprint: bool,
-    /// A grant counts only if its connection shows the server the round's node set named
-    /// (`votes`, rule 7): a node first reached, or reached anew, during the round counts from
-    /// the next round on.
-    pub same_server: bool,
-    /// A renewal never moves the validity's end earlier than one already published, so a
-    /// lost lease waits for the latest promise (`timing::renewed_until`; found by this model).
-    pub longest_promise: bool,
+    /// After a loss, what is still held is released only once the validity has run out
+    /// (the lease).
+    pub keep_promise: bool,
+    /// The rounds' rules: data age, register, wait for all answers, drift margin, node-set
+    /// conflict, same server, longest promise.
+    pub engine: round::Rules,
 }
 
 impl Rules {
     /// The rules as implemented.
     pub const ALL: Rules = Rules {
         lineage: LineageRule::InScript,
-        data_age: true,
-        register: true,
-        wait_for_all: true,
-        drift_margin: true,
-        keep_promise: true,
         fingerprint: true,
-        same_server: true,
-        longest_promise: true,
+        keep_promise: true,
+        engine: round::Rules::ALL,
     };
 }
 
@@ -290,18 +285,26 @@ pub enum Ans {
     Pending,
     /// Timed out: never executed, or its answer was lost.
     NoAnswer,
-    /// Acquire: granted, with the data age proven and whether the candidate token was stored.
+    /// Acquire: granted, with the data age proven, whether the candidate token was stored,
+    /// the run id the answer's connection showed, and whether a node-set record stood there.
+    /// `longest`, in every acquire answer: the longest register the client knew once it had
+    /// this answer (the engine judges an answer with what it knows when the answer arrives).
     Granted {
         age: Age,
         stored: bool,
+        server: u8,
+        recorded: bool,
+        longest: u8,
     },
-    /// Acquire or extend: another value holds the key.
-    Held,
+    /// Acquire or extend: another value holds the key (`foreign`: beside another set's record).
+    Held {
+        foreign: bool,
+        longest: u8,
+    },
     /// Acquire: no grant under a live foreign node-set record.
-    Conflict,
-    /// Acquire: granted on a connection that shows another server than the round's node set
-    /// named there (a `?`, or a server since restarted): not counted (rule 7).
-    OtherServer,
+    Conflict {
+        longest: u8,
+    },
     /// Extend: our key, extended.
     Extended,
     /// Extend: no key at all.
@@ -314,8 +317,8 @@ pub enum Ans {
 pub enum Phase {
     /// Waiting to contend.
     Idle,
-    /// An acquire round; `lost` once decided against (it then waits for every answer and
-    /// cleans up).
+    /// An acquire round, until the engine's round decides (a lost one hears every answer
+    /// first, then cleans up).
     Acquire {
         start: u8,
         nonce: u8,
@@ -325,8 +328,6 @@ pub enum Phase {
         servers: [Option<u8>; MAX_NODES],
         set: u64,
         answers: [Ans; MAX_NODES],
-        foreign: bool,
-        lost: bool,
     },
     /// Minting the token by raise rounds after a won acquire round.
     Raise {
@@ -425,787 +426,6 @@ pub enum Action {
     Resume(usize),
     Fault(Fault, usize),
     Tick,
-}
-
-// ---------------------------------------------------------------------------------------
-// Nodes: the scripts
-// ---------------------------------------------------------------------------------------
-
-/// What an acquire or extend answer tells the client besides its vote.
-struct Reply {
-    ans: Ans,
-    register: u8,
-    fence: u16,
-    foreign: bool,
-    /// The run id the answer's connection shows.
-    server: u8,
-}
-
-impl Config {
-    fn set_mask(&self, client: usize) -> u8 {
-        self.clients[client]
-            .nodes
-            .iter()
-            .fold(0, |mask, n| mask | 1 << n)
-    }
-
-    /// The node set client `c` knows now: per node, the run id of its last connection.
-    fn servers(&self, s: &State, c: usize) -> [Option<u8>; MAX_NODES] {
-        std::array::from_fn(|n| s.clients[c].conns[n].map(|conn| conn.id.run))
-    }
-
-    /// The fingerprint client `c` records for `servers` (the engine's).
-    fn fingerprint(&self, c: usize, servers: &[Option<u8>; MAX_NODES]) -> u64 {
-        let list: Vec<(usize, Option<u8>)> = self.clients[c]
-            .nodes
-            .iter()
-            .map(|n| (*n, servers[*n]))
-            .collect();
-        engine::fingerprint(&list)
-    }
-
-    /// Whether client `c`'s round on `servers` counts a grant node `n` gave on a connection
-    /// showing run id `server` (the engine's `NodeSet::admits`).
-    fn admits(&self, c: usize, servers: &[Option<u8>; MAX_NODES], n: usize, server: u8) -> bool {
-        if !self.rules.same_server {
-            return true;
-        }
-        let list: Vec<(usize, Option<u8>)> = self.clients[c]
-            .nodes
-            .iter()
-            .map(|n| (*n, servers[*n]))
-            .collect();
-        let index = self.clients[c].nodes.iter().position(|m| *m == n);
-        engine::admits(&list, index.expect("a node of the list"), (n, server))
-    }
-
-    fn in_set(&self, client: usize, node: usize) -> bool {
-        self.set_mask(client) & 1 << node != 0
-    }
-
-    fn quorum(&self, client: usize) -> usize {
-        engine::quorum_of(self.clients[client].nodes.len())
-    }
-
-    /// A node-clock interval of `d` real ticks, as the (fast) node measures it.
-    fn node_measures(&self, d: u8) -> u8 {
-        if d == 0 {
-            0
-        } else {
-            d.saturating_add(self.node_clock_fast)
-        }
-    }
-
-    /// The real tick at which something written now to live `ttl` node-clock ticks is gone.
-    fn node_expiry(&self, now: u8, ttl: u8) -> u8 {
-        self.cap(now + ttl - self.node_clock_fast.min(ttl - 1))
-    }
-
-    /// Instants after the horizon are all alike: one value for them keeps states few.
-    fn cap(&self, t: u8) -> u8 {
-        t.min(self.horizon + 1)
-    }
-
-    /// The same for the end of a validity, whose step-down comes a safety margin earlier.
-    fn cap_end(&self, t: u8) -> u8 {
-        t.min(self.horizon + 1 + self.safety_margin)
-    }
-
-    /// The data-age proof of the acquire and extend scripts: the marker's age if it holds the
-    /// lineage the script reads, else a fresh stamp (age 0).
-    fn prove(&self, node: &mut Node, lineage: Id, now: u8) -> Age {
-        let proven = node.data.marker.and_then(|m| {
-            let measured = match m.stamped {
-                None => Age::Ancient,
-                Some(at) => Age::Ticks(self.node_measures(now - at)),
-            };
-            let (marker, current) = match self.rules.lineage {
-                LineageRule::InScript | LineageRule::CachedPerConnection => (
-                    format!("{}.{}", m.lineage.run, m.lineage.repl),
-                    format!("{}.{}", lineage.run, lineage.repl),
-                ),
-                LineageRule::RunIdOnly => (m.lineage.run.to_string(), lineage.run.to_string()),
-                LineageRule::Unchecked => (String::new(), String::new()),
-            };
-            engine::proven_age(&marker, measured, &current)
-        });
-        proven.unwrap_or_else(|| {
-            node.data.marker = Some(Marker {
-                lineage,
-                stamped: Some(now),
-            });
-            Age::Ticks(0)
-        })
-    }
-
-    /// Records our ttl in the register (if `raise` says so) and writes our node-set record.
-    fn record_ttl(&self, node: &mut Node, set: u64, ttl: u8, now: u8, grant: bool) {
-        let reg = node.data.register;
-        let write = match reg {
-            None => true,
-            Some((v, at)) if grant => v < ttl || (v == ttl && at - now < ttl),
-            Some((v, _)) => v <= ttl,
-        };
-        if write {
-            node.data.register = Some((ttl, self.node_expiry(now, 2 * ttl)));
-        }
-        if self.rules.fingerprint {
-            let longest = node.data.register.map_or(ttl, |(v, _)| v.max(ttl));
-            node.data.record = Some((set, self.node_expiry(now, 2 * longest)));
-        }
-    }
-
-    fn foreign_record(&self, node: &Node, ours: u64) -> bool {
-        self.rules.fingerprint && node.data.record.is_some_and(|(set, _)| set != ours)
-    }
-
-    /// Executes `op` from `client` on node `n`; the reply if the op has one.
-    fn execute(&self, s: &mut State, client: usize, n: usize, op: Op) -> Option<Reply> {
-        let now = s.now;
-        // The request goes on the live connection, or on a new one that reads the server now.
-        let conn = match s.clients[client].conns[n] {
-            Some(conn) if conn.live => conn,
-            _ => Conn {
-                id: s.nodes[n].id,
-                live: true,
-            },
-        };
-        s.clients[client].conns[n] = Some(conn);
-        let lineage = match self.rules.lineage {
-            LineageRule::CachedPerConnection => conn.id,
-            _ => s.nodes[n].id,
-        };
-        let server = conn.id.run;
-        let ttl = self.clients[client].ttl;
-        let foreign = match op {
-            Op::Acquire { set, .. } => self.foreign_record(&s.nodes[n], set),
-            _ => false,
-        };
-        let node = &mut s.nodes[n];
-        let ours = |node: &Node, nonce: u8| {
-            node.data
-                .key
-                .is_some_and(|k| k.client == client as u8 && k.nonce == nonce)
-        };
-        match op {
-            Op::Acquire { nonce, cand, set } => {
-                let age = self.prove(node, lineage, now);
-                let fence = node.data.fence;
-                let register = node.data.register.map_or(0, |(v, _)| v);
-                let ans = if node.data.key.is_some() {
-                    Ans::Held
-                } else if foreign {
-                    Ans::Conflict
-                } else {
-                    node.data.key = Some(Key {
-                        client: client as u8,
-                        nonce,
-                        expires: self.node_expiry(now, ttl),
-                    });
-                    let stored = fence < cand;
-                    if stored {
-                        node.data.fence = cand;
-                    }
-                    self.record_ttl(node, set, ttl, now, true);
-                    Ans::Granted { age, stored }
-                };
-                Some(Reply {
-                    ans,
-                    register,
-                    fence,
-                    foreign,
-                    server,
-                })
-            }
-            Op::Extend {
-                nonce, token, set, ..
-            } => {
-                self.prove(node, lineage, now);
-                let register = node.data.register.map_or(0, |(v, _)| v);
-                let fence = node.data.fence;
-                let ans = if ours(node, nonce) {
-                    node.data.key = Some(Key {
-                        client: client as u8,
-                        nonce,
-                        expires: self.node_expiry(now, ttl),
-                    });
-                    node.data.fence = node.data.fence.max(token);
-                    self.record_ttl(node, set, ttl, now, false);
-                    Ans::Extended
-                } else if node.data.key.is_some() {
-                    Ans::Held
-                } else {
-                    Ans::Missing
-                };
-                Some(Reply {
-                    ans,
-                    register,
-                    fence,
-                    foreign,
-                    server,
-                })
-            }
-            Op::Restore { nonce, token, set } => {
-                if node.data.key.is_none() {
-                    node.data.key = Some(Key {
-                        client: client as u8,
-                        nonce,
-                        expires: self.node_expiry(now, ttl),
-                    });
-                    node.data.fence = node.data.fence.max(token);
-                    self.record_ttl(node, set, ttl, now, false);
-                }
-                None
-            }
-            Op::Raise { token } => {
-                let before = node.data.fence;
-                node.data.fence = before.max(token);
-                Some(Reply {
-                    ans: Ans::Before(before),
-                    register: 0,
-                    fence: before,
-                    foreign: false,
-                    server,
-                })
-            }
-            Op::Release { nonce } => {
-                if ours(node, nonce) {
-                    node.data.key = None;
-                }
-                None
-            }
-            Op::Cleanup { nonce, set } => {
-                if ours(node, nonce) {
-                    node.data.key = None;
-                }
-                // Where no key is left, the round's own record goes too.
-                if node.data.key.is_none() && node.data.record.is_some_and(|(r, _)| r == set) {
-                    node.data.record = None;
-                }
-                None
-            }
-        }
-    }
-
-    fn fault(&self, s: &mut State, kind: Fault, n: usize) {
-        let now = s.now;
-        let node = &mut s.nodes[n];
-        let fresh = |node: &mut Node| {
-            node.ids += 1;
-            node.ids
-        };
-        let mut drop_conns = false;
-        match kind {
-            Fault::Restart => {
-                node.data = Data::default();
-                let id = fresh(node);
-                node.id = Id { run: id, repl: id };
-                drop_conns = true;
-            }
-            Fault::RestartPersisted => {
-                let id = fresh(node);
-                node.id = Id { run: id, repl: id };
-                drop_conns = true;
-            }
-            Fault::OlderCopy | Fault::ProxyFailover => {
-                node.data = node.backup;
-                let id = fresh(node);
-                node.id = Id { run: id, repl: id };
-                drop_conns = kind == Fault::OlderCopy;
-            }
-            Fault::Failback => {
-                node.data = node.backup;
-                node.id.repl = fresh(node);
-            }
-            Fault::Flush => node.data = Data::default(),
-            Fault::Snapshot => node.backup = node.data,
-        }
-        node.data.expire(now);
-        if drop_conns {
-            for c in &mut s.clients {
-                if let Some(conn) = &mut c.conns[n] {
-                    conn.live = false;
-                }
-            }
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// Clients: the engine's and the lease's decisions
-// ---------------------------------------------------------------------------------------
-
-/// How a grant stands when the round's answers so far are known.
-enum Standing {
-    Counted,
-    /// Counts once every node has answered (young node, wait-for-all rule).
-    Waiting,
-    NotCounted,
-}
-
-impl Config {
-    /// The longest ttl the client knows to be in use.
-    fn longest(&self, s: &State, c: usize) -> u8 {
-        let cfg = &self.clients[c];
-        let mut longest = cfg.ttl.max(cfg.max_ttl.unwrap_or(0));
-        if self.rules.register {
-            longest = longest.max(s.clients[c].seen_ttl);
-        }
-        longest
-    }
-
-    fn standing(&self, s: &State, c: usize, age: Age) -> Standing {
-        if !self.rules.data_age {
-            return Standing::Counted;
-        }
-        if !engine::counts(age, self.longest(s, c)) {
-            return Standing::NotCounted;
-        }
-        if self.rules.wait_for_all && !engine::old_beyond_any_ttl(age) {
-            return Standing::Waiting;
-        }
-        Standing::Counted
-    }
-
-    fn next_token(&self, s: &State, c: usize, highest: u16) -> u16 {
-        (highest + 1).max(u16::from(s.now) + self.clients[c].wall_offset)
-    }
-
-    fn send(&self, s: &mut State, c: usize, n: usize, op: Op) {
-        let client = &mut s.clients[c];
-        if client.pending[n].is_none() {
-            client.pending[n] = Some(Msg {
-                op,
-                deadline: s.now + self.node_timeout,
-                not_before: s.now,
-            });
-        } else {
-            // A raise not yet sent is superseded by the next one (higher, same effect).
-            let replaceable = matches!(
-                (client.queued[n], op),
-                (None, _) | (Some(Op::Raise { .. }), Op::Raise { .. })
-            );
-            assert!(replaceable, "one request queued per node");
-            client.queued[n] = Some(op);
-        }
-    }
-
-    fn send_all(&self, s: &mut State, c: usize, op: impl Fn(usize) -> Option<Op>) {
-        for n in 0..self.nodes {
-            if self.in_set(c, n) {
-                if let Some(op) = op(n) {
-                    self.send(s, c, n, op);
-                }
-            }
-        }
-    }
-
-    fn idle_wire(client: &Client) -> bool {
-        client.pending.iter().all(Option::is_none)
-            && client.queued.iter().all(Option::is_none)
-            && client.restores.iter().all(Option::is_none)
-    }
-
-    fn round(&self, c: usize) -> [Ans; MAX_NODES] {
-        std::array::from_fn(|n| {
-            if n < self.nodes && self.in_set(c, n) {
-                Ans::Pending
-            } else {
-                Ans::Unused
-            }
-        })
-    }
-
-    /// The client's answer to a request executed on node `n` (`None`: answer lost).
-    fn receive(&self, s: &mut State, c: usize, n: usize, op: Op, reply: Option<Reply>) {
-        if let Some(r) = &reply {
-            let client = &mut s.clients[c];
-            client.seen_fence = client.seen_fence.max(r.fence);
-            client.seen_ttl = client.seen_ttl.max(r.register);
-        }
-        let ans = reply.as_ref().map_or(Ans::NoAnswer, |r| r.ans);
-        let admitted = match (&reply, s.clients[c].phase) {
-            (Some(r), Phase::Acquire { servers, .. }) => self.admits(c, &servers, n, r.server),
-            _ => true,
-        };
-        let phase = &mut s.clients[c].phase;
-        match (op, phase) {
-            (
-                Op::Acquire { nonce, .. },
-                Phase::Acquire {
-                    nonce: current,
-                    answers,
-                    foreign,
-                    ..
-                },
-            ) if nonce == *current => {
-                answers[n] = match ans {
-                    Ans::Granted { .. } if !admitted => Ans::OtherServer,
-                    ans => ans,
-                };
-                *foreign |= reply.is_some_and(|r| r.foreign);
-            }
-            (
-                Op::Extend {
-                    nonce, won: false, ..
-                },
-                Phase::Hold {
-                    nonce: current,
-                    extend: Some((_, answers, _)),
-                    ..
-                },
-            ) if nonce == *current => answers[n] = ans,
-            (
-                Op::Raise { token },
-                Phase::Raise {
-                    token: current,
-                    answers,
-                    ..
-                },
-            ) if token == *current && answers[n] == Ans::Pending => answers[n] = ans,
-            (Op::Raise { token }, _) => {
-                // A late raise answer: the next candidate starts above what it shows.
-                let client = &mut s.clients[c];
-                client.seen_fence = client.seen_fence.max(token);
-            }
-            (
-                Op::Extend {
-                    nonce,
-                    token,
-                    won: true,
-                    set,
-                },
-                _,
-            ) if ans == Ans::Missing => {
-                // A late "missing" after a won extend: the engine restores in the background.
-                s.clients[c].restores[n] = Some(Op::Restore { nonce, token, set });
-            }
-            _ => {}
-        }
-    }
-
-    /// Starts the tenure the client just won (token minted, validity checked again).
-    fn lead(&self, s: &mut State, c: usize, start: u8, nonce: u8, token: u16, set: u64) {
-        let now = s.now;
-        let ttl = self.clients[c].ttl;
-        let Some(valid) = engine::validity_ticks(ttl, now - start, self.rules.drift_margin) else {
-            s.clients[c].phase = Phase::Cleanup { nonce, set };
-            return;
-        };
-        let end = self.cap_end(start + valid + self.client_clock_slow);
-        if end > now {
-            if let Some((last, who)) = s.last_tenure {
-                if token <= last {
-                    s.token_regressed = true;
-                }
-                if who != c as u8 {
-                    s.handoff = true;
-                }
-            }
-            s.last_tenure = Some((token.max(s.last_tenure.map_or(0, |t| t.0)), c as u8));
-            let client = &mut s.clients[c];
-            client.window = Some(match client.window {
-                Some((since, until)) => (since, until.max(end)),
-                None => (now, end),
-            });
-        }
-        let client = &mut s.clients[c];
-        client.seen_fence = client.seen_fence.max(token);
-        client.phase = Phase::Hold {
-            nonce,
-            token,
-            acquired: start,
-            end,
-            next_renew: self.cap(start + (ttl / 3).max(1)),
-            extend: None,
-        };
-    }
-
-    /// Lets client `c` react to everything it knows at `now`, until nothing changes.
-    fn settle(&self, s: &mut State, c: usize) {
-        if s.clients[c].paused {
-            return;
-        }
-        loop {
-            let before = s.clients[c];
-            // Requests queued behind one in flight go out once it is done.
-            for n in 0..self.nodes {
-                let client = &mut s.clients[c];
-                if client.pending[n].is_none() {
-                    if let Some(op) = client.restores[n]
-                        .take()
-                        .or_else(|| client.queued[n].take())
-                    {
-                        client.pending[n] = Some(Msg {
-                            op,
-                            deadline: s.now + self.node_timeout,
-                            not_before: s.now,
-                        });
-                    }
-                }
-            }
-            self.step(s, c);
-            if s.clients[c] == before {
-                return;
-            }
-        }
-    }
-
-    fn step(&self, s: &mut State, c: usize) {
-        let now = s.now;
-        let q = self.quorum(c);
-        match s.clients[c].phase {
-            Phase::Idle => {}
-            Phase::Acquire {
-                start,
-                nonce,
-                cand,
-                set,
-                answers,
-                foreign,
-                lost: false,
-                ..
-            } => {
-                let all_in = !answers.contains(&Ans::Pending);
-                let (mut counted, mut maybe, mut stored) = (0, 0, 0);
-                for ans in answers {
-                    match ans {
-                        Ans::Pending => maybe += 1,
-                        Ans::Granted { age, stored: st } => {
-                            let counts = match self.standing(s, c, age) {
-                                Standing::Counted => true,
-                                Standing::Waiting if all_in => true,
-                                Standing::Waiting => {
-                                    maybe += 1;
-                                    false
-                                }
-                                Standing::NotCounted => false,
-                            };
-                            if counts {
-                                counted += 1;
-                                stored += usize::from(st);
-                            }
-                        }
-                        _ => {}
-                    }
-                }
-                let refuse = foreign && self.rules.fingerprint;
-                if !refuse && counted >= q {
-                    if engine::validity_ticks(
-                        self.clients[c].ttl,
-                        now - start,
-                        self.rules.drift_margin,
-                    )
-                    .is_none()
-                    {
-                        s.clients[c].phase = Phase::Cleanup { nonce, set };
-                    } else if stored >= q {
-                        self.lead(s, c, start, nonce, cand, set);
-                    } else {
-                        let seen = s.clients[c].seen_fence.max(cand);
-                        let token = self.next_token(s, c, seen);
-                        s.clients[c].phase = Phase::Raise {
-                            start,
-                            nonce,
-                            token,
-                            attempt: 1,
-                            answers: self.round(c),
-                            set,
-                        };
-                        self.send_all(s, c, |_| Some(Op::Raise { token }));
-                    }
-                } else if refuse || counted + maybe < q {
-                    if let Phase::Acquire { lost, .. } = &mut s.clients[c].phase {
-                        *lost = true;
-                    }
-                }
-            }
-            Phase::Acquire {
-                nonce,
-                answers,
-                set,
-                lost: true,
-                ..
-            } => {
-                // Decided against: once every answer is in, delete our key wherever a node
-                // did not show another holder (and our record where no key is left).
-                if Self::idle_wire(&s.clients[c]) {
-                    s.clients[c].phase = Phase::Idle;
-                    self.send_all(s, c, |n| {
-                        (!matches!(answers[n], Ans::Held | Ans::Conflict))
-                            .then_some(Op::Cleanup { nonce, set })
-                    });
-                }
-            }
-            Phase::Raise {
-                start,
-                nonce,
-                token,
-                attempt,
-                answers,
-                set,
-            } => {
-                let answered: Vec<u16> = answers
-                    .iter()
-                    .filter_map(|a| match a {
-                        Ans::Before(v) => Some(*v),
-                        _ => None,
-                    })
-                    .collect();
-                let pending = answers.iter().filter(|a| **a == Ans::Pending).count();
-                if answered.len() >= q {
-                    let highest = answered.iter().copied().max().unwrap_or(0);
-                    let client = &mut s.clients[c];
-                    client.seen_fence = client.seen_fence.max(highest).max(token);
-                    if highest < token {
-                        self.lead(s, c, start, nonce, token, set);
-                    } else if attempt < RAISE_ATTEMPTS {
-                        let token = self.next_token(s, c, highest);
-                        s.clients[c].phase = Phase::Raise {
-                            start,
-                            nonce,
-                            token,
-                            attempt: attempt + 1,
-                            answers: self.round(c),
-                            set,
-                        };
-                        self.send_all(s, c, |_| Some(Op::Raise { token }));
-                    } else {
-                        s.clients[c].phase = Phase::Cleanup { nonce, set };
-                    }
-                } else if answered.len() + pending < q {
-                    s.clients[c].phase = Phase::Cleanup { nonce, set };
-                }
-            }
-            Phase::Cleanup { nonce, set } => {
-                if Self::idle_wire(&s.clients[c]) {
-                    s.clients[c].phase = Phase::Idle;
-                    self.send_all(s, c, |_| Some(Op::Cleanup { nonce, set }));
-                }
-            }
-            Phase::Hold {
-                nonce,
-                token,
-                acquired,
-                end,
-                next_renew,
-                extend,
-            } => {
-                let lose = |s: &mut State| s.clients[c].phase = Phase::Lost { nonce, end };
-                let step_down = end.saturating_sub(self.safety_margin).max(acquired);
-                match extend {
-                    Some((started, answers, set)) => {
-                        let count = |f: fn(&Ans) -> bool| answers.iter().filter(|a| f(a)).count();
-                        let extended = count(|a| *a == Ans::Extended);
-                        let pending = count(|a| *a == Ans::Pending);
-                        let contrary = count(|a| matches!(a, Ans::Held | Ans::Missing));
-                        if now >= end {
-                            lose(s);
-                        } else if extended >= q {
-                            let ttl = self.clients[c].ttl;
-                            let Some(valid) =
-                                engine::validity_ticks(ttl, now - started, self.rules.drift_margin)
-                            else {
-                                return lose(s);
-                            };
-                            let new_end = self.cap_end(started + valid + self.client_clock_slow);
-                            let client = &mut s.clients[c];
-                            if let Some((_, until)) = &mut client.window {
-                                *until = (*until).max(new_end);
-                            }
-                            for msg in client.pending.iter_mut().flatten() {
-                                if let Op::Extend { won, .. } = &mut msg.op {
-                                    *won = true;
-                                }
-                            }
-                            let end = if self.rules.longest_promise {
-                                new_end.max(end)
-                            } else {
-                                new_end
-                            };
-                            client.phase = Phase::Hold {
-                                nonce,
-                                token,
-                                acquired,
-                                end,
-                                next_renew: self.cap(started + (ttl / 3).max(1)),
-                                extend: None,
-                            };
-                            // Nodes that lost our key get it back, now the quorum is proven.
-                            self.send_all(s, c, |n| {
-                                (answers[n] == Ans::Missing).then_some(Op::Restore {
-                                    nonce,
-                                    token,
-                                    set,
-                                })
-                            });
-                        } else if extended + pending < q {
-                            if contrary >= q {
-                                lose(s); // superseded
-                            } else if let Phase::Hold {
-                                extend, next_renew, ..
-                            } = &mut s.clients[c].phase
-                            {
-                                *extend = None;
-                                *next_renew = now + 1; // fast retry
-                            }
-                        }
-                    }
-                    None => {
-                        if now >= step_down {
-                            lose(s);
-                        } else if now >= next_renew && Self::idle_wire(&s.clients[c]) {
-                            // A renewal records the node set as the client knows it now.
-                            let set = self.fingerprint(c, &self.servers(s, c));
-                            let answers = self.round(c);
-                            if let Phase::Hold { extend, .. } = &mut s.clients[c].phase {
-                                *extend = Some((now, answers, set));
-                            }
-                            self.send_all(s, c, |_| {
-                                Some(Op::Extend {
-                                    nonce,
-                                    token,
-                                    won: false,
-                                    set,
-                                })
-                            });
-                        }
-                    }
-                }
-            }
-            Phase::Lost { nonce, end } => {
-                // The release goes out behind the requests still in flight.
-                if (!self.rules.keep_promise || now >= end) && Self::idle_wire(&s.clients[c]) {
-                    s.clients[c].phase = Phase::Idle;
-                    self.send_all(s, c, |_| Some(Op::Release { nonce }));
-                }
-            }
-        }
-    }
-
-    fn settle_all(&self, s: &mut State) {
-        for c in 0..self.clients.len() {
-            self.settle(s, c);
-        }
-    }
-
-    /// The request taken next in this tick: node by node, client by client.
-    fn next_request(&self, s: &State) -> Option<(usize, usize, Msg)> {
-        (0..self.nodes).find_map(|n| {
-            (0..self.clients.len()).find_map(|c| {
-                s.clients[c].pending[n]
-                    .filter(|m| m.not_before <= s.now)
-                    .map(|m| (c, n, m))
-            })
-        })
-    }
-
-    /// Whether client `c`'s app may act at the current tick.
-    pub fn inside(s: &State, c: usize) -> bool {
-        s.clients[c]
-            .window
-            .is_some_and(|(since, until)| since <= s.now && s.now < until)
-    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1342,8 +562,6 @@ impl Model for Config {
                     servers,
                     set,
                     answers: self.round(c),
-                    foreign: false,
-                    lost: false,
                 };
                 self.send_all(&mut s, c, |_| Some(Op::Acquire { nonce, cand, set }));
             }
@@ -1353,24 +571,7 @@ impl Model for Config {
                 msg.not_before = s.now + 1;
             }
             Action::Deliver(c, n) | Action::DeliverUnanswered(c, n) | Action::Drop(c, n) => {
-                s.opening = false;
-                let msg = s.clients[c].pending[n].take().expect("pending");
-                if !matches!(action, Action::Deliver(..)) {
-                    s.losses_left -= 1;
-                }
-                let reply = if matches!(action, Action::Drop(..)) {
-                    None
-                } else {
-                    self.execute(&mut s, c, n, msg.op)
-                };
-                let reply = if matches!(action, Action::Deliver(..)) {
-                    reply
-                } else {
-                    None
-                };
-                if msg.op.answered() {
-                    self.receive(&mut s, c, n, msg.op, reply);
-                }
+                self.deliver(&mut s, action, c, n)
             }
             Action::Resign(c) => {
                 s.resigns_left -= 1;
@@ -1434,68 +635,27 @@ impl Model for Config {
     }
 }
 
-// ---------------------------------------------------------------------------------------
-// Traces
-// ---------------------------------------------------------------------------------------
-
 impl Config {
-    /// One line for a state: the time, each node, each client.
-    pub fn describe(&self, s: &State) -> String {
-        let mut f = String::new();
-        self.describe_into(&mut f, s).expect("writing to a String");
-        f
-    }
-
-    fn describe_into(&self, f: &mut String, s: &State) -> fmt::Result {
-        write!(f, "t={:<2}", s.now)?;
-        for (n, node) in s.nodes.iter().enumerate().take(self.nodes) {
-            let d = &node.data;
-            let mut line = String::new();
-            match d.key {
-                Some(k) => write!(line, "key=c{}#{}<{}", k.client, k.nonce, k.expires)?,
-                None => line.push_str("key=-"),
-            }
-            write!(line, " fence={}", d.fence)?;
-            if let Some((v, at)) = d.register {
-                write!(line, " reg={v}<{at}")?;
-            }
-            if let Some((set, at)) = d.record {
-                write!(line, " rec={:04x}<{at}", set & 0xffff)?;
-            }
-            match d.marker {
-                Some(m) => write!(
-                    line,
-                    " epoch={}.{}@{}",
-                    m.lineage.run,
-                    m.lineage.repl,
-                    m.stamped.map_or("old".to_owned(), |t| t.to_string())
-                )?,
-                None => line.push_str(" epoch=-"),
-            }
-            write!(f, " | n{n}[{line} id={}.{}]", node.id.run, node.id.repl)?;
+    /// Client `c`'s request to node `n` is executed (`Deliver`), executed with its answer
+    /// lost (`DeliverUnanswered`), or never executed (`Drop`).
+    fn deliver(&self, s: &mut State, action: Action, c: usize, n: usize) {
+        s.opening = false;
+        let msg = s.clients[c].pending[n].take().expect("pending");
+        if !matches!(action, Action::Deliver(..)) {
+            s.losses_left -= 1;
         }
-        for (c, client) in s.clients.iter().enumerate().take(self.clients.len()) {
-            let phase = match client.phase {
-                Phase::Idle => "idle".to_owned(),
-                Phase::Acquire { start, lost, .. } => {
-                    format!("acquire@{start}{}", if lost { " lost" } else { "" })
-                }
-                Phase::Raise { token, .. } => format!("raise {token}"),
-                Phase::Cleanup { .. } => "cleanup".to_owned(),
-                Phase::Hold {
-                    token, end, extend, ..
-                } => format!(
-                    "hold token={token} end={end}{}",
-                    if extend.is_some() { " extending" } else { "" }
-                ),
-                Phase::Lost { end, .. } => format!("lost end={end}"),
-            };
-            let window = client
-                .window
-                .map_or(String::new(), |(a, b)| format!(" app=[{a},{b})"));
-            let paused = if client.paused { " paused" } else { "" };
-            write!(f, " | c{c}[{phase}{window}{paused}]")?;
+        let reply = if matches!(action, Action::Drop(..)) {
+            None
+        } else {
+            self.execute(s, c, n, msg.op)
+        };
+        let reply = if matches!(action, Action::Deliver(..)) {
+            reply
+        } else {
+            None
+        };
+        if msg.op.answered() {
+            self.receive(s, c, n, msg.op, reply);
         }
-        Ok(())
     }
 }

@@ -83,8 +83,10 @@ pub enum ExtendStep {
     Superseded(Vec<Option<Vote>>),
     /// Renewed until `valid_until`; restore our key on the nodes `restore` lists.
     Renewed {
-        /// The new end of validity.
+        /// The new end of validity ([`renewed_end`] of the old one and `proven_until`).
         valid_until: Deadline,
+        /// What this round alone proved: `start + ttl − elapsed − drift`.
+        proven_until: Deadline,
         /// Nodes that answered "missing" so far.
         restore: Vec<usize>,
     },
@@ -169,11 +171,8 @@ impl ExtendRound {
         let Some(valid) = self.rules.validity(self.ttl, elapsed) else {
             return ExtendStep::Expired;
         };
-        let valid_until = if self.rules.longest_promise {
-            renewed_until(self.valid_until, self.start, valid)
-        } else {
-            self.start + valid
-        };
+        let proven_until = self.start + valid;
+        let valid_until = renewed_end(self.rules, self.valid_until, proven_until);
         let restore = votes
             .iter()
             .enumerate()
@@ -182,7 +181,19 @@ impl ExtendRound {
             .collect();
         ExtendStep::Renewed {
             valid_until,
+            proven_until,
             restore,
         }
+    }
+}
+
+/// The end of validity after a renewal that proved `proven` of a lease promised until
+/// `previous`: never earlier than `previous` (`timing::renewed_until`, the longest promise),
+/// unless the rule is switched off.
+pub fn renewed_end(rules: Rules, previous: Deadline, proven: Deadline) -> Deadline {
+    if rules.longest_promise {
+        renewed_until(previous, proven, Duration::ZERO)
+    } else {
+        proven
     }
 }

@@ -18,6 +18,7 @@
 //! - how long a wait retries and how long it sleeps between rounds: [`retry`].
 
 pub mod acquire;
+mod answer;
 pub mod extend;
 pub mod fence;
 pub mod release;

@@ -350,6 +350,7 @@ fn an_extend_won_on_a_quorum_renews_and_restores_where_our_key_was_lost() {
         round.poll(now),
         ExtendStep::Renewed {
             valid_until: at(3_000) + valid,
+            proven_until: at(3_000) + valid,
             restore: vec![0],
         }
     );
@@ -361,13 +362,17 @@ fn a_slow_renewal_keeps_the_longest_promise() {
     round.handle(0, extended(ExtendStatus::Extended));
     round.handle(1, extended(ExtendStatus::Extended));
     // The round took 4 s: it proves only up to about 8.9 s.
-    assert_eq!(
-        round.poll(at(7_000)),
-        ExtendStep::Renewed {
-            valid_until: at(12_000),
-            restore: vec![],
-        }
-    );
+    let ExtendStep::Renewed {
+        valid_until,
+        proven_until,
+        restore,
+    } = round.poll(at(7_000))
+    else {
+        panic!("renewed");
+    };
+    assert_eq!(valid_until, at(12_000));
+    assert!(proven_until < at(12_000));
+    assert!(restore.is_empty());
     let mut short = ExtendRound::new(
         3,
         TTL,

@@ -1,0 +1,606 @@
+//! The standby's decisions over time, with no Redis and no clock.
+
+use super::*;
+use crate::redlock::fencing::MAX_TOKEN;
+
+const TTL: Duration = Duration::from_secs(10);
+const POLL: Duration = Duration::from_secs(1);
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn subscribed(n: usize) -> Standby {
+    let mut s = Standby::new(n, n / 2 + 1, TTL, POLL);
+    for i in 0..n {
+        s.subscription(i, true);
+    }
+    s
+}
+
+#[test]
+fn a_busy_round_sleeps_until_a_quorum_of_keys_may_have_expired() {
+    let t0 = Instant::now();
+    let mut s = subscribed(3);
+    s.round_busy(t0, &[true, true, true], Some(ms(8000)), None, 0);
+    assert_eq!(
+        s.next(t0),
+        (Action::Wait, Some(t0 + ms(8000) + CLOCK_DRIFT_FLOOR))
+    );
+    // Reads at the deadline show renewed keys: sleep again, no round.
+    let t1 = t0 + ms(8002);
+    s.read(t1, 0, Ok(Some(ms(7000))));
+    s.read(t1, 1, Ok(Some(ms(9000))));
+    s.read(t1, 2, Ok(Some(ms(6000))));
+    // Quorum 2 of 3 held: free only once two have expired: the 2nd earliest.
+    assert_eq!(
+        s.next(t1),
+        (Action::Wait, Some(t1 + ms(7000) + CLOCK_DRIFT_FLOOR))
+    );
+}
+
+#[test]
+fn a_crashed_holder_is_replaced_once_its_keys_are_read_gone() {
+    let t0 = Instant::now();
+    let mut s = subscribed(3);
+    s.round_busy(t0, &[true, true, false], Some(ms(500)), None, 0);
+    // The node that was free is read first.
+    assert_eq!(s.next(t0), (Action::Read { fallback: false }, None));
+    s.read(t0, 2, Ok(None));
+    let (action, at) = s.next(t0);
+    assert_eq!(action, Action::Wait);
+    let at = at.unwrap();
+    s.read(at, 0, Ok(None));
+    s.read(at, 1, Ok(Some(ms(1))));
+    assert_eq!(s.next(at), (Action::Round, None));
+}
+
+#[test]
+fn a_failed_read_is_read_again_later_and_starts_no_round() {
+    let t0 = Instant::now();
+    let mut s = subscribed(3);
+    s.round_busy(t0, &[true, true, true], Some(ms(5000)), None, 0);
+    // Every read fails (a slow node, a busy client): no round, read again after a poll.
+    for i in 0..3 {
+        s.read(t0, i, Err(()));
+    }
+    s.settle(t0, 0.0, false);
+    assert_eq!(
+        s.next(t0),
+        (Action::Wait, Some(t0 + POLL + CLOCK_DRIFT_FLOOR))
+    );
+    // Two nodes answer free: a round, whatever the third says.
+    let t1 = t0 + POLL + CLOCK_DRIFT_FLOOR;
+    s.read(t1, 0, Ok(None));
+    s.read(t1, 1, Ok(None));
+    s.read(t1, 2, Err(()));
+    s.settle(t1, 0.0, false);
+    assert_eq!(s.next(t1), (Action::Round, None));
+}
+
+#[test]
+fn a_failed_read_delays_the_round_by_at_most_a_poll() {
+    let t0 = Instant::now();
+    let mut s = subscribed(3);
+    s.round_busy(t0, &[true, true, true], Some(ms(500)), None, 0);
+    let at = t0 + ms(500) + CLOCK_DRIFT_FLOOR;
+    // The holder crashed: one node reads free, one still shows a key, one fails.
+    s.read(at, 0, Ok(None));
+    s.read(at, 1, Ok(Some(ms(5000))));
+    s.read(at, 2, Err(()));
+    s.settle(at, 0.0, false);
+    assert_eq!(
+        s.next(at),
+        (Action::Wait, Some(at + POLL + CLOCK_DRIFT_FLOOR))
+    );
+}
+
+#[test]
+fn a_release_schedules_a_spread_round_and_an_acquisition_stands_it_down() {
+    let t0 = Instant::now();
+    let mut s = subscribed(3);
+    s.set_waiters(t0, 1000);
+    s.round_busy(t0, &[true, true, true], Some(TTL), Some("a"), 7);
+    assert!(s.released(t0, 0, "a", 0.5));
+    // 1000 waiters × 250 µs, capped at 250 ms; half of it.
+    assert_eq!(s.next(t0), (Action::Wait, Some(t0 + ms(125))));
+    // Another node's copy of the same release does not move it.
+    assert!(s.released(t0, 1, "a", 0.0));
+    assert_eq!(s.next(t0), (Action::Wait, Some(t0 + ms(125))));
+    assert_eq!(s.next(t0 + ms(125)), (Action::Round, None));
+    // The winner's announcement arrives first: no round, held for its validity.
+    let announced = Announced {
+        identity: "b".into(),
+        fencing_token: 8,
+    };
+    assert!(s.acquired(t0 + ms(1), announced.clone(), ms(9000)));
+    assert_eq!(
+        s.next(t0 + ms(1)),
+        (Action::Wait, Some(t0 + ms(9001) + CLOCK_DRIFT_FLOOR))
+    );
+    // The same announcement from another node is not news.
+    assert!(!s.acquired(t0 + ms(2), announced, ms(9000)));
+    // A late copy of the old holder's release changes nothing.
+    assert!(!s.released(t0 + ms(2), 2, "a", 0.0));
+    assert_eq!(s.next(t0 + ms(2)).0, Action::Wait);
+}
+
+#[test]
+fn a_release_is_spread_over_those_it_wakes_not_over_every_waiter() {
+    let t0 = Instant::now();
+    let mut s = subscribed(1);
+    s.set_waiters(t0, 1000);
+    s.set_release_watchers(0);
+    assert!(s.released(t0, 0, "a", 1.0));
+    // Release watchers not counted (yet): every waiter may have heard it.
+    assert_eq!(s.next(t0), (Action::Wait, Some(t0 + SPREAD_MAX)));
+    let mut s = subscribed(1);
+    s.set_waiters(t0, 1000);
+    s.set_release_watchers(READERS);
+    assert!(s.released(t0, 0, "a", 1.0));
+    assert_eq!(
+        s.next(t0),
+        (Action::Wait, Some(t0 + SPREAD_SLOT * READERS as u32))
+    );
+}
+
+#[test]
+fn about_readers_contenders_subscribe_to_releases() {
+    assert!(
+        watches_releases(false, 0, 0.99),
+        "a failed count subscribes"
+    );
+    assert!(watches_releases(false, READERS - 1, 0.99));
+    assert!(!watches_releases(false, READERS, 0.0));
+    assert!(!watches_releases(false, 10_000, 0.0), "never joins a crowd");
+    assert!(watches_releases(true, READERS, 0.99), "exactly enough stay");
+    assert!(!watches_releases(true, READERS + 1, 0.99));
+    // Too many (they started at once): each stays with chance READERS / watchers.
+    let watchers = 8 * READERS;
+    let stay = (0..1000)
+        .filter(|i| watches_releases(true, watchers, f64::from(*i) / 1000.0))
+        .count();
+    assert_eq!(stay, 125);
+}
+
+#[test]
+fn watchers_count_again_within_a_ttl_and_then_every_few() {
+    assert_eq!(release_recheck_in(TTL, true, 0.0), TTL / 2);
+    assert_eq!(release_recheck_in(TTL, true, 1.0), TTL * 3 / 2);
+    assert_eq!(release_recheck_in(TTL, false, 0.5), TTL * 3);
+    assert_eq!(release_recheck_in(TTL, false, 7.0), TTL * 9 / 2);
+}
+
+#[test]
+fn a_lone_waiter_starts_within_one_slot_and_the_spread_is_capped() {
+    let t0 = Instant::now();
+    let mut s = subscribed(1);
+    assert!(s.released(t0, 0, "a", 1.0));
+    assert_eq!(s.next(t0), (Action::Wait, Some(t0 + SPREAD_SLOT)));
+    let mut s = subscribed(1);
+    s.set_waiters(t0, 1_000_000);
+    assert!(s.released(t0, 0, "a", 1.0));
+    assert_eq!(s.next(t0), (Action::Wait, Some(t0 + SPREAD_MAX)));
+}
+
+#[test]
+fn keyspace_events_move_the_deadline_without_reads() {
+    let t0 = Instant::now();
+    let mut s = subscribed(1);
+    s.round_busy(t0, &[true], Some(ms(3000)), None, 0);
+    let renewal = t0 + ms(2000);
+    s.key_event(renewal, 0, KeyEvent::Written);
+    assert_eq!(
+        s.next(renewal),
+        (Action::Wait, Some(renewal + TTL + CLOCK_DRIFT_FLOOR))
+    );
+    s.key_event(renewal + ms(5), 0, KeyEvent::Gone);
+    assert_eq!(s.next(renewal + ms(5)), (Action::Round, None));
+}
+
+#[test]
+fn keyspace_events_alone_put_the_read_off_by_at_most_three_ttls() {
+    let t0 = Instant::now();
+    let mut s = subscribed(1);
+    s.round_busy(t0, &[true], Some(ms(3000)), None, 0);
+    // A write event every second (renewals, or forged ones).
+    let mut at = t0;
+    while s.next(at).0 == Action::Wait {
+        s.key_event(at, 0, KeyEvent::Written);
+        at += ms(1000);
+    }
+    assert_eq!(at, t0 + TTL * 3 + ms(1000));
+    s.read(at, 0, Ok(Some(ms(9000))));
+    s.key_event(at, 0, KeyEvent::Written);
+    assert_eq!(
+        s.next(at),
+        (Action::Wait, Some(at + TTL + CLOCK_DRIFT_FLOOR))
+    );
+}
+
+#[test]
+fn without_any_subscription_the_nodes_are_polled() {
+    let t0 = Instant::now();
+    let mut s = Standby::new(1, 1, TTL, POLL);
+    assert_eq!(s.next(t0), (Action::Read { fallback: true }, None));
+    s.read(t0, 0, Ok(Some(ms(9000))));
+    assert_eq!(s.next(t0), (Action::Wait, Some(t0 + POLL)));
+    s.subscription(0, true);
+    // A subscription that comes up may have missed a release: read once more.
+    assert_eq!(s.next(t0), (Action::Read { fallback: false }, None));
+    s.read(t0, 0, Ok(Some(ms(9000))));
+    assert_eq!(
+        s.next(t0),
+        (Action::Wait, Some(t0 + ms(9000) + CLOCK_DRIFT_FLOOR))
+    );
+    s.subscription(0, false);
+    assert_eq!(s.next(t0 + POLL), (Action::Read { fallback: true }, None));
+    // The read on resubscription is one made for want of push.
+    s.read(t0 + POLL, 0, Ok(Some(ms(9000))));
+    s.subscription(0, true);
+    assert_eq!(s.next(t0 + POLL), (Action::Read { fallback: true }, None));
+}
+
+#[test]
+fn a_round_called_for_by_reads_is_spread_over_the_waiters() {
+    let t0 = Instant::now();
+    let mut s = subscribed(1);
+    s.set_waiters(t0, 100);
+    s.round_busy(t0, &[true], Some(ms(1000)), Some("a"), 1);
+    s.settle(t0, 0.5, false);
+    assert_eq!(s.next(t0).0, Action::Wait);
+    let at = t0 + ms(1000) + CLOCK_DRIFT_FLOOR;
+    s.read(at, 0, Ok(None));
+    s.settle(at, 0.5, false);
+    // 100 waiters × 250 µs, half of it.
+    assert_eq!(
+        s.next(at),
+        (Action::Wait, Some(at + Duration::from_micros(12_500)))
+    );
+    assert_eq!(s.next(at + ms(13)), (Action::Round, None));
+}
+
+/// Reads every node at `at`, each showing a key that lives `pttl` longer.
+fn read_all(s: &mut Standby, at: Instant, pttl: Duration) {
+    for i in 0..3 {
+        s.read(at, i, Ok(Some(pttl)));
+    }
+}
+
+#[test]
+fn with_many_waiters_a_standby_reads_by_turns_and_follows_its_drawn_read() {
+    let t0 = Instant::now();
+    let mut s = subscribed(3);
+    s.set_waiters(t0, 10_000);
+    s.round_busy(t0, &[true, true, true], Some(ms(8000)), None, 0);
+    // Its first deadline is read (a standby starts on its turn), and then followed.
+    let d1 = t0 + ms(8000) + CLOCK_DRIFT_FLOOR;
+    assert_eq!(s.next(d1), (Action::Read { fallback: false }, None));
+    read_all(&mut s, d1, ms(8000));
+    s.turn_taken(0.99);
+    let d2 = d1 + ms(8000) + CLOCK_DRIFT_FLOOR;
+    assert_eq!(s.next(d1), (Action::Wait, Some(d2)));
+    assert_eq!(s.next(d2), (Action::Read { fallback: false }, None));
+    read_all(&mut s, d2, ms(8000));
+    // Not drawn (0.99 × 10,000 waiters ≥ READERS): the next deadline is skipped, and the
+    // keys are taken for renewed at the pace of the last read.
+    s.turn_taken(0.99);
+    let d3 = d2 + ms(8000) + CLOCK_DRIFT_FLOOR;
+    assert_eq!(s.next(d3), (Action::Skip, None));
+    s.skip(d3, 0.99);
+    let d4 = d3 + (d3 - d2);
+    assert_eq!(s.next(d3), (Action::Wait, Some(d4)));
+    assert_eq!(s.next(d4), (Action::Skip, None));
+    // Drawn (0.001 × 10,000 < READERS): read.
+    s.skip(d4, 0.001);
+    let (action, at) = s.next(d4);
+    assert_eq!(action, Action::Wait);
+    assert_eq!(
+        s.next(at.unwrap()),
+        (Action::Read { fallback: false }, None)
+    );
+}
+
+#[test]
+fn with_few_waiters_every_deadline_is_read() {
+    let t0 = Instant::now();
+    let mut s = subscribed(3);
+    s.set_waiters(t0, READERS);
+    s.round_busy(t0, &[true, true, true], Some(ms(8000)), None, 0);
+    let mut at = t0 + ms(8000) + CLOCK_DRIFT_FLOOR;
+    for _ in 0..5 {
+        assert_eq!(s.next(at), (Action::Read { fallback: false }, None));
+        read_all(&mut s, at, ms(8000));
+        s.turn_taken(1.0);
+        at += ms(8000) + CLOCK_DRIFT_FLOOR;
+    }
+}
+
+#[test]
+fn a_standby_off_its_turn_still_reads_for_want_of_push_and_takes_a_release() {
+    let t0 = Instant::now();
+    let mut s = subscribed(3);
+    s.set_waiters(t0, 10_000);
+    s.round_busy(t0, &[true, true, true], Some(ms(8000)), None, 0);
+    s.turn_taken(0.99);
+    s.turn_taken(0.99);
+    let d1 = t0 + ms(8000) + CLOCK_DRIFT_FLOOR;
+    assert_eq!(s.next(d1), (Action::Skip, None));
+    // A release reaches it by push: a round, turn or not.
+    assert!(s.released(d1, 0, "a", 0.0));
+    assert_eq!(s.next(d1), (Action::Round, None));
+    // Without any live subscription, nothing is skipped.
+    let mut s = subscribed(3);
+    s.set_waiters(t0, 10_000);
+    s.round_busy(t0, &[true, true, true], Some(ms(8000)), None, 0);
+    s.turn_taken(0.99);
+    s.turn_taken(0.99);
+    for i in 0..3 {
+        s.subscription(i, false);
+    }
+    assert_eq!(s.next(d1), (Action::Read { fallback: true }, None));
+}
+
+#[test]
+fn the_waiters_are_counted_again_every_three_ttls_and_every_ttl_when_taking_turns() {
+    let t0 = Instant::now();
+    let mut s = subscribed(3);
+    // No answer: tried again later.
+    s.set_waiters(t0, 0);
+    assert!(!s.recount_due(t0 + TTL));
+    assert!(s.recount_due(t0 + TTL * 3));
+    s.set_waiters(t0, 3);
+    assert!(!s.recount_due(t0 + TTL * 3 - ms(1)));
+    assert!(s.recount_due(t0 + TTL * 3));
+    // However many were counted: a crowd that left silences reads for about a ttl.
+    s.set_waiters(t0, 100 * READERS);
+    assert!(!s.recount_due(t0 + TTL / 2 - ms(1)));
+    assert!(s.recount_due(t0 + TTL / 2));
+    s.set_waiters(t0 + TTL, 2);
+    assert!(!s.recount_due(t0 + TTL * 3));
+}
+
+#[test]
+fn taking_turns_a_round_called_for_by_reads_is_spread_over_the_readers_only() {
+    let t0 = Instant::now();
+    let mut s = subscribed(1);
+    s.set_waiters(t0, 10_000);
+    s.read(t0, 0, Ok(None));
+    s.settle(t0, 1.0, false);
+    assert_eq!(s.next(t0), (Action::Wait, Some(t0 + SPREAD_SLOT * 100)));
+    // A keyspace event reaches every waiter: the whole spread.
+    let mut s = subscribed(1);
+    s.set_waiters(t0, 10_000);
+    s.key_event(t0, 0, KeyEvent::Gone);
+    s.settle(t0, 1.0, true);
+    assert_eq!(s.next(t0), (Action::Wait, Some(t0 + SPREAD_MAX)));
+}
+
+#[test]
+fn an_acquisition_announced_after_its_holders_release_does_not_stand_the_round_down() {
+    let t0 = Instant::now();
+    let mut s = subscribed(3);
+    s.round_busy(t0, &[true, true, true], Some(TTL), None, 0);
+    // "b" won, announced its acquisition and released at once; the release arrives
+    // first (the announcement is sent apart and was late).
+    assert!(s.released(t0, 0, "b", 0.0));
+    let announced = Announced {
+        identity: "b".into(),
+        fencing_token: 9,
+    };
+    assert!(!s.acquired(t0 + ms(1), announced, ms(9000)));
+    assert_eq!(s.next(t0 + ms(1)), (Action::Round, None));
+    // Another holder's announcement still stands it down.
+    let announced = Announced {
+        identity: "c".into(),
+        fencing_token: 10,
+    };
+    assert!(s.acquired(t0 + ms(2), announced, ms(9000)));
+    assert_eq!(s.next(t0 + ms(2)).0, Action::Wait);
+}
+
+/// An announcement of `identity` with `fencing_token`.
+fn told(identity: &str, fencing_token: u64) -> Announced {
+    Announced {
+        identity: identity.into(),
+        fencing_token,
+    }
+}
+
+#[test]
+fn an_announcement_that_is_not_news_changes_nothing() {
+    let t0 = Instant::now();
+    let mut s = subscribed(1);
+    s.round_busy(t0, &[true], Some(ms(2000)), Some("a"), 100);
+    let before = s.clone();
+    // At or below the counter the round saw on the nodes: old news, whatever it claims.
+    assert!(!s.acquired(t0, told("ghost", 0), Duration::MAX));
+    assert!(!s.acquired(t0, told("ghost", 100), Duration::MAX));
+    assert_eq!(s.next(t0), before.next(t0));
+    // A round that reads and releases call for is not stood down by it.
+    s.read(t0 + ms(2002), 0, Ok(None));
+    s.settle(t0 + ms(2002), 0.0, false);
+    assert!(!s.acquired(t0 + ms(2002), told("ghost", 1), TTL));
+    assert_eq!(s.next(t0 + ms(2002)), (Action::Round, None));
+}
+
+#[test]
+fn an_announced_validity_never_puts_a_read_past_the_keys_expiry_nor_past_a_ttl() {
+    let t0 = Instant::now();
+    let mut s = subscribed(3);
+    s.round_busy(t0, &[true, true, true], Some(ms(500)), Some("a"), 100);
+    // An hour claimed: the keys read expire in 500 ms, and they are read then.
+    assert!(s.acquired(t0, told("ghost", MAX_TOKEN), Duration::from_secs(3600)));
+    assert_eq!(
+        s.next(t0),
+        (Action::Wait, Some(t0 + ms(500) + CLOCK_DRIFT_FLOOR))
+    );
+    // After a release (nodes free): at most the longest ttl from the announcement.
+    let mut s = subscribed(3);
+    s.round_busy(t0, &[true, true, true], Some(ms(500)), Some("a"), 100);
+    for i in 0..3 {
+        assert!(s.released(t0, i, "a", 0.0));
+    }
+    assert!(s.acquired(t0, told("b", 101), Duration::from_secs(3600)));
+    assert_eq!(
+        s.next(t0),
+        (Action::Wait, Some(t0 + TTL + CLOCK_DRIFT_FLOOR))
+    );
+}
+
+#[test]
+fn a_false_holder_is_forgotten_once_the_nodes_show_another_and_its_token_with_it() {
+    let t0 = Instant::now();
+    let mut s = subscribed(1);
+    s.round_busy(t0, &[true], Some(ms(1000)), Some("a"), 100);
+    assert!(s.acquired(t0, told("ghost", MAX_TOKEN), Duration::from_secs(3600)));
+    let read = t0 + ms(1002);
+    s.read(read, 0, Ok(Some(ms(2000))));
+    s.shown(Some("a"));
+    // Contradicted before anything confirmed it: no announcement is taken until a round.
+    assert!(!s.acquired(read, told("b", 101), TTL));
+    // The holder crashed: its key is read gone, and the round is not stood down.
+    let gone = read + ms(2002);
+    s.read(gone, 0, Ok(None));
+    s.shown(None);
+    s.settle(gone, 0.0, false);
+    assert!(!s.acquired(gone, told("ghost", MAX_TOKEN), TTL));
+    assert_eq!(s.next(gone), (Action::Round, None));
+    // The round shows the real holder and counter: real tokens are news again.
+    s.round_busy(gone, &[true], Some(ms(2000)), Some("b"), 101);
+    assert!(s.acquired(gone, told("c", 102), TTL));
+}
+
+#[test]
+fn a_forged_token_under_the_holders_name_does_not_make_the_next_holder_stale() {
+    let t0 = Instant::now();
+    let mut s = subscribed(1);
+    s.round_busy(t0, &[true], Some(ms(1000)), Some("a"), 100);
+    assert!(s.acquired(t0, told("a", MAX_TOKEN), TTL));
+    // The nodes show "a": confirmed, but the token was never shown by a round.
+    s.read(t0 + ms(1002), 0, Ok(Some(ms(2000))));
+    s.shown(Some("a"));
+    // "a" releases; the next holder's real token is news.
+    assert!(s.released(t0 + ms(1500), 0, "a", 0.0));
+    assert!(s.acquired(t0 + ms(1501), told("b", 101), TTL));
+    // Or "a" crashed and "b" took over unannounced: the nodes show "b".
+    let mut s = subscribed(1);
+    s.round_busy(t0, &[true], Some(ms(1000)), Some("a"), 100);
+    assert!(s.acquired(t0, told("a", MAX_TOKEN), TTL));
+    s.read(t0 + ms(1002), 0, Ok(Some(ms(2000))));
+    s.shown(Some("a"));
+    s.read(t0 + ms(3004), 0, Ok(Some(ms(2000))));
+    s.shown(Some("b"));
+    assert!(s.acquired(t0 + ms(3005), told("c", 102), TTL));
+}
+
+#[test]
+fn a_stream_of_false_announcements_puts_a_round_off_by_at_most_one_ttl() {
+    for with_releases in [false, true] {
+        let t0 = Instant::now();
+        let mut s = subscribed(3);
+        s.round_busy(t0, &[true, true, true], Some(ms(1000)), Some("a"), 100);
+        // The holder crashed at t0; its keys are gone from `gone` on. Every 10 ms of it:
+        // a false acquisition (a higher token each time), and, with releases, its release.
+        let gone = t0 + ms(1000);
+        let mut token = MAX_TOKEN - 10_000;
+        let mut now = t0;
+        let round = loop {
+            assert!(now < gone + TTL * 3, "no round (releases: {with_releases})");
+            token += 1;
+            let name = format!("ghost-{token}");
+            s.acquired(now, told(&name, token), Duration::from_secs(3600));
+            s.settle(now, 1.0, true);
+            if with_releases {
+                s.released(now, (token % 3) as usize, &name, 1.0);
+                s.settle(now, 1.0, true);
+            }
+            match s.next(now).0 {
+                Action::Round => break now,
+                Action::Read { .. } => {
+                    let pttl = (now < gone).then(|| gone - now);
+                    for i in 0..3 {
+                        s.read(now, i, Ok(pttl));
+                    }
+                    s.shown(pttl.map(|_| "a"));
+                    s.settle(now, 1.0, false);
+                }
+                Action::Skip | Action::Wait => {}
+            }
+            now += ms(10);
+        };
+        assert!(
+            round <= gone + TTL + ms(50),
+            "a round {:?} after the keys expired (releases: {with_releases})",
+            round - gone
+        );
+    }
+}
+
+proptest::proptest! {
+    /// Whatever anyone publishes (acquisitions and releases of any identity, token and
+    /// validity, every 10 ms, and a fresh acquisition whenever a round is due), a standby
+    /// runs a round within a ttl of its crashed holder's keys' expiry.
+    #[test]
+    fn no_announcements_put_a_round_off_past_a_ttl_after_the_keys_expire(
+        messages in proptest::collection::vec(
+            (proptest::bool::ANY, 0usize..6, 0u64..20_000, 0usize..3),
+            0..1500,
+        )
+    ) {
+        let names = ["a", "ghost", "b"];
+        let t0 = Instant::now();
+        let gone = t0 + ms(1000);
+        let mut s = subscribed(3);
+        s.round_busy(t0, &[true, true, true], Some(gone - t0), Some("a"), 100);
+        let mut now = t0;
+        for step in 0u64.. {
+            proptest::prop_assert!(now <= gone + TTL * 3, "no round");
+            if let Some((release, token, validity, name)) = messages.get(step as usize) {
+                let name = names[*name];
+                if *release {
+                    s.released(now, (step % 3) as usize, name, 0.5);
+                } else {
+                    let token = [0, 99, 100, 101 + step, 1 << 40, MAX_TOKEN - 200_000 - step]
+                        [*token];
+                    s.acquired(now, told(name, token), ms(*validity));
+                }
+                s.settle(now, 0.5, true);
+            }
+            match s.next(now).0 {
+                Action::Round if now >= gone => break,
+                // Before the crash, a round finds "a" holding.
+                Action::Round => {
+                    s.round_busy(now, &[true, true, true], Some(gone - now), Some("a"), 100)
+                }
+                Action::Read { .. } => {
+                    let pttl = (now < gone).then(|| gone - now);
+                    for i in 0..3 {
+                        s.read(now, i, Ok(pttl));
+                    }
+                    s.shown(pttl.map(|_| "a"));
+                    s.settle(now, 0.5, false);
+                }
+                Action::Skip | Action::Wait => {}
+            }
+            if s.round_at.is_some() {
+                // Above every token of the messages.
+                let token = MAX_TOKEN - 100_000 + step;
+                s.acquired(now, told("ghost", token), Duration::from_secs(3600));
+            }
+            now += ms(10);
+        }
+        let late = now.saturating_duration_since(gone);
+        proptest::prop_assert!(
+            late <= TTL + ms(50),
+            "a round {:?} after the keys expired", late
+        );
+    }
+}
+
+#[test]
+fn keyspace_event_names() {
+    assert_eq!(key_event("expired"), Some(KeyEvent::Gone));
+    assert_eq!(key_event("expire"), Some(KeyEvent::Written));
+    assert_eq!(key_event("incrby"), None);
+}
