@@ -178,8 +178,10 @@ pub struct Lease {
 }
 
 /// A renewal asks the nodes to prove their data age (their `INFO`, see `scripts::EXTEND`)
-/// once in this many renewals (about every 9 ttl at the default cadence): extend votes need no
-/// proof, it only keeps the nodes' reported health current, and it is the costliest part.
+/// once in this many renewals (about every 9 ttl at the default cadence), and on every renewal
+/// while a node's last verdict was "not counted", so that a node that recovers is reported
+/// counted again within a renewal: extend votes need no proof, it only keeps the nodes'
+/// reported health current, and it is the costliest part.
 pub const PROOF_EVERY: u32 = 27;
 
 impl Lease {
@@ -232,6 +234,8 @@ struct Inner {
     nodes: Arc<[Node]>,
     /// On an [`Engine`]: the renewal batches shared with its other locks (see [`batch`]).
     batches: Option<Arc<batch::Batches>>,
+    /// Per node: whether its last judged answer did not count (see [`PROOF_EVERY`]).
+    uncounted: Vec<std::sync::atomic::AtomicBool>,
     /// When a node-set conflict was last logged.
     conflict_logged_at: std::sync::Mutex<Option<Instant>>,
     /// The highest fencing counter seen, so the next candidate token starts above it.
@@ -310,6 +314,7 @@ impl Redlock {
                 fence_seen: AtomicU64::new(0),
                 max_ttl_seen: AtomicU64::new(0),
                 key_writes: (0..nodes.len()).map(|_| watch::channel(0).0).collect(),
+                uncounted: (0..nodes.len()).map(|_| Default::default()).collect(),
                 subscribed: watch::channel(vec![false; nodes.len()]).0,
                 watching_releases: watch::channel(vec![false; nodes.len()]).0,
                 nodes,

@@ -31,7 +31,7 @@ impl Redlock {
             self.inner.retention_ms(),
             self.node_set().fingerprint,
             // Most renewals skip the data-age proof (see `PROOF_EVERY`).
-            u8::from(lease.renewals.wrapping_add(1).is_multiple_of(PROOF_EVERY)).to_string(),
+            u8::from(self.proof_due(lease)).to_string(),
         ];
         let mut round = ExtendRound::new(
             self.inner.nodes.len(),
@@ -151,6 +151,17 @@ impl Redlock {
             reply
         });
         round.handle(index, answer)
+    }
+
+    /// Whether this renewal of `lease` asks the nodes for their data-age proof: every
+    /// [`PROOF_EVERY`]th renewal, and every renewal while a node's last verdict did not count.
+    fn proof_due(&self, lease: &Lease) -> bool {
+        lease.renewals.wrapping_add(1).is_multiple_of(PROOF_EVERY)
+            || self
+                .inner
+                .uncounted
+                .iter()
+                .any(|node| node.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     fn expired(&self) -> LockError {

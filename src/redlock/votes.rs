@@ -286,6 +286,7 @@ impl Redlock {
             Rules::ALL,
         );
         self.inner.observer.node_counted(index, verdict.is_ok());
+        self.inner.uncounted[index].store(verdict.is_err(), Ordering::Relaxed);
         verdict
     }
 
