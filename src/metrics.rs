@@ -557,6 +557,8 @@ pub struct AppLockMetrics {
 impl AppLockMetrics {
     fn new(lock: &str) -> AppLockMetrics {
         let opts = |name: &str, help: &str| Opts::new(name, help).const_label("lock", lock);
+        // As in `Metrics::new`, the `unwrap`s cannot fail at run time: the names, label names
+        // and buckets are constants; the lock name is a label value.
         let m = AppLockMetrics {
             leases: IntGauge::with_opts(opts(
                 "redlock_app_leases",
