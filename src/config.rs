@@ -329,7 +329,8 @@ pub struct LocksArgs {
     #[arg(long, env = "REDLOCK_LOCKS", value_enum, default_value_t = Switch::On)]
     pub locks: Switch,
     /// Namespace of the request locks on the nodes: lock NAME is the engine lock
-    /// PREFIX:NAME (keys redlock:{PREFIX:NAME}...); --lock may not start with PREFIX:.
+    /// PREFIX:NAME (key redlock:{PREFIX:NAME}; fencing tokens from one counter per hash slot
+    /// of the namespace, so names do not pile up); --lock may not start with PREFIX:.
     #[arg(long, env = "REDLOCK_LOCKS_PREFIX", default_value = "app")]
     pub locks_prefix: String,
     /// Most request-lock leases held plus acquisitions waiting at once; past it, 429.

@@ -301,6 +301,83 @@ async fn a_lease_is_kept_by_keepalives_released_by_delete_and_tokens_grow() {
     }
 }
 
+/// The keys on `node` matching `pattern`, sorted.
+fn keys_matching(node: &support::RedisNode, pattern: &str) -> Vec<String> {
+    let mut keys: Vec<String> = node
+        .command(&["KEYS", pattern])
+        .lines()
+        .filter(|key| *key != "(empty array)")
+        .map(str::to_owned)
+        .collect();
+    keys.sort();
+    keys
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distinct_names_leave_no_key_of_their_own_and_each_names_tokens_still_grow() {
+    use redlock_sidecar::redlock::fencing::counter_key;
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let a = Sidecar::start("a", &cluster, &[]).await;
+
+    // A lock per order id, each locked once and released.
+    let names: Vec<String> = (0..60).map(|i| format!("order-{i}")).collect();
+    let mut first_tokens = Vec::new();
+    for name in &names {
+        let granted = a.post(&format!("/v1/locks/{name}?ttl=1s")).await;
+        first_tokens.push(granted.token());
+        let released = a
+            .delete(&format!("/v1/locks/{name}/{}", granted.lease()))
+            .await;
+        assert_eq!(released.status, 200, "{released:?}");
+    }
+
+    // Each name's next token is above its last, though the counter is shared.
+    for (name, before) in names.iter().zip(&first_tokens).take(5) {
+        let again = a.post(&format!("/v1/locks/{name}?ttl=1s")).await;
+        assert!(again.token() > *before, "{name}: {again:?} after {before}");
+        a.delete(&format!("/v1/locks/{name}/{}", again.lease()))
+            .await;
+    }
+
+    // A counter another name raised far ahead: the next grant still mints above it.
+    let ahead = first_tokens.iter().max().unwrap() + 1_000_000;
+    let shared = counter_key("app:order-0", Some("app"));
+    for i in 0..cluster.len() {
+        cluster
+            .node(i)
+            .command(&["SET", &shared, &ahead.to_string()]);
+    }
+    let above = a.post("/v1/locks/order-0?ttl=1s").await;
+    assert!(
+        above.token() > ahead,
+        "{above:?} under a counter at {ahead}"
+    );
+    a.delete(&format!("/v1/locks/order-0/{}", above.lease()))
+        .await;
+
+    // Once the records beside the keys (twice the ttl) are gone, no name has a key of its
+    // own on any node: what stays is the namespace's counter of each hash slot they fell in
+    // (at most 16,384 however many names).
+    let mut counters: Vec<String> = names
+        .iter()
+        .map(|name| counter_key(&format!("app:{name}"), Some("app")))
+        .collect();
+    counters.sort();
+    counters.dedup();
+    tokio::task::block_in_place(|| {
+        support::wait_until(DEADLINE, "the names' own keys expire", || {
+            (0..cluster.len()).all(|i| keys_matching(cluster.node(i), "redlock:{app:*").is_empty())
+        })
+    });
+    for i in 0..cluster.len() {
+        assert_eq!(
+            keys_matching(cluster.node(i), "*:fence:app"),
+            counters,
+            "node {i}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_lease_is_released_after_its_ttl_and_a_waiter_gets_it() {
     let cluster = tokio::task::block_in_place(ready_cluster);

@@ -325,9 +325,15 @@ async fn on_a_cluster_mode_deployment_each_slot_in_use_gets_its_own_nodes_and_ba
                 .expect("a name")
         })
         .collect();
+    // The second takes its tokens from a namespace's counter, which must sit on its shard.
     let locks: Vec<Redlock> = names
         .iter()
-        .map(|name| Redlock::on(&engine, cfg(name), Arc::new(NoObserver)).expect("lock"))
+        .enumerate()
+        .map(|(i, name)| {
+            let mut cfg = cfg(name);
+            cfg.fence_namespace = (i == 1).then(|| "app".to_owned());
+            Redlock::on(&engine, cfg, Arc::new(NoObserver)).expect("lock")
+        })
         .collect();
     assert_eq!(
         engine.groups(),
@@ -353,4 +359,10 @@ async fn on_a_cluster_mode_deployment_each_slot_in_use_gets_its_own_nodes_and_ba
             .command(&["GET", &key])
             .starts_with("a:"));
     }
+    let shared = redlock_sidecar::redlock::fencing::counter_key(&names[1], Some("app"));
+    assert_eq!(
+        cluster.masters[2].command(&["GET", &shared]),
+        leases[1].fencing_token.to_string(),
+        "the namespace's counter of the name's slot holds its token, on its shard"
+    );
 }

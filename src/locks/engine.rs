@@ -7,7 +7,9 @@
 //!
 //! ## Namespace
 //! A request lock `NAME` is the engine lock `<prefix>:NAME` (`--locks-prefix`, default
-//! `app`), so its keys are `redlock:{<prefix>:NAME}` and `redlock:{<prefix>:NAME}:fence`.
+//! `app`), so its key is `redlock:{<prefix>:NAME}`; its fencing tokens come from the counter
+//! the namespace shares per hash slot, `redlock:{TAG}:fence:<prefix>` (see
+//! [`redlock::fencing`]).
 //! The leadership lock (`--lock`) may not start with `<prefix>:` (checked at start-up), so the
 //! two never share a key.
 
@@ -116,6 +118,9 @@ impl LockEngine for RedlockEngine {
         // its own ttl beside its key (see `redlock::votes`).
         cfg.max_ttl = None;
         cfg.fence_retention = cfg.fence_retention.max(ttl * 2);
+        // One counter per hash slot for the whole namespace: a lock per order id must not
+        // leave a counter per order on every node for the retention.
+        cfg.fence_namespace = Some(self.prefix.clone());
         // Its metrics would mix with the leadership lock's node gauges: none for now.
         let redlock = match &self.shared {
             Some(shared) => Redlock::on(shared, cfg, Arc::new(NoObserver)),

@@ -8,7 +8,8 @@ use super::{ConfigError, NodeSpec};
 /// Everything the engine needs; validated by [`RedlockConfig::validate`].
 #[derive(Clone, Debug)]
 pub struct RedlockConfig {
-    /// The lock name; keys are `redlock:{name}` and `redlock:{name}:fence`. It must not start
+    /// The lock name; its key is `redlock:{name}`, and the keys beside it share its hash tag
+    /// (the fencing counter too, see `fence_namespace`). It must not start
     /// with `}` (the keys' cluster hash tag would be empty).
     pub lock: String,
     /// Who we are, written into the lock value so others can see the holder.
@@ -23,6 +24,13 @@ pub struct RedlockConfig {
     /// How long a fencing counter is kept after its last use; then the Unix-ms floor of the
     /// next token takes over (see [`fencing`]).
     pub fence_retention: Duration,
+    /// `None`: the lock has a fencing counter of its own, `redlock:{name}:fence`. `Some(ns)`:
+    /// it takes its tokens from the counter that namespace `ns` shares per hash slot,
+    /// `redlock:{TAG}:fence:ns` (see [`fencing`]), so locking a million distinct names
+    /// leaves a bounded number of counters instead of one per name for the retention.
+    ///
+    /// [`fencing`]: super::fencing
+    pub fence_namespace: Option<String>,
     /// The name of the node set recorded beside the lock; `None`: the fingerprint of the
     /// servers `nodes` reach (see [`votes::NodeSet`]).
     pub node_set: Option<String>,
@@ -58,6 +66,7 @@ impl RedlockConfig {
             ttl: Duration::from_secs(10),
             max_ttl: None,
             fence_retention: DEFAULT_FENCE_RETENTION,
+            fence_namespace: None,
             node_set: None,
             allow_evicting_nodes: false,
             keyspace_events: false,
@@ -93,6 +102,18 @@ impl RedlockConfig {
             return Err(ConfigError::new(
                 "--lock",
                 "must not start with '}': in Redis Cluster the keys' hash tag {NAME} would be empty",
+            ));
+        }
+        if self.fence_namespace.as_ref().is_some_and(|ns| {
+            ns.is_empty()
+                || ns.len() > 64
+                || !ns
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+        }) {
+            return Err(ConfigError::new(
+                "--locks-prefix",
+                "must be 1 to 64 letters, digits, '-', '_', '.' or ':'",
             ));
         }
         if self.identity.is_empty() || self.identity.chars().any(char::is_control) {

@@ -9,6 +9,19 @@
 //! Every node keeps a counter per lock (`redlock:{name}:fence`), kept for the fence
 //! retention (default 24 h) after its last write; grants, restores and renewals write it (a
 //! renewal every `PROOF_EVERY`th time, and wherever the key is gone).
+//!
+//! A lock in a **namespace** (request locks, [`RedlockConfig::fence_namespace`]) uses instead
+//! the counter its namespace keeps for the lock key's hash slot, `redlock:{TAG}:fence:NS`
+//! ([`counter_key`]; `TAG` hashes to that slot, so in Redis Cluster the counter sits on the
+//! lock's shard). Every name of the namespace in that slot raises the same counter, so a
+//! node keeps at most one counter per slot in use (16,384) per namespace however many names
+//! were locked, not one per name for a day. Nothing below changes: a counter that other
+//! names also raise still only grows, so the argument holds name by name; the other names'
+//! raises only make a grant find the counter at or above its candidate more often, which
+//! costs a raise round, not safety. Tokens of different names may be equal: they fence
+//! different resources.
+//!
+//! [`RedlockConfig::fence_namespace`]: super::RedlockConfig::fence_namespace
 //! 1. The client proposes a candidate, `max(highest counter it has seen + 1, now in Unix ms)`.
 //!    "Seen" covers every answer, including those that arrive after a round was decided.
 //!    The acquire script, on a grant, stores the candidate if the node's counter is lower.
@@ -51,6 +64,19 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use super::error::Votes;
 use super::round::{FenceRaise, RaiseStep};
 use super::{Op, Order, Redlock, RAISE_FENCE};
+
+/// The key of the fencing counter of lock `name`: its own, or the one `namespace` shares
+/// per hash slot (see the module documentation).
+pub fn counter_key(name: &str, namespace: Option<&str>) -> String {
+    match namespace {
+        None => format!("redlock:{{{name}}}:fence"),
+        Some(namespace) => {
+            let slot = super::transport::cluster::key_slot(&format!("redlock:{{{name}}}"));
+            let tag = super::transport::cluster::slot_tag(slot);
+            format!("redlock:{{{tag}}}:fence:{namespace}")
+        }
+    }
+}
 
 /// The largest token: Lua compares counters as doubles, exact below 2^53. A node reporting
 /// a higher counter is answering garbage (see `acquire`), and no token is minted above it.
@@ -159,6 +185,36 @@ mod tests {
         assert!(
             next_token(0, -60_000) < before,
             "a clock behind gives a lower floor"
+        );
+    }
+
+    #[test]
+    fn a_namespace_shares_one_counter_per_slot_on_the_lock_keys_slot() {
+        use crate::redlock::transport::cluster::key_slot;
+        assert_eq!(counter_key("jobs", None), "redlock:{jobs}:fence");
+        let names: Vec<String> = (0..5000).map(|i| format!("app:order-{i}")).collect();
+        let mut counters = std::collections::HashSet::new();
+        for name in &names {
+            let key = counter_key(name, Some("app"));
+            assert!(key.ends_with("}:fence:app"), "{key}");
+            // In Redis Cluster one script touches both: they must share a slot.
+            assert_eq!(
+                key_slot(&key),
+                key_slot(&format!("redlock:{{{name}}}")),
+                "{key}"
+            );
+            counters.insert(key);
+        }
+        // 5,000 names over 16,384 slots: many share, and never more than one per slot.
+        let slots: std::collections::HashSet<u16> = names
+            .iter()
+            .map(|name| key_slot(&format!("redlock:{{{name}}}")))
+            .collect();
+        assert_eq!(counters.len(), slots.len());
+        assert!(counters.len() < names.len());
+        assert_ne!(
+            counter_key("app:x", Some("app")),
+            counter_key("app:x", Some("other"))
         );
     }
 }

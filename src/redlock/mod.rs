@@ -307,7 +307,7 @@ impl Redlock {
         Redlock {
             inner: Arc::new(Inner {
                 key: format!("redlock:{{{name}}}"),
-                fence_key: format!("redlock:{{{name}}}:fence"),
+                fence_key: fencing::counter_key(name, cfg.fence_namespace.as_deref()),
                 ttl_key: format!("redlock:{{{name}}}:ttl"),
                 node_set_key: format!("redlock:{{{name}}}:nodes"),
                 conflict_logged_at: std::sync::Mutex::new(None),

@@ -279,6 +279,17 @@ fn the_rules_hold_for_3_nodes_and_2_clients_with_a_pause_and_a_sigterm() {
     holds("a pause and a SIGTERM", cfg, HANDOFF);
 }
 
+/// Request locks share a fencing counter per namespace and hash slot: other names raise it
+/// between (and during) this lock's rounds, on some nodes only. Tokens still only grow.
+#[test]
+fn the_rules_hold_when_other_names_raise_a_shared_fencing_counter() {
+    let cfg = Config {
+        faults: vec![Fault::OtherName],
+        ..two_clients()
+    };
+    holds("a counter shared with other names", cfg, HANDOFF);
+}
+
 #[test]
 fn the_rules_hold_for_mixed_ttls_when_a_node_is_flushed_and_a_request_lost() {
     holds("mixed ttls", mixed_ttls(), HANDOFF);

@@ -103,6 +103,10 @@ pub enum Fault {
     Flush,
     /// The older copy (snapshot file, lagging replica) catches up with the data as it is now.
     Snapshot,
+    /// Another name of the lock's namespace takes a token here: the fencing counter the
+    /// namespace shares per hash slot rises to that name's candidate, minted by the client
+    /// whose clock runs furthest ahead (see `fencing`, namespaces).
+    OtherName,
 }
 
 /// One client (contender) of the lock.

@@ -340,6 +340,11 @@ impl Config {
             }
             Fault::Flush => node.data = Data::default(),
             Fault::Snapshot => node.backup = node.data,
+            Fault::OtherName => {
+                let fastest = self.clients.iter().map(|c| c.wall_offset).max();
+                let candidate = u16::from(now) + fastest.unwrap_or(0);
+                node.data.fence = node.data.fence.saturating_add(1).max(candidate);
+            }
         }
         node.data.expire(now);
         if drop_conns {
