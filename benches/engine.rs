@@ -20,6 +20,9 @@
 //!   `MultiplexedConnection` per node. The least any Redlock can do.
 //! - **floor+fence**: the floor plus one more round in between (a set-if-greater Lua script
 //!   on a counter key, on all N): the least a Redlock with a written-back fencing token can do.
+//! - **floor + lineage read**: the floor with its `SET NX PX` in a script that also reads
+//!   `INFO server replication`, what the engine's grant must read in the same script to prove
+//!   the node kept its data (`votes`, rule 2): the least a Redlock that keeps that rule can do.
 //! - **rslock**: `rslock::LockManager::lock` then `unlock` (no retries).
 
 mod support;
@@ -43,6 +46,13 @@ static CAD: LazyLock<Script> = LazyLock::new(|| {
         "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
     )
 });
+static SET_READING_LINEAGE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local set = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) \
+         redis.call('INFO', 'server', 'replication') \
+         if set then return 'OK' end return false",
+    )
+});
 static RAISE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         "local cur = tonumber(redis.call('GET', KEYS[1]) or '0') \
@@ -57,13 +67,15 @@ enum Client {
     Floor,
     FloorFence,
     Rslock,
+    FloorLineage,
 }
 
-const CLIENTS: [Client; 4] = [
+const CLIENTS: [Client; 5] = [
     Client::Engine,
     Client::Floor,
     Client::FloorFence,
     Client::Rslock,
+    Client::FloorLineage,
 ];
 
 impl Client {
@@ -73,6 +85,7 @@ impl Client {
             Client::Floor => "floor (SET NX + CAD)",
             Client::FloorFence => "floor + fence round",
             Client::Rslock => "rslock 0.10",
+            Client::FloorLineage => "floor + lineage read in the SET's script",
         }
     }
 }
@@ -147,13 +160,21 @@ async fn cycle(s: &Setup, client: Client) -> Result<(Duration, Duration, bool), 
             let deleted = s.engine.release(&lease).await;
             Ok((acquired, start.elapsed(), deleted < s.n))
         }
-        Client::Floor | Client::FloorFence => {
+        Client::Floor | Client::FloorFence | Client::FloorLineage => {
             let value = random_value();
             let ttl_ms = TTL.as_millis() as u64;
             let sets = join_all(s.conns.iter().map(|c| {
                 let mut c = c.clone();
                 let (key, value) = (&s.floor_key, &value);
                 async move {
+                    if client == Client::FloorLineage {
+                        return SET_READING_LINEAGE
+                            .key(key)
+                            .arg(value)
+                            .arg(ttl_ms)
+                            .invoke_async::<Option<String>>(&mut c)
+                            .await;
+                    }
                     redis::cmd("SET")
                         .arg(key)
                         .arg(value)
@@ -709,15 +730,18 @@ fn print_report(
     for (si, &n) in NODE_COUNTS.iter().enumerate() {
         let engine = rows[si][0].cycle.pct(50.0).as_secs_f64();
         let floor = rows[si][1].cycle.pct(50.0).as_secs_f64();
+        let lineage = rows[si][4].cycle.pct(50.0).as_secs_f64();
         let goal = if n == 1 { 1.1 } else { 1.2 };
         println!(
-            "N={n} engine/floor={:.2} (goal ≤ {goal}: {})",
+            "N={n} engine/floor={:.2} (goal ≤ {goal}: {}; the lineage read alone: floor+lineage/floor={:.2}, engine/(floor+lineage)={:.2})",
             engine / floor,
             if engine <= floor * goal {
                 "met"
             } else {
                 "missed"
-            }
+            },
+            lineage / floor,
+            engine / lineage,
         );
     }
 }
