@@ -191,35 +191,45 @@ fn parse_answer(raw: &[u8]) -> Result<Answer, String> {
     })
 }
 
-/// Opens the watch stream of `lease` and reads until `needle` (e.g. `event: lost`) arrives;
-/// returns what was read and when the needle came.
-async fn watch_until(
-    addr: SocketAddr,
-    path: &str,
-    needle: &str,
-    within: Duration,
-) -> (String, Instant) {
-    let mut stream = TcpStream::connect(addr).await.unwrap();
-    stream
-        .write_all(format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut text = Vec::new();
-    let mut buf = [0u8; 4096];
-    let read = async {
-        loop {
-            let n = stream.read(&mut buf).await.unwrap();
-            assert!(n > 0, "stream closed: {}", String::from_utf8_lossy(&text));
-            text.extend_from_slice(&buf[..n]);
-            if String::from_utf8_lossy(&text).contains(needle) {
-                return Instant::now();
-            }
+/// An open event stream (`GET .../watch`) and everything read from it so far.
+struct EventStream {
+    stream: TcpStream,
+    text: Vec<u8>,
+}
+
+impl EventStream {
+    async fn open(addr: SocketAddr, path: &str) -> EventStream {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream
+            .write_all(format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        EventStream {
+            stream,
+            text: Vec::new(),
         }
-    };
-    let at = tokio::time::timeout(within, read)
-        .await
-        .unwrap_or_else(|_| panic!("no {needle:?} within {within:?}"));
-    (String::from_utf8_lossy(&text).into_owned(), at)
+    }
+
+    /// Reads until what was read contains `needle`; returns all of it and when it came.
+    async fn until(&mut self, needle: &str, within: Duration) -> (String, Instant) {
+        let mut buf = [0u8; 4096];
+        let read = async {
+            while !String::from_utf8_lossy(&self.text).contains(needle) {
+                let n = self.stream.read(&mut buf).await.unwrap();
+                assert!(
+                    n > 0,
+                    "stream closed: {}",
+                    String::from_utf8_lossy(&self.text)
+                );
+                self.text.extend_from_slice(&buf[..n]);
+            }
+            Instant::now()
+        };
+        let at = tokio::time::timeout(within, read)
+            .await
+            .unwrap_or_else(|_| panic!("no {needle:?} within {within:?}"));
+        (String::from_utf8_lossy(&self.text).into_owned(), at)
+    }
 }
 
 /// Opens the stream at `path`, reads it for `how_long`, then closes it; returns what was read.
@@ -411,6 +421,25 @@ async fn an_abandoned_lease_is_released_after_its_ttl_and_a_waiter_gets_it() {
     );
 }
 
+/// Per node: the subscribers of lock `name`'s announcement channels (acquired and released).
+fn subscriptions(cluster: &RedisCluster, name: &str) -> Vec<u64> {
+    let (acquired, released) = (
+        format!("redlock:{{{name}}}:acquired"),
+        format!("redlock:{{{name}}}:released"),
+    );
+    cluster
+        .iter()
+        .map(|node| {
+            let numsub = node.command(&["PUBSUB", "NUMSUB", &acquired, &released]);
+            let counts: Vec<u64> = numsub
+                .lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .collect();
+            counts.iter().sum()
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_wakes_a_waiter_in_another_sidecar_at_once() {
     let cluster = tokio::task::block_in_place(ready_cluster);
@@ -419,6 +448,7 @@ async fn a_release_wakes_a_waiter_in_another_sidecar_at_once() {
 
     let held = a.post("/v1/locks/payment-9?ttl=20s").await;
     let lease = held.lease();
+    let before = subscriptions(&cluster, "app:payment-9");
     let control = b.control;
     let waiter = tokio::spawn(async move {
         let answer = call(
@@ -436,7 +466,13 @@ async fn a_release_wakes_a_waiter_in_another_sidecar_at_once() {
         b.metric("redlock_app_lock_waiting").await == 1.0
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // b listens for the release on a quorum of nodes.
+    tokio::task::block_in_place(|| {
+        support::wait_until(DEADLINE, "b subscribes", || {
+            let now = subscriptions(&cluster, "app:payment-9");
+            now.iter().zip(&before).filter(|(n, b)| n > b).count() >= 2
+        })
+    });
     let released_at = Instant::now();
     assert_eq!(
         a.delete(&format!("/v1/locks/payment-9/{lease}"))
@@ -522,16 +558,13 @@ async fn watch_delivers_lost_before_the_validity_ends_when_the_nodes_stop() {
     let valid_until =
         acquired + Duration::from_millis(held.json()["validity_ms"].as_u64().unwrap());
     let path = format!("/v1/locks/withdrawal-3/{}/watch", held.lease());
-    let control = a.control;
-    let watcher = tokio::spawn(async move {
-        watch_until(control, &path, "event: lost", Duration::from_secs(10)).await
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut events = EventStream::open(a.control, &path).await;
+    events.until("event: held", DEADLINE).await;
     tokio::task::block_in_place(|| {
         cluster.node_mut(0).stop();
         cluster.node_mut(1).stop();
     });
-    let (text, lost_at) = watcher.await.unwrap();
+    let (text, lost_at) = events.until("event: lost", Duration::from_secs(10)).await;
     assert!(text.contains("event: held"), "{text}");
     assert!(
         lost_at < valid_until,
