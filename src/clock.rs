@@ -143,6 +143,26 @@ impl std::ops::Sub<Duration> for Deadline {
     }
 }
 
+impl std::ops::AddAssign<Duration> for Deadline {
+    fn add_assign(&mut self, d: Duration) {
+        *self = *self + d;
+    }
+}
+
+impl std::ops::SubAssign<Duration> for Deadline {
+    fn sub_assign(&mut self, d: Duration) {
+        *self = *self - d;
+    }
+}
+
+impl std::ops::Sub<Deadline> for Deadline {
+    type Output = Duration;
+    /// How long from `earlier` to this instant; zero if `earlier` is later (as `Instant`).
+    fn sub(self, earlier: Deadline) -> Duration {
+        self.saturating_duration_since(earlier)
+    }
+}
+
 /// Sleeps until the clock reaches `deadline`, counting suspended time.
 pub async fn sleep_until_deadline(deadline: Deadline) {
     sleep_until(deadline.to_instant()).await
