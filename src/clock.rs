@@ -400,6 +400,12 @@ mod tests {
         );
         assert_eq!(at.saturating_duration_since(later), Duration::ZERO);
         assert_eq!(at.checked_duration_since(later), None);
+        assert_eq!(later - at, Duration::from_millis(3));
+        assert_eq!(at - later, Duration::ZERO);
+        let mut moved = at;
+        moved += Duration::from_secs(4);
+        moved -= Duration::from_secs(1);
+        assert_eq!(moved, at + Duration::from_secs(3));
     }
 
     #[test]
