@@ -22,12 +22,12 @@
 
 pub mod probe;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::clock;
+use crate::clock::{Clock, Deadline};
 
 /// What the app's checks said and what was asked of this sidecar; changed only by events.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,9 +37,9 @@ pub struct Candidacy {
     /// The app's last answer; `None` until its first.
     ready: Option<bool>,
     /// The first failure of the current run of failures.
-    failing_since: Option<Instant>,
+    failing_since: Option<Deadline>,
     /// No contending before this (a resign's hold).
-    hold_until: Option<Instant>,
+    hold_until: Option<Deadline>,
 }
 
 impl Candidacy {
@@ -64,7 +64,7 @@ impl Candidacy {
     }
 
     /// The app answered at `now`.
-    pub fn answered(&mut self, ready: bool, now: Instant) {
+    pub fn answered(&mut self, ready: bool, now: Deadline) {
         self.ready = Some(ready);
         if ready {
             self.failing_since = None;
@@ -74,28 +74,26 @@ impl Candidacy {
     }
 
     /// Stand aside from `now` for `hold`.
-    pub fn resign(&mut self, hold: Duration, now: Instant) {
-        self.hold_until = Some(clock::saturating_add(now, hold));
+    pub fn resign(&mut self, hold: Duration, now: Deadline) {
+        self.hold_until = Some(now + hold);
     }
 
     /// Whether this sidecar may start contending at `now`.
-    pub fn may_contend(&self, now: Instant) -> bool {
+    pub fn may_contend(&self, now: Deadline) -> bool {
         self.ready == Some(true) && !self.held(now)
     }
 
     /// Whether a leader may go on leading at `now`.
-    pub fn may_lead(&self, now: Instant) -> bool {
+    pub fn may_lead(&self, now: Deadline) -> bool {
         let failing_too_long = self
             .failing_since
-            .is_some_and(|since| now >= clock::saturating_add(since, self.unready_after));
+            .is_some_and(|since| now >= since + self.unready_after);
         self.ready.is_some() && !failing_too_long && !self.held(now)
     }
 
     /// The next instant after `now` at which a verdict may change without a new event.
-    pub fn changes_at(&self, now: Instant) -> Option<Instant> {
-        let unready = self
-            .failing_since
-            .map(|since| clock::saturating_add(since, self.unready_after));
+    pub fn changes_at(&self, now: Deadline) -> Option<Deadline> {
+        let unready = self.failing_since.map(|since| since + self.unready_after);
         [unready, self.hold_until]
             .into_iter()
             .flatten()
@@ -104,7 +102,7 @@ impl Candidacy {
     }
 
     /// Why this sidecar does not contend or lead at `now`, for logs and answers.
-    pub fn why_not(&self, now: Instant) -> &'static str {
+    pub fn why_not(&self, now: Deadline) -> &'static str {
         if self.held(now) {
             "resigned"
         } else if self.ready.is_none() {
@@ -114,7 +112,7 @@ impl Candidacy {
         }
     }
 
-    fn held(&self, now: Instant) -> bool {
+    fn held(&self, now: Deadline) -> bool {
         self.hold_until.is_some_and(|until| now < until)
     }
 }
@@ -129,13 +127,13 @@ pub type CandidacyRx = watch::Receiver<Candidacy>;
 pub async fn until(
     rx: &mut CandidacyRx,
     cancel: &CancellationToken,
-    verdict: impl Fn(&Candidacy, Instant) -> bool,
+    verdict: impl Fn(&Candidacy, Deadline) -> bool,
 ) -> bool {
     loop {
         if cancel.is_cancelled() {
             return false;
         }
-        let now = clock::now();
+        let now = Deadline::now();
         let (holds, wake) = {
             let candidacy = rx.borrow_and_update();
             (verdict(&candidacy, now), candidacy.changes_at(now))
@@ -153,15 +151,8 @@ pub async fn until(
                     return false;
                 }
             }
-            _ = sleep_until(wake) => {}
+            _ = Clock::Boot.sleep_until_some(wake) => {}
         }
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => clock::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
 
@@ -171,13 +162,13 @@ mod tests {
 
     const AFTER: Duration = Duration::from_secs(5);
 
-    fn at(t0: Instant, s: f64) -> Instant {
+    fn at(t0: Deadline, s: f64) -> Deadline {
         t0 + Duration::from_secs_f64(s)
     }
 
     #[test]
     fn without_a_check_it_contends_and_leads_until_it_resigns() {
-        let t0 = Instant::now();
+        let t0 = Deadline::from_boottime(Duration::from_secs(1_000));
         let mut c = Candidacy::unchecked();
         assert!(c.may_contend(t0) && c.may_lead(t0));
         c.resign(Duration::from_secs(10), t0);
@@ -190,7 +181,7 @@ mod tests {
 
     #[test]
     fn an_app_that_never_answered_ready_is_not_contended_for() {
-        let t0 = Instant::now();
+        let t0 = Deadline::from_boottime(Duration::from_secs(1_000));
         let mut c = Candidacy::checked(AFTER);
         assert!(!c.may_contend(t0));
         assert_eq!(c.why_not(t0), "app not ready yet");
@@ -202,7 +193,7 @@ mod tests {
 
     #[test]
     fn a_leader_steps_down_only_after_its_app_failed_for_unready_after() {
-        let t0 = Instant::now();
+        let t0 = Deadline::from_boottime(Duration::from_secs(1_000));
         let mut c = Candidacy::checked(AFTER);
         c.answered(true, t0);
         c.answered(false, at(t0, 1.0));
@@ -221,14 +212,14 @@ mod tests {
 
     #[tokio::test]
     async fn until_wakes_on_a_change_and_at_the_instant_a_verdict_flips() {
-        let t0 = clock::now();
+        let t0 = Deadline::now();
         let mut c = Candidacy::unchecked();
         c.resign(Duration::from_millis(50), t0);
         let (tx, mut rx) = watch::channel(c);
         let cancel = CancellationToken::new();
         assert!(until(&mut rx, &cancel, Candidacy::may_contend).await);
-        assert!(clock::now() >= t0 + Duration::from_millis(50));
-        tx.send_modify(|c| c.resign(Duration::from_secs(3600), clock::now()));
+        assert!(Deadline::now() >= t0 + Duration::from_millis(50));
+        tx.send_modify(|c| c.resign(Duration::from_secs(3600), Deadline::now()));
         let waiting = until(&mut rx, &cancel, Candidacy::may_contend);
         tokio::pin!(waiting);
         let early = tokio::time::timeout(Duration::from_millis(20), waiting.as_mut()).await;

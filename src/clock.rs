@@ -4,15 +4,21 @@
 //! `std::time::Instant` and Tokio's timers follow `CLOCK_MONOTONIC`, which stops while the
 //! host is suspended (VM pause, live migration, laptop sleep). The keys on the Redis nodes
 //! keep expiring meanwhile, so a deadline on that clock would let a resumed process believe
-//! it still leads. [`now`] follows `CLOCK_BOOTTIME` instead, expressed as an `Instant` so that
-//! deadlines keep their type; [`sleep_until`] wakes on the same clock.
+//! it still leads. Every timer and deadline of the engine, the lease, guard and the
+//! Kubernetes observer is therefore a [`Deadline`]: a `CLOCK_BOOTTIME` reading, a type of its
+//! own so that it cannot be mixed with an `Instant` by mistake.
+//!
+//! `Instant` stays where a value only measures an elapsed time for a metric or a log, and
+//! where one call's own relative timeout runs on Tokio's timer. [`now`] and [`sleep_until`]
+//! (the boot clock as an `Instant`) remain for the request locks, which are not moved over
+//! yet; `tests/layers.rs` keeps new `Instant::now()` and `clock::now()` out of `src/`.
 //!
 //! ## Behaviour
-//! - Without a suspend, [`now`] and `Instant::now()` agree; after one, [`now`] is ahead by
-//!   the time spent suspended.
-//! - [`sleep_until`] uses a `CLOCK_BOOTTIME` timerfd, so a deadline that passed during a
-//!   suspend fires as soon as the process runs again. Should the kernel refuse a timerfd,
-//!   it sleeps on Tokio's timer in slices of at most [`FALLBACK_SLICE`].
+//! - Without a suspend, [`Deadline::now`] moves as `Instant::now()` does; after one, it is
+//!   ahead by the time spent suspended.
+//! - [`sleep_until_deadline`] uses a `CLOCK_BOOTTIME` timerfd, so a deadline that passed
+//!   during a suspend fires as soon as the process runs again. Should the kernel refuse a
+//!   timerfd, it sleeps on Tokio's timer in slices of at most [`FALLBACK_SLICE`].
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::LazyLock;
@@ -38,14 +44,15 @@ pub fn boottime() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
-/// Now, on a clock that does not stop while the host is suspended.
+/// Now, on a clock that does not stop while the host is suspended, as an `Instant` (for the
+/// request locks, not moved over yet; everything else reads [`Deadline::now`]).
 pub fn now() -> Instant {
     let (instant, boot) = *ORIGIN;
     instant + boottime().saturating_sub(boot)
 }
 
 /// The `CLOCK_BOOTTIME` reading at which [`now`] reaches `at`.
-pub fn boottime_of(at: Instant) -> Duration {
+fn boottime_of(at: Instant) -> Duration {
     let (instant, boot) = *ORIGIN;
     match at.checked_duration_since(instant) {
         Some(after) => boot + after,
@@ -54,9 +61,8 @@ pub fn boottime_of(at: Instant) -> Duration {
 }
 
 /// `start + duration`, saturating: if the sum is past what an `Instant` can hold, the latest
-/// instant within reach (a deadline that never comes) instead of a panic. Deadlines built
-/// from user input use it; the command line also bounds every duration (see `config`).
-pub fn saturating_add(start: Instant, duration: Duration) -> Instant {
+/// instant within reach (a deadline that never comes) instead of a panic.
+fn saturating_add(start: Instant, duration: Duration) -> Instant {
     let mut duration = duration;
     loop {
         if let Some(at) = start.checked_add(duration) {
@@ -92,7 +98,8 @@ impl Deadline {
         self.0
     }
 
-    /// The same instant as an `Instant` on [`now`]'s scale, for code not yet moved over.
+    /// The same instant as an `Instant` on [`now`]'s scale, for code not yet moved over (the
+    /// request locks, and the lease's fields they read).
     pub fn to_instant(self) -> Instant {
         let (instant, boot) = *ORIGIN;
         match self.0.checked_sub(boot) {
@@ -143,9 +150,40 @@ impl std::ops::Sub<Duration> for Deadline {
     }
 }
 
+impl std::ops::AddAssign<Duration> for Deadline {
+    fn add_assign(&mut self, d: Duration) {
+        *self = *self + d;
+    }
+}
+
+impl std::ops::SubAssign<Duration> for Deadline {
+    fn sub_assign(&mut self, d: Duration) {
+        *self = *self - d;
+    }
+}
+
+impl std::ops::Sub<Deadline> for Deadline {
+    type Output = Duration;
+    /// How long from `earlier` to this instant; zero if `earlier` is later (as `Instant`).
+    fn sub(self, earlier: Deadline) -> Duration {
+        self.saturating_duration_since(earlier)
+    }
+}
+
 /// Sleeps until the clock reaches `deadline`, counting suspended time.
 pub async fn sleep_until_deadline(deadline: Deadline) {
-    sleep_until(deadline.to_instant()).await
+    if let Some(timer) = boot_timer(deadline.boottime()) {
+        // One wake-up: the timer fires at the deadline, or at once if it is past.
+        let _ = timer.readable().await;
+    }
+    // Without a timer (and as a guard against an early wake-up): short Tokio sleeps.
+    loop {
+        let left = deadline.saturating_duration_since(Deadline::now());
+        if left.is_zero() {
+            return;
+        }
+        tokio::time::sleep(left.min(FALLBACK_SLICE)).await;
+    }
 }
 
 /// Where a component reads and waits for its deadlines: the boot clock (what runs), or
@@ -226,22 +264,10 @@ pub async fn timeout_at<F: std::future::Future>(
     Clock::Boot.timeout_at(deadline, future).await
 }
 
-/// Sleeps until [`now`] reaches `deadline`, counting suspended time.
+/// Sleeps until [`now`] reaches `deadline`, counting suspended time (for the request locks,
+/// not moved over yet; everything else waits with [`sleep_until_deadline`]).
 pub async fn sleep_until(deadline: Instant) {
-    let (instant, boot) = *ORIGIN;
-    let target = boot + deadline.saturating_duration_since(instant);
-    if let Some(timer) = boot_timer(target) {
-        // One wake-up: the timer fires at the deadline, or at once if it is past.
-        let _ = timer.readable().await;
-    }
-    // Without a timer (and as a guard against an early wake-up): short Tokio sleeps.
-    loop {
-        let left = deadline.saturating_duration_since(now());
-        if left.is_zero() {
-            return;
-        }
-        tokio::time::sleep(left.min(FALLBACK_SLICE)).await;
-    }
+    sleep_until_deadline(Deadline::from_instant(deadline)).await
 }
 
 /// A non-blocking timerfd on `CLOCK_BOOTTIME` that fires at `target` (absolute).
@@ -251,6 +277,10 @@ fn boot_timer(target: Duration) -> Option<AsyncFd<OwnedFd>> {
     // SAFETY: the descriptor is owned by the AsyncFd, so it stays open while registered.
     unsafe { AsyncFd::register(fd.0).ok() }
 }
+
+/// The latest reading a timer is armed for (about 272 years after boot): a deadline past it
+/// (one that never comes, as `Deadline::from_boottime(Duration::MAX)`) waits there.
+const LATEST_ARMABLE_SECS: u64 = 1 << 33;
 
 /// A non-blocking timerfd on `CLOCK_BOOTTIME`: readable once the instant it is armed for has
 /// come, counting time the host spent suspended. Usable from `poll(2)` without a runtime.
@@ -276,7 +306,8 @@ impl BootTimer {
                 tv_nsec: 0,
             },
             it_value: libc::timespec {
-                tv_sec: target.as_secs() as libc::time_t,
+                // The kernel refuses readings past about 292 years; later is never anyway.
+                tv_sec: target.as_secs().min(LATEST_ARMABLE_SECS) as libc::time_t,
                 // A zero it_value would disarm the timer; a target in the past fires at once.
                 tv_nsec: target.subsec_nanos().max(1) as libc::c_long,
             },
@@ -369,6 +400,12 @@ mod tests {
         );
         assert_eq!(at.saturating_duration_since(later), Duration::ZERO);
         assert_eq!(at.checked_duration_since(later), None);
+        assert_eq!(later - at, Duration::from_millis(3));
+        assert_eq!(at - later, Duration::ZERO);
+        let mut moved = at;
+        moved += Duration::from_secs(4);
+        moved -= Duration::from_secs(1);
+        assert_eq!(moved, at + Duration::from_secs(3));
     }
 
     #[test]
@@ -428,6 +465,14 @@ mod tests {
         assert!(boot_moved < Duration::from_secs(60), "{boot_moved:?}");
         let gave_up = Clock::Tokio.timeout(Duration::from_secs(5), std::future::pending::<()>());
         assert_eq!(gave_up.await, Err(DeadlinePassed));
+    }
+
+    #[test]
+    fn a_timer_takes_a_deadline_that_never_comes() {
+        let timer = BootTimer::new().expect("a timerfd");
+        timer
+            .arm(Duration::MAX)
+            .expect("armed at the latest reading");
     }
 
     #[tokio::test]

@@ -36,7 +36,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use axum::extract::{DefaultBodyLimit, RawQuery, State};
 use axum::http::{header, Request, StatusCode};
@@ -54,6 +54,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use crate::candidacy::CandidacyTx;
+use crate::clock::Deadline;
 use crate::config::ReadyWhen;
 use crate::leadership::{Leadership, LeadershipRx};
 use crate::metrics::Metrics;
@@ -107,7 +108,7 @@ pub struct LeaderBody {
 
 impl LeaderBody {
     /// The body for `state` as of `now`.
-    pub fn new(state: &Leadership, now: Instant) -> LeaderBody {
+    pub fn new(state: &Leadership, now: Deadline) -> LeaderBody {
         let term = state.leading_at(now);
         let holder = state.holder.as_ref();
         LeaderBody {
@@ -126,7 +127,7 @@ impl LeaderBody {
 }
 
 /// Whether `/readyz` answers 200 for `state` as of `now`.
-pub fn is_ready(state: &Leadership, when: ReadyWhen, now: Instant) -> bool {
+pub fn is_ready(state: &Leadership, when: ReadyWhen, now: Deadline) -> bool {
     let leading = state.leading_at(now).is_some();
     match when {
         ReadyWhen::Quorum => leading || state.quorum_reachable,
@@ -301,13 +302,13 @@ async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
     let ready = is_ready(
         &state.leadership.borrow(),
         state.ready_when,
-        crate::clock::now(),
+        Deadline::now(),
     );
     (status(ready), if ready { "ready\n" } else { "not ready\n" })
 }
 
 async fn leader(State(state): State<AdminState>) -> impl IntoResponse {
-    let body = LeaderBody::new(&state.leadership.borrow(), crate::clock::now());
+    let body = LeaderBody::new(&state.leadership.borrow(), Deadline::now());
     (status(body.is_leader), Json(body))
 }
 
@@ -335,13 +336,13 @@ async fn resign(State(state): State<ControlState>, RawQuery(query): RawQuery) ->
         Ok(hold) => hold,
         Err(why) => return json_error(StatusCode::BAD_REQUEST, &why),
     };
-    let now = crate::clock::now();
+    let now = Deadline::now();
     if state.leadership.borrow().leading_at(now).is_none() {
         return json_error(StatusCode::CONFLICT, "not leading");
     }
     state.candidacy.send_modify(|c| c.resign(hold, now));
     let mut leadership = state.leadership.clone();
-    let stepped_down = leadership.wait_for(|l| l.leading_at(crate::clock::now()).is_none());
+    let stepped_down = leadership.wait_for(|l| l.leading_at(Deadline::now()).is_none());
     let _ = tokio::time::timeout(RESIGN_ANSWER_WITHIN, stepped_down).await;
     let hold_ms = u64::try_from(hold.as_millis()).unwrap_or(u64::MAX);
     (
@@ -387,7 +388,7 @@ async fn watch(
     // The connection's own signal is a child of the shutdown token: it fires on both.
     let end = ending.map_or_else(|| state.shutdown.clone(), |Extension(e)| e.0);
     let changes = WatchStream::new(state.leadership.clone())
-        .map(|leadership| LeaderBody::new(&leadership, crate::clock::now()))
+        .map(|leadership| LeaderBody::new(&leadership, Deadline::now()))
         .scan(
             None,
             |last: &mut Option<(bool, Option<String>, Option<u64>)>, body| {
@@ -421,8 +422,8 @@ mod tests {
     use super::*;
     use crate::leadership::{HolderView, Role, Term};
 
-    fn leader(step_down_in: Duration) -> (Leadership, Instant) {
-        let now = Instant::now();
+    fn leader(step_down_in: Duration) -> (Leadership, Deadline) {
+        let now = Deadline::from_boottime(Duration::from_secs(1_000));
         let mut state = Leadership::new("jobs", "pod-a");
         state.role = Role::Leader(Term {
             fencing_token: 7,
@@ -537,7 +538,7 @@ mod tests {
     #[test]
     fn readiness_follows_quorum_or_leadership() {
         let mut follower = Leadership::new("jobs", "pod-b");
-        let now = Instant::now();
+        let now = Deadline::from_boottime(Duration::from_secs(1_000));
         assert!(!is_ready(&follower, ReadyWhen::Quorum, now));
         follower.quorum_reachable = true;
         assert!(is_ready(&follower, ReadyWhen::Quorum, now));

@@ -19,7 +19,7 @@
 //!    `holderIdentity`, but only if the Lease still names it (optimistic concurrency on
 //!    `resourceVersion`); followers never write it, so two pods never fight over it.
 //!
-//! "Leading" is always `Leadership::leading_at(clock::now())`, and the observer also wakes at
+//! "Leading" is always `Leadership::leading_at(Deadline::now())`, and the observer also wakes at
 //! `step_down_at`, so a lock loop that stalls without publishing still clears the label.
 //!
 //! ## Behavior on API errors
@@ -63,7 +63,7 @@ use std::str::FromStr;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
-use crate::clock::{self, Clock, Deadline};
+use crate::clock::{Clock, Deadline};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
@@ -438,7 +438,7 @@ impl Kube {
             loop {
                 let leadership = rx.borrow_and_update().clone();
                 let settled = observer.reconcile(&leadership, true).await;
-                let leading = leadership.leading_at(clock::now()).is_some();
+                let leading = leadership.leading_at(Deadline::now()).is_some();
                 if settled && (sender_gone || !leading) {
                     return;
                 }
@@ -533,7 +533,7 @@ impl Kube {
                     info!(container = %name, ready, "the app container's readiness changed");
                     last = Some(ready);
                 }
-                candidacy.send_modify(|c| c.answered(ready, clock::now()));
+                candidacy.send_modify(|c| c.answered(ready, Deadline::now()));
             }
             if candidacy.is_closed() {
                 return;
@@ -749,7 +749,7 @@ impl Observer {
     /// differs from the desired state and is not backing off. Returns whether nothing is left
     /// to do for `leadership`.
     async fn reconcile(&mut self, leadership: &Leadership, shutting_down: bool) -> bool {
-        let term = leadership.leading_at(clock::now()).cloned();
+        let term = leadership.leading_at(Deadline::now()).cloned();
         let leading = term.is_some();
         let mut settled = true;
 
@@ -978,7 +978,7 @@ impl Observer {
     /// due was just attempted).
     fn next_wake(&self, leadership: &Leadership) -> Option<Deadline> {
         let now = self.kube.clock.now();
-        let term = leadership.leading_at(clock::now());
+        let term = leadership.leading_at(Deadline::now());
         let retries = self.backoff.iter().filter_map(|b| b.not_before);
         let renewal = match term {
             Some(_) if self.kube.settings.mirror_lease => self
@@ -987,7 +987,7 @@ impl Observer {
                 .map(|at| at + self.kube.settings.renew_interval),
             _ => None,
         };
-        let step_down = term.map(|t| Deadline::from_instant(t.step_down_at));
+        let step_down = term.map(|t| t.step_down_at);
         retries
             .chain(renewal)
             .chain(step_down)

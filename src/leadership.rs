@@ -3,9 +3,11 @@
 //! The lease loop (`run`) and `guard` are the only writers. HTTP, metrics and the
 //! Kubernetes integration only read it, so they can never disagree about who leads.
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
+
+use crate::clock::Deadline;
 
 /// What this process knows about one lock at one moment.
 #[derive(Clone, Debug, PartialEq)]
@@ -38,12 +40,12 @@ pub struct Term {
     pub fencing_token: u64,
     /// Wall-clock time the lock was acquired (for display only).
     pub since: SystemTime,
-    /// The latest moment (monotonic) at which this process still claims leadership.
+    /// The latest moment (boot clock) at which this process still claims leadership.
     /// It is the lock's validity end minus the safety margin; readers must compare
     /// against it themselves, because a paused lease task cannot flip the state.
-    pub step_down_at: Instant,
-    /// The lock's validity end (monotonic): no node can hold our key past it.
-    pub valid_until: Instant,
+    pub step_down_at: Deadline,
+    /// The lock's validity end (boot clock): no node can hold our key past it.
+    pub valid_until: Deadline,
 }
 
 /// Who holds the lock, as seen by a quorum read.
@@ -73,7 +75,7 @@ impl Leadership {
     ///
     /// This is the only test of leadership observers should use: it stays correct
     /// even when the lease task is paused and has not yet published a step-down.
-    pub fn leading_at(&self, now: Instant) -> Option<&Term> {
+    pub fn leading_at(&self, now: Deadline) -> Option<&Term> {
         match &self.role {
             Role::Leader(term) if now < term.step_down_at => Some(term),
             _ => None,
@@ -81,7 +83,7 @@ impl Leadership {
     }
 
     /// Remaining validity of the lock at `now`, if leading.
-    pub fn validity_at(&self, now: Instant) -> Option<Duration> {
+    pub fn validity_at(&self, now: Deadline) -> Option<Duration> {
         self.leading_at(now)
             .map(|term| term.valid_until.saturating_duration_since(now))
     }

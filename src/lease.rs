@@ -29,7 +29,7 @@
 //!   A round is never abandoned half-way: one that wins after the signal is released without
 //!   ever being published (no 200 on `/leader`, no pod label, no event).
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -61,12 +61,9 @@ fn fast_retry(renewal: &Renewal) -> Duration {
 }
 
 /// The moment to stop claiming a lease.
-pub fn step_down_at(lease: &Lease, renewal: &Renewal) -> Instant {
-    lease
-        .valid_until
-        .checked_sub(renewal.safety_margin)
-        .unwrap_or(lease.acquired_at)
-        .max(lease.acquired_at)
+pub fn step_down_at(lease: &Lease, renewal: &Renewal) -> Deadline {
+    let acquired_at = Deadline::from_instant(lease.acquired_at);
+    (Deadline::from_instant(lease.valid_until) - renewal.safety_margin).max(acquired_at)
 }
 
 /// Publishes `lease` as this process' tenure.
@@ -76,7 +73,7 @@ pub fn publish_leader(tx: &LeadershipTx, lease: &Lease, renewal: &Renewal) {
             fencing_token: lease.fencing_token,
             since: lease.since,
             step_down_at: step_down_at(lease, renewal),
-            valid_until: lease.valid_until,
+            valid_until: Deadline::from_instant(lease.valid_until),
         });
         state.holder = Some(HolderView {
             identity: state.identity.clone(),
@@ -171,7 +168,7 @@ pub async fn hold(
     publish_leader(tx, &lease, &renewal);
     let mut next = Deadline::now() + renewal.interval;
     loop {
-        let deadline = Deadline::from_instant(step_down_at(&lease, &renewal));
+        let deadline = step_down_at(&lease, &renewal);
         let wake = next.min(deadline);
         tokio::select! {
             biased;
@@ -226,8 +223,8 @@ pub async fn run(
 ) {
     let lock = redlock.config().lock.clone();
     loop {
-        if !candidacy.borrow().may_contend(clock::now()) {
-            info!(lock = %lock, why = candidacy.borrow().why_not(clock::now()), "not contending");
+        if !candidacy.borrow().may_contend(Deadline::now()) {
+            info!(lock = %lock, why = candidacy.borrow().why_not(Deadline::now()), "not contending");
         }
         if !candidacy::until(&mut candidacy, &cancel, Candidacy::may_contend).await {
             return;
@@ -235,7 +232,7 @@ pub async fn run(
         // The wait ends on cancellation or when the app stops being fit to lead; a round in
         // flight is finished first (the engine never abandons one half-way).
         let unfit = cancel.child_token();
-        let acquire = redlock.acquire_watching(
+        let acquire = redlock.acquire_until(
             None,
             &unfit,
             |result, elapsed| observe_attempt(&tx, &metrics, result, elapsed),
@@ -248,8 +245,8 @@ pub async fn run(
             Err(_) if cancel.is_cancelled() => return,
             Err(_) => continue,
         };
-        if !cancel.is_cancelled() && !candidacy.borrow().may_contend(clock::now()) {
-            info!(lock = %lock, fencing_token = lease.fencing_token, why = candidacy.borrow().why_not(clock::now()), "won the lock as this sidecar stopped contending; releasing it without leading");
+        if !cancel.is_cancelled() && !candidacy.borrow().may_contend(Deadline::now()) {
+            info!(lock = %lock, fencing_token = lease.fencing_token, why = candidacy.borrow().why_not(Deadline::now()), "won the lock as this sidecar stopped contending; releasing it without leading");
             release(&redlock, &lease).await;
             continue;
         }
@@ -267,7 +264,7 @@ pub async fn run(
         info!(
             lock = %lock,
             fencing_token = lease.fencing_token,
-            validity_ms = lease.remaining_at(clock::now()).as_millis() as u64,
+            validity_ms = lease.remaining_at(Deadline::now()).as_millis() as u64,
             "acquired the lock"
         );
         let unfit = cancel.child_token();
@@ -277,7 +274,7 @@ pub async fn run(
             HoldEnd::Cancelled(lease) => {
                 publish_follower(&tx);
                 if !cancel.is_cancelled() {
-                    let why = candidacy.borrow().why_not(clock::now());
+                    let why = candidacy.borrow().why_not(Deadline::now());
                     warn!(lock = %lock, fencing_token = lease.fencing_token, why, "stepping down and releasing the lock at once");
                 }
                 release(&redlock, &lease).await;
@@ -315,7 +312,7 @@ async fn while_fit<T>(
     work: impl std::future::Future<Output = T>,
     candidacy: &mut CandidacyRx,
     unfit: &CancellationToken,
-    verdict: fn(&Candidacy, std::time::Instant) -> bool,
+    verdict: fn(&Candidacy, Deadline) -> bool,
 ) -> T {
     let watch = async {
         if candidacy::until(candidacy, unfit, |c, now| !verdict(c, now)).await {

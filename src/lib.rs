@@ -3,7 +3,7 @@
 
 /// Whether this sidecar stands for leadership: the app's readiness and hand-overs.
 pub mod candidacy;
-/// The clock lock deadlines use: monotonic, counting time the host spent suspended.
+/// The clock of every timer and deadline (`Deadline`): monotonic, counting host suspends.
 pub mod clock;
 /// Command line and environment, validated into typed configs.
 pub mod config;

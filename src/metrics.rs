@@ -7,13 +7,14 @@
 //! state at scrape time, so they are exact even if the lease task is stalled.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use crate::clock::Deadline;
 use crate::leadership::{Leadership, LeadershipRx};
 use crate::redlock::{NodeErrorKind, Observer, Op};
 
@@ -413,7 +414,7 @@ impl Metrics {
     }
 
     /// Sets the state gauges from `state` as of `now`.
-    fn set_state(&self, state: &Leadership, now: Instant) {
+    fn set_state(&self, state: &Leadership, now: Deadline) {
         match state.leading_at(now) {
             Some(term) => {
                 let left = term.valid_until.saturating_duration_since(now);
@@ -437,7 +438,7 @@ impl Metrics {
 
     /// The text exposition of every family, with state gauges as of now.
     pub fn render(&self, state: &Leadership) -> String {
-        self.set_state(state, crate::clock::now());
+        self.set_state(state, Deadline::now());
         let dropped = crate::logging::dropped_lines();
         self.log_lines_dropped
             .inc_by(dropped.saturating_sub(self.log_lines_dropped.get()));
@@ -450,16 +451,13 @@ impl Metrics {
     pub async fn follow(self: Arc<Self>, mut rx: LeadershipRx) {
         let mut leading = false;
         loop {
-            let now_leading = rx
-                .borrow_and_update()
-                .leading_at(crate::clock::now())
-                .is_some();
+            let now_leading = rx.borrow_and_update().leading_at(Deadline::now()).is_some();
             if now_leading != leading {
                 let direction = if now_leading { "gained" } else { "lost" };
                 self.transitions.with_label_values(&[direction]).inc();
                 leading = now_leading;
             }
-            self.set_state(&rx.borrow(), crate::clock::now());
+            self.set_state(&rx.borrow(), Deadline::now());
             if rx.changed().await.is_err() {
                 return;
             }

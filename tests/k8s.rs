@@ -13,13 +13,13 @@
 
 mod support;
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use http::{header, Method, Request, Response, StatusCode};
 use kube::client::Body;
 use prometheus::IntCounterVec;
 use redlock_sidecar::candidacy::Candidacy;
-use redlock_sidecar::clock::Clock;
+use redlock_sidecar::clock::{Clock, Deadline};
 use redlock_sidecar::config::Renewal;
 use redlock_sidecar::k8s::{errors_counter, lease_name, Kube, KubeMode, KubeSettings};
 use redlock_sidecar::leadership::{HolderView, Leadership, LeadershipTx, Role, Term};
@@ -69,9 +69,9 @@ fn follower_of(holder: &str) -> Leadership {
     }
 }
 
-/// A leader whose term lasts `for_` from now (wall-clock, as `leading_at` reads it).
+/// A leader whose term lasts `for_` from now (on the boot clock, as `leading_at` is read).
 fn leader_for(token: u64, for_: Duration) -> Leadership {
-    let now = Instant::now();
+    let now = Deadline::now();
     Leadership {
         role: Role::Leader(Term {
             fencing_token: token,
@@ -449,7 +449,7 @@ impl ApiServerVerifier {
     fn assert_still_leading(&self, token: u64) {
         let tx = self.tx.as_ref().expect("the sender is still alive");
         let state = tx.borrow();
-        let term = state.leading_at(Instant::now()).expect("still leading");
+        let term = state.leading_at(Deadline::now()).expect("still leading");
         assert_eq!(term.fencing_token, token);
     }
 
@@ -932,7 +932,7 @@ async fn kubernetes_api_failures_never_touch_a_real_lock() {
     // Fresh nodes count only after ttl + drift (restart-safe votes), hence the long wait.
     let token = tokio::time::timeout(Duration::from_secs(15), async {
         loop {
-            if let Some(term) = rx.borrow_and_update().leading_at(Instant::now()) {
+            if let Some(term) = rx.borrow_and_update().leading_at(Deadline::now()) {
                 break term.fencing_token;
             }
             rx.changed().await.expect("the lock loop runs");
@@ -947,7 +947,7 @@ async fn kubernetes_api_failures_never_touch_a_real_lock() {
     while let Ok(changed) = tokio::time::timeout_at(until, rx.changed()).await {
         changed.expect("the lock loop runs");
         let state = rx.borrow_and_update().clone();
-        let term = state.leading_at(Instant::now()).expect("still leading");
+        let term = state.leading_at(Deadline::now()).expect("still leading");
         assert_eq!(term.fencing_token, token, "the same term");
         renewals += 1;
     }
@@ -1180,8 +1180,7 @@ async fn the_app_containers_readiness_is_read_from_the_pod_and_an_api_error_chan
     let (tx, mut rx) = watch::channel(Candidacy::checked(Duration::from_secs(5)));
     let follow =
         tokio::spawn(kube.follow_container("app".to_string(), Duration::from_millis(20), tx));
-    let may_contend =
-        |rx: &watch::Receiver<Candidacy>| rx.borrow().may_contend(redlock_sidecar::clock::now());
+    let may_contend = |rx: &watch::Receiver<Candidacy>| rx.borrow().may_contend(Deadline::now());
     // Not started yet (no status): not ready, so no contending.
     answer_pod_get(
         &mut handle,

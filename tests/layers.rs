@@ -7,6 +7,10 @@
 //! them), and children that add methods to its types import it back, so facades are no nodes
 //! of the cycle check; the transport may not import the engine's facade (`src/redlock/mod.rs`)
 //! at all.
+//!
+//! Time is read in one way: every timer and deadline is a `clock::Deadline` on the boot
+//! clock. A read of `Instant::now()` or `clock::now()` (an `Instant`) in `src/` outside
+//! [`INSTANT_READS_ALLOWED`] fails.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -356,4 +360,93 @@ fn the_transport_keeps_its_files_and_functions_short() {
     }
     let long = "fn long() {\n".to_owned() + &"    x;\n".repeat(90) + "}\n";
     assert_eq!(function_lengths(&long), [("long".to_owned(), 92)]);
+}
+
+/// Where `src/` may still read the time as an `Instant`, at most how often (code outside
+/// unit tests), and why. Anything else reads `clock::Deadline::now()`.
+const INSTANT_READS_ALLOWED: &[(&str, usize, &str)] = &[
+    ("src/clock.rs", usize::MAX, "the clock itself"),
+    (
+        "src/locks/",
+        usize::MAX,
+        "request locks: not moved over to Deadline yet",
+    ),
+    (
+        "src/redlock/fanout.rs",
+        2,
+        "a node call's latency, for the metrics only",
+    ),
+    (
+        "src/redlock/slot.rs",
+        1,
+        "a slot write's latency, for the metrics only",
+    ),
+    ("src/ops/mod.rs", 1, "a round trip that `status` reports"),
+    (
+        "src/redlock/transport/node.rs",
+        5,
+        "one call's own relative bound, on Tokio's timer",
+    ),
+    (
+        "src/redlock/transport/pushes.rs",
+        1,
+        "one call's own relative bound, on Tokio's timer",
+    ),
+];
+
+/// How often `code` reads the time as an `Instant`: `Instant::now()` (std's or Tokio's) or
+/// `clock::now()`.
+fn instant_reads(code: &str) -> usize {
+    code.matches("Instant::now()").count() + code.matches("clock::now()").count()
+}
+
+#[test]
+fn time_is_read_as_a_deadline_outside_the_allow_list() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    let mut read = 0;
+    for file in files {
+        // A unit-test module of its own (`#[cfg(test)] mod tests;`) may read any clock.
+        if file.file_name().is_some_and(|n| n == "tests.rs") {
+            continue;
+        }
+        let relative = file.strip_prefix(root).expect("under the crate");
+        let relative = relative.to_string_lossy();
+        let text = std::fs::read_to_string(&file).expect("readable source");
+        let reads = instant_reads(&code_of(&text));
+        read += reads;
+        if reads == 0 {
+            continue;
+        }
+        let allowed = INSTANT_READS_ALLOWED
+            .iter()
+            .find(|(path, _, _)| relative.starts_with(path));
+        let Some((_, most, _)) = allowed else {
+            panic!(
+                "{relative} reads the time as an Instant {reads} time(s): read \
+                 clock::Deadline::now() (or, for a latency only, add it to \
+                 INSTANT_READS_ALLOWED with the reason)"
+            );
+        };
+        assert!(
+            reads <= *most,
+            "{relative} reads the time as an Instant {reads} times, {most} allowed"
+        );
+    }
+    assert!(read > 0, "the source was read");
+}
+
+#[test]
+fn the_time_check_counts_reads_in_code_only() {
+    let text = "let a = Instant::now(); // Instant::now()\n\
+                /// clock::now()\n\
+                let b = tokio::time::Instant::now() + clock::now();\n\
+                let c = \"Instant::now()\";\n\
+                let d = Deadline::now();\n\
+                #[cfg(test)]\n\
+                mod tests {\n\
+                    let e = Instant::now();\n\
+                }\n";
+    assert_eq!(instant_reads(&code_of(text)), 3);
 }

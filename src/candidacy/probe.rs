@@ -15,7 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tracing::{info, warn};
 
 use super::{Candidacy, CandidacyTx};
-use crate::clock;
+use crate::clock::{self, Deadline};
 
 /// Where to send the probe.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -117,7 +117,7 @@ fn is_2xx(head: &[u8]) -> bool {
 pub async fn run(url: AppUrl, interval: Duration, candidacy: CandidacyTx) {
     let mut last = None;
     loop {
-        let started = clock::now();
+        let started = Deadline::now();
         let ok = ready(&url, interval).await;
         if last != Some(ok) {
             if ok {
@@ -127,11 +127,11 @@ pub async fn run(url: AppUrl, interval: Duration, candidacy: CandidacyTx) {
             }
             last = Some(ok);
         }
-        candidacy.send_modify(|c: &mut Candidacy| c.answered(ok, clock::now()));
+        candidacy.send_modify(|c: &mut Candidacy| c.answered(ok, Deadline::now()));
         if candidacy.is_closed() {
             return;
         }
-        clock::sleep_until(clock::saturating_add(started, interval)).await;
+        clock::sleep_until_deadline(started + interval).await;
     }
 }
 

@@ -9,6 +9,7 @@ use super::outcome::{Kind, Outcome};
 use super::report::Report;
 use super::signals::Signals;
 use super::{EXIT_BUSY, EXIT_UNREACHABLE};
+use crate::clock::Deadline;
 use crate::config::{GuardConfig, OnBusy};
 use crate::leadership::LeadershipTx;
 use crate::lease;
@@ -26,12 +27,11 @@ pub async fn acquire(
     // A round in flight is finished (the engine never abandons one half-way), so a lock won
     // as a signal comes is released below.
     let interrupt = CancellationToken::new();
-    // The engine measures --wait on the monotonic clock.
-    let deadline = std::time::Instant::now() + cfg.wait;
+    let deadline = Deadline::now() + cfg.wait;
     let mut interrupted = None;
     let acquired = {
         let metrics = report.metrics();
-        let acquire = redlock.acquire_watching(
+        let acquire = redlock.acquire_until(
             Some(deadline),
             &interrupt,
             |result, elapsed| lease::observe_attempt(tx, metrics, result, elapsed),

@@ -9,7 +9,7 @@ use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
 use tokio::signal::unix::{signal, SignalKind};
@@ -17,6 +17,7 @@ use tracing::{debug, warn};
 
 use super::supervisor::{self, Fence};
 use super::tree;
+use crate::clock::Deadline;
 use crate::config::GuardConfig;
 
 /// The prefix of guard's own settings, none of which CMD inherits.
@@ -41,7 +42,7 @@ impl CmdGroup {
 
     /// Hands the supervisor new SIGTERM and SIGKILL points (it signals CMD at them on its
     /// own); false if it could not take them at once (it is gone, or not reading).
-    pub fn fence(&mut self, term_at: Instant, kill_at: Instant) -> bool {
+    pub fn fence(&mut self, term_at: Deadline, kill_at: Deadline) -> bool {
         let fence = Fence::at(term_at, kill_at);
         if fence == self.fenced {
             return true;
@@ -80,7 +81,7 @@ impl Children {
         cfg: &GuardConfig,
         token: u64,
         identity: &str,
-        (term_at, kill_at): (Instant, Instant),
+        (term_at, kill_at): (Deadline, Deadline),
     ) -> std::io::Result<CmdGroup> {
         let (read, write) = pipe()?;
         // The supervisor's fence: the first one is in the pipe before it starts.

@@ -5,8 +5,6 @@
 //! change on the leadership channel (a renewal moves the step-down point) and the end of the
 //! renewals; after each of them it reads the tenure as published and asks the schedule again.
 
-use std::time::Instant;
-
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
@@ -17,7 +15,7 @@ use super::report::Report;
 use super::schedule::{self, Action, Limits, State, Why, RENEW_FAILED, SUPERSEDED};
 use super::signals::Signals;
 use super::{EXIT_LOST, EXIT_MAX_HOLD, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND};
-use crate::clock;
+use crate::clock::{Clock, Deadline};
 use crate::config::GuardConfig;
 use crate::leadership::{LeadershipRx, LeadershipTx, Role};
 use crate::lease::{self, HoldEnd};
@@ -37,7 +35,7 @@ pub async fn run_cmd(
     let (tx, mut rx) = leadership;
     let lock = &cfg.redlock.lock;
     let token = lease.fencing_token;
-    info!(lock = %lock, fencing_token = token, validity_ms = lease.remaining_at(clock::now()).as_millis() as u64, "acquired the lock; starting CMD");
+    info!(lock = %lock, fencing_token = token, validity_ms = lease.remaining_at(Deadline::now()).as_millis() as u64, "acquired the lock; starting CMD");
     // Deadlines of the tenure are on the lease's clock, which counts host suspends.
     let limits = Limits {
         kill_grace: cfg.kill_grace,
@@ -46,7 +44,7 @@ pub async fn run_cmd(
     };
     let mut state = State::new(
         limits,
-        clock::now(),
+        Deadline::now(),
         lease::step_down_at(&lease, &cfg.renewal),
     );
     let identity = &redlock.config().identity;
@@ -92,7 +90,7 @@ pub async fn run_cmd(
         }
         // The supervisor signals CMD at these points on its own, should this thread stall.
         let fenced = hand_over_fence(&mut cmd, &state);
-        let now = clock::now();
+        let now = Deadline::now();
         let (action, wake) = schedule::next(&state, now);
         match action {
             Action::Wait => {}
@@ -167,7 +165,7 @@ pub async fn run_cmd(
                 state.renewals_ended(lost, lease::step_down_at(lease, &cfg.renewal));
                 ended = Some(end);
             }
-            _ = sleep_until(wake) => {}
+            _ = Clock::Boot.sleep_until_some(wake) => {}
         }
     }
     let code = exit_code.expect("the schedule releases only after CMD exited");
@@ -263,11 +261,4 @@ fn spawn_renewals(
 fn renewal_task_failed(err: &tokio::task::JoinError) -> HoldEnd {
     error!(error = %err, "the renewal task failed; the lock expires on its own");
     std::process::exit(EXIT_LOST)
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => clock::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
 }

@@ -22,7 +22,9 @@
 //!   at once if guard was stopping CMD, if a signal came (forwarded to CMD, or during the
 //!   hold), or if renewals have ended.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Deadline;
 
 /// The loss reason of a tenure that a quorum shows to be someone else's.
 pub const SUPERSEDED: &str = "superseded";
@@ -66,15 +68,15 @@ pub struct Limits {
 pub struct State {
     limits: Limits,
     /// When CMD started.
-    started: Instant,
+    started: Deadline,
     /// The tenure's step-down point, as last published.
-    step_down_at: Instant,
+    step_down_at: Deadline,
     /// Renewals run (neither ended nor asked to stop).
     renewing: bool,
     /// Why the tenure was lost, once renewals ended on their own.
     lost: Option<&'static str>,
     /// Why and when CMD got SIGTERM.
-    stopping: Option<(Why, Instant)>,
+    stopping: Option<(Why, Deadline)>,
     killed: bool,
     exited: bool,
     signalled: bool,
@@ -82,7 +84,7 @@ pub struct State {
 
 impl State {
     /// CMD started at `started` under a tenure that steps down at `step_down_at`.
-    pub fn new(limits: Limits, started: Instant, step_down_at: Instant) -> State {
+    pub fn new(limits: Limits, started: Deadline, step_down_at: Deadline) -> State {
         State {
             limits,
             started,
@@ -97,13 +99,13 @@ impl State {
     }
 
     /// A renewal (or the first publication) set the step-down point.
-    pub fn published(&mut self, step_down_at: Instant) {
+    pub fn published(&mut self, step_down_at: Deadline) {
         self.step_down_at = step_down_at;
     }
 
     /// Renewals ended: `lost` with a reason if they ended on their own; `step_down_at` is the
     /// final tenure's.
-    pub fn renewals_ended(&mut self, lost: Option<&'static str>, step_down_at: Instant) {
+    pub fn renewals_ended(&mut self, lost: Option<&'static str>, step_down_at: Deadline) {
         self.renewing = false;
         self.step_down_at = step_down_at;
         if self.lost.is_none() {
@@ -117,7 +119,7 @@ impl State {
     }
 
     /// [`Action::Terminate`] was carried out at `now`.
-    pub fn terminated(&mut self, why: Why, now: Instant) {
+    pub fn terminated(&mut self, why: Why, now: Deadline) {
         self.stopping.get_or_insert((why, now));
     }
 
@@ -153,7 +155,7 @@ impl State {
 
 /// What to do at `now`, and until when to wait (`None`: until the next event) if nothing.
 /// After a non-[`Action::Wait`] action, carry it out, record it in the state, and ask again.
-pub fn next(s: &State, now: Instant) -> (Action, Option<Instant>) {
+pub fn next(s: &State, now: Deadline) -> (Action, Option<Deadline>) {
     if s.exited {
         let release_at = if s.stopping.is_some() || s.signalled || !s.renewing {
             now
@@ -186,21 +188,16 @@ pub fn next(s: &State, now: Instant) -> (Action, Option<Instant>) {
 
 /// When CMD must get SIGTERM and SIGKILL as things stand (`None` once CMD has exited): the
 /// points [`next`] acts on, handed to the supervisor so that they hold even if guard stops.
-pub fn fence(s: &State) -> Option<(Instant, Instant)> {
+pub fn fence(s: &State) -> Option<(Deadline, Deadline)> {
     (!s.exited).then(|| signal_points(s))
 }
 
 /// SIGTERM `kill_grace` before the step-down point and SIGKILL at it; once CMD got SIGTERM,
 /// SIGKILL `kill_grace` after that but never past the step-down point.
-pub fn signal_points(s: &State) -> (Instant, Instant) {
+pub fn signal_points(s: &State) -> (Deadline, Deadline) {
     let step_down = s.step_down_at;
     match s.stopping {
-        None => (
-            step_down
-                .checked_sub(s.limits.kill_grace)
-                .unwrap_or(step_down),
-            step_down,
-        ),
+        None => (step_down - s.limits.kill_grace, step_down),
         // Proof that the lock is someone else's leaves no grace period.
         Some((_, term_sent)) if s.lost == Some(SUPERSEDED) => (term_sent, term_sent),
         Some((_, term_sent)) => (term_sent, (term_sent + s.limits.kill_grace).min(step_down)),
@@ -208,7 +205,7 @@ pub fn signal_points(s: &State) -> (Instant, Instant) {
 }
 
 /// `action` if `at` has come, else wait for it.
-fn due(now: Instant, at: Instant, action: Action) -> (Action, Option<Instant>) {
+fn due(now: Deadline, at: Deadline, action: Action) -> (Action, Option<Deadline>) {
     if now >= at {
         (action, None)
     } else {
@@ -231,13 +228,13 @@ mod tests {
     const STEP_DOWN: f64 = 8.9;
 
     struct Job {
-        t0: Instant,
+        t0: Deadline,
         state: State,
     }
 
     impl Job {
         fn new(min_hold: f64, max_hold: Option<f64>) -> Job {
-            let t0 = Instant::now();
+            let t0 = Deadline::from_boottime(Duration::from_secs(1_000));
             let limits = Limits {
                 kill_grace: GRACE,
                 min_hold: secs(min_hold),
@@ -249,11 +246,11 @@ mod tests {
             }
         }
 
-        fn at(&self, s: f64) -> Instant {
+        fn at(&self, s: f64) -> Deadline {
             self.t0 + secs(s)
         }
 
-        fn next(&self, s: f64) -> (Action, Option<Instant>) {
+        fn next(&self, s: f64) -> (Action, Option<Deadline>) {
             next(&self.state, self.at(s))
         }
 

@@ -14,14 +14,14 @@
 //!   runs the slot. A record that reached fewer than a quorum is logged as a warning; a later
 //!   run of the slot may then run it again.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tracing::{error, info, warn};
 
 use super::outcome::{Kind, Outcome};
 use super::report::Report;
 use super::EXIT_UNREACHABLE;
-use crate::clock;
+use crate::clock::{self, Deadline};
 use crate::config::{GuardConfig, Slot};
 use crate::lease;
 use crate::redlock::{quorum, slot_seen, timing, Lease, Redlock, SlotSeen};
@@ -41,10 +41,16 @@ pub async fn check(
     let seen = loop {
         let seen = slot_seen(&redlock.read_slot(&slot.id).await);
         let delay = timing::retry_delay(cfg.redlock.retry_delay, cfg.redlock.retry_max, attempt);
-        match read_again(&seen, clock::now(), delay, cfg.redlock.node_timeout, until) {
+        match read_again(
+            &seen,
+            Deadline::now(),
+            delay,
+            cfg.redlock.node_timeout,
+            until,
+        ) {
             Some(at) => {
                 attempt += 1;
-                clock::sleep_until(at).await;
+                clock::sleep_until_deadline(at).await;
             }
             None => break seen,
         }
@@ -89,19 +95,19 @@ pub async fn check(
 /// nothing was decided and that read (bounded by `node_timeout`) ends before `until`.
 fn read_again(
     seen: &SlotSeen,
-    now: Instant,
+    now: Deadline,
     delay: Duration,
     node_timeout: Duration,
-    until: Instant,
-) -> Option<Instant> {
+    until: Deadline,
+) -> Option<Deadline> {
     let at = now + delay;
     (*seen == SlotSeen::Unknown && at + node_timeout < until).then_some(at)
 }
 
 /// Reads of the record stop once the first renewal of `lease` is due: CMD then still starts
 /// with most of the validity ahead.
-fn read_until(lease: &Lease, cfg: &GuardConfig) -> Instant {
-    lease.acquired_at + cfg.renewal.interval
+fn read_until(lease: &Lease, cfg: &GuardConfig) -> Deadline {
+    Deadline::from_instant(lease.acquired_at) + cfg.renewal.interval
 }
 
 /// Records that `slot` ran under `lease` (CMD exited 0); logs whether a quorum has it.
@@ -122,7 +128,7 @@ mod tests {
 
     #[test]
     fn undecided_reads_are_repeated_only_while_one_more_ends_before_the_bound() {
-        let now = Instant::now();
+        let now = Deadline::from_boottime(Duration::from_secs(1_000));
         let (delay, timeout) = (Duration::from_millis(200), Duration::from_millis(50));
         let until = now + Duration::from_secs(1);
         assert_eq!(

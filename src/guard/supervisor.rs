@@ -33,7 +33,7 @@ use std::os::unix::process::CommandExt;
 use std::time::Duration;
 
 use super::tree;
-use crate::clock::{self, BootTimer};
+use crate::clock::{self, BootTimer, Deadline};
 
 /// The descriptor on which the supervisor reports to guard: `started PID` or `error ERRNO`.
 pub const REPORT_FD: i32 = 3;
@@ -59,11 +59,11 @@ pub struct Fence {
 }
 
 impl Fence {
-    /// The fence for SIGTERM at `term_at` and SIGKILL at `kill_at` (on [`clock::now`]'s clock).
-    pub fn at(term_at: std::time::Instant, kill_at: std::time::Instant) -> Fence {
+    /// The fence for SIGTERM at `term_at` and SIGKILL at `kill_at`.
+    pub fn at(term_at: Deadline, kill_at: Deadline) -> Fence {
         Fence {
-            term_at: clock::boottime_of(term_at),
-            kill_at: clock::boottime_of(kill_at),
+            term_at: term_at.boottime(),
+            kill_at: kill_at.boottime(),
         }
     }
 

@@ -34,6 +34,7 @@ pub async fn node_report(
     timeout: Duration,
 ) -> Result<NodeReport, NodeError> {
     let node = &redlock.nodes()[index];
+    // A round trip to report, not a deadline.
     let start = Instant::now();
     node.command::<String>(&redis::cmd("PING"), timeout).await?;
     let rtt = start.elapsed();

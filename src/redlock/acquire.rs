@@ -16,7 +16,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use rand::Rng;
 use tracing::warn;
@@ -26,7 +26,7 @@ use super::round::{
     AcquireParams, AcquireReply, AcquireRound, AcquireStep, Lost, NodeAnswer, RoundLost, Rules,
     TokenPlan,
 };
-use super::{clock, Answers, Lease, LockError, NodeError, NodeFacts, Op, Order, Redlock, ACQUIRE};
+use super::{Answers, Lease, LockError, NodeError, NodeFacts, Op, Order, Redlock, ACQUIRE};
 use crate::clock::Deadline;
 
 /// How often a node-set conflict is logged at most.
@@ -40,7 +40,7 @@ impl Redlock {
         let candidate = self.next_token(self.inner.fence_seen.load(Ordering::Relaxed));
         let node_set = self.round_node_set().await;
         let fingerprint = node_set.fingerprint.clone();
-        let start = clock::now();
+        let start = Deadline::now();
         let since = SystemTime::now();
         let mut answers = self.fan_out::<RawAcquireReply>(
             Op::Acquire,
@@ -62,11 +62,7 @@ impl Redlock {
             allow_evicting: cfg.allow_evicting_nodes,
             rules: Rules::ALL,
         };
-        let mut round = AcquireRound::new(
-            self.inner.nodes.len(),
-            params,
-            Deadline::from_instant(start),
-        );
+        let mut round = AcquireRound::new(self.inner.nodes.len(), params, start);
         let step = self.run_round(&mut round, &mut answers).await;
         let valid = round.validity();
         self.inner
@@ -104,7 +100,7 @@ impl Redlock {
         self.inner
             .fence_seen
             .fetch_max(fencing_token, Ordering::Relaxed);
-        let valid_until = match valid.at(Deadline::from_instant(clock::now())) {
+        let valid_until = match valid.at(Deadline::now()) {
             Ok(until) => until.to_instant(),
             Err(elapsed) => {
                 self.clean_up_everywhere(&value, &fingerprint).await;
@@ -114,7 +110,7 @@ impl Redlock {
         let lease = Lease {
             value,
             fencing_token,
-            acquired_at: start,
+            acquired_at: start.to_instant(),
             since,
             valid_until,
             renewals: 0,
@@ -145,7 +141,7 @@ impl Redlock {
         answers: &mut Answers<RawAcquireReply>,
     ) -> AcquireStep {
         loop {
-            let step = round.poll(Deadline::from_instant(clock::now()));
+            let step = round.poll(Deadline::now());
             if step != AcquireStep::Listen {
                 return step;
             }
@@ -241,13 +237,13 @@ impl Redlock {
     /// One line, at most once a minute: the operator must make every contender list the same
     /// nodes (or stop the old ones).
     fn log_node_set_conflict(&self, ours: &str, theirs: &str) {
-        let now = Instant::now();
+        let now = Deadline::now();
         let mut last = self
             .inner
             .conflict_logged_at
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        if last.is_none_or(|at| now.duration_since(at) >= CONFLICT_LOG_EVERY) {
+        if last.is_none_or(|at| now - at >= CONFLICT_LOG_EVERY) {
             *last = Some(now);
             warn!(
                 lock = %self.inner.cfg.lock,

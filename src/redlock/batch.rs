@@ -18,7 +18,7 @@
 //!   carries; its failure is each lock's failed vote.
 
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use redis::Script;
@@ -27,6 +27,7 @@ use tokio::sync::{oneshot, Notify};
 use super::round::extend::RawExtendReply;
 use super::transport::{Node, NodeError, NodeErrorKind, NodeFacts};
 use super::{scripts, Answers, Inner, Op};
+use crate::clock::{self, Deadline};
 
 static EXTEND_MANY: std::sync::LazyLock<Script> =
     std::sync::LazyLock::new(|| Script::new(scripts::EXTEND_MANY));
@@ -41,10 +42,10 @@ type Reply = Result<(RawExtendReply, Arc<NodeFacts>), NodeError>;
 struct Pending {
     keys: [String; 5],
     args: Vec<String>,
-    send_by: Instant,
+    send_by: Deadline,
     timeout: Duration,
     /// Told when the batch carrying it is sent.
-    sent: oneshot::Sender<Instant>,
+    sent: oneshot::Sender<Deadline>,
     reply: oneshot::Sender<Reply>,
 }
 
@@ -112,12 +113,12 @@ async fn send_batches(nodes: Weak<[Node]>, index: usize, queue: Arc<Queue>) {
             continue;
         };
         tokio::select! {
-            () = crate::clock::sleep_until(send_by) => {}
+            () = clock::sleep_until_deadline(send_by) => {}
             () = queue.changed.notified() => continue,
         }
         let mut batch =
             std::mem::take(&mut *queue.pending.lock().unwrap_or_else(|e| e.into_inner()));
-        let now = crate::clock::now();
+        let now = Deadline::now();
         for pending in &mut batch {
             let (gone, _) = oneshot::channel();
             let _ = std::mem::replace(&mut pending.sent, gone).send(now);
@@ -177,8 +178,8 @@ pub(super) async fn fan_out(
     batches: &Batches,
     args: &[String],
     left: Duration,
-) -> (Answers<RawExtendReply>, Instant) {
-    let asked = crate::clock::now();
+) -> (Answers<RawExtendReply>, Deadline) {
+    let asked = Deadline::now();
     let wait = hold(inner.cfg.ttl, left);
     let keys = inner.keys().map(str::to_owned);
     let mut sent_at = Vec::new();
@@ -209,7 +210,7 @@ pub(super) async fn fan_out(
                 let outcome = result.as_ref().map(|_| ()).map_err(|e| e.kind);
                 inner
                     .observer
-                    .node_call(index, Op::Extend, asked.elapsed(), outcome);
+                    .node_call(index, Op::Extend, Deadline::now() - asked, outcome);
                 (index, result)
             });
             call

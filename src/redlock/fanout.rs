@@ -177,6 +177,7 @@ impl Redlock {
                 // Counted now, so that a delete issued right after this returns waits for it.
                 let write = (order == Order::MayWrite).then(|| KeyWrite::start(&inner, index));
                 let call: BoxFuture<'static, Answer<T>> = Box::pin(async move {
+                    // The call's latency, for the metrics only: no deadline.
                     let start = Instant::now();
                     let result = if order == Order::AfterWrites {
                         inner.clone().delete_on::<T>(index, script, args).await
@@ -239,6 +240,7 @@ impl Redlock {
             .iter()
             .enumerate()
             .map(|(index, node)| async move {
+                // The read's latency, for the metrics only: no deadline.
                 let start = Instant::now();
                 let result = node.read_key(key, inner.cfg.node_timeout).await;
                 let outcome = result.as_ref().map(|_| ()).map_err(|e| e.kind);

@@ -167,11 +167,13 @@ pub struct Lease {
     value: String,
     /// The fencing token of this acquisition: greater than every earlier one.
     pub fencing_token: u64,
-    /// When the acquiring round started (monotonic).
+    /// When the acquiring round started, on [`clock::now`]'s scale (request locks read the
+    /// lease's times as `Instant`s; [`clock::Deadline::from_instant`] gives the deadline).
     pub acquired_at: Instant,
     /// Wall-clock time of the acquisition, for display.
     pub since: SystemTime,
-    /// The end of validity (monotonic): no node keeps our key past it without a renewal.
+    /// The end of validity (on [`clock::now`]'s scale): no node keeps our key past it without
+    /// a renewal.
     pub valid_until: Instant,
     /// Renewals so far: every [`PROOF_EVERY`]th one asks the nodes for their data-age proof.
     renewals: u32,
@@ -186,8 +188,8 @@ pub const PROOF_EVERY: u32 = 27;
 
 impl Lease {
     /// The validity left at `now`.
-    pub fn remaining_at(&self, now: Instant) -> Duration {
-        self.valid_until.saturating_duration_since(now)
+    pub fn remaining_at(&self, now: clock::Deadline) -> Duration {
+        clock::Deadline::from_instant(self.valid_until).saturating_duration_since(now)
     }
 
     /// The value written to the nodes (identity and random part).
@@ -237,7 +239,7 @@ struct Inner {
     /// Per node: whether its last judged answer did not count (see [`PROOF_EVERY`]).
     uncounted: Vec<std::sync::atomic::AtomicBool>,
     /// When a node-set conflict was last logged.
-    conflict_logged_at: std::sync::Mutex<Option<Instant>>,
+    conflict_logged_at: std::sync::Mutex<Option<clock::Deadline>>,
     /// The highest fencing counter seen, so the next candidate token starts above it.
     fence_seen: AtomicU64,
     /// The longest ttl (ms) any node's max-ttl register ever reported for this lock.
@@ -453,7 +455,7 @@ impl Redlock {
         let message = push::Acquired {
             identity: inner.cfg.identity.clone(),
             fencing_token: lease.fencing_token,
-            validity: lease.valid_until.saturating_duration_since(clock::now()),
+            validity: lease.remaining_at(clock::Deadline::now()),
             waiters: inner
                 .waiters_seen
                 .load(std::sync::atomic::Ordering::Relaxed),

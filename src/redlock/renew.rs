@@ -23,7 +23,8 @@ impl Redlock {
     /// [`LockError::Superseded`], so the holder steps down at once instead of retrying.
     pub async fn extend(&self, lease: &Lease) -> Result<Lease, LockError> {
         let cfg = &self.inner.cfg;
-        let start = clock::now();
+        let start = Deadline::now();
+        let valid_until = Deadline::from_instant(lease.valid_until);
         let args = vec![
             lease.value.clone(),
             cfg.ttl.as_millis().to_string(),
@@ -36,11 +37,11 @@ impl Redlock {
         let mut round = ExtendRound::new(
             self.inner.nodes.len(),
             cfg.ttl,
-            Deadline::from_instant(start),
-            Deadline::from_instant(lease.valid_until),
+            start,
+            valid_until,
             Rules::ALL,
         );
-        if round.poll(Deadline::from_instant(start)) == ExtendStep::Expired {
+        if round.poll(start) == ExtendStep::Expired {
             return Err(self.expired());
         }
         // An answer "key missing" calls for a restore: each node counts as writing our key
@@ -50,14 +51,14 @@ impl Redlock {
             .collect();
         let mut answers = match &self.inner.batches {
             Some(batches) => {
-                let left = lease.valid_until.saturating_duration_since(start);
+                let left = valid_until.saturating_duration_since(start);
                 let (answers, sent) = batch::fan_out(&self.inner, batches, &args, left).await;
                 // Measured from when the renewal went out, after its wait in the batch.
                 round = ExtendRound::new(
                     self.inner.nodes.len(),
                     cfg.ttl,
-                    Deadline::from_instant(sent),
-                    Deadline::from_instant(lease.valid_until),
+                    sent,
+                    valid_until,
                     Rules::ALL,
                 );
                 answers
@@ -108,14 +109,11 @@ impl Redlock {
         round: &mut ExtendRound,
         answers: &mut Answers<RawExtendReply>,
     ) -> ExtendStep {
-        let expiry = clock::sleep_until(
-            round
-                .poll_timeout()
-                .map_or_else(clock::now, Deadline::to_instant),
-        );
+        let expiry =
+            clock::sleep_until_deadline(round.poll_timeout().unwrap_or_else(Deadline::now));
         tokio::pin!(expiry);
         loop {
-            let step = round.poll(Deadline::from_instant(clock::now()));
+            let step = round.poll(Deadline::now());
             if step != ExtendStep::Listen {
                 return step;
             }

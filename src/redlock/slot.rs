@@ -82,6 +82,7 @@ impl Redlock {
         let writes = inner.nodes.iter().enumerate().map(|(index, node)| {
             let (keys, args) = (&keys, &args);
             async move {
+                // The write's latency, for the metrics only: no deadline.
                 let start = Instant::now();
                 let result = node
                     .eval::<i64>(&RECORD_SLOT, keys, args, inner.cfg.node_timeout)

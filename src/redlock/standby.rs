@@ -62,10 +62,10 @@
 //!   of a read of every node; with fewer waiters every three ttls): a crowd that has left
 //!   silences its reads for about a ttl, not for as long as the crowd was large.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::timing::CLOCK_DRIFT_FLOOR;
-use crate::clock::saturating_add;
+use crate::clock::Deadline;
 
 /// How long one waiter's share of a release wake-up is: the spread of the waiters' rounds
 /// grows by this much per waiter, so the first starts within about one slot.
@@ -131,7 +131,7 @@ pub enum Key {
     /// No key.
     Free,
     /// A key that lives at least until then (and is taken for held until read again).
-    Held(Instant),
+    Held(Deadline),
 }
 
 /// A keyspace event on the lock key.
@@ -205,7 +205,7 @@ pub struct Standby {
     /// A subscription came back: the next read is made for want of push.
     resubscribed: bool,
     /// A round scheduled by a release announcement.
-    round_at: Option<Instant>,
+    round_at: Option<Deadline>,
     /// The holder last announced, until the nodes show another or none.
     holder: Option<Announced>,
     /// Whom a quorum of the nodes showed holding the key at the last read or round.
@@ -223,16 +223,16 @@ pub struct Standby {
     /// The subscribers of a node's release channel, last counted: those a release wakes.
     release_watchers: Option<u64>,
     /// When the waiters were last counted (or the count was tried).
-    counted_at: Option<Instant>,
+    counted_at: Option<Deadline>,
     longest_ttl: Duration,
     poll_every: Duration,
-    last_read: Option<Instant>,
+    last_read: Option<Deadline>,
     /// The last read or busy round: what the nodes themselves showed.
-    checked_at: Option<Instant>,
+    checked_at: Option<Deadline>,
     /// Whether the next deadline's read is made or skipped.
     turn: Turn,
     /// The last read or skip: a skip keeps the pace of the reads before it.
-    paced_from: Option<Instant>,
+    paced_from: Option<Deadline>,
 }
 
 impl Standby {
@@ -263,7 +263,7 @@ impl Standby {
     }
 
     /// What to do at `now`, and until when to wait if nothing happens.
-    pub fn next(&self, now: Instant) -> (Action, Option<Instant>) {
+    pub fn next(&self, now: Deadline) -> (Action, Option<Deadline>) {
         if let Some(at) = self.round_at {
             return if now >= at {
                 (Action::Round, None)
@@ -278,7 +278,7 @@ impl Standby {
         }
         // A key is taken for gone only once a read or an event says so: until then it may
         // have been renewed.
-        let mut until: Vec<Instant> = self
+        let mut until: Vec<Deadline> = self
             .keys
             .iter()
             .filter_map(|key| match key {
@@ -312,7 +312,7 @@ impl Standby {
     /// announced.
     pub fn round_busy(
         &mut self,
-        started: Instant,
+        started: Deadline,
         held: &[bool],
         holder_ttl: Option<Duration>,
         holder: Option<&str>,
@@ -327,7 +327,7 @@ impl Standby {
         self.trust = Trust::Open;
         for (key, held) in self.keys.iter_mut().zip(held) {
             *key = match (held, holder_ttl) {
-                (true, Some(ttl)) => Key::Held(saturating_add(started, ttl)),
+                (true, Some(ttl)) => Key::Held(started + ttl),
                 _ => Key::Unknown,
             };
         }
@@ -335,17 +335,17 @@ impl Standby {
 
     /// Node `index` was read, starting at `started`: `Ok(Some(pttl))` a key living that much
     /// longer, `Ok(None)` no key, `Err(())` no answer.
-    pub fn read(&mut self, started: Instant, index: usize, answer: Result<Option<Duration>, ()>) {
+    pub fn read(&mut self, started: Deadline, index: usize, answer: Result<Option<Duration>, ()>) {
         self.last_read = Some(started);
         self.checked_at = Some(started);
         self.paced_from = Some(started);
         self.resubscribed = false;
         if let Some(key) = self.keys.get_mut(index) {
             *key = match answer {
-                Ok(Some(pttl)) => Key::Held(saturating_add(started, pttl)),
+                Ok(Some(pttl)) => Key::Held(started + pttl),
                 Ok(None) => Key::Free,
                 // Not known: read again later, and until then no round on its account.
-                Err(()) => Key::Held(saturating_add(started, self.poll_every)),
+                Err(()) => Key::Held(started + self.poll_every),
             };
         }
     }
@@ -377,7 +377,7 @@ impl Standby {
     /// A release by `identity` was announced by node `index`; `jitter` in [0, 1] picks the
     /// moment of the round within the spread. Returns false if the announcement is stale: the
     /// holder is known (announced, or shown by the nodes) and is someone else.
-    pub fn released(&mut self, now: Instant, index: usize, identity: &str, jitter: f64) -> bool {
+    pub fn released(&mut self, now: Deadline, index: usize, identity: &str, jitter: f64) -> bool {
         let announced = self.holder.as_ref().map(|h| h.identity.as_str());
         let known = [announced, self.on_nodes.as_deref()];
         if known.iter().any(Option::is_some) && !known.contains(&Some(identity)) {
@@ -398,7 +398,7 @@ impl Standby {
     }
 
     /// Schedules a round within the spread of `waking` waiters, unless one is scheduled already.
-    fn schedule_round(&mut self, now: Instant, jitter: f64, waking: u64) {
+    fn schedule_round(&mut self, now: Deadline, jitter: f64, waking: u64) {
         let waiters = u32::try_from(waking).unwrap_or(u32::MAX);
         let spread = (SPREAD_SLOT * waiters).min(SPREAD_MAX);
         let at = now + spread.mul_f64(jitter.clamp(0.0, 1.0));
@@ -410,7 +410,7 @@ impl Standby {
     /// still hold a key, a round is scheduled within the spread of the waiters that saw the
     /// same (`pushed`: every waiter heard it; otherwise only those whose turn it was to read),
     /// and the first winner's announcement stands the others down.
-    pub fn settle(&mut self, now: Instant, jitter: f64, pushed: bool) {
+    pub fn settle(&mut self, now: Deadline, jitter: f64, pushed: bool) {
         let held = self
             .keys
             .iter()
@@ -437,7 +437,7 @@ impl Standby {
 
     /// The deadline's read was left to others: the keys are taken for renewed at the pace of
     /// the last read (at least `poll_every`), and the next turn is drawn with `draw` in [0, 1].
-    pub fn skip(&mut self, now: Instant, draw: f64) {
+    pub fn skip(&mut self, now: Deadline, draw: f64) {
         let pace = self
             .paced_from
             .map_or(self.poll_every, |from| now.saturating_duration_since(from))
@@ -445,7 +445,7 @@ impl Standby {
         self.paced_from = Some(now);
         for key in &mut self.keys {
             if let Key::Held(until) = key {
-                *key = Key::Held(saturating_add(*until, pace));
+                *key = Key::Held(*until + pace);
             }
         }
         self.turn = self.draw_turn(draw);
@@ -474,7 +474,7 @@ impl Standby {
     /// now; a key whose expiry was read is never taken for living longer than that. So
     /// whatever it is told, a standby still reads at the key's own expiry, and a false
     /// announcement puts a round off by at most one ttl.
-    pub fn acquired(&mut self, now: Instant, announced: Announced, validity: Duration) -> bool {
+    pub fn acquired(&mut self, now: Deadline, announced: Announced, validity: Duration) -> bool {
         let known = self
             .holder
             .as_ref()
@@ -492,7 +492,7 @@ impl Standby {
         }
         self.trust = Trust::Pending;
         self.round_at = None;
-        let until = saturating_add(now, validity.min(self.longest_ttl));
+        let until = now + validity.min(self.longest_ttl);
         for key in &mut self.keys {
             *key = match *key {
                 Key::Free => Key::Held(until),
@@ -504,19 +504,17 @@ impl Standby {
     }
 
     /// A keyspace event on node `index`'s lock key.
-    pub fn key_event(&mut self, now: Instant, index: usize, event: KeyEvent) {
+    pub fn key_event(&mut self, now: Deadline, index: usize, event: KeyEvent) {
         // The write happened before we heard of it and set at most the longest ttl: the key
         // expires by then (a node clock that runs slow only makes the read early, which is
         // harmless: it reads the key again). Events can be forged: they never put the read
         // off for more than a few ttls after what the nodes last showed.
         let trusted_until = self.checked_at.map_or(now, |at| {
-            saturating_add(at, self.longest_ttl.saturating_mul(EVENTS_TRUSTED_TTLS))
+            at + self.longest_ttl.saturating_mul(EVENTS_TRUSTED_TTLS)
         });
         if let Some(key) = self.keys.get_mut(index) {
             *key = match event {
-                KeyEvent::Written => {
-                    Key::Held(saturating_add(now, self.longest_ttl).min(trusted_until))
-                }
+                KeyEvent::Written => Key::Held((now + self.longest_ttl).min(trusted_until)),
                 KeyEvent::Gone => Key::Free,
             };
         }
@@ -543,7 +541,7 @@ impl Standby {
 
     /// The number of waiters, as counted at `now` on a node (`PUBSUB NUMSUB`); 0 (no answer)
     /// keeps the last count, and the count is tried again later.
-    pub fn set_waiters(&mut self, now: Instant, waiters: u64) {
+    pub fn set_waiters(&mut self, now: Deadline, waiters: u64) {
         self.counted_at = Some(now);
         if waiters > 0 {
             self.waiters = waiters;
@@ -561,7 +559,7 @@ impl Standby {
     /// ttl, and while the count says to take turns, once it is half a ttl old (so about at
     /// every deadline). A count is what one node showed at one moment: a crowd that has left
     /// since must not silence this standby's reads for longer than about a ttl.
-    pub fn recount_due(&self, now: Instant) -> bool {
+    pub fn recount_due(&self, now: Deadline) -> bool {
         let every = if self.takes_turns() {
             self.longest_ttl / 2
         } else {

@@ -24,8 +24,8 @@ use tracing::info;
 use super::push::{Push, PushKind};
 use super::round::retry::{retry_until, Backoff};
 use super::standby::{Action, Announced, Standby, SPREAD_SLOT};
-use super::{clock, quorum, Lease, LockError, Redlock, Vote};
-use crate::clock::Deadline;
+use super::{quorum, Lease, LockError, Redlock, Vote};
+use crate::clock::{Clock, Deadline};
 
 /// Subscribers of a lock's channels on one node (0: not counted).
 #[derive(Clone, Copy, Debug, Default)]
@@ -37,7 +37,7 @@ struct Counted {
 }
 
 impl Counted {
-    fn apply_to(self, standby: &mut Standby, now: Instant) {
+    fn apply_to(self, standby: &mut Standby, now: Deadline) {
         standby.set_waiters(now, self.waiters);
         standby.set_release_watchers(self.watchers);
     }
@@ -70,11 +70,27 @@ impl Redlock {
     /// [`Redlock::acquire`], and `on_holder` sees every holder learnt between rounds (from a
     /// push or a read of the nodes; `None`: released).
     ///
-    /// While the lock is held by someone else, no round runs until the lock may be free: see
-    /// [`super::standby`] for what is read and when.
+    /// `deadline` is on [`crate::clock::now`]'s scale, for callers that keep `Instant`s;
+    /// [`Redlock::acquire_until`] takes a [`Deadline`].
     pub async fn acquire_watching(
         &self,
         deadline: Option<Instant>,
+        cancel: &CancellationToken,
+        on_attempt: impl FnMut(&Result<Lease, LockError>, Duration),
+        on_holder: impl FnMut(Option<HolderSeen>),
+    ) -> Result<Lease, LockError> {
+        let deadline = deadline.map(Deadline::from_instant);
+        self.acquire_until(deadline, cancel, on_attempt, on_holder)
+            .await
+    }
+
+    /// [`Redlock::acquire_watching`] with its deadline on the boot clock.
+    ///
+    /// While the lock is held by someone else, no round runs until the lock may be free: see
+    /// [`super::standby`] for what is read and when.
+    pub async fn acquire_until(
+        &self,
+        deadline: Option<Deadline>,
         cancel: &CancellationToken,
         mut on_attempt: impl FnMut(&Result<Lease, LockError>, Duration),
         mut on_holder: impl FnMut(Option<HolderSeen>),
@@ -100,10 +116,9 @@ impl Redlock {
         loop {
             // A started round is never abandoned half-way: it is short (node timeout) and
             // dropping it could leave keys behind until their ttl.
-            let round = Instant::now();
-            let started = clock::now();
+            let started = Deadline::now();
             let result = self.try_acquire().await;
-            on_attempt(&result, round.elapsed());
+            on_attempt(&result, Deadline::now() - started);
             let err = match result {
                 Ok(lease) => return Ok(lease),
                 Err(err) => err,
@@ -119,7 +134,7 @@ impl Redlock {
                 )
                 .await
             } else {
-                self.pause_before_retry(&mut waiting, &err, round, deadline, cancel)
+                self.pause_before_retry(&mut waiting, &err, started, deadline, cancel)
                     .await
             };
             match next {
@@ -136,8 +151,8 @@ impl Redlock {
         &self,
         waiting: &mut Waiting,
         err: &LockError,
-        started: Instant,
-        deadline: Option<Instant>,
+        started: Deadline,
+        deadline: Option<Deadline>,
         cancel: &CancellationToken,
         on_holder: &mut impl FnMut(Option<HolderSeen>),
     ) -> Watched {
@@ -167,7 +182,7 @@ impl Redlock {
             // Once: how many wait with us, so a release does not wake them all at once.
             waiting.counted_waiters = true;
             let counted = self.count_waiters().await;
-            counted.apply_to(standby, clock::now());
+            counted.apply_to(standby, Deadline::now());
         }
         standby.round_busy(
             started,
@@ -191,8 +206,8 @@ impl Redlock {
         &self,
         waiting: &mut Waiting,
         err: &LockError,
-        round: Instant,
-        deadline: Option<Instant>,
+        round: Deadline,
+        deadline: Option<Deadline>,
         cancel: &CancellationToken,
     ) -> Watched {
         let cfg = &self.inner.cfg;
@@ -206,14 +221,17 @@ impl Redlock {
             .backoff
             .delay_after(err, rand::rng().random_range(0.0..=1.0));
         if let Some(deadline) = deadline {
-            let next = Deadline::from_instant(round) + delay;
-            let until = retry_until(err, Deadline::from_instant(deadline), cfg.ttl, next);
-            let left = until.saturating_duration_since(Deadline::from_instant(Instant::now()));
+            let next = round + delay;
+            let until = retry_until(err, deadline, cfg.ttl, next);
+            let left = until.saturating_duration_since(Deadline::now());
             if left.is_zero() {
                 return Watched::Deadline;
             }
             delay = delay.min(left);
         }
+        // A pause, not a deadline: on Tokio's timer, which is cheap with hundreds of waiters
+        // (a timerfd per pause cost the 400-waiter test its holder's renewals); a suspend
+        // only makes it longer.
         let sleep = tokio::time::sleep(delay);
         tokio::pin!(sleep);
         loop {
@@ -283,20 +301,20 @@ impl Redlock {
         &self,
         standby: &mut Standby,
         pushes: &mut broadcast::Receiver<Push>,
-        deadline: Option<Instant>,
+        deadline: Option<Deadline>,
         cancel: &CancellationToken,
         on_holder: &mut impl FnMut(Option<HolderSeen>),
     ) -> Watched {
         let mut subscribed = self.inner.subscribed.subscribe();
         loop {
-            if deadline.is_some_and(|d| Instant::now() >= d) {
+            if deadline.is_some_and(|d| Deadline::now() >= d) {
                 return Watched::Deadline;
             }
             for (index, up) in subscribed.borrow_and_update().iter().enumerate() {
                 standby.subscription(index, *up);
             }
             // Re-read after anything that can move it.
-            let now = clock::now();
+            let now = Deadline::now();
             let (action, at) = standby.next(now);
             if matches!(action, Action::Read { .. } | Action::Skip) && standby.recount_due(now) {
                 // Counted before the turn is decided; then decide again at the new now.
@@ -317,20 +335,8 @@ impl Redlock {
                 }
                 Action::Wait => {}
             }
-            let wake = match (at, deadline) {
-                (Some(at), Some(deadline)) => {
-                    Some(at.min(clock::now() + deadline.saturating_duration_since(Instant::now())))
-                }
-                (at, deadline) => at
-                    .or(deadline
-                        .map(|d| clock::now() + d.saturating_duration_since(Instant::now()))),
-            };
-            let sleep = async {
-                match wake {
-                    Some(wake) => clock::sleep_until(wake).await,
-                    None => std::future::pending().await,
-                }
-            };
+            let wake = [at, deadline].into_iter().flatten().min();
+            let sleep = Clock::Boot.sleep_until_some(wake);
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => return Watched::Cancelled,
@@ -353,7 +359,7 @@ impl Redlock {
         standby: &mut Standby,
         on_holder: &mut impl FnMut(Option<HolderSeen>),
     ) {
-        let started = clock::now();
+        let started = Deadline::now();
         let reads = self.read_keys().await;
         let mut holders: Vec<(&str, usize)> = Vec::new();
         for (index, read) in reads.iter().enumerate() {
@@ -380,7 +386,7 @@ impl Redlock {
         standby.shown(shown);
         let mut rng = rand::rng();
         standby.turn_taken(rng.random_range(0.0..=1.0));
-        standby.settle(clock::now(), rng.random_range(0.0..=1.0), false);
+        standby.settle(Deadline::now(), rng.random_range(0.0..=1.0), false);
         if let Some(identity) = shown {
             on_holder(Some(HolderSeen {
                 identity: identity.to_owned(),
@@ -396,7 +402,7 @@ impl Redlock {
         push: Push,
         on_holder: &mut impl FnMut(Option<HolderSeen>),
     ) {
-        let now = clock::now();
+        let now = Deadline::now();
         match push.kind {
             PushKind::Released(identity) => {
                 let jitter = rand::rng().random_range(0.0..=1.0);

@@ -10,6 +10,11 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
+/// A start well after boot, so that times before it exist too.
+fn start() -> Deadline {
+    Deadline::from_boottime(Duration::from_secs(1_000))
+}
+
 fn subscribed(n: usize) -> Standby {
     let mut s = Standby::new(n, n / 2 + 1, TTL, POLL);
     for i in 0..n {
@@ -20,7 +25,7 @@ fn subscribed(n: usize) -> Standby {
 
 #[test]
 fn a_busy_round_sleeps_until_a_quorum_of_keys_may_have_expired() {
-    let t0 = Instant::now();
+    let t0 = start();
     let mut s = subscribed(3);
     s.round_busy(t0, &[true, true, true], Some(ms(8000)), None, 0);
     assert_eq!(
@@ -41,7 +46,7 @@ fn a_busy_round_sleeps_until_a_quorum_of_keys_may_have_expired() {
 
 #[test]
 fn a_crashed_holder_is_replaced_once_its_keys_are_read_gone() {
-    let t0 = Instant::now();
+    let t0 = start();
     let mut s = subscribed(3);
     s.round_busy(t0, &[true, true, false], Some(ms(500)), None, 0);
     // The node that was free is read first.
@@ -57,7 +62,7 @@ fn a_crashed_holder_is_replaced_once_its_keys_are_read_gone() {
 
 #[test]
 fn a_failed_read_is_read_again_later_and_starts_no_round() {
-    let t0 = Instant::now();
+    let t0 = start();
     let mut s = subscribed(3);
     s.round_busy(t0, &[true, true, true], Some(ms(5000)), None, 0);
     // Every read fails (a slow node, a busy client): no round, read again after a poll.
@@ -80,7 +85,7 @@ fn a_failed_read_is_read_again_later_and_starts_no_round() {
 
 #[test]
 fn a_failed_read_delays_the_round_by_at_most_a_poll() {
-    let t0 = Instant::now();
+    let t0 = start();
     let mut s = subscribed(3);
     s.round_busy(t0, &[true, true, true], Some(ms(500)), None, 0);
     let at = t0 + ms(500) + CLOCK_DRIFT_FLOOR;
@@ -97,7 +102,7 @@ fn a_failed_read_delays_the_round_by_at_most_a_poll() {
 
 #[test]
 fn a_release_schedules_a_spread_round_and_an_acquisition_stands_it_down() {
-    let t0 = Instant::now();
+    let t0 = start();
     let mut s = subscribed(3);
     s.set_waiters(t0, 1000);
     s.round_busy(t0, &[true, true, true], Some(TTL), Some("a"), 7);
@@ -127,7 +132,7 @@ fn a_release_schedules_a_spread_round_and_an_acquisition_stands_it_down() {
 
 #[test]
 fn a_release_is_spread_over_those_it_wakes_not_over_every_waiter() {
-    let t0 = Instant::now();
+    let t0 = start();
     let mut s = subscribed(1);
     s.set_waiters(t0, 1000);
     s.set_release_watchers(0);
@@ -173,7 +178,7 @@ fn watchers_count_again_within_a_ttl_and_then_every_few() {
 
 #[test]
 fn a_lone_waiter_starts_within_one_slot_and_the_spread_is_capped() {
-    let t0 = Instant::now();
+    let t0 = start();
     let mut s = subscribed(1);
     assert!(s.released(t0, 0, "a", 1.0));
     assert_eq!(s.next(t0), (Action::Wait, Some(t0 + SPREAD_SLOT)));
@@ -185,7 +190,7 @@ fn a_lone_waiter_starts_within_one_slot_and_the_spread_is_capped() {
 
 #[test]
 fn keyspace_events_move_the_deadline_without_reads() {
-    let t0 = Instant::now();
+    let t0 = start();
     let mut s = subscribed(1);
     s.round_busy(t0, &[true], Some(ms(3000)), None, 0);
     let renewal = t0 + ms(2000);
@@ -200,7 +205,7 @@ fn keyspace_events_move_the_deadline_without_reads() {
 
 #[test]
 fn keyspace_events_alone_put_the_read_off_by_at_most_three_ttls() {
-    let t0 = Instant::now();
+    let t0 = start();
     let mut s = subscribed(1);
     s.round_busy(t0, &[true], Some(ms(3000)), None, 0);
     // A write event every second (renewals, or forged ones).
@@ -220,7 +225,7 @@ fn keyspace_events_alone_put_the_read_off_by_at_most_three_ttls() {
 
 #[test]
 fn without_any_subscription_the_nodes_are_polled() {
-    let t0 = Instant::now();
+    let t0 = start();
     let mut s = Standby::new(1, 1, TTL, POLL);
     assert_eq!(s.next(t0), (Action::Read { fallback: true }, None));
     s.read(t0, 0, Ok(Some(ms(9000))));
@@ -243,7 +248,7 @@ fn without_any_subscription_the_nodes_are_polled() {
 
 #[test]
 fn a_round_called_for_by_reads_is_spread_over_the_waiters() {
-    let t0 = Instant::now();
+    let t0 = start();
     let mut s = subscribed(1);
     s.set_waiters(t0, 100);
     s.round_busy(t0, &[true], Some(ms(1000)), Some("a"), 1);
@@ -261,7 +266,7 @@ fn a_round_called_for_by_reads_is_spread_over_the_waiters() {
 }
 
 /// Reads every node at `at`, each showing a key that lives `pttl` longer.
-fn read_all(s: &mut Standby, at: Instant, pttl: Duration) {
+fn read_all(s: &mut Standby, at: Deadline, pttl: Duration) {
     for i in 0..3 {
         s.read(at, i, Ok(Some(pttl)));
     }
@@ -269,7 +274,7 @@ fn read_all(s: &mut Standby, at: Instant, pttl: Duration) {
 
 #[test]
 fn with_many_waiters_a_standby_reads_by_turns_and_follows_its_drawn_read() {
-    let t0 = Instant::now();
+    let t0 = start();
     let mut s = subscribed(3);
     s.set_waiters(t0, 10_000);
     s.round_busy(t0, &[true, true, true], Some(ms(8000)), None, 0);
@@ -303,7 +308,7 @@ fn with_many_waiters_a_standby_reads_by_turns_and_follows_its_drawn_read() {
 
 #[test]
 fn with_few_waiters_every_deadline_is_read() {
-    let t0 = Instant::now();
+    let t0 = start();
     let mut s = subscribed(3);
     s.set_waiters(t0, READERS);
     s.round_busy(t0, &[true, true, true], Some(ms(8000)), None, 0);
@@ -318,7 +323,7 @@ fn with_few_waiters_every_deadline_is_read() {
 
 #[test]
 fn a_standby_off_its_turn_still_reads_for_want_of_push_and_takes_a_release() {
-    let t0 = Instant::now();
+    let t0 = start();
     let mut s = subscribed(3);
     s.set_waiters(t0, 10_000);
     s.round_busy(t0, &[true, true, true], Some(ms(8000)), None, 0);
@@ -343,7 +348,7 @@ fn a_standby_off_its_turn_still_reads_for_want_of_push_and_takes_a_release() {
 
 #[test]
 fn the_waiters_are_counted_again_every_three_ttls_and_every_ttl_when_taking_turns() {
-    let t0 = Instant::now();
+    let t0 = start();
     let mut s = subscribed(3);
     // No answer: tried again later.
     s.set_waiters(t0, 0);
@@ -362,7 +367,7 @@ fn the_waiters_are_counted_again_every_three_ttls_and_every_ttl_when_taking_turn
 
 #[test]
 fn taking_turns_a_round_called_for_by_reads_is_spread_over_the_readers_only() {
-    let t0 = Instant::now();
+    let t0 = start();
     let mut s = subscribed(1);
     s.set_waiters(t0, 10_000);
     s.read(t0, 0, Ok(None));
@@ -378,7 +383,7 @@ fn taking_turns_a_round_called_for_by_reads_is_spread_over_the_readers_only() {
 
 #[test]
 fn an_acquisition_announced_after_its_holders_release_does_not_stand_the_round_down() {
-    let t0 = Instant::now();
+    let t0 = start();
     let mut s = subscribed(3);
     s.round_busy(t0, &[true, true, true], Some(TTL), None, 0);
     // "b" won, announced its acquisition and released at once; the release arrives
@@ -409,7 +414,7 @@ fn told(identity: &str, fencing_token: u64) -> Announced {
 
 #[test]
 fn an_announcement_that_is_not_news_changes_nothing() {
-    let t0 = Instant::now();
+    let t0 = start();
     let mut s = subscribed(1);
     s.round_busy(t0, &[true], Some(ms(2000)), Some("a"), 100);
     let before = s.clone();
@@ -426,7 +431,7 @@ fn an_announcement_that_is_not_news_changes_nothing() {
 
 #[test]
 fn an_announced_validity_never_puts_a_read_past_the_keys_expiry_nor_past_a_ttl() {
-    let t0 = Instant::now();
+    let t0 = start();
     let mut s = subscribed(3);
     s.round_busy(t0, &[true, true, true], Some(ms(500)), Some("a"), 100);
     // An hour claimed: the keys read expire in 500 ms, and they are read then.
@@ -450,7 +455,7 @@ fn an_announced_validity_never_puts_a_read_past_the_keys_expiry_nor_past_a_ttl()
 
 #[test]
 fn a_false_holder_is_forgotten_once_the_nodes_show_another_and_its_token_with_it() {
-    let t0 = Instant::now();
+    let t0 = start();
     let mut s = subscribed(1);
     s.round_busy(t0, &[true], Some(ms(1000)), Some("a"), 100);
     assert!(s.acquired(t0, told("ghost", MAX_TOKEN), Duration::from_secs(3600)));
@@ -473,7 +478,7 @@ fn a_false_holder_is_forgotten_once_the_nodes_show_another_and_its_token_with_it
 
 #[test]
 fn a_forged_token_under_the_holders_name_does_not_make_the_next_holder_stale() {
-    let t0 = Instant::now();
+    let t0 = start();
     let mut s = subscribed(1);
     s.round_busy(t0, &[true], Some(ms(1000)), Some("a"), 100);
     assert!(s.acquired(t0, told("a", MAX_TOKEN), TTL));
@@ -497,7 +502,7 @@ fn a_forged_token_under_the_holders_name_does_not_make_the_next_holder_stale() {
 #[test]
 fn a_stream_of_false_announcements_puts_a_round_off_by_at_most_one_ttl() {
     for with_releases in [false, true] {
-        let t0 = Instant::now();
+        let t0 = start();
         let mut s = subscribed(3);
         s.round_busy(t0, &[true, true, true], Some(ms(1000)), Some("a"), 100);
         // The holder crashed at t0; its keys are gone from `gone` on. Every 10 ms of it:
@@ -549,7 +554,7 @@ proptest::proptest! {
         )
     ) {
         let names = ["a", "ghost", "b"];
-        let t0 = Instant::now();
+        let t0 = start();
         let gone = t0 + ms(1000);
         let mut s = subscribed(3);
         s.round_busy(t0, &[true, true, true], Some(gone - t0), Some("a"), 100);

@@ -10,7 +10,9 @@
 //!   fingerprint names the node by it (see `votes`, rule 7). The
 //!   eviction policy can change under a live connection: it is read again in the
 //!   background once it is older than [`FACTS_MAX_AGE`].
-//! - Every call is bounded by the caller's timeout: a hung node costs at most that.
+//! - Every call is bounded by the caller's timeout: a hung node costs at most that. The bound
+//!   is relative, on Tokio's timer (cheap on every call); a host suspend can only make a
+//!   call fail, never stretch a lease: validity is judged on the boot clock.
 //! - Scripts go by `EVALSHA`, falling back to `EVAL` when the node does not know them
 //!   (after a restart, say).
 //! - A node may be a Sentinel group (`redis+sentinel://`): each connection is made to the

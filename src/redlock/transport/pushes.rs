@@ -34,6 +34,7 @@ impl Node {
         _dropped: Option<&str>,
         timeout: Duration,
     ) -> Result<Pushes, NodeError> {
+        // The call's own relative bound, on Tokio's timer (see `node`).
         let deadline = tokio::time::Instant::now() + timeout;
         let (conn, facts, id) = self.connection_quiet(timeout).await?;
         if !facts.push {
