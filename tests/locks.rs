@@ -301,6 +301,33 @@ async fn a_lease_is_kept_by_keepalives_released_by_delete_and_tokens_grow() {
     }
 }
 
+/// A sidecar keeps a name's engine lock between cycles (a hot name pays its set-up once): every
+/// acquisition still runs its own round on the nodes, sees a holder that came in between, and
+/// takes a token above that holder's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_kept_between_cycles_still_asks_the_nodes_and_its_tokens_grow() {
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let a = Sidecar::start("a", &cluster, &[]).await;
+    let b = Sidecar::start("b", &cluster, &[]).await;
+    let mut last = 0;
+    for _ in 0..3 {
+        // A cycle in `a`: its engine lock for the name is kept, idle, afterwards.
+        let mine = a.post("/v1/locks/hot?ttl=5s").await;
+        assert!(mine.token() > last, "{mine:?} after {last}");
+        let path = format!("/v1/locks/hot/{}", mine.lease());
+        assert_eq!(a.delete(&path).await.status, 200);
+        // Meanwhile `b` takes the name: `a`'s kept lock must see it on the nodes.
+        let theirs = b.post("/v1/locks/hot?ttl=5s").await;
+        assert!(theirs.token() > mine.token(), "{theirs:?} after {mine:?}");
+        let busy = a.post("/v1/locks/hot?ttl=5s").await;
+        assert_eq!(busy.status, 409, "{busy:?}");
+        assert_eq!(busy.json()["holder"], "b", "{busy:?}");
+        let path = format!("/v1/locks/hot/{}", theirs.lease());
+        assert_eq!(b.delete(&path).await.status, 200);
+        last = theirs.token();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_lease_is_released_after_its_ttl_and_a_waiter_gets_it() {
     let cluster = tokio::task::block_in_place(ready_cluster);
