@@ -6,9 +6,10 @@
 //!   arrival order; only the one whose turn it is runs the engine's acquisition, which waits
 //!   for the release announcement (pub/sub) rather than polling. A request whose wait ends
 //!   before its turn comes answers busy with the holder last seen.
-//! - **Acquisitions are never dropped half-way.** The engine's acquisition runs in its own
-//!   task; a client that goes away cancels it, and a lock won for a client that went away is
-//!   released at once.
+//! - **Acquisitions are never dropped half-way.** The engine's acquisition runs in the
+//!   request's own task (no spawn, no hand-over between threads); a client that goes away
+//!   cancels it, its rest then runs as a task of its own, and a lock won for a client that
+//!   went away is released at once.
 //! - **Bounded.** At most `max_leases` leases held plus acquisitions waiting; past that,
 //!   [`Refused::TooMany`].
 //! - **Ended leases are remembered** for a minute or one ttl, whichever is longer (or until
@@ -34,7 +35,10 @@
 //!   at the start of every round, not when the name was opened.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, watch, Notify};
@@ -58,6 +62,10 @@ const REMEMBER_ENDED: Duration = Duration::from_secs(60);
 /// How long a name nobody uses keeps its engine lock: long enough for a request loop on one
 /// name to come back, short enough that subscriptions of names nobody locks go soon.
 pub const IDLE_KEEP: Duration = Duration::from_secs(5);
+
+/// How long a lease's task waits on Tokio's timer before a boot-clock timer (see
+/// [`sleep_cheaply_until`]).
+const FIRST_WAITS_ON_TOKIO: Duration = Duration::from_millis(50);
 
 /// The most names kept without use at once (each keeps a subscription on every node).
 pub const MAX_IDLE_NAMES: usize = 128;
@@ -312,8 +320,9 @@ impl<E: LockEngine> Locks<E> {
         let (tx, rx) = oneshot::channel();
         let this = Arc::clone(self);
         let run = cancel.clone();
-        // Its own task: an acquisition is never dropped half-way (see the module doc).
-        tokio::spawn(async move {
+        // Run here (no task of its own, no hand-over between threads), but never dropped
+        // half-way: if this request goes away first, the rest runs as its own task.
+        FinishOnDrop::new(async move {
             let _turn = turn;
             let result = if released_here(&slot, deadline, &run).await {
                 let seen = Arc::clone(&slot);
@@ -345,7 +354,9 @@ impl<E: LockEngine> Locks<E> {
                     let _ = tx.send(Err(failed));
                 }
             }
-        });
+        })
+        .run()
+        .await;
         match rx.await {
             Ok(Ok(granted)) => Ok(granted),
             Ok(Err(AcquireFailed::Held { holder })) => Err(Refused::Held { holder }),
@@ -477,6 +488,7 @@ impl<E: LockEngine> Locks<E> {
         mut lease: <E::Name as NameLock>::Lease,
         ttl: Duration,
     ) {
+        let cheap_until = clock::now() + FIRST_WAITS_ON_TOKIO;
         let end = loop {
             if held.stop.is_cancelled() {
                 slot.lock.release(&lease).await;
@@ -521,7 +533,7 @@ impl<E: LockEngine> Locks<E> {
                         biased;
                         _ = held.stop.cancelled() => {}
                         _ = held.wake.notified() => {}
-                        _ = clock::sleep_until(at) => {}
+                        _ = sleep_cheaply_until(at, cheap_until) => {}
                     }
                 }
             }
@@ -712,6 +724,20 @@ impl<E: LockEngine> Locks<E> {
     }
 }
 
+/// Sleeps until `at` on the boot clock; before `cheap_until`, on Tokio's timer instead, in
+/// one slice that ends there at the latest (the caller decides again when it ends). A boot
+/// clock timer costs a timer descriptor and its registration (five system calls); most
+/// request locks are released within milliseconds, before they would need one. A suspend
+/// during the slice delays that decision by at most the slice.
+async fn sleep_cheaply_until(at: Instant, cheap_until: Instant) {
+    let now = clock::now();
+    if now < cheap_until {
+        tokio::time::sleep(at.min(cheap_until).saturating_duration_since(now)).await;
+    } else {
+        clock::sleep_until(at).await;
+    }
+}
+
 /// Drops idle slots when their time comes, while any is idle and the service lives.
 async fn sweep_idle<E: LockEngine>(locks: Weak<Locks<E>>) {
     loop {
@@ -782,6 +808,44 @@ struct Claim<E: LockEngine> {
 impl<E: LockEngine> Drop for Claim<E> {
     fn drop(&mut self) {
         self.locks.give_back(&self.key);
+    }
+}
+
+/// A future run in place that, if dropped before it finishes, finishes as a task of its own:
+/// the cheap way to run work that must never stop half-way (an acquisition round may have
+/// written keys) from a request whose client may go away.
+struct FinishOnDrop<F: Future<Output = ()> + Send + 'static>(Option<Pin<Box<F>>>);
+
+impl<F: Future<Output = ()> + Send + 'static> FinishOnDrop<F> {
+    fn new(work: F) -> Self {
+        FinishOnDrop(Some(Box::pin(work)))
+    }
+
+    /// Runs the work to its end here.
+    async fn run(mut self) {
+        std::future::poll_fn(|cx| match self.0.as_mut() {
+            Some(work) => {
+                let done = work.as_mut().poll(cx);
+                if done.is_ready() {
+                    self.0 = None;
+                }
+                done
+            }
+            None => Poll::Ready(()),
+        })
+        .await
+    }
+}
+
+impl<F: Future<Output = ()> + Send + 'static> Drop for FinishOnDrop<F> {
+    fn drop(&mut self) {
+        if let Some(work) = self.0.take() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn(work)),
+                // No runtime (it is shutting down): nothing can run any more.
+                Err(_) => drop(work),
+            }
+        }
     }
 }
 
@@ -1023,6 +1087,38 @@ mod tests {
             .await;
         assert_eq!(refused.unwrap_err(), Refused::Held { holder: None });
         assert_eq!(nodes.busy_rounds.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn work_dropped_half_way_finishes_as_its_own_task() {
+        let go = Arc::new(Notify::new());
+        let done = Arc::new(AtomicUsize::new(0));
+        let run = FinishOnDrop::new({
+            let (go, done) = (Arc::clone(&go), Arc::clone(&done));
+            async move {
+                go.notified().await;
+                done.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+        .run();
+        // Started, then dropped while it waits (its request went away).
+        let started = tokio::time::timeout(Duration::from_millis(20), run).await;
+        assert!(started.is_err(), "it waits for `go`");
+        go.notify_one();
+        until(|| done.load(Ordering::SeqCst) == 1).await;
+    }
+
+    #[tokio::test]
+    async fn work_run_to_its_end_runs_once() {
+        let done = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&done);
+        FinishOnDrop::new(async move {
+            counted.fetch_add(1, Ordering::SeqCst);
+        })
+        .run()
+        .await;
+        tokio::task::yield_now().await;
+        assert_eq!(done.load(Ordering::SeqCst), 1);
     }
 
     /// Waits (with a deadline) until `done`.
