@@ -149,6 +149,17 @@ impl NameLock for RedlockName {
         cancel: CancellationToken,
         mut on_holder: impl FnMut(Option<String>) + Send + 'static,
     ) -> Result<redlock::Lease, AcquireFailed> {
+        // A free name is won by one round, without the subscriptions a wait needs (through
+        // them every later announcement of the name would reach this sidecar): the common,
+        // uncontended case. A held name with no time left to wait answers busy at once.
+        // Anything else goes on to wait, which starts with a round of its own.
+        match self.redlock.try_acquire().await {
+            Ok(lease) => return Ok(lease),
+            Err(LockError::Busy { holder, .. }) if crate::clock::now() >= deadline => {
+                return Err(AcquireFailed::Held { holder });
+            }
+            Err(_) => {}
+        }
         let result = self
             .redlock
             .acquire_watching(
