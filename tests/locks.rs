@@ -328,6 +328,70 @@ async fn a_name_kept_between_cycles_still_asks_the_nodes_and_its_tokens_grow() {
     }
 }
 
+/// Subscribers of `name`'s acquisition channel on the cluster's first node.
+fn acquisition_subscribers(cluster: &RedisCluster, name: &str) -> u64 {
+    let channel = format!("redlock:{{app:{name}}}:acquired");
+    let numsub = cluster.node(0).command(&["PUBSUB", "NUMSUB", &channel]);
+    numsub
+        .lines()
+        .last()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("NUMSUB answer {numsub:?}"))
+}
+
+/// A free name is won by one round without subscribing; a name that had to wait subscribes,
+/// keeps its subscription while the sidecar keeps the name idle (5 s), then drops it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_free_name_is_won_without_subscribing_and_an_idle_name_lets_go_after_a_while() {
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let holder = Sidecar::start("holder", &cluster, &[]).await;
+    let a = Sidecar::start("a", &cluster, &[]).await;
+    for _ in 0..5 {
+        let mine = a.post("/v1/locks/free?ttl=5s").await;
+        let path = format!("/v1/locks/free/{}", mine.lease());
+        assert_eq!(a.delete(&path).await.status, 200);
+    }
+    let held = holder.post("/v1/locks/waited?ttl=5s").await;
+    let control = a.control;
+    let waiter = tokio::spawn(async move {
+        call(
+            control,
+            "POST",
+            "/v1/locks/waited?ttl=5s&wait=20s",
+            None,
+            DEADLINE,
+        )
+        .await
+        .unwrap()
+    });
+    support::wait_until_async(DEADLINE, "the waiting request subscribes", || async {
+        acquisition_subscribers(&cluster, "waited") == 1
+    })
+    .await;
+    assert_eq!(
+        acquisition_subscribers(&cluster, "free"),
+        0,
+        "five uncontended cycles subscribed"
+    );
+    let path = format!("/v1/locks/waited/{}", held.lease());
+    assert_eq!(holder.delete(&path).await.status, 200);
+    let won = waiter.await.unwrap();
+    let path = format!("/v1/locks/waited/{}", won.lease());
+    assert_eq!(a.delete(&path).await.status, 200);
+    let idle_since = Instant::now();
+    support::wait_until_async(
+        DEADLINE,
+        "the idle name lets its subscription go",
+        || async { acquisition_subscribers(&cluster, "waited") == 0 },
+    )
+    .await;
+    let kept = idle_since.elapsed();
+    assert!(
+        kept >= Duration::from_secs(4),
+        "the idle name was kept {kept:?}, not its idle time"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_lease_is_released_after_its_ttl_and_a_waiter_gets_it() {
     let cluster = tokio::task::block_in_place(ready_cluster);
