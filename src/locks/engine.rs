@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
+use crate::redlock::round::retry::backoff_delay;
 use crate::redlock::{self, LockError, NoObserver, Redlock, RedlockConfig};
 
 /// Why an acquisition ended without a lease.
@@ -158,7 +159,18 @@ impl NameLock for RedlockName {
             Err(LockError::Busy { holder, .. }) if crate::clock::now() >= deadline => {
                 return Err(AcquireFailed::Held { holder });
             }
-            Err(_) => {}
+            Err(LockError::Busy { .. }) => {}
+            Err(_) => {
+                // The first backoff pause the wait would take after such a round (a split
+                // vote, nodes down): contenders that split do not meet again at once.
+                let cfg = self.redlock.config();
+                let pause = backoff_delay(cfg.retry_delay, cfg.retry_max, 0, rand::random());
+                tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => return Err(AcquireFailed::Cancelled),
+                    _ = tokio::time::sleep(pause) => {}
+                }
+            }
         }
         let result = self
             .redlock

@@ -1,10 +1,10 @@
 //! Which names nobody uses are kept, and for how long: a pure decision over (state, now).
 //!
-//! A name's engine lock costs something to open (its subscriptions on every node, its
-//! per-node state), so a name that a request loop locks again and again keeps its engine lock
-//! between cycles. Kept only a short while ([`IdleNames::keep`]) and only so many at once
-//! ([`IdleNames::max`]): the table never grows with the number of distinct names, and a name
-//! nobody comes back to is dropped (its subscriptions end).
+//! A name's engine lock costs something to open (its keys and per-node state, and once it has
+//! waited, its subscriptions on every node), so a name that a request loop locks again and
+//! again keeps its engine lock between cycles. Kept only a short while ([`IdleNames::keep`])
+//! and only so many at once ([`IdleNames::max`]): the table never grows with the number of
+//! distinct names, and a name nobody comes back to is dropped (its subscriptions end).
 //!
 //! ## Behaviour
 //! - A name that goes idle joins the back of the queue; a name used again leaves it.

@@ -25,8 +25,9 @@
 //!   answer names the holder the nodes report.
 //! - **A name in use keeps its engine lock**, and keeps it [`IDLE_KEEP`] after its last
 //!   request or lease ended (at most [`MAX_IDLE_NAMES`] such names; past that the one idle
-//!   longest goes), so a request loop on one hot name pays the engine lock's set-up
-//!   (subscriptions on every node, per-node state) once, not every cycle (see [`super::idle`]).
+//!   longest goes), so a request loop on one hot name pays the engine lock's set-up (keys,
+//!   per-node state, and its subscriptions once it has waited) once, not every cycle (see
+//!   [`super::idle`]).
 //!   Reuse weakens no rule: every acquisition runs a fresh round on the nodes with a new random
 //!   value; what the engine lock keeps between rounds only raises the bar: the highest fencing
 //!   counter seen (the next candidate starts above it, and the nodes' counters still decide),
@@ -412,7 +413,11 @@ impl<E: LockEngine> Locks<E> {
         let Some((_, users)) = table.slots.get_mut(key) else {
             return;
         };
-        *users = users.saturating_sub(1);
+        if *users == 0 {
+            // Already idle (a give-back without a take): it is in the idle queue once.
+            return;
+        }
+        *users -= 1;
         if *users > 0 {
             return;
         }
