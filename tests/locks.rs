@@ -388,6 +388,97 @@ async fn distinct_names_leave_no_key_of_their_own_and_each_names_tokens_still_gr
     }
 }
 
+/// A sidecar keeps a name's engine lock between cycles (a hot name pays its set-up once): every
+/// acquisition still runs its own round on the nodes, sees a holder that came in between, and
+/// takes a token above that holder's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_kept_between_cycles_still_asks_the_nodes_and_its_tokens_grow() {
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let a = Sidecar::start("a", &cluster, &[]).await;
+    let b = Sidecar::start("b", &cluster, &[]).await;
+    let mut last = 0;
+    for _ in 0..3 {
+        // A cycle in `a`: its engine lock for the name is kept, idle, afterwards.
+        let mine = a.post("/v1/locks/hot?ttl=5s").await;
+        assert!(mine.token() > last, "{mine:?} after {last}");
+        let path = format!("/v1/locks/hot/{}", mine.lease());
+        assert_eq!(a.delete(&path).await.status, 200);
+        // Meanwhile `b` takes the name: `a`'s kept lock must see it on the nodes.
+        let theirs = b.post("/v1/locks/hot?ttl=5s").await;
+        assert!(theirs.token() > mine.token(), "{theirs:?} after {mine:?}");
+        let busy = a.post("/v1/locks/hot?ttl=5s").await;
+        assert_eq!(busy.status, 409, "{busy:?}");
+        assert_eq!(busy.json()["holder"], "b", "{busy:?}");
+        let path = format!("/v1/locks/hot/{}", theirs.lease());
+        assert_eq!(b.delete(&path).await.status, 200);
+        last = theirs.token();
+    }
+}
+
+/// Subscribers of `name`'s acquisition channel on the cluster's first node.
+fn acquisition_subscribers(cluster: &RedisCluster, name: &str) -> u64 {
+    let channel = format!("redlock:{{app:{name}}}:acquired");
+    let numsub = cluster.node(0).command(&["PUBSUB", "NUMSUB", &channel]);
+    numsub
+        .lines()
+        .last()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("NUMSUB answer {numsub:?}"))
+}
+
+/// A free name is won by one round without subscribing; a name that had to wait subscribes,
+/// keeps its subscription while the sidecar keeps the name idle (5 s), then drops it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_free_name_is_won_without_subscribing_and_an_idle_name_lets_go_after_a_while() {
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let holder = Sidecar::start("holder", &cluster, &[]).await;
+    let a = Sidecar::start("a", &cluster, &[]).await;
+    for _ in 0..5 {
+        let mine = a.post("/v1/locks/free?ttl=5s").await;
+        let path = format!("/v1/locks/free/{}", mine.lease());
+        assert_eq!(a.delete(&path).await.status, 200);
+    }
+    let held = holder.post("/v1/locks/waited?ttl=5s").await;
+    let control = a.control;
+    let waiter = tokio::spawn(async move {
+        call(
+            control,
+            "POST",
+            "/v1/locks/waited?ttl=5s&wait=20s",
+            None,
+            DEADLINE,
+        )
+        .await
+        .unwrap()
+    });
+    support::wait_until_async(DEADLINE, "the waiting request subscribes", || async {
+        acquisition_subscribers(&cluster, "waited") == 1
+    })
+    .await;
+    assert_eq!(
+        acquisition_subscribers(&cluster, "free"),
+        0,
+        "five uncontended cycles subscribed"
+    );
+    let path = format!("/v1/locks/waited/{}", held.lease());
+    assert_eq!(holder.delete(&path).await.status, 200);
+    let won = waiter.await.unwrap();
+    let path = format!("/v1/locks/waited/{}", won.lease());
+    assert_eq!(a.delete(&path).await.status, 200);
+    let idle_since = Instant::now();
+    support::wait_until_async(
+        DEADLINE,
+        "the idle name lets its subscription go",
+        || async { acquisition_subscribers(&cluster, "waited") == 0 },
+    )
+    .await;
+    let kept = idle_since.elapsed();
+    assert!(
+        kept >= Duration::from_secs(4),
+        "the idle name was kept {kept:?}, not its idle time"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_lease_is_released_after_its_ttl_and_a_waiter_gets_it() {
     let cluster = tokio::task::block_in_place(ready_cluster);

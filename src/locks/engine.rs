@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
+use crate::redlock::round::retry::backoff_delay;
 use crate::redlock::{self, LockError, NoObserver, Redlock, RedlockConfig};
 
 /// Why an acquisition ended without a lease.
@@ -154,6 +155,28 @@ impl NameLock for RedlockName {
         cancel: CancellationToken,
         mut on_holder: impl FnMut(Option<String>) + Send + 'static,
     ) -> Result<redlock::Lease, AcquireFailed> {
+        // A free name is won by one round, without the subscriptions a wait needs (through
+        // them every later announcement of the name would reach this sidecar): the common,
+        // uncontended case. A held name with no time left to wait answers busy at once.
+        // Anything else goes on to wait, which starts with a round of its own.
+        match self.redlock.try_acquire().await {
+            Ok(lease) => return Ok(lease),
+            Err(LockError::Busy { holder, .. }) if crate::clock::now() >= deadline => {
+                return Err(AcquireFailed::Held { holder });
+            }
+            Err(LockError::Busy { .. }) => {}
+            Err(_) => {
+                // The first backoff pause the wait would take after such a round (a split
+                // vote, nodes down): contenders that split do not meet again at once.
+                let cfg = self.redlock.config();
+                let pause = backoff_delay(cfg.retry_delay, cfg.retry_max, 0, rand::random());
+                tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => return Err(AcquireFailed::Cancelled),
+                    _ = tokio::time::sleep(pause) => {}
+                }
+            }
+        }
         let result = self
             .redlock
             .acquire_watching(

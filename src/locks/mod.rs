@@ -13,6 +13,7 @@
 //! | [`lease_id`] | lease ids: 128 random bits |
 //! | [`keepalive`] | when a lease is renewed, released or lost: a pure decision |
 //! | [`engine`] | the seam to the Redlock engine, and its namespace |
+//! | [`idle`] | which names nobody uses keep their engine lock, and how long |
 //! | [`service`] | the lease table, waiters, the lease tasks, shutdown |
 //! | [`routes`] | the `/v1/locks` routes |
 //! | [`dapr`] | Dapr's lock API |
@@ -20,6 +21,7 @@
 pub mod bounds;
 pub mod dapr;
 pub mod engine;
+pub mod idle;
 pub mod keepalive;
 pub mod lease_id;
 pub mod routes;

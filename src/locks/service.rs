@@ -6,9 +6,10 @@
 //!   arrival order; only the one whose turn it is runs the engine's acquisition, which waits
 //!   for the release announcement (pub/sub) rather than polling. A request whose wait ends
 //!   before its turn comes answers busy with the holder last seen.
-//! - **Acquisitions are never dropped half-way.** The engine's acquisition runs in its own
-//!   task; a client that goes away cancels it, and a lock won for a client that went away is
-//!   released at once.
+//! - **Acquisitions are never dropped half-way.** The engine's acquisition runs in the
+//!   request's own task (no spawn, no hand-over between threads); a client that goes away
+//!   cancels it, its rest then runs as a task of its own, and a lock won for a client that
+//!   went away is released at once.
 //! - **Bounded.** At most `max_leases` leases held plus acquisitions waiting; past that,
 //!   [`Refused::TooMany`].
 //! - **Ended leases are remembered** for a minute or one ttl, whichever is longer (or until
@@ -22,10 +23,23 @@
 //!   come back from Redis. Safe: the round on the nodes decides, as for any other waiter; the
 //!   local signal only says when to try. Past its wait it still runs one round, so a busy
 //!   answer names the holder the nodes report.
-//! - A name's engine lock lives while the name is held or waited for, then is dropped.
+//! - **A name in use keeps its engine lock**, and keeps it [`IDLE_KEEP`] after its last
+//!   request or lease ended (at most [`MAX_IDLE_NAMES`] such names; past that the one idle
+//!   longest goes), so a request loop on one hot name pays the engine lock's set-up (keys,
+//!   per-node state, and its subscriptions once it has waited) once, not every cycle (see
+//!   [`super::idle`]).
+//!   Reuse weakens no rule: every acquisition runs a fresh round on the nodes with a new random
+//!   value; what the engine lock keeps between rounds only raises the bar: the highest fencing
+//!   counter seen (the next candidate starts above it, and the nodes' counters still decide),
+//!   the longest ttl seen (the data-age proof asked of a node), and which nodes did not count
+//!   last (their proof is asked on every renewal). The node set is read from the connections
+//!   at the start of every round, not when the name was opened.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, Weak};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, watch, Notify};
@@ -33,6 +47,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::engine::{AcquireFailed, EngineLease, ExtendFailed, LockEngine, NameLock};
+use super::idle::IdleNames;
 use super::keepalive::{Keepalive, Step};
 use super::lease_id::LeaseId;
 use crate::clock;
@@ -44,6 +59,17 @@ const RELEASE_ANSWER_WITHIN: Duration = Duration::from_secs(5);
 
 /// Least time an ended lease (lost, abandoned) is remembered after its end.
 const REMEMBER_ENDED: Duration = Duration::from_secs(60);
+
+/// How long a name nobody uses keeps its engine lock: long enough for a request loop on one
+/// name to come back, short enough that subscriptions of names nobody locks go soon.
+pub const IDLE_KEEP: Duration = Duration::from_secs(5);
+
+/// How long a lease's task waits on Tokio's timer before a boot-clock timer (see
+/// [`sleep_cheaply_until`]).
+const FIRST_WAITS_ON_TOKIO: Duration = Duration::from_millis(50);
+
+/// The most names kept without use at once (each keeps a subscription on every node).
+pub const MAX_IDLE_NAMES: usize = 128;
 
 /// How a lease ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -175,8 +201,12 @@ struct Slot<N> {
 type SlotKey = (String, Duration);
 
 struct Table<N> {
-    /// Each slot with the number of requests and leases using it.
+    /// Each slot with the number of requests and leases using it (0: idle, kept a while).
     slots: HashMap<SlotKey, (Arc<Slot<N>>, usize)>,
+    /// The slots nobody uses, until they are dropped.
+    idle: IdleNames<SlotKey>,
+    /// Whether a task drops idle slots when their time comes.
+    sweeping: bool,
     leases: HashMap<LeaseId, Arc<Lease>>,
     /// Leases held plus acquisitions in progress.
     in_use: usize,
@@ -196,12 +226,26 @@ pub struct Locks<E: LockEngine> {
 impl<E: LockEngine> Locks<E> {
     /// A service over `engine` holding at most `max_leases` leases and waits at once.
     pub fn new(engine: E, max_leases: usize, metrics: AppLockMetrics) -> Arc<Locks<E>> {
+        Locks::keeping_idle(engine, max_leases, metrics, IDLE_KEEP, MAX_IDLE_NAMES)
+    }
+
+    /// [`Locks::new`], keeping a name's engine lock `keep` after its last use, for at most
+    /// `max_idle` names at once.
+    pub fn keeping_idle(
+        engine: E,
+        max_leases: usize,
+        metrics: AppLockMetrics,
+        keep: Duration,
+        max_idle: usize,
+    ) -> Arc<Locks<E>> {
         Arc::new(Locks {
             engine,
             max_leases,
             metrics,
             table: Mutex::new(Table {
                 slots: HashMap::new(),
+                idle: IdleNames::new(keep, max_idle),
+                sweeping: false,
                 leases: HashMap::new(),
                 in_use: 0,
             }),
@@ -277,8 +321,9 @@ impl<E: LockEngine> Locks<E> {
         let (tx, rx) = oneshot::channel();
         let this = Arc::clone(self);
         let run = cancel.clone();
-        // Its own task: an acquisition is never dropped half-way (see the module doc).
-        tokio::spawn(async move {
+        // Run here (no task of its own, no hand-over between threads), but never dropped
+        // half-way: if this request goes away first, the rest runs as its own task.
+        FinishOnDrop::new(async move {
             let _turn = turn;
             let result = if released_here(&slot, deadline, &run).await {
                 let seen = Arc::clone(&slot);
@@ -310,7 +355,9 @@ impl<E: LockEngine> Locks<E> {
                     let _ = tx.send(Err(failed));
                 }
             }
-        });
+        })
+        .run()
+        .await;
         match rx.await {
             Ok(Ok(granted)) => Ok(granted),
             Ok(Err(AcquireFailed::Held { holder })) => Err(Refused::Held { holder }),
@@ -333,7 +380,11 @@ impl<E: LockEngine> Locks<E> {
         let slot = match table.slots.get_mut(key) {
             Some((slot, users)) => {
                 *users += 1;
-                Arc::clone(slot)
+                let (slot, was_idle) = (Arc::clone(slot), *users == 1);
+                if was_idle {
+                    table.idle.reused(key);
+                }
+                slot
             }
             None => {
                 let lock = self.engine.open(&key.0, key.1).map_err(Refused::Invalid)?;
@@ -351,19 +402,51 @@ impl<E: LockEngine> Locks<E> {
         Ok(slot)
     }
 
-    /// A request or lease of `key` is done; the slot goes once nobody uses it.
-    fn give_back(&self, key: &SlotKey) {
+    /// A request or lease of `key` is done; once nobody uses the slot, it is kept idle a
+    /// while (see [`IdleNames`]).
+    fn give_back(self: &Arc<Self>, key: &SlotKey) {
         let mut table = self.table();
         table.in_use = table.in_use.saturating_sub(1);
         if table.in_use == 0 {
             self.idle.notify_waiters();
         }
-        if let Some((_, users)) = table.slots.get_mut(key) {
-            *users = users.saturating_sub(1);
-            if *users == 0 {
-                table.slots.remove(key);
+        let Some((_, users)) = table.slots.get_mut(key) else {
+            return;
+        };
+        if *users == 0 {
+            // Already idle (a give-back without a take): it is in the idle queue once.
+            return;
+        }
+        *users -= 1;
+        if *users > 0 {
+            return;
+        }
+        let over = table.idle.went_idle(key.clone(), clock::now());
+        // Dropped after the table's lock (an engine lock's drop ends its subscriptions).
+        let _dropped = over.and_then(|over| table.slots.remove(&over));
+        if !table.sweeping && !table.idle.is_empty() {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                table.sweeping = true;
+                runtime.spawn(sweep_idle(Arc::downgrade(self)));
             }
         }
+        drop(table);
+    }
+
+    /// Drops the slots idle for their time at `now`; when the next one is due (`None`: no
+    /// slot is idle, and the sweeping task ends).
+    fn drop_idle(&self, now: Instant) -> Option<Instant> {
+        let mut table = self.table();
+        let expired = table.idle.expired(now);
+        let dropped: Vec<_> = expired
+            .iter()
+            .filter_map(|key| table.slots.remove(key))
+            .collect();
+        let next = table.idle.poll_timeout();
+        table.sweeping = next.is_some();
+        drop(table);
+        drop(dropped);
+        next
     }
 
     /// Registers a won lease and starts the task that keeps it.
@@ -410,6 +493,7 @@ impl<E: LockEngine> Locks<E> {
         mut lease: <E::Name as NameLock>::Lease,
         ttl: Duration,
     ) {
+        let cheap_until = clock::now() + FIRST_WAITS_ON_TOKIO;
         let end = loop {
             if held.stop.is_cancelled() {
                 slot.lock.release(&lease).await;
@@ -454,7 +538,7 @@ impl<E: LockEngine> Locks<E> {
                         biased;
                         _ = held.stop.cancelled() => {}
                         _ = held.wake.notified() => {}
-                        _ = clock::sleep_until(at) => {}
+                        _ = sleep_cheaply_until(at, cheap_until) => {}
                     }
                 }
             }
@@ -624,6 +708,15 @@ impl<E: LockEngine> Locks<E> {
         if released > 0 {
             info!(leases = released, "request-lock leases released");
         }
+        // Names nobody uses now end their subscriptions.
+        let dropped: Vec<_> = {
+            let mut table = self.table();
+            let idle = table.idle.drain();
+            idle.iter()
+                .filter_map(|key| table.slots.remove(key))
+                .collect()
+        };
+        drop(dropped);
     }
 
     /// Leases held now (for tests and status).
@@ -633,6 +726,34 @@ impl<E: LockEngine> Locks<E> {
             .values()
             .filter(|l| l.ended().is_none())
             .count()
+    }
+}
+
+/// Sleeps until `at` on the boot clock; before `cheap_until`, on Tokio's timer instead, in
+/// one slice that ends there at the latest (the caller decides again when it ends). A boot
+/// clock timer costs a timer descriptor and its registration (five system calls); most
+/// request locks are released within milliseconds, before they would need one. A suspend
+/// during the slice delays that decision by at most the slice.
+async fn sleep_cheaply_until(at: Instant, cheap_until: Instant) {
+    let now = clock::now();
+    if now < cheap_until {
+        tokio::time::sleep(at.min(cheap_until).saturating_duration_since(now)).await;
+    } else {
+        clock::sleep_until(at).await;
+    }
+}
+
+/// Drops idle slots when their time comes, while any is idle and the service lives.
+async fn sweep_idle<E: LockEngine>(locks: Weak<Locks<E>>) {
+    loop {
+        let next = match locks.upgrade() {
+            Some(locks) => locks.drop_idle(clock::now()),
+            None => None,
+        };
+        let Some(next) = next else {
+            return;
+        };
+        clock::sleep_until(next).await;
     }
 }
 
@@ -695,6 +816,44 @@ impl<E: LockEngine> Drop for Claim<E> {
     }
 }
 
+/// A future run in place that, if dropped before it finishes, finishes as a task of its own:
+/// the cheap way to run work that must never stop half-way (an acquisition round may have
+/// written keys) from a request whose client may go away.
+struct FinishOnDrop<F: Future<Output = ()> + Send + 'static>(Option<Pin<Box<F>>>);
+
+impl<F: Future<Output = ()> + Send + 'static> FinishOnDrop<F> {
+    fn new(work: F) -> Self {
+        FinishOnDrop(Some(Box::pin(work)))
+    }
+
+    /// Runs the work to its end here.
+    async fn run(mut self) {
+        std::future::poll_fn(|cx| match self.0.as_mut() {
+            Some(work) => {
+                let done = work.as_mut().poll(cx);
+                if done.is_ready() {
+                    self.0 = None;
+                }
+                done
+            }
+            None => Poll::Ready(()),
+        })
+        .await
+    }
+}
+
+impl<F: Future<Output = ()> + Send + 'static> Drop for FinishOnDrop<F> {
+    fn drop(&mut self) {
+        if let Some(work) = self.0.take() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn(work)),
+                // No runtime (it is shutting down): nothing can run any more.
+                Err(_) => drop(work),
+            }
+        }
+    }
+}
+
 /// Counts an acquisition as waiting while it lives.
 struct Waiting<'a>(&'a AppLockMetrics);
 
@@ -709,22 +868,32 @@ mod tests {
     //! The service over an in-process engine whose waiters are never woken by the nodes
     //! (as if no release announcement came), to see what the service itself does.
 
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
     use crate::metrics::Metrics;
 
     #[derive(Default)]
     struct Nodes {
-        held: AtomicBool,
+        /// The names held on the nodes.
+        held: Mutex<std::collections::HashSet<String>>,
         /// Acquisition rounds that found the name held.
         busy_rounds: AtomicUsize,
         tokens: AtomicUsize,
+        /// Names opened and dropped (engine locks made and freed).
+        opened: AtomicUsize,
+        dropped: AtomicUsize,
     }
 
     struct Engine(Arc<Nodes>);
-    struct Name(Arc<Nodes>);
+    struct Name(Arc<Nodes>, String);
     struct Held(u64, Instant);
+
+    impl Drop for Name {
+        fn drop(&mut self) {
+            self.0.dropped.fetch_add(1, Ordering::SeqCst);
+        }
+    }
 
     impl EngineLease for Held {
         fn fencing_token(&self) -> u64 {
@@ -744,7 +913,7 @@ mod tests {
             cancel: CancellationToken,
             _: impl FnMut(Option<String>) + Send + 'static,
         ) -> Result<Held, AcquireFailed> {
-            if !self.0.held.swap(true, Ordering::SeqCst) {
+            if self.0.held.lock().unwrap().insert(self.1.clone()) {
                 let token = self.0.tokens.fetch_add(1, Ordering::SeqCst) as u64 + 1;
                 return Ok(Held(token, clock::now() + Duration::from_secs(30)));
             }
@@ -759,7 +928,7 @@ mod tests {
             Ok(Held(lease.0, clock::now() + Duration::from_secs(30)))
         }
         async fn release(&self, _: &Held) {
-            self.0.held.store(false, Ordering::SeqCst);
+            self.0.held.lock().unwrap().remove(&self.1);
         }
         async fn holder(&self) -> Result<Option<String>, ()> {
             Ok(None)
@@ -768,14 +937,112 @@ mod tests {
 
     impl LockEngine for Engine {
         type Name = Name;
-        fn open(&self, _: &str, _: Duration) -> Result<Name, String> {
-            Ok(Name(Arc::clone(&self.0)))
+        fn open(&self, name: &str, _: Duration) -> Result<Name, String> {
+            self.0.opened.fetch_add(1, Ordering::SeqCst);
+            Ok(Name(Arc::clone(&self.0), name.to_owned()))
         }
     }
 
     fn service(nodes: &Arc<Nodes>) -> Arc<Locks<Engine>> {
         let metrics = Metrics::new("t", &[], None).app_locks().clone();
         Locks::new(Engine(Arc::clone(nodes)), 16, metrics)
+    }
+
+    fn service_keeping(nodes: &Arc<Nodes>, keep: Duration, max: usize) -> Arc<Locks<Engine>> {
+        let metrics = Metrics::new("t", &[], None).app_locks().clone();
+        Locks::keeping_idle(Engine(Arc::clone(nodes)), 16, metrics, keep, max)
+    }
+
+    /// One acquisition and its release; the token.
+    async fn cycle(locks: &Arc<Locks<Engine>>, name: &str) -> u64 {
+        let ttl = Duration::from_secs(10);
+        let granted = locks
+            .acquire(name, ttl, Duration::ZERO, None)
+            .await
+            .unwrap();
+        locks.release(name, granted.lease).await.unwrap();
+        granted.fencing_token
+    }
+
+    #[tokio::test]
+    async fn a_hot_name_reuses_its_engine_lock_cycle_after_cycle() {
+        let nodes = Arc::new(Nodes::default());
+        let locks = service(&nodes);
+        let mut last = 0;
+        for _ in 0..20 {
+            let token = cycle(&locks, "hot").await;
+            assert!(token > last, "every acquisition is a new one");
+            last = token;
+        }
+        assert_eq!(nodes.opened.load(Ordering::SeqCst), 1, "opened once");
+        assert_eq!(nodes.dropped.load(Ordering::SeqCst), 0, "kept while idle");
+        assert_eq!(locks.table().slots.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_name_nobody_uses_drops_its_engine_lock_after_the_idle_time() {
+        let nodes = Arc::new(Nodes::default());
+        let locks = service_keeping(&nodes, Duration::from_millis(50), 8);
+        cycle(&locks, "once").await;
+        until(|| nodes.dropped.load(Ordering::SeqCst) == 1).await;
+        assert!(locks.table().slots.is_empty());
+        assert!(
+            !locks.table().sweeping,
+            "the sweeping task ends with the last idle name"
+        );
+        // The name opens again when it is wanted again, and is dropped again.
+        cycle(&locks, "once").await;
+        assert_eq!(nodes.opened.load(Ordering::SeqCst), 2);
+        until(|| nodes.dropped.load(Ordering::SeqCst) == 2).await;
+    }
+
+    #[tokio::test]
+    async fn distinct_names_leave_at_most_the_bound_of_idle_engine_locks() {
+        let nodes = Arc::new(Nodes::default());
+        let locks = service_keeping(&nodes, Duration::from_secs(3600), 4);
+        for i in 0..50 {
+            cycle(&locks, &format!("order-{i}")).await;
+        }
+        assert_eq!(nodes.opened.load(Ordering::SeqCst), 50);
+        // The acquisition's part of a name is given back just after its answer.
+        until(|| nodes.dropped.load(Ordering::SeqCst) == 46).await;
+        assert_eq!(locks.table().slots.len(), 4);
+        assert_eq!(locks.table().idle.len(), 4);
+        // The most recent names are the ones kept: reused without opening.
+        cycle(&locks, "order-49").await;
+        assert_eq!(nodes.opened.load(Ordering::SeqCst), 50);
+    }
+
+    #[tokio::test]
+    async fn a_name_in_use_is_never_dropped_however_long_it_is_held() {
+        let nodes = Arc::new(Nodes::default());
+        let locks = service_keeping(&nodes, Duration::from_millis(10), 8);
+        let ttl = Duration::from_secs(10);
+        let held = locks
+            .acquire("held", ttl, Duration::ZERO, None)
+            .await
+            .unwrap();
+        // Other names come and go while it is held, and are dropped after their idle time
+        // (so more than that time passes while it is held).
+        for i in 0..5 {
+            cycle(&locks, &format!("other-{i}")).await;
+        }
+        until(|| nodes.dropped.load(Ordering::SeqCst) == 5).await;
+        assert!(locks.table().slots.contains_key(&("held".to_owned(), ttl)));
+        locks.release("held", held.lease).await.unwrap();
+        until(|| nodes.dropped.load(Ordering::SeqCst) == 6).await;
+    }
+
+    #[tokio::test]
+    async fn shutdown_drops_the_idle_names() {
+        let nodes = Arc::new(Nodes::default());
+        let locks = service(&nodes);
+        cycle(&locks, "a").await;
+        cycle(&locks, "b").await;
+        until(|| locks.table().idle.len() == 2).await;
+        locks.shutdown().await;
+        assert_eq!(nodes.dropped.load(Ordering::SeqCst), 2);
+        assert!(locks.table().slots.is_empty());
     }
 
     #[tokio::test]
@@ -825,6 +1092,38 @@ mod tests {
             .await;
         assert_eq!(refused.unwrap_err(), Refused::Held { holder: None });
         assert_eq!(nodes.busy_rounds.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn work_dropped_half_way_finishes_as_its_own_task() {
+        let go = Arc::new(Notify::new());
+        let done = Arc::new(AtomicUsize::new(0));
+        let run = FinishOnDrop::new({
+            let (go, done) = (Arc::clone(&go), Arc::clone(&done));
+            async move {
+                go.notified().await;
+                done.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+        .run();
+        // Started, then dropped while it waits (its request went away).
+        let started = tokio::time::timeout(Duration::from_millis(20), run).await;
+        assert!(started.is_err(), "it waits for `go`");
+        go.notify_one();
+        until(|| done.load(Ordering::SeqCst) == 1).await;
+    }
+
+    #[tokio::test]
+    async fn work_run_to_its_end_runs_once() {
+        let done = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&done);
+        FinishOnDrop::new(async move {
+            counted.fetch_add(1, Ordering::SeqCst);
+        })
+        .run()
+        .await;
+        tokio::task::yield_now().await;
+        assert_eq!(done.load(Ordering::SeqCst), 1);
     }
 
     /// Waits (with a deadline) until `done`.
