@@ -23,7 +23,8 @@
 //! - **Release push**, to those that watch releases ([`watches_releases`]: every waiter up to
 //!   [`READERS`] subscribers of a node's release channel, about that many past it). A release
 //!   announcement schedules a round after a random pause within `SPREAD_SLOT` × the number of
-//!   watchers (else of waiters; capped at `SPREAD_MAX`; both counted on a node with
+//!   other watchers (else of other waiters: a lone waiter starts at once; capped at
+//!   `SPREAD_MAX`; both counted on a node with
 //!   `PUBSUB NUMSUB` when the standby starts watching and again every few ttls): the first of
 //!   many waiters starts within about one slot, and the acquisition announcement of the winner
 //!   reaches the others before most of them start. An announcement of a release by someone
@@ -398,9 +399,11 @@ impl Standby {
     }
 
     /// Schedules a round within the spread of `waking` waiters, unless one is scheduled already.
+    /// The count includes this standby, so the spread is over the others: a lone waiter starts
+    /// at once.
     fn schedule_round(&mut self, now: Deadline, jitter: f64, waking: u64) {
-        let waiters = u32::try_from(waking).unwrap_or(u32::MAX);
-        let spread = (SPREAD_SLOT * waiters).min(SPREAD_MAX);
+        let others = u32::try_from(waking.saturating_sub(1)).unwrap_or(u32::MAX);
+        let spread = (SPREAD_SLOT * others).min(SPREAD_MAX);
         let at = now + spread.mul_f64(jitter.clamp(0.0, 1.0));
         // Every node announces the same release: the first copy decides.
         self.round_at.get_or_insert(at);

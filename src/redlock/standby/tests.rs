@@ -107,12 +107,13 @@ fn a_release_schedules_a_spread_round_and_an_acquisition_stands_it_down() {
     s.set_waiters(t0, 1000);
     s.round_busy(t0, &[true, true, true], Some(TTL), Some("a"), 7);
     assert!(s.released(t0, 0, "a", 0.5));
-    // 1000 waiters × 250 µs, capped at 250 ms; half of it.
-    assert_eq!(s.next(t0), (Action::Wait, Some(t0 + ms(125))));
+    // The 999 others × 250 µs (under the 250 ms cap); half of it.
+    let half = SPREAD_SLOT * 999 / 2;
+    assert_eq!(s.next(t0), (Action::Wait, Some(t0 + half)));
     // Another node's copy of the same release does not move it.
     assert!(s.released(t0, 1, "a", 0.0));
-    assert_eq!(s.next(t0), (Action::Wait, Some(t0 + ms(125))));
-    assert_eq!(s.next(t0 + ms(125)), (Action::Round, None));
+    assert_eq!(s.next(t0), (Action::Wait, Some(t0 + half)));
+    assert_eq!(s.next(t0 + half), (Action::Round, None));
     // The winner's announcement arrives first: no round, held for its validity.
     let announced = Announced {
         identity: "b".into(),
@@ -137,15 +138,15 @@ fn a_release_is_spread_over_those_it_wakes_not_over_every_waiter() {
     s.set_waiters(t0, 1000);
     s.set_release_watchers(0);
     assert!(s.released(t0, 0, "a", 1.0));
-    // Release watchers not counted (yet): every waiter may have heard it.
-    assert_eq!(s.next(t0), (Action::Wait, Some(t0 + SPREAD_MAX)));
+    // Release watchers not counted (yet): every waiter may have heard it (the 999 others).
+    assert_eq!(s.next(t0), (Action::Wait, Some(t0 + SPREAD_SLOT * 999)));
     let mut s = subscribed(1);
     s.set_waiters(t0, 1000);
     s.set_release_watchers(READERS);
     assert!(s.released(t0, 0, "a", 1.0));
     assert_eq!(
         s.next(t0),
-        (Action::Wait, Some(t0 + SPREAD_SLOT * READERS as u32))
+        (Action::Wait, Some(t0 + SPREAD_SLOT * (READERS as u32 - 1)))
     );
 }
 
@@ -177,9 +178,14 @@ fn watchers_count_again_within_a_ttl_and_then_every_few() {
 }
 
 #[test]
-fn a_lone_waiter_starts_within_one_slot_and_the_spread_is_capped() {
+fn a_lone_waiter_starts_at_once_and_the_spread_is_capped() {
     let t0 = start();
     let mut s = subscribed(1);
+    s.set_waiters(t0, 1);
+    assert!(s.released(t0, 0, "a", 1.0));
+    assert_eq!(s.next(t0), (Action::Round, None));
+    let mut s = subscribed(1);
+    s.set_waiters(t0, 2);
     assert!(s.released(t0, 0, "a", 1.0));
     assert_eq!(s.next(t0), (Action::Wait, Some(t0 + SPREAD_SLOT)));
     let mut s = subscribed(1);
@@ -257,10 +263,10 @@ fn a_round_called_for_by_reads_is_spread_over_the_waiters() {
     let at = t0 + ms(1000) + CLOCK_DRIFT_FLOOR;
     s.read(at, 0, Ok(None));
     s.settle(at, 0.5, false);
-    // 100 waiters × 250 µs, half of it.
+    // The 99 other waiters × 250 µs, half of it.
     assert_eq!(
         s.next(at),
-        (Action::Wait, Some(at + Duration::from_micros(12_500)))
+        (Action::Wait, Some(at + Duration::from_micros(12_375)))
     );
     assert_eq!(s.next(at + ms(13)), (Action::Round, None));
 }
@@ -372,7 +378,7 @@ fn taking_turns_a_round_called_for_by_reads_is_spread_over_the_readers_only() {
     s.set_waiters(t0, 10_000);
     s.read(t0, 0, Ok(None));
     s.settle(t0, 1.0, false);
-    assert_eq!(s.next(t0), (Action::Wait, Some(t0 + SPREAD_SLOT * 100)));
+    assert_eq!(s.next(t0), (Action::Wait, Some(t0 + SPREAD_SLOT * 99)));
     // A keyspace event reaches every waiter: the whole spread.
     let mut s = subscribed(1);
     s.set_waiters(t0, 10_000);
