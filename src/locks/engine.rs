@@ -142,7 +142,7 @@ impl EngineLease for redlock::Lease {
         self.fencing_token
     }
     fn valid_until(&self) -> Instant {
-        self.valid_until
+        self.valid_until.to_instant()
     }
 }
 
@@ -180,7 +180,7 @@ impl NameLock for RedlockName {
         let result = self
             .redlock
             .acquire_watching(
-                Some(deadline),
+                Some(crate::clock::Deadline::from_instant(deadline)),
                 &cancel,
                 |_, _| {},
                 |seen| on_holder(seen.map(|h| h.identity)),
