@@ -34,6 +34,7 @@ use futures_util::future::join_all;
 use rand::Rng;
 use redis::aio::MultiplexedConnection;
 use redis::Script;
+use redlock_sidecar::clock::Deadline;
 use redlock_sidecar::redlock::{LockError, NoObserver, Redlock, RedlockConfig};
 use support::{env_usize, fmt_dur, RedisServer, Samples};
 use tokio_util::sync::CancellationToken;
@@ -327,7 +328,7 @@ async fn standby_cost(urls: &[String], servers: &[RedisServer], secs: u64) -> St
         server.cmd(&["CONFIG", "RESETSTAT"]);
     }
     let never = CancellationToken::new();
-    let deadline = Instant::now() + Duration::from_secs(secs);
+    let deadline = Deadline::now() + Duration::from_secs(secs);
     let result = waiter.acquire(Some(deadline), &never, |_, _| {}).await;
     renewals.abort();
     assert!(
@@ -416,7 +417,7 @@ async fn handoff(
     let (busy_tx, mut busy_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     let w = waiter.clone();
     let task = tokio::spawn(async move {
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = Deadline::now() + Duration::from_secs(5);
         let mut attempts = 0u32;
         let result = match kind {
             Waiter::PubSub => {
@@ -435,7 +436,7 @@ async fn handoff(
                     Ok(lease) => break Ok(lease),
                     Err(e @ LockError::Busy { .. }) => {
                         let _ = busy_tx.send(());
-                        if Instant::now() >= deadline {
+                        if Deadline::now() >= deadline {
                             break Err(e);
                         }
                     }

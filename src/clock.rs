@@ -9,9 +9,8 @@
 //! own so that it cannot be mixed with an `Instant` by mistake.
 //!
 //! `Instant` stays where a value only measures an elapsed time for a metric or a log, and
-//! where one call's own relative timeout runs on Tokio's timer. [`now`] and [`sleep_until`]
-//! (the boot clock as an `Instant`) remain for the request locks, which are not moved over
-//! yet; `tests/layers.rs` keeps new `Instant::now()` and `clock::now()` out of `src/`.
+//! where one call's own relative timeout runs on Tokio's timer; `tests/layers.rs` keeps new
+//! `Instant::now()` out of `src/`.
 //!
 //! ## Behaviour
 //! - Without a suspend, [`Deadline::now`] moves as `Instant::now()` does; after one, it is
@@ -44,14 +43,8 @@ pub fn boottime() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
-/// Now, on a clock that does not stop while the host is suspended, as an `Instant` (for the
-/// request locks, not moved over yet; everything else reads [`Deadline::now`]).
-pub fn now() -> Instant {
-    let (instant, boot) = *ORIGIN;
-    instant + boottime().saturating_sub(boot)
-}
-
-/// The `CLOCK_BOOTTIME` reading at which [`now`] reaches `at`.
+/// The `CLOCK_BOOTTIME` reading of the instant `at`, with the two clocks made to agree at
+/// process start (they part only by time the host spent suspended since).
 fn boottime_of(at: Instant) -> Duration {
     let (instant, boot) = *ORIGIN;
     match at.checked_duration_since(instant) {
@@ -98,8 +91,8 @@ impl Deadline {
         self.0
     }
 
-    /// The same instant as an `Instant` on [`now`]'s scale, for code not yet moved over (the
-    /// request locks, and the lease's fields they read).
+    /// The same instant as an `Instant` (the two clocks made to agree at process start), for
+    /// Tokio's timer ([`Clock::Tokio`]) and records kept as `Instant`s.
     pub fn to_instant(self) -> Instant {
         let (instant, boot) = *ORIGIN;
         match self.0.checked_sub(boot) {
@@ -108,7 +101,7 @@ impl Deadline {
         }
     }
 
-    /// The instant `at` (on [`now`]'s scale) as a deadline.
+    /// The instant `at` as a deadline (the inverse of [`Deadline::to_instant`]).
     pub fn from_instant(at: Instant) -> Deadline {
         Deadline(boottime_of(at))
     }
@@ -264,12 +257,6 @@ pub async fn timeout_at<F: std::future::Future>(
     Clock::Boot.timeout_at(deadline, future).await
 }
 
-/// Sleeps until [`now`] reaches `deadline`, counting suspended time (for the request locks,
-/// not moved over yet; everything else waits with [`sleep_until_deadline`]).
-pub async fn sleep_until(deadline: Instant) {
-    sleep_until_deadline(Deadline::from_instant(deadline)).await
-}
-
 /// A non-blocking timerfd on `CLOCK_BOOTTIME` that fires at `target` (absolute).
 fn boot_timer(target: Duration) -> Option<AsyncFd<OwnedFd>> {
     let fd = BootTimer::new()?;
@@ -344,6 +331,11 @@ impl AsRawFd for BootTimer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Now on the boot clock, as an `Instant`.
+    fn now() -> Instant {
+        Deadline::now().to_instant()
+    }
 
     #[test]
     fn now_follows_the_monotonic_clock_without_a_suspend() {
@@ -476,16 +468,9 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn sleep_until_wakes_at_the_deadline_not_before() {
-        let deadline = now() + Duration::from_millis(30);
-        sleep_until(deadline).await;
-        assert!(now() >= deadline);
-    }
-
-    #[tokio::test]
     async fn sleep_until_a_past_deadline_returns_at_once() {
-        let start = now();
-        sleep_until(start - Duration::from_millis(5)).await;
-        assert!(now() - start < Duration::from_secs(1));
+        let start = Deadline::now();
+        sleep_until_deadline(start - Duration::from_millis(5)).await;
+        assert!(Deadline::now() - start < Duration::from_secs(1));
     }
 }

@@ -62,8 +62,7 @@ fn fast_retry(renewal: &Renewal) -> Duration {
 
 /// The moment to stop claiming a lease.
 pub fn step_down_at(lease: &Lease, renewal: &Renewal) -> Deadline {
-    let acquired_at = Deadline::from_instant(lease.acquired_at);
-    (Deadline::from_instant(lease.valid_until) - renewal.safety_margin).max(acquired_at)
+    (lease.valid_until - renewal.safety_margin).max(lease.acquired_at)
 }
 
 /// Publishes `lease` as this process' tenure.
@@ -73,7 +72,7 @@ pub fn publish_leader(tx: &LeadershipTx, lease: &Lease, renewal: &Renewal) {
             fencing_token: lease.fencing_token,
             since: lease.since,
             step_down_at: step_down_at(lease, renewal),
-            valid_until: Deadline::from_instant(lease.valid_until),
+            valid_until: lease.valid_until,
         });
         state.holder = Some(HolderView {
             identity: state.identity.clone(),
@@ -232,7 +231,7 @@ pub async fn run(
         // The wait ends on cancellation or when the app stops being fit to lead; a round in
         // flight is finished first (the engine never abandons one half-way).
         let unfit = cancel.child_token();
-        let acquire = redlock.acquire_until(
+        let acquire = redlock.acquire_watching(
             None,
             &unfit,
             |result, elapsed| observe_attempt(&tx, &metrics, result, elapsed),
@@ -294,7 +293,7 @@ pub async fn run(
                 tokio::select! {
                     biased;
                     _ = cancel.cancelled() => {}
-                    _ = clock::sleep_until_deadline(Deadline::from_instant(lease.valid_until)) => {}
+                    _ = clock::sleep_until_deadline(lease.valid_until) => {}
                 }
                 // Owner-checked, so harmless if someone else holds it now.
                 release(&redlock, &lease).await;

@@ -12,8 +12,9 @@
 mod support;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
+use redlock_sidecar::clock::Deadline;
 use redlock_sidecar::redlock::cluster::{epoch_key, key_slot};
 use redlock_sidecar::redlock::{votes, LockError, NoObserver, Redlock};
 use support::cluster_mode::ClusterMode;
@@ -81,7 +82,7 @@ async fn a_cluster_is_one_voter_whose_scripts_stay_in_the_lock_slot_and_new_name
     )
     .unwrap();
     let met = SystemTime::now();
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Deadline::now() + Duration::from_secs(20);
     let lease = first
         .acquire(Some(deadline), &CancellationToken::new(), |_, _| {})
         .await

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use redlock_sidecar::clock::{self, Deadline};
 use redlock_sidecar::redlock::{
     ConfigError, Credentials, Lease, LockError, NoObserver, NodeErrorKind, NodeSpec, Observer, Op,
     Redlock, RedlockConfig, Vote,
@@ -40,7 +41,7 @@ async fn mutual_exclusion(n: usize) {
         tasks.push(tokio::spawn(async move {
             let never = CancellationToken::new();
             for _ in 0..rounds {
-                let deadline = Instant::now() + Duration::from_secs(60);
+                let deadline = Deadline::now() + Duration::from_secs(60);
                 let lease = lock
                     .acquire(Some(deadline), &never, |_, _| {})
                     .await
@@ -139,7 +140,7 @@ async fn extend_after_expiry_fails_and_extend_in_time_renews_validity() {
         "validity moved forward"
     );
     assert_eq!(renewed.fencing_token, lease.fencing_token);
-    tokio::time::sleep_until(renewed.valid_until.into()).await;
+    clock::sleep_until_deadline(renewed.valid_until).await;
     match a.extend(&renewed).await {
         Err(LockError::Expired { .. }) => {}
         other => panic!("extend after expiry must fail, got {other:?}"),
@@ -232,7 +233,7 @@ async fn fencing_tokens_strictly_increase_over_a_thousand_handoffs_with_restarts
             cluster.node_mut(2).restart();
         }
         let lock = &contenders[handoff % 2];
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Deadline::now() + Duration::from_secs(30);
         let lease = lock
             .acquire(Some(deadline), &never, |_, _| {})
             .await
@@ -742,7 +743,7 @@ async fn a_release_made_while_the_connections_are_redialled_still_deletes_the_ke
     // `acquire` keeps a subscription per node: it notices a dropped connection and redials.
     let never = CancellationToken::new();
     let lease = holder
-        .acquire(Some(Instant::now() + TTL), &never, |_, _| {})
+        .acquire(Some(Deadline::now() + TTL), &never, |_, _| {})
         .await
         .expect("holder acquires");
     // Every connection is dropped, and the new ones take longer to open than a node timeout

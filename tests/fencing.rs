@@ -4,10 +4,11 @@
 mod support;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use redlock_sidecar::clock::{self, Deadline};
 use redlock_sidecar::redlock::{votes, NoObserver, Redlock, RedlockConfig, EPOCH_KEY};
 use support::{FaultProxy, RedisCluster};
 use tokio_util::sync::CancellationToken;
@@ -76,7 +77,7 @@ async fn tokens_strictly_increase_under_random_quorums_data_loss_and_skewed_cloc
             majority_flushes += usize::from(lost >= 3);
         }
         let client = &clients[rng.random_range(0..clients.len())];
-        let deadline = Instant::now() + votes::required_data_age(TTL) + Duration::from_secs(10);
+        let deadline = Deadline::now() + votes::required_data_age(TTL) + Duration::from_secs(10);
         let lease = client
             .acquire(Some(deadline), &never, |_, _| {})
             .await
@@ -91,7 +92,7 @@ async fn tokens_strictly_increase_under_random_quorums_data_loss_and_skewed_cloc
             client.release(&lease).await;
         } else {
             // Left to expire: the next holder waits out the ttl.
-            tokio::time::sleep_until(lease.valid_until.into()).await;
+            clock::sleep_until_deadline(lease.valid_until).await;
         }
     }
     println!("60 acquisitions, {flushes} flushes ({majority_flushes} of a majority)");

@@ -6,6 +6,7 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use redlock_sidecar::clock::Deadline;
 use redlock_sidecar::locks::{Locks, RedlockEngine};
 use redlock_sidecar::metrics::Metrics;
 use redlock_sidecar::redlock::info_field;
@@ -340,7 +341,7 @@ async fn on_a_cluster_mode_deployment_each_slot_in_use_gets_its_own_nodes_and_ba
         3,
         "the engine's own group and one per slot in use"
     );
-    let deadline = Instant::now() + DEADLINE;
+    let deadline = Deadline::now() + DEADLINE;
     let mut leases = Vec::new();
     for lock in &locks {
         let cancel = tokio_util::sync::CancellationToken::new();

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
+use redlock_sidecar::clock::Deadline;
 use redlock_sidecar::redlock::{Lease, NoObserver, Redlock};
 use support::RedisCluster;
 use tokio_util::sync::CancellationToken;
@@ -31,7 +32,7 @@ async fn a_holder_and_its_successor(cluster: &RedisCluster) -> (Lease, Lease) {
         .await
         .expect("the first holder acquires");
     let never = CancellationToken::new();
-    let deadline = Some(std::time::Instant::now() + TTL * 10);
+    let deadline = Some(Deadline::now() + TTL * 10);
     let new = next
         .acquire(deadline, &never, |_, _| {})
         .await

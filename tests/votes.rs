@@ -7,6 +7,7 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use redlock_sidecar::clock::Deadline;
 use redlock_sidecar::redlock::{votes, Lease, LockError, NoObserver, Redlock, RedlockConfig, Vote};
 use support::{RedisCluster, RedisNode};
 
@@ -25,7 +26,7 @@ fn redlock(urls: &[String], identity: &str) -> Redlock {
 async fn refused_while_alpha_is_valid(beta: &Redlock, alpha: &Lease, lost: &[usize]) {
     let mut saw_not_counted = false;
     let mut last = String::new();
-    while Instant::now() < alpha.valid_until {
+    while Deadline::now() < alpha.valid_until {
         match beta.try_acquire().await {
             Ok(lease) => panic!(
                 "beta acquired (token {}) while alpha's lock was still valid",
@@ -80,7 +81,7 @@ async fn data_loss_story(cluster: &mut RedisCluster, lose: impl Fn(&mut RedisNod
     }
     // The renewal may first meet broken connections (a restart), then the truth.
     let mut verdict = alpha.extend(&lease).await;
-    while matches!(verdict, Err(LockError::Lost { .. })) && Instant::now() < lease.valid_until {
+    while matches!(verdict, Err(LockError::Lost { .. })) && Deadline::now() < lease.valid_until {
         verdict = alpha.extend(&lease).await;
     }
     assert!(
@@ -91,7 +92,7 @@ async fn data_loss_story(cluster: &mut RedisCluster, lose: impl Fn(&mut RedisNod
         "alpha must learn it lost the lock, got {verdict:?}"
     );
     refused_while_alpha_is_valid(&beta, &lease, &[0, 1]).await;
-    let deadline = Instant::now() + votes::required_data_age(TTL) + Duration::from_secs(10);
+    let deadline = Deadline::now() + votes::required_data_age(TTL) + Duration::from_secs(10);
     let taken = beta
         .acquire(Some(deadline), &Default::default(), |_, _| {})
         .await
@@ -290,7 +291,7 @@ async fn a_young_nodes_grant_waits_for_a_slower_nodes_longer_ttl_register() {
         .await
         .expect_err("no second holder while l's lock is valid");
     assert!(
-        Instant::now() < lease.valid_until,
+        Deadline::now() < lease.valid_until,
         "l's lock was still valid"
     );
     assert!(
@@ -376,7 +377,7 @@ async fn split_node_set_records_do_not_keep_the_lock_from_being_taken() {
             .command(&["SET", key, &fingerprint, "PX", "600000"]);
         assert_eq!(set, "OK");
     }
-    let deadline = Instant::now() + TTL * 2 + Duration::from_secs(2);
+    let deadline = Deadline::now() + TTL * 2 + Duration::from_secs(2);
     let cancel = tokio_util::sync::CancellationToken::new();
     let race = |contender: &Redlock| {
         let (contender, cancel) = (contender.clone(), cancel.clone());
@@ -396,7 +397,7 @@ async fn split_node_set_records_do_not_keep_the_lock_from_being_taken() {
     };
     let refused = loser.try_acquire().await;
     assert!(
-        Instant::now() < lease.valid_until,
+        Deadline::now() < lease.valid_until,
         "the check ran while the lease was valid"
     );
     assert!(

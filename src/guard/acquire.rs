@@ -31,7 +31,7 @@ pub async fn acquire(
     let mut interrupted = None;
     let acquired = {
         let metrics = report.metrics();
-        let acquire = redlock.acquire_until(
+        let acquire = redlock.acquire_watching(
             Some(deadline),
             &interrupt,
             |result, elapsed| lease::observe_attempt(tx, metrics, result, elapsed),

@@ -107,7 +107,7 @@ fn read_again(
 /// Reads of the record stop once the first renewal of `lease` is due: CMD then still starts
 /// with most of the validity ahead.
 fn read_until(lease: &Lease, cfg: &GuardConfig) -> Deadline {
-    Deadline::from_instant(lease.acquired_at) + cfg.renewal.interval
+    lease.acquired_at + cfg.renewal.interval
 }
 
 /// Records that `slot` ran under `lease` (CMD exited 0); logs whether a quorum has it.

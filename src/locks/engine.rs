@@ -15,10 +15,11 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::{self, Deadline};
 use crate::redlock::round::retry::backoff_delay;
 use crate::redlock::{self, LockError, NoObserver, Redlock, RedlockConfig};
 
@@ -46,8 +47,8 @@ pub enum ExtendFailed {
 pub trait EngineLease: Send + Sync + 'static {
     /// The fencing token: it only grows for the name.
     fn fencing_token(&self) -> u64;
-    /// When the validity ends (on [`crate::clock`]).
-    fn valid_until(&self) -> Instant;
+    /// When the validity ends.
+    fn valid_until(&self) -> Deadline;
 }
 
 /// One name's lock in the engine.
@@ -58,7 +59,7 @@ pub trait NameLock: Send + Sync + 'static {
     /// meanwhile. Must be run to completion (cancel through `cancel`, never by dropping it).
     fn acquire(
         &self,
-        deadline: Instant,
+        deadline: Deadline,
         cancel: CancellationToken,
         on_holder: impl FnMut(Option<String>) + Send + 'static,
     ) -> impl Future<Output = Result<Self::Lease, AcquireFailed>> + Send;
@@ -141,7 +142,7 @@ impl EngineLease for redlock::Lease {
     fn fencing_token(&self) -> u64 {
         self.fencing_token
     }
-    fn valid_until(&self) -> Instant {
+    fn valid_until(&self) -> Deadline {
         self.valid_until
     }
 }
@@ -151,7 +152,7 @@ impl NameLock for RedlockName {
 
     async fn acquire(
         &self,
-        deadline: Instant,
+        deadline: Deadline,
         cancel: CancellationToken,
         mut on_holder: impl FnMut(Option<String>) + Send + 'static,
     ) -> Result<redlock::Lease, AcquireFailed> {
@@ -161,7 +162,7 @@ impl NameLock for RedlockName {
         // Anything else goes on to wait, which starts with a round of its own.
         match self.redlock.try_acquire().await {
             Ok(lease) => return Ok(lease),
-            Err(LockError::Busy { holder, .. }) if crate::clock::now() >= deadline => {
+            Err(LockError::Busy { holder, .. }) if Deadline::now() >= deadline => {
                 return Err(AcquireFailed::Held { holder });
             }
             Err(LockError::Busy { .. }) => {}
@@ -173,7 +174,7 @@ impl NameLock for RedlockName {
                 tokio::select! {
                     biased;
                     _ = cancel.cancelled() => return Err(AcquireFailed::Cancelled),
-                    _ = tokio::time::sleep(pause) => {}
+                    _ = clock::sleep_until_deadline(Deadline::now() + pause) => {}
                 }
             }
         }

@@ -13,12 +13,14 @@
 //!   [`IdleNames::poll_timeout`] says when the next one is due.
 
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Deadline;
 
 /// Names nobody uses, oldest first.
 #[derive(Debug)]
 pub struct IdleNames<K> {
-    queue: VecDeque<(K, Instant)>,
+    queue: VecDeque<(K, Deadline)>,
     keep: Duration,
     max: usize,
 }
@@ -45,7 +47,7 @@ impl<K: PartialEq> IdleNames<K> {
 
     /// `key` is no longer used at `now`; returns the name to drop now to stay within `max`
     /// (the one idle longest, possibly `key` itself when `max` is 0).
-    pub fn went_idle(&mut self, key: K, now: Instant) -> Option<K> {
+    pub fn went_idle(&mut self, key: K, now: Deadline) -> Option<K> {
         self.queue.push_back((key, now));
         if self.queue.len() > self.max {
             return self.queue.pop_front().map(|(key, _)| key);
@@ -66,7 +68,7 @@ impl<K: PartialEq> IdleNames<K> {
     }
 
     /// The names idle for `keep` at `now`, removed: drop them.
-    pub fn expired(&mut self, now: Instant) -> Vec<K> {
+    pub fn expired(&mut self, now: Deadline) -> Vec<K> {
         let mut due = Vec::new();
         while self
             .queue
@@ -79,7 +81,7 @@ impl<K: PartialEq> IdleNames<K> {
     }
 
     /// When the next idle name is due to be dropped; `None` when no name is idle.
-    pub fn poll_timeout(&self) -> Option<Instant> {
+    pub fn poll_timeout(&self) -> Option<Deadline> {
         self.queue.front().map(|(_, since)| *since + self.keep)
     }
 
@@ -104,14 +106,15 @@ mod tests {
     use super::*;
 
     const KEEP: Duration = Duration::from_secs(5);
+    const T0: Deadline = Deadline::from_boottime(Duration::from_secs(100));
 
-    fn at(t0: Instant, ms: u64) -> Instant {
+    fn at(t0: Deadline, ms: u64) -> Deadline {
         t0 + Duration::from_millis(ms)
     }
 
     #[test]
     fn a_name_used_again_within_keep_is_no_longer_idle_and_never_expires() {
-        let t0 = Instant::now();
+        let t0 = T0;
         let mut idle = IdleNames::new(KEEP, 8);
         assert_eq!(idle.went_idle("hot", t0), None);
         assert!(idle.reused(&"hot"));
@@ -123,7 +126,7 @@ mod tests {
 
     #[test]
     fn a_name_idle_for_keep_expires_then_and_not_before() {
-        let t0 = Instant::now();
+        let t0 = T0;
         let mut idle = IdleNames::new(KEEP, 8);
         idle.went_idle("a", t0);
         idle.went_idle("b", at(t0, 1_000));
@@ -137,7 +140,7 @@ mod tests {
 
     #[test]
     fn past_max_the_name_idle_longest_goes_at_once() {
-        let t0 = Instant::now();
+        let t0 = T0;
         let mut idle = IdleNames::new(KEEP, 2);
         assert_eq!(idle.went_idle(1, t0), None);
         assert_eq!(idle.went_idle(2, at(t0, 1)), None);
@@ -153,13 +156,13 @@ mod tests {
     #[test]
     fn with_max_zero_nothing_is_kept() {
         let mut idle = IdleNames::new(KEEP, 0);
-        assert_eq!(idle.went_idle("a", Instant::now()), Some("a"));
+        assert_eq!(idle.went_idle("a", T0), Some("a"));
         assert!(idle.is_empty());
     }
 
     #[test]
     fn a_name_reused_from_the_middle_keeps_the_order_of_the_others() {
-        let t0 = Instant::now();
+        let t0 = T0;
         let mut idle = IdleNames::new(KEEP, 8);
         idle.went_idle("a", t0);
         idle.went_idle("b", at(t0, 1));

@@ -13,7 +13,9 @@
 //! Release comes first when both are due: a lease nobody keeps alive is released whatever
 //! else happened to it.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Deadline;
 
 /// Renew this fraction of the ttl after the last renewal.
 const RENEW_DIVISOR: u32 = 3;
@@ -32,22 +34,22 @@ pub enum Step {
     /// Extend the lock now.
     Renew,
     /// Nothing until this instant (or an event).
-    WaitUntil(Instant),
+    WaitUntil(Deadline),
 }
 
 /// A held lease's timing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Keepalive {
     ttl: Duration,
-    valid_until: Instant,
-    renew_at: Instant,
-    kept_alive_until: Instant,
+    valid_until: Deadline,
+    renew_at: Deadline,
+    kept_alive_until: Deadline,
     watchers: usize,
 }
 
 impl Keepalive {
     /// A lease acquired at `now`, valid until `valid_until`.
-    pub fn new(ttl: Duration, now: Instant, valid_until: Instant) -> Keepalive {
+    pub fn new(ttl: Duration, now: Deadline, valid_until: Deadline) -> Keepalive {
         Keepalive {
             ttl,
             valid_until,
@@ -58,7 +60,7 @@ impl Keepalive {
     }
 
     /// The next step as of `now`.
-    pub fn next(&self, now: Instant) -> Step {
+    pub fn next(&self, now: Deadline) -> Step {
         let abandon_at = (self.watchers == 0).then_some(self.kept_alive_until);
         if abandon_at.is_some_and(|at| now >= at) {
             return Step::Release;
@@ -78,19 +80,17 @@ impl Keepalive {
     }
 
     /// When `lost` is said unless a renewal moves the validity on.
-    pub fn lost_at(&self) -> Instant {
-        self.valid_until
-            .checked_sub(self.ttl / LOST_NOTICE_DIVISOR)
-            .unwrap_or(self.valid_until)
+    pub fn lost_at(&self) -> Deadline {
+        self.valid_until - self.ttl / LOST_NOTICE_DIVISOR
     }
 
     /// The validity as last proven.
-    pub fn valid_until(&self) -> Instant {
+    pub fn valid_until(&self) -> Deadline {
         self.valid_until
     }
 
     /// The app kept the lease alive at `now`.
-    pub fn kept_alive(&mut self, now: Instant) {
+    pub fn kept_alive(&mut self, now: Deadline) {
         self.kept_alive_until = self.kept_alive_until.max(now + self.ttl);
     }
 
@@ -100,19 +100,19 @@ impl Keepalive {
     }
 
     /// A watch stream closed at `now`: it kept the lease alive until then.
-    pub fn watcher_left(&mut self, now: Instant) {
+    pub fn watcher_left(&mut self, now: Deadline) {
         self.watchers = self.watchers.saturating_sub(1);
         self.kept_alive(now);
     }
 
     /// A renewal started at `now` proved the lock until `valid_until` (never moved earlier).
-    pub fn renewed(&mut self, now: Instant, valid_until: Instant) {
+    pub fn renewed(&mut self, now: Deadline, valid_until: Deadline) {
         self.valid_until = self.valid_until.max(valid_until);
         self.renew_at = now + self.ttl / RENEW_DIVISOR;
     }
 
     /// A renewal failed at `now` without losing the lock for good.
-    pub fn renew_failed(&mut self, now: Instant) {
+    pub fn renew_failed(&mut self, now: Deadline) {
         self.renew_at = now + self.ttl / RETRY_DIVISOR;
     }
 }
@@ -127,8 +127,8 @@ mod tests {
         Duration::from_millis(n)
     }
 
-    fn held() -> (Keepalive, Instant) {
-        let t0 = Instant::now();
+    fn held() -> (Keepalive, Deadline) {
+        let t0 = Deadline::from_boottime(Duration::from_secs(100));
         (Keepalive::new(TTL, t0, t0 + ms(2900)), t0)
     }
 

@@ -11,7 +11,6 @@
 //! Every error is JSON. Request bodies over [`MAX_BODY`] bytes answer 413.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, Request, State};
@@ -27,7 +26,7 @@ use super::bounds;
 use super::engine::LockEngine;
 use super::lease_id::LeaseId;
 use super::service::{End, Found, Granted, LeaseState, Locks, Refused};
-use crate::clock;
+use crate::clock::Deadline;
 
 /// Largest request body, in bytes (a Dapr request with the longest name and owner fits).
 pub const MAX_BODY: usize = 1024;
@@ -78,7 +77,7 @@ pub fn error(status: StatusCode, message: &str) -> Response {
     (status, Json(json!({ "error": message }))).into_response()
 }
 
-fn granted(granted: &Granted, now: Instant) -> serde_json::Value {
+fn granted(granted: &Granted, now: Deadline) -> serde_json::Value {
     json!({
         "lease": granted.lease.to_string(),
         "fencing_token": granted.fencing_token,
@@ -86,7 +85,7 @@ fn granted(granted: &Granted, now: Instant) -> serde_json::Value {
     })
 }
 
-fn millis(until: Instant, now: Instant) -> u64 {
+fn millis(until: Deadline, now: Deadline) -> u64 {
     u64::try_from(until.saturating_duration_since(now).as_millis()).unwrap_or(u64::MAX)
 }
 
@@ -159,7 +158,7 @@ async fn acquire<E: LockEngine>(
         Err(why) => return error(StatusCode::BAD_REQUEST, &why),
     };
     match api.locks.acquire(&name, asked.ttl, asked.wait, None).await {
-        Ok(lease) => Json(granted(&lease, clock::now())).into_response(),
+        Ok(lease) => Json(granted(&lease, Deadline::now())).into_response(),
         Err(why) => refused(why),
     }
 }
@@ -173,7 +172,7 @@ async fn keepalive<E: LockEngine>(
         Err(response) => return *response,
     };
     match api.locks.keepalive(&name, id) {
-        Ok(lease) => Json(granted(&lease, clock::now())).into_response(),
+        Ok(lease) => Json(granted(&lease, Deadline::now())).into_response(),
         Err(found) => not_found(found),
     }
 }
@@ -219,7 +218,7 @@ async fn watch<E: LockEngine>(
                     return None;
                 }
                 let state = *watching.states.borrow_and_update();
-                let now = clock::now();
+                let now = Deadline::now();
                 let token = watching.fencing_token;
                 let (event, last) = match state {
                     LeaseState::Held { valid_until } => (

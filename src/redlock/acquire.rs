@@ -101,7 +101,7 @@ impl Redlock {
             .fence_seen
             .fetch_max(fencing_token, Ordering::Relaxed);
         let valid_until = match valid.at(Deadline::now()) {
-            Ok(until) => until.to_instant(),
+            Ok(until) => until,
             Err(elapsed) => {
                 self.clean_up_everywhere(&value, &fingerprint).await;
                 return Err(self.too_short(elapsed));
@@ -110,7 +110,7 @@ impl Redlock {
         let lease = Lease {
             value,
             fencing_token,
-            acquired_at: start.to_instant(),
+            acquired_at: start,
             since,
             valid_until,
             renewals: 0,

@@ -56,7 +56,7 @@ mod wait;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, LazyLock};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use redis::Script;
 use tokio::sync::{broadcast, watch};
@@ -167,14 +167,12 @@ pub struct Lease {
     value: String,
     /// The fencing token of this acquisition: greater than every earlier one.
     pub fencing_token: u64,
-    /// When the acquiring round started, on [`clock::now`]'s scale (request locks read the
-    /// lease's times as `Instant`s; [`clock::Deadline::from_instant`] gives the deadline).
-    pub acquired_at: Instant,
+    /// When the acquiring round started.
+    pub acquired_at: clock::Deadline,
     /// Wall-clock time of the acquisition, for display.
     pub since: SystemTime,
-    /// The end of validity (on [`clock::now`]'s scale): no node keeps our key past it without
-    /// a renewal.
-    pub valid_until: Instant,
+    /// The end of validity: no node keeps our key past it without a renewal.
+    pub valid_until: clock::Deadline,
     /// Renewals so far: every [`PROOF_EVERY`]th one asks the nodes for their data-age proof.
     renewals: u32,
 }
@@ -189,7 +187,7 @@ pub const PROOF_EVERY: u32 = 27;
 impl Lease {
     /// The validity left at `now`.
     pub fn remaining_at(&self, now: clock::Deadline) -> Duration {
-        clock::Deadline::from_instant(self.valid_until).saturating_duration_since(now)
+        self.valid_until.saturating_duration_since(now)
     }
 
     /// The value written to the nodes (identity and random part).

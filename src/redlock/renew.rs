@@ -24,7 +24,7 @@ impl Redlock {
     pub async fn extend(&self, lease: &Lease) -> Result<Lease, LockError> {
         let cfg = &self.inner.cfg;
         let start = Deadline::now();
-        let valid_until = Deadline::from_instant(lease.valid_until);
+        let valid_until = lease.valid_until;
         let args = vec![
             lease.value.clone(),
             cfg.ttl.as_millis().to_string(),
@@ -97,7 +97,7 @@ impl Redlock {
             }
         });
         Ok(Lease {
-            valid_until: valid_until.to_instant(),
+            valid_until,
             renewals: lease.renewals.wrapping_add(1),
             ..lease.clone()
         })

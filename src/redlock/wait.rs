@@ -14,7 +14,7 @@
 //!   are waited for past it (never longer than the longest ttl plus drift).
 
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rand::Rng;
 use tokio::sync::broadcast;
@@ -59,7 +59,7 @@ impl Redlock {
     /// `on_attempt` sees every round's outcome and duration (to publish who holds the lock).
     pub async fn acquire(
         &self,
-        deadline: Option<Instant>,
+        deadline: Option<Deadline>,
         cancel: &CancellationToken,
         on_attempt: impl FnMut(&Result<Lease, LockError>, Duration),
     ) -> Result<Lease, LockError> {
@@ -70,25 +70,9 @@ impl Redlock {
     /// [`Redlock::acquire`], and `on_holder` sees every holder learnt between rounds (from a
     /// push or a read of the nodes; `None`: released).
     ///
-    /// `deadline` is on [`crate::clock::now`]'s scale, for callers that keep `Instant`s;
-    /// [`Redlock::acquire_until`] takes a [`Deadline`].
-    pub async fn acquire_watching(
-        &self,
-        deadline: Option<Instant>,
-        cancel: &CancellationToken,
-        on_attempt: impl FnMut(&Result<Lease, LockError>, Duration),
-        on_holder: impl FnMut(Option<HolderSeen>),
-    ) -> Result<Lease, LockError> {
-        let deadline = deadline.map(Deadline::from_instant);
-        self.acquire_until(deadline, cancel, on_attempt, on_holder)
-            .await
-    }
-
-    /// [`Redlock::acquire_watching`] with its deadline on the boot clock.
-    ///
     /// While the lock is held by someone else, no round runs until the lock may be free: see
     /// [`super::standby`] for what is read and when.
-    pub async fn acquire_until(
+    pub async fn acquire_watching(
         &self,
         deadline: Option<Deadline>,
         cancel: &CancellationToken,

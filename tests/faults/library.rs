@@ -130,13 +130,14 @@ pub(crate) async fn library_contender(
     let mut redlock = client();
     let ttl = cfg.ttl;
     let mut sessions = 0;
-    let in_time = |lease: &Lease| Instant::now() + plan.margin < lease.valid_until;
+    let in_time = |lease: &Lease| Deadline::now() + plan.margin < lease.valid_until;
+    // The store's records are `Instant`s: the deadline on their scale.
     let write = |lease: &Lease, kind: Kind| {
         ctx.store.write(
             &identity,
             lease.fencing_token,
             kind,
-            Some(lease.valid_until),
+            Some(lease.valid_until.to_instant()),
         )
     };
     // `acquire` looks at `stop` only while it waits: an uncontended round still succeeds.
@@ -175,11 +176,11 @@ pub(crate) async fn library_contender(
         } else {
             rng.random_range(plan.hold.0..=plan.hold.1)
         };
-        let until = Instant::now() + hold;
+        let until = Deadline::now() + hold;
         let mut renew_at = lease.acquired_at + ttl / 3;
         let mut held = true;
         loop {
-            let now = Instant::now();
+            let now = Deadline::now();
             if now >= until {
                 break;
             }
@@ -187,7 +188,7 @@ pub(crate) async fn library_contender(
                 match redlock.extend(&lease).await {
                     Ok(renewed) => {
                         lease = renewed;
-                        renew_at = Instant::now() + ttl / 3;
+                        renew_at = Deadline::now() + ttl / 3;
                     }
                     Err(_) => {
                         held = false;
@@ -215,8 +216,11 @@ pub(crate) async fn library_contender(
             write(&lease, Kind::End);
         } else {
             // Gave up: the lock was lost or ran out.
-            ctx.store
-                .gone(&identity, lease.fencing_token, Some(lease.valid_until));
+            ctx.store.gone(
+                &identity,
+                lease.fencing_token,
+                Some(lease.valid_until.to_instant()),
+            );
         }
         redlock.release(&lease).await;
     }

@@ -133,7 +133,7 @@ pub(crate) async fn waiters_for_a_held_lock_do_not_wake_each_other() {
         waiters.push(tokio::spawn(async move {
             let never = CancellationToken::new();
             redlock
-                .acquire(Some(Instant::now() + waiting), &never, |_, _| {
+                .acquire(Some(Deadline::now() + waiting), &never, |_, _| {
                     rounds.fetch_add(1, Ordering::Relaxed);
                 })
                 .await

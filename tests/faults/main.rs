@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use redlock_sidecar::clock::Deadline;
 use redlock_sidecar::redlock::{quorum, Lease, Redlock, RedlockConfig};
 use support::checker::{self, analyse, Analysis, Mode, Row};
 use support::fenced::{FencedStore, Kind, Record, StoreServer};
