@@ -248,6 +248,9 @@ struct Inner {
     /// acquisition: older versions spread their rounds by it (this one takes counts only
     /// from the nodes).
     waiters_seen: AtomicU64,
+    /// This lock's last acquisition announcement: when, and the most subscribers it reached
+    /// on one node (`None` until a node answered), see [`push::worth_announcing`].
+    last_announcement: std::sync::Mutex<Option<(clock::Deadline, Option<u64>)>>,
     /// Per node: whether its push subscription is live.
     subscribed: watch::Sender<Vec<bool>>,
     /// Per node: whether this contender subscribes to release announcements there (see
@@ -321,6 +324,7 @@ impl Redlock {
                 batches,
                 pushes: broadcast::channel(1024).0,
                 waiters_seen: AtomicU64::new(0),
+                last_announcement: std::sync::Mutex::new(None),
                 listening: std::sync::Once::new(),
                 observer,
                 _stop_on_drop: stop.clone().drop_guard(),
@@ -447,8 +451,21 @@ impl Redlock {
     /// Announces a won round on every node's acquisition channel (see [`push::Acquired`]), in
     /// the background: waiters stand down and learn the new holder without asking. The
     /// announcement carries the number of waiters last counted; `PUBLISH` answers with the
-    /// number it reached, kept for the next announcement.
+    /// number it reached, kept for the next announcement. Skipped while nobody listens (see
+    /// [`push::worth_announcing`]).
     fn announce_acquired(&self, lease: &Lease) {
+        let now = clock::Deadline::now();
+        {
+            let mut last = self
+                .inner
+                .last_announcement
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if !push::worth_announcing(*last, now) {
+                return;
+            }
+            *last = Some((now, None));
+        }
         let inner = self.inner.clone();
         let message = push::Acquired {
             identity: inner.cfg.identity.clone(),
@@ -472,13 +489,24 @@ impl Redlock {
                     let reached = node
                         .command::<u64>(redis::cmd("PUBLISH").arg(&channel).arg(message), timeout)
                         .await;
-                    if let Ok(reached) = reached {
-                        inner
-                            .waiters_seen
-                            .store(reached, std::sync::atomic::Ordering::Relaxed);
-                    }
+                    let reached = reached.ok()?;
+                    inner
+                        .waiters_seen
+                        .store(reached, std::sync::atomic::Ordering::Relaxed);
+                    Some(reached)
                 });
-            futures_util::future::join_all(announce).await;
+            let most = futures_util::future::join_all(announce)
+                .await
+                .into_iter()
+                .flatten()
+                .max();
+            let mut last = inner
+                .last_announcement
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if matches!(*last, Some((at, _)) if at == now) {
+                *last = Some((now, most));
+            }
         });
     }
 

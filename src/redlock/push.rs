@@ -25,6 +25,11 @@
 //! - A lost subscription is redialled with backoff (500 ms doubling to 30 s); its state is
 //!   published per node so waiters read the nodes (and metrics show it) while it is missing.
 //! - Nothing a node pushes can panic the parser: an unknown message is ignored.
+//! - A won round is announced unless this lock's last announcement, less than
+//!   [`QUIET_ANNOUNCEMENTS_FOR`] ago, reached no subscriber on any node ([`worth_announcing`]):
+//!   a lock taken again and again with nobody waiting pays no `PUBLISH` per node each time. A
+//!   waiter that subscribed since learns the holder from its own reads and rounds, as it would
+//!   from a lost announcement.
 
 use std::sync::Weak;
 use std::time::Duration;
@@ -70,6 +75,19 @@ pub struct Acquired {
     pub validity: Duration,
     /// Subscribers of the acquisition channel on the node just before (the waiters).
     pub waiters: u64,
+}
+
+/// How long a lock whose last acquisition announcement reached nobody stops announcing.
+pub const QUIET_ANNOUNCEMENTS_FOR: Duration = Duration::from_secs(1);
+
+/// Whether a round won at `now` is announced, given the lock's last announcement: when it
+/// was made and the most subscribers it reached on one node (`None`: none made, or no node
+/// answered it yet).
+pub fn worth_announcing(last: Option<(Deadline, Option<u64>)>, now: Deadline) -> bool {
+    match last {
+        Some((at, Some(0))) => now.saturating_duration_since(at) >= QUIET_ANNOUNCEMENTS_FOR,
+        _ => true,
+    }
 }
 
 impl Acquired {
@@ -265,6 +283,27 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lock_nobody_listens_to_announces_once_per_quiet_period() {
+        let t0 = Deadline::from_boottime(Duration::from_secs(100));
+        assert!(worth_announcing(None, t0), "the first is always announced");
+        assert!(
+            worth_announcing(Some((t0, None)), t0),
+            "one still unanswered"
+        );
+        assert!(
+            worth_announcing(Some((t0, Some(1))), t0),
+            "someone listened"
+        );
+        assert!(!worth_announcing(Some((t0, Some(0))), t0));
+        let later = t0 + QUIET_ANNOUNCEMENTS_FOR;
+        assert!(!worth_announcing(
+            Some((t0, Some(0))),
+            later - Duration::from_millis(1)
+        ));
+        assert!(worth_announcing(Some((t0, Some(0))), later));
+    }
 
     #[test]
     fn an_announcement_round_trips_and_keeps_spaces_in_the_identity() {
