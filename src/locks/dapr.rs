@@ -61,6 +61,24 @@ fn malformed(message: &str) -> Response {
     dapr_error(StatusCode::BAD_REQUEST, "ERR_MALFORMED_REQUEST", message)
 }
 
+/// Dapr's own checks of both requests, with its messages, in its order.
+fn present(resource_id: &str, lock_owner: &str) -> Result<(), &'static str> {
+    if resource_id.is_empty() {
+        return Err("ResourceId is empty");
+    }
+    if lock_owner.is_empty() {
+        return Err("LockOwner is empty");
+    }
+    Ok(())
+}
+
+/// This sidecar's bounds on a lock name and an owner (see [`bounds`]).
+fn bounded(resource_id: &str, lock_owner: &str) -> Result<(), String> {
+    bounds::name(resource_id)
+        .and_then(|_| bounds::owner(lock_owner))
+        .map(|_| ())
+}
+
 /// The request's JSON, after the store name is checked.
 fn parse<T: for<'de> Deserialize<'de>, E: LockEngine>(
     api: &Api<E>,
@@ -96,11 +114,8 @@ pub async fn lock<E: LockEngine>(
         Ok(request) => request,
         Err(response) => return *response,
     };
-    if request.resource_id.is_empty() {
-        return malformed("ResourceId is empty");
-    }
-    if request.lock_owner.is_empty() {
-        return malformed("LockOwner is empty");
+    if let Err(why) = present(&request.resource_id, &request.lock_owner) {
+        return malformed(why);
     }
     if request.expiry_in_seconds <= 0 {
         return malformed("ExpiryInSeconds is not positive");
@@ -109,9 +124,7 @@ pub async fn lock<E: LockEngine>(
         .map(Duration::from_secs)
         .map_err(|_| String::new())
         .and_then(bounds::ttl);
-    let checked = bounds::name(&request.resource_id)
-        .and_then(|_| bounds::owner(&request.lock_owner))
-        .and(ttl);
+    let checked = bounded(&request.resource_id, &request.lock_owner).and(ttl);
     let ttl = match checked {
         Ok(ttl) => ttl,
         Err(why) => return malformed(&why),
@@ -152,15 +165,10 @@ pub async fn unlock<E: LockEngine>(
         Ok(request) => request,
         Err(response) => return *response,
     };
-    if request.resource_id.is_empty() {
-        return malformed("ResourceId is empty");
+    if let Err(why) = present(&request.resource_id, &request.lock_owner) {
+        return malformed(why);
     }
-    if request.lock_owner.is_empty() {
-        return malformed("LockOwner is empty");
-    }
-    if let Err(why) =
-        bounds::name(&request.resource_id).and_then(|_| bounds::owner(&request.lock_owner))
-    {
+    if let Err(why) = bounded(&request.resource_id, &request.lock_owner) {
         return malformed(&why);
     }
     let status = api
