@@ -171,6 +171,9 @@ struct Lease {
     fencing_token: u64,
     timing: Mutex<Keepalive>,
     state: watch::Sender<LeaseState>,
+    /// True once the lease task is done with the nodes (released there, or lost): the state
+    /// says `Ended` before that, as soon as the lease stops being held.
+    settled: watch::Sender<bool>,
     /// Wakes the lease task after a keepalive or a watcher change.
     wake: Notify,
     /// Asks the lease task to release, for the reason set in `stop_reason`.
@@ -474,6 +477,7 @@ impl<E: LockEngine> Locks<E> {
             state: watch::Sender::new(LeaseState::Held {
                 valid_until: granted.valid_until,
             }),
+            settled: watch::Sender::new(false),
             wake: Notify::new(),
             stop: CancellationToken::new(),
             stop_reason: Mutex::new(End::Released),
@@ -495,10 +499,13 @@ impl<E: LockEngine> Locks<E> {
         ttl: Duration,
     ) {
         let cheap_until = Deadline::now() + FIRST_WAITS_ON_TOKIO;
-        let end = loop {
+        // How the lease ends, and whether its keys are to be released on the nodes.
+        let (end, release) = loop {
             if held.stop.is_cancelled() {
-                slot.lock.release(&lease).await;
-                break *held.stop_reason.lock().unwrap_or_else(|e| e.into_inner());
+                break (
+                    *held.stop_reason.lock().unwrap_or_else(|e| e.into_inner()),
+                    true,
+                );
             }
             let now = Deadline::now();
             let step = held
@@ -507,15 +514,9 @@ impl<E: LockEngine> Locks<E> {
                 .unwrap_or_else(|e| e.into_inner())
                 .next(now);
             match step {
-                Step::Release => {
-                    slot.lock.release(&lease).await;
-                    break End::Abandoned;
-                }
-                Step::Lost => {
-                    // Owner-checked: deletes only keys that are still ours.
-                    slot.lock.release(&lease).await;
-                    break End::Lost;
-                }
+                Step::Release => break (End::Abandoned, true),
+                // Owner-checked: deletes only keys that are still ours.
+                Step::Lost => break (End::Lost, true),
                 Step::Renew => match slot.lock.extend(&lease).await {
                     Ok(renewed) => {
                         let valid_until = renewed.valid_until();
@@ -527,7 +528,7 @@ impl<E: LockEngine> Locks<E> {
                         drop(timing);
                         held.state.send_replace(LeaseState::Held { valid_until });
                     }
-                    Err(ExtendFailed::Gone) => break End::Lost,
+                    Err(ExtendFailed::Gone) => break (End::Lost, false),
                     Err(ExtendFailed::Retry) => held
                         .timing
                         .lock()
@@ -544,12 +545,19 @@ impl<E: LockEngine> Locks<E> {
                 }
             }
         };
+        // Ended before the nodes are asked: from here on the app hears that the lease is gone.
+        // A keepalive answered while the release runs would tell it the lock is still its own
+        // after a quorum deleted the key and another contender may hold it.
+        held.state.send_replace(LeaseState::Ended(end));
+        if release {
+            slot.lock.release(&lease).await;
+        }
+        held.settled.send_replace(true);
         // Released on the nodes (or lost): the next request in this sidecar may try now.
         slot.held_here.send_replace(false);
         if end == End::Lost {
             warn!(lock = %held.name, fencing_token = held.fencing_token, "request lock lost");
         }
-        held.state.send_replace(LeaseState::Ended(end));
         self.metrics.leases_add(-1);
         self.metrics.ended(end.as_str());
         drop(claim);
@@ -614,9 +622,9 @@ impl<E: LockEngine> Locks<E> {
             return Err(Found::Ended(end));
         }
         self.stop(id, End::Released);
-        let mut state = lease.state.subscribe();
-        let ended = state.wait_for(|s| matches!(s, LeaseState::Ended(_)));
-        let _ = tokio::time::timeout(RELEASE_ANSWER_WITHIN, ended).await;
+        let mut settled = lease.settled.subscribe();
+        let released = settled.wait_for(|settled| *settled);
+        let _ = tokio::time::timeout(RELEASE_ANSWER_WITHIN, released).await;
         self.table().leases.remove(&id);
         Ok(())
     }
@@ -887,6 +895,10 @@ mod tests {
         /// Names opened and dropped (engine locks made and freed).
         opened: AtomicUsize,
         dropped: AtomicUsize,
+        /// While set, a release deletes the key (a quorum answered) and then waits for
+        /// `releases_finish` (the slowest node's answer).
+        slow_releases: std::sync::atomic::AtomicBool,
+        releases_finish: Notify,
     }
 
     struct Engine(Arc<Nodes>);
@@ -933,6 +945,9 @@ mod tests {
         }
         async fn release(&self, _: &Held) {
             self.0.held.lock().unwrap().remove(&self.1);
+            if self.0.slow_releases.load(Ordering::SeqCst) {
+                self.0.releases_finish.notified().await;
+            }
         }
         async fn holder(&self) -> Result<Option<String>, ()> {
             Ok(None)
@@ -1131,6 +1146,50 @@ mod tests {
     }
 
     /// Waits (with a deadline) until `done`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lease_being_released_is_no_longer_kept_alive_and_delete_waits_for_the_nodes() {
+        let nodes = Arc::new(Nodes::default());
+        nodes.slow_releases.store(true, Ordering::SeqCst);
+        let locks = service(&nodes);
+        let is_held = |name: &str| nodes.held.lock().unwrap().contains(name);
+
+        // Abandoned: once the release has deleted the key, a keepalive hears that it ended,
+        // not a validity (another contender may hold the lock by now).
+        let ttl = Duration::from_millis(200);
+        let granted = locks
+            .acquire("abandoned", ttl, Duration::ZERO, None)
+            .await
+            .unwrap();
+        until(|| !is_held("abandoned")).await;
+        assert!(matches!(
+            locks.keepalive("abandoned", granted.lease),
+            Err(Found::Ended(End::Abandoned))
+        ));
+        nodes.releases_finish.notify_waiters();
+
+        // DELETE answers once the nodes answered the release, not before.
+        let granted = locks
+            .acquire("deleted", Duration::from_secs(10), Duration::ZERO, None)
+            .await
+            .unwrap();
+        let releasing = tokio::spawn({
+            let locks = Arc::clone(&locks);
+            async move { locks.release("deleted", granted.lease).await }
+        });
+        until(|| !is_held("deleted")).await;
+        assert!(!releasing.is_finished());
+        assert!(matches!(
+            locks.keepalive("deleted", granted.lease),
+            Err(Found::Ended(End::Released))
+        ));
+        until(|| {
+            nodes.releases_finish.notify_waiters();
+            releasing.is_finished()
+        })
+        .await;
+        assert_eq!(releasing.await.unwrap(), Ok(()));
+    }
+
     async fn until(done: impl Fn() -> bool) {
         let deadline = Instant::now() + Duration::from_secs(5);
         while !done() {
