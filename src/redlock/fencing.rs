@@ -71,8 +71,7 @@ pub fn counter_key(name: &str, namespace: Option<&str>) -> String {
     match namespace {
         None => format!("redlock:{{{name}}}:fence"),
         Some(namespace) => {
-            let slot = super::transport::cluster::key_slot(&format!("redlock:{{{name}}}"));
-            let tag = super::transport::cluster::slot_tag(slot);
+            let tag = super::transport::cluster::slot_tag(super::pool::slot_of(name));
             format!("redlock:{{{tag}}}:fence:{namespace}")
         }
     }

@@ -470,7 +470,7 @@ impl Redlock {
         let message = push::Acquired {
             identity: inner.cfg.identity.clone(),
             fencing_token: lease.fencing_token,
-            validity: lease.remaining_at(clock::Deadline::now()),
+            validity: lease.remaining_at(now),
             waiters: inner
                 .waiters_seen
                 .load(std::sync::atomic::Ordering::Relaxed),
