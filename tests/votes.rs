@@ -180,6 +180,48 @@ async fn a_short_ttl_contender_waits_out_the_longest_ttl_in_use() {
     );
 }
 
+/// Renewals rewrite the max-ttl register and the node-set record rarely (once their refresh
+/// marker is gone), yet both always outlive the key a renewal extends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_keep_the_register_and_record_beyond_the_key_and_rewrite_them_rarely() {
+    let cluster = RedisCluster::ready(1, TTL);
+    let lock = redlock(&cluster.urls(), "alpha");
+    let mut lease = lock.try_acquire().await.expect("acquired");
+    let node = cluster.node(0);
+    let pttl = |key: &str| -> i64 { node.command(&["PTTL", key]).parse().expect("a PTTL") };
+    node.command(&["CONFIG", "RESETSTAT"]);
+    // Renewals a third of the ttl apart (the engine's cadence) over two refresh periods.
+    let life = redlock_sidecar::redlock::RECORD_LIFE;
+    let renewals = 3 * (life - 1) * 2 + 2;
+    let mut pace = tokio::time::interval(TTL / 3);
+    for _ in 0..renewals {
+        pace.tick().await;
+        lease = lock.extend(&lease).await.expect("renewed");
+        let key = pttl("redlock:{test}");
+        for outliving in ["redlock:{test}:ttl", "redlock:{test}:nodes"] {
+            let left = pttl(outliving);
+            assert!(
+                left >= key,
+                "{outliving} has {left} ms left, the key {key} ms"
+            );
+        }
+    }
+    let stats = node.command(&["INFO", "commandstats"]);
+    let sets: u32 = stats
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_set:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().expect("a count"));
+    // Three writes (register, record, marker) per refresh, a refresh every 3 × (life − 1)
+    // renewals from the first on: three refreshes. A refresh whenever the register had less
+    // than a ttl left (two writes every third renewal) would make about twelve.
+    assert!(
+        (3..=9).contains(&sets),
+        "{sets} SETs over {renewals} renewals"
+    );
+    lock.release(&lease).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_switched_to_eviction_at_runtime_stops_the_node_counting() {
     let cluster = RedisCluster::ready(1, TTL);

@@ -40,7 +40,7 @@ type Reply = Result<(RawExtendReply, Arc<NodeFacts>), NodeError>;
 
 /// One lock's renewal waiting for its node's batch.
 struct Pending {
-    keys: [String; 5],
+    keys: [String; 6],
     args: Vec<String>,
     send_by: Deadline,
     timeout: Duration,

@@ -84,13 +84,14 @@ impl Drop for KeyWrite {
 
 impl Inner {
     /// The keys every script gets, in the order `scripts` documents.
-    pub(super) fn keys(&self) -> [&str; 5] {
+    pub(super) fn keys(&self) -> [&str; 6] {
         [
             &self.key,
             &self.fence_key,
             &self.ttl_key,
             EPOCH_KEY,
             &self.node_set_key,
+            &self.refreshed_key,
         ]
     }
 

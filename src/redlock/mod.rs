@@ -69,7 +69,7 @@ use fanout::{Answers, KeyWrite, Order};
 pub use pool::Engine;
 use round::acquire::identity_of;
 pub use slot::{slot_seen, SlotSeen};
-pub use timing::{drift, quorum, validity};
+pub use timing::{drift, quorum, validity, RECORD_LIFE};
 pub use transport::{cluster, secrets, sentinel};
 pub use transport::{
     info_field, ClientCert, ConnectSettings, Credentials, Node, NodeError, NodeErrorKind,
@@ -230,6 +230,9 @@ struct Inner {
     fence_key: String,
     ttl_key: String,
     node_set_key: String,
+    /// Holds the fingerprint while the register and the node-set record need no refresh (see
+    /// `scripts`).
+    refreshed_key: String,
     /// Shared with the other locks of an [`Engine`], or this lock's own.
     nodes: Arc<[Node]>,
     /// On an [`Engine`]: the renewal batches shared with its other locks (see [`batch`]).
@@ -313,6 +316,7 @@ impl Redlock {
                 fence_key: fencing::counter_key(name, cfg.fence_namespace.as_deref()),
                 ttl_key: format!("redlock:{{{name}}}:ttl"),
                 node_set_key: format!("redlock:{{{name}}}:nodes"),
+                refreshed_key: format!("redlock:{{{name}}}:refreshed"),
                 conflict_logged_at: std::sync::Mutex::new(None),
                 fence_seen: AtomicU64::new(0),
                 max_ttl_seen: AtomicU64::new(0),

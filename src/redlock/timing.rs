@@ -14,6 +14,14 @@ pub const CLOCK_DRIFT_FACTOR: f64 = 0.01;
 /// Fixed drift added for timer granularity on the nodes.
 pub const CLOCK_DRIFT_FLOOR: Duration = Duration::from_millis(2);
 
+/// How many times the longest ttl the lock's max-ttl register and node-set record live (see
+/// `votes`, rules 3 and 7). A renewal rewrites them once less than one ttl is left, so the
+/// longer they live, the rarer that write: at 4, one renewal in about nine (a renewal every
+/// third of the ttl), where 2 made it one in three and cost a renewal 0.3× the classic
+/// owner-checked one. The price is rule 7's bound: a departed holder's record keeps contenders
+/// that list other servers out for up to this many ttls after its last renewal.
+pub const RECORD_LIFE: u32 = 4;
+
 /// Longest `ttl` (and `max_ttl`) accepted: an hour. A node that has kept its data for longer
 /// than this (plus drift) counts whatever ttl anyone uses, so its grant can be counted before
 /// the other nodes have answered (see `votes`); the bound also keeps every deadline sum far
@@ -104,6 +112,19 @@ pub fn retry_delay(base: Duration, max: Duration, attempt: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_scripts_write_the_records_for_the_life_the_engine_assumes() {
+        use super::super::scripts;
+        assert_eq!(scripts::RECORD_LIFE_IN_SCRIPTS, RECORD_LIFE.to_string());
+        for script in [scripts::ACQUIRE, scripts::EXTEND, scripts::EXTEND_MANY] {
+            assert!(
+                !script.contains("2 * "),
+                "a record written for two ttls: {script}"
+            );
+        }
+        assert!(scripts::EXTEND.contains(&format!("'PX', {RECORD_LIFE} * ttl")));
+    }
 
     #[test]
     fn a_slow_renewal_never_moves_the_end_of_validity_earlier() {

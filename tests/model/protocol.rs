@@ -35,6 +35,9 @@ use crate::engine::{
     self, AcquireAns, AcquireNext, AcquireView, Age, ExtendAns, ExtendNext, RaiseNext,
 };
 
+/// How many ttls the max-ttl register and the node-set record live: the engine's own.
+const LIFE: u8 = redlock_sidecar::redlock::RECORD_LIFE as u8;
+
 /// Node slots a model may use.
 pub const MAX_NODES: usize = 4;
 /// Clients a model may use.
@@ -155,7 +158,7 @@ pub struct Config {
     /// The lease stops claiming (and renewing) this many ticks before its validity ends.
     pub safety_margin: u8,
     /// The node-set record of this client's set is live on its nodes when the run starts
-    /// (it held the lock just before), until twice its ttl.
+    /// (it held the lock just before), for `RECORD_LIFE` times its ttl.
     pub records_at_start: Option<usize>,
 }
 
@@ -195,6 +198,8 @@ pub struct Data {
     pub register: Option<(u8, u8)>,
     /// The node-set record: (fingerprint, real tick at which it is gone).
     pub record: Option<(u64, u8)>,
+    /// The refresh marker: (the fingerprint it holds, real tick at which it is gone).
+    pub refreshed: Option<(u64, u8)>,
     pub marker: Option<Marker>,
 }
 
@@ -208,6 +213,9 @@ impl Data {
         }
         if self.record.is_some_and(|(_, at)| at <= now) {
             self.record = None;
+        }
+        if self.refreshed.is_some_and(|(_, at)| at <= now) {
+            self.refreshed = None;
         }
     }
 }
@@ -460,7 +468,7 @@ impl Model for Config {
             let ttl = self.clients[c].ttl;
             let set = self.fingerprint(c, &[Some(id.run); MAX_NODES]);
             for n in &self.clients[c].nodes {
-                let gone = self.node_expiry(0, 2 * ttl);
+                let gone = self.node_expiry(0, LIFE * ttl);
                 nodes[*n].data.register = Some((ttl, gone));
                 nodes[*n].data.record = Some((set, gone));
             }

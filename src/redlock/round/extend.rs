@@ -21,8 +21,26 @@ use super::super::votes::{DataAge, Proof};
 use super::Rules;
 use crate::clock::Deadline;
 
-/// The extend script's reply as it comes off the wire: `{status, epoch_age_ms, max_ttl_ms}`.
-pub type RawExtendReply = (i64, i64, u64);
+/// The extend script's reply as it comes off the wire: `{status, epoch_age_ms, max_ttl_ms}`,
+/// or, on the path nearly every renewal takes (our key extended, no proof made), the max-ttl
+/// register alone as an integer (0 when not read): an array costs the node more to build than
+/// the rest of that path's Lua.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawExtendReply(pub i64, pub i64, pub u64);
+
+impl redis::FromRedisValue for RawExtendReply {
+    fn from_redis_value(v: redis::Value) -> Result<Self, redis::ParsingError> {
+        match v {
+            redis::Value::Int(register) => u64::try_from(register)
+                .map(|register| RawExtendReply(1, -1, register))
+                .map_err(|_| "a negative max-ttl register".into()),
+            other => {
+                let (status, age, max_ttl) = <(i64, i64, u64)>::from_redis_value(other)?;
+                Ok(RawExtendReply(status, age, max_ttl))
+            }
+        }
+    }
+}
 
 /// What a node did with our renewal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,7 +64,7 @@ pub struct ExtendReply {
 
 impl ExtendReply {
     /// Parses the script's reply.
-    pub fn parse((status, age, max_ttl): RawExtendReply) -> ExtendReply {
+    pub fn parse(RawExtendReply(status, age, max_ttl): RawExtendReply) -> ExtendReply {
         ExtendReply {
             status: match status {
                 1 => ExtendStatus::Extended,

@@ -356,7 +356,8 @@ mod tests {
     fn every_key_of_a_lock_shares_one_slot_unless_its_name_starts_with_a_closing_brace() {
         let slots = |name: &str| {
             let key = format!("redlock:{{{name}}}");
-            ["", ":fence", ":ttl", ":nodes"].map(|suffix| key_slot(&format!("{key}{suffix}")))
+            ["", ":fence", ":ttl", ":nodes", ":refreshed"]
+                .map(|suffix| key_slot(&format!("{key}{suffix}")))
         };
         for name in ["x", "a}b", "a{b}", "{x}", "x{", "a}"] {
             let slots = slots(name);

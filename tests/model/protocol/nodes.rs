@@ -110,11 +110,11 @@ impl Config {
             Some((v, _)) => v <= ttl,
         };
         if write {
-            node.data.register = Some((ttl, self.node_expiry(now, 2 * ttl)));
+            node.data.register = Some((ttl, self.node_expiry(now, LIFE * ttl)));
         }
         if self.rules.fingerprint {
             let longest = node.data.register.map_or(ttl, |(v, _)| v.max(ttl));
-            node.data.record = Some((set, self.node_expiry(now, 2 * longest)));
+            node.data.record = Some((set, self.node_expiry(now, LIFE * longest)));
         }
     }
 
@@ -161,20 +161,28 @@ impl Config {
                 };
                 Some(self.acquire_on(node, at, (nonce, cand, set), foreign))
             }
-            // Our key stands: the renewal refreshes the register and the record only when due
-            // (the register has less than a ttl left, or the record is not ours), and neither
-            // proves nor writes the counter. The engine also sends everything on every
-            // `PROOF_EVERY`th renewal; the model never does, the case with the fewest writes.
+            // Our key stands: the renewal refreshes the register and the record only when the
+            // refresh marker does not hold our fingerprint, and neither proves nor writes the
+            // counter. The marker goes a ttl before the register does. The engine also sends
+            // everything on every `PROOF_EVERY`th renewal; the model never does, the case with
+            // the fewest writes.
             Op::Extend { nonce, set, .. } if ours(node, nonce) => {
-                let register = node.data.register.map_or(0, |(v, _)| v);
-                let due = node.data.register.is_none_or(|(_, at)| at - now < ttl);
-                if due {
+                let register = if node.data.refreshed.is_some_and(|(marked, _)| marked == set) {
+                    0
+                } else {
+                    let before = node.data.register.map_or(0, |(v, _)| v);
                     self.record_ttl(node, set, ttl, now, false);
-                } else if self.rules.fingerprint
-                    && node.data.record.is_none_or(|(recorded, _)| recorded != set)
-                {
-                    node.data.record = Some((set, self.node_expiry(now, 2 * register.max(ttl))));
-                }
+                    node.data.refreshed = node.data.register.and_then(|(_, gone)| {
+                        let by_register = if gone > self.horizon {
+                            u8::MAX
+                        } else {
+                            gone.saturating_sub(ttl)
+                        };
+                        let at = self.node_expiry(now, (LIFE - 1) * ttl).min(by_register);
+                        (at > now).then_some((set, at))
+                    });
+                    before
+                };
                 node.data.key = Some(Key {
                     client: client as u8,
                     nonce,
