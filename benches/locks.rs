@@ -13,7 +13,8 @@
 //!   `BENCH_ROUNDS × BENCH_BATCH` cycles, run in interleaved batches (every path one batch,
 //!   round after round, on the same nodes), so whatever else loads the machine hits every
 //!   row alike.
-//! - `BENCH_HANDOVERS` (default 100): hand-overs per kind per node count.
+//! - `BENCH_HANDOVERS` (default 100): hand-overs per kind per node count (the floor is a
+//!   kind), in batches of 10.
 //! - `REDLOCK_BIN`: measure another sidecar binary.
 //!
 //! Paths, each from one client doing sequential cycles:
@@ -36,25 +37,34 @@
 //!
 //! Hand-over: a client holds the hot name, a second client waits for it (`wait=10s`) in the
 //! same sidecar or in a second one; measured from the holder's `DELETE` being sent to the
-//! waiter's 200.
+//! waiter's 200. Beside it, in batches taking turns with the sidecar's, the **hand-over
+//! floor**: the least any Redlock hand-over can cost with bare commands on the same nodes. A
+//! holder's compare-and-delete script that also PUBLISHes the release (EVALSHA on all N at
+//! once); a waiter SUBSCRIBEd on every node (as the engine is) that, on the first
+//! announcement, sends `SET NX PX` to all N at once and counts a quorum; measured from the
+//! release being sent to the waiter's quorum of grants.
 //!
 //! - **HTTP, two answers without Redis**: two `POST .../keepalive` for a lease nobody has
 //!   (404 from the lease table): the transport part of the HTTP hop, without the service.
 //!
 //! Goal lines: `http_hop_p50_us` is the HTTP p50 less the library p50 on the same arrangement
 //! (one shared engine; a new name per cycle for both, or the hot name for both), in the same
-//! run; `hot_handover_p50_us` per kind.
+//! run, with what it adds over its own floor (the two answers without Redis) and the ratio;
+//! `hot_handover_p50_us` per kind; `hot_handover_floor_p50_us` and `hot_handover_over_floor`
+//! (each kind's p50 over the floor's, same run).
 
 mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
+use futures_util::{Stream, StreamExt};
 use rand::Rng;
 use redis::aio::MultiplexedConnection;
 use redis::Script;
@@ -67,12 +77,23 @@ const NODE_COUNTS: [usize; 3] = [1, 3, 5];
 const TTL: Duration = Duration::from_secs(10);
 const HANDOVER_GOAL_US: f64 = 1000.0;
 const HOP_GOAL_US: f64 = 100.0;
+/// Hand-overs per batch: the floor and the two sidecar kinds take turns by batches.
+const HANDOVER_BATCH: usize = 10;
 /// A keepalive for a lease nobody has: answered from the lease table alone.
 const UNKNOWN_LEASE: &str = "/v1/locks/bench/00000000000000000000000000000000/keepalive";
 
 static CAD: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+    )
+});
+
+/// Compare-and-delete that announces the release (ARGV[2]: the channel), as the engine's
+/// release script does.
+static CAD_PUBLISH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) \
+         redis.call('PUBLISH', ARGV[2], ARGV[1]) return 1 end return 0",
     )
 });
 
@@ -261,32 +282,130 @@ fn random_value() -> String {
     format!("{:032x}", rand::rng().random::<u128>())
 }
 
-async fn floor_cycle(conns: &[MultiplexedConnection], key: &str) {
-    let value = random_value();
-    let ttl_ms = TTL.as_millis() as u64;
-    let sets = join_all(conns.iter().map(|c| {
+/// `SET key value NX PX ttl` on one node: whether it granted.
+async fn set_nx(conn: &MultiplexedConnection, key: &str, value: &str) -> bool {
+    let mut c = conn.clone();
+    let reply = redis::cmd("SET")
+        .arg(key)
+        .arg(value)
+        .arg("NX")
+        .arg("PX")
+        .arg(TTL.as_millis() as u64)
+        .query_async::<Option<String>>(&mut c)
+        .await;
+    matches!(reply, Ok(Some(_)))
+}
+
+/// [`set_nx`] on all `conns` at once: which granted.
+async fn set_nx_all(conns: &[MultiplexedConnection], key: &str, value: &str) -> Vec<bool> {
+    join_all(conns.iter().map(|c| set_nx(c, key, value))).await
+}
+
+/// Compare-and-delete of `value` on all `conns` at once (`script`: [`CAD`], or [`CAD_PUBLISH`]
+/// with the channel as its second argument).
+async fn delete_all(conns: &[MultiplexedConnection], script: &Script, key: &str, args: &[&str]) {
+    join_all(conns.iter().map(|c| {
         let mut c = c.clone();
-        let value = &value;
         async move {
-            redis::cmd("SET")
-                .arg(key)
-                .arg(value)
-                .arg("NX")
-                .arg("PX")
-                .arg(ttl_ms)
-                .query_async::<Option<String>>(&mut c)
-                .await
+            let mut invocation = script.key(key);
+            for arg in args {
+                invocation.arg(*arg);
+            }
+            invocation.invoke_async::<i64>(&mut c).await
         }
     }))
     .await;
-    let granted = sets.iter().filter(|r| matches!(r, Ok(Some(_)))).count();
-    assert_eq!(granted, conns.len(), "the floor is uncontended");
-    join_all(conns.iter().map(|c| {
-        let mut c = c.clone();
-        let value = &value;
-        async move { CAD.key(key).arg(value).invoke_async::<i64>(&mut c).await }
-    }))
-    .await;
+}
+
+async fn floor_cycle(conns: &[MultiplexedConnection], key: &str) {
+    let value = random_value();
+    let granted = set_nx_all(conns, key, &value).await;
+    assert!(granted.iter().all(|g| *g), "the floor is uncontended");
+    delete_all(conns, &CAD, key, &[&value]).await;
+}
+
+/// The hand-over floor's key and the channel its release announces on.
+const FLOOR_HANDOVER_KEY: &str = "floor:bench-handover";
+const FLOOR_HANDOVER_CHANNEL: &str = "floor:bench-handover:released";
+
+/// Release announcements of the hand-over floor: (node, released value), from every node.
+type Announcements = Pin<Box<dyn Stream<Item = (usize, String)> + Send>>;
+
+/// A waiter SUBSCRIBEd to the floor's release channel on every node, as the engine subscribes
+/// to a lock's release channel on every node.
+async fn floor_subscribe(urls: &[String]) -> Announcements {
+    let mut streams = Vec::new();
+    for (node, url) in urls.iter().enumerate() {
+        let client = redis::Client::open(url.as_str()).expect("valid url");
+        let mut pubsub = client.get_async_pubsub().await.expect("pub/sub connection");
+        pubsub
+            .subscribe(FLOOR_HANDOVER_CHANNEL)
+            .await
+            .expect("subscribed");
+        streams.push(
+            pubsub
+                .into_on_message()
+                .map(move |msg| (node, msg.get_payload::<String>().unwrap_or_default())),
+        );
+    }
+    Box::pin(futures_util::stream::select_all(streams))
+}
+
+/// The least any Redlock hand-over can cost with bare commands on these nodes: a holder's
+/// compare-and-delete that PUBLISHes (on all nodes at once); the subscribed waiter, on the
+/// first announcement of that release from any node, sends `SET NX PX` to all nodes at once
+/// and counts a quorum (a node that refused, its release not run yet, is asked again when its
+/// own announcement comes). Measured from the release being sent to the waiter's quorum.
+/// Returns the time and whether the waiter needed a second ask.
+async fn floor_handover(
+    conns: &[MultiplexedConnection],
+    announcements: &mut Option<Announcements>,
+) -> (Duration, bool) {
+    let key = FLOOR_HANDOVER_KEY;
+    let held = random_value();
+    let granted = set_nx_all(conns, key, &held).await;
+    assert!(granted.iter().all(|g| *g), "the floor holder is alone");
+    let mut messages = announcements.take().expect("subscribed");
+    let waiter_conns = conns.to_vec();
+    let expected = held.clone();
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let waiter = tokio::spawn(async move {
+        let conns = waiter_conns;
+        let quorum = conns.len() / 2 + 1;
+        let value = random_value();
+        let _ = ready_tx.send(());
+        let mut granted = vec![false; conns.len()];
+        let mut asked_again = false;
+        let mut first = true;
+        while granted.iter().filter(|g| **g).count() < quorum {
+            // Announcements of earlier hand-overs (from the other nodes) are not this one's.
+            let node = loop {
+                let (node, released) = messages.next().await.expect("subscribed");
+                if released == expected {
+                    break node;
+                }
+            };
+            if first {
+                first = false;
+                granted = set_nx_all(&conns, key, &value).await;
+            } else if !granted[node] {
+                asked_again = true;
+                granted[node] = set_nx(&conns[node], key, &value).await;
+            }
+        }
+        let answered = Instant::now();
+        delete_all(&conns, &CAD, key, &[&value]).await;
+        (answered, asked_again, messages)
+    });
+    ready_rx.await.expect("the waiter runs");
+    let released = Instant::now();
+    delete_all(conns, &CAD_PUBLISH, key, &[&held, FLOOR_HANDOVER_CHANNEL]).await;
+    let (answered, asked_again, messages) = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the floor waiter gets a quorum")
+        .expect("the floor waiter does not panic");
+    *announcements = Some(messages);
+    (answered.saturating_duration_since(released), asked_again)
 }
 
 /// One cycle on `path`; its latency.
@@ -505,13 +624,49 @@ fn main() {
         for (i, &(path, hot)) in PATHS.iter().enumerate() {
             print_row(path.label(hot), nodes, &rows[i]);
         }
-        let within = handovers(&a.control, &a.control, count);
+        let mut announcements = Some(rt.block_on(floor_subscribe(&clients.urls)));
+        // Warm up: scripts, connections, the sidecars' engine locks of the name.
+        for _ in 0..3 {
+            rt.block_on(floor_handover(&clients.conns, &mut announcements));
+        }
+        handovers(&a.control, &a.control, 3);
+        handovers(&a.control, &b.control, 3);
+        let mut handover_floor = Samples::default();
+        let mut floor_asked_again = 0;
+        let mut within = Samples::default();
+        let mut between = Samples::default();
+        let mut done = 0;
+        let mut round = 0;
+        while done < count {
+            let n = HANDOVER_BATCH.min(count - done);
+            // The three kinds in batches, in a rotating order, so load hits them alike.
+            for k in 0..3 {
+                match (k + round) % 3 {
+                    0 => {
+                        for _ in 0..n {
+                            let (d, asked_again) =
+                                rt.block_on(floor_handover(&clients.conns, &mut announcements));
+                            handover_floor.push(d);
+                            floor_asked_again += usize::from(asked_again);
+                        }
+                    }
+                    1 => within.0.extend(handovers(&a.control, &a.control, n).0),
+                    _ => between.0.extend(handovers(&a.control, &b.control, n).0),
+                }
+            }
+            done += n;
+            round += 1;
+        }
+        print_handover(
+            "hand-over floor (CAD + PUBLISH → subscribed waiter's SET NX PX quorum)",
+            nodes,
+            &handover_floor,
+        );
         print_handover(
             "hand-over of the hot name, waiter in the same sidecar",
             nodes,
             &within,
         );
-        let between = handovers(&a.control, &b.control, count);
         print_handover(
             "hand-over of the hot name, waiter in another sidecar",
             nodes,
@@ -525,12 +680,16 @@ fn main() {
         let hop_hot = p50(Path::Http, true) - p50(Path::Library, true);
         let floor = p50(Path::Floor, true);
         let library = p50(Path::Library, true);
+        // The hop's own floor: two requests the sidecar answers without Redis.
+        let hop_floor = p50(Path::HttpNoRedis, false);
         for (kind, hop, hot) in [("many_names", hop, false), ("hot_name", hop_hot, true)] {
             goals.push(format!(
-                "http_hop_p50_us n={nodes} {kind} {hop:.0} (HTTP {:.0} − library {:.0}, one shared engine each, same run) goal ≤ {HOP_GOAL_US:.0}: {}",
+                "http_hop_p50_us n={nodes} {kind} {hop:.0} (HTTP {:.0} − library {:.0}, one shared engine each, same run) goal ≤ {HOP_GOAL_US:.0}: {}; over its floor (two answers without Redis, {hop_floor:.0}) {:.0}, ratio {:.2}",
                 p50(Path::Http, hot),
                 p50(Path::Library, hot),
-                met(hop <= HOP_GOAL_US)
+                met(hop <= HOP_GOAL_US),
+                hop - hop_floor,
+                hop / hop_floor.max(1.0)
             ));
         }
         goals.push(format!(
@@ -561,6 +720,17 @@ fn main() {
                 met(v < HANDOVER_GOAL_US)
             ));
         }
+        let floor_p50 = us(handover_floor.pct(50.0));
+        goals.push(format!(
+            "hot_handover_floor_p50_us n={nodes} {floor_p50:.0} (p99 {:.0}; the waiter asked a node again in {floor_asked_again} of {})",
+            us(handover_floor.pct(99.0)),
+            handover_floor.len()
+        ));
+        goals.push(format!(
+            "hot_handover_over_floor n={nodes} same_sidecar {:.2} between_sidecars {:.2}",
+            us(within.pct(50.0)) / floor_p50.max(1.0),
+            us(between.pct(50.0)) / floor_p50.max(1.0)
+        ));
     }
     println!();
     for goal in goals {
