@@ -15,6 +15,8 @@
 //!   row alike.
 //! - `BENCH_HANDOVERS` (default 100): hand-overs per kind per node count (the floor is a
 //!   kind), in batches of 10.
+//! - `BENCH_WAITER_IDLE_US` (default 30000): how long a hand-over's waiter waits, known to be
+//!   waiting, before the holder releases (every kind alike; see [`waiter_idle`]).
 //! - `REDLOCK_BIN`: measure another sidecar binary.
 //!
 //! Paths, each from one client doing sequential cycles:
@@ -77,6 +79,15 @@ const NODE_COUNTS: [usize; 3] = [1, 3, 5];
 const TTL: Duration = Duration::from_secs(10);
 const HANDOVER_GOAL_US: f64 = 1000.0;
 const HOP_GOAL_US: f64 = 100.0;
+/// How long every hand-over's waiter waits, known to be waiting, before the release: the
+/// same for the floor and the sidecars, so none is measured warmer (threads just woken by the
+/// check that it waits) than another. Idle threads wake slower: on 2 shared cores the floor
+/// took 142, 207 and 420 µs p50 (N = 1) after 0, 5 and 30 ms, and the sidecars about 2.5×
+/// that each time. 30 ms by default, as the figures before the floor were measured.
+fn waiter_idle() -> Duration {
+    Duration::from_micros(env_usize("BENCH_WAITER_IDLE_US", 30_000) as u64)
+}
+
 /// Hand-overs per batch: the floor and the two sidecar kinds take turns by batches.
 const HANDOVER_BATCH: usize = 10;
 /// A keepalive for a lease nobody has: answered from the lease table alone.
@@ -103,15 +114,17 @@ fn binary() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_redlock-sidecar")))
 }
 
-/// A sidecar child with its control listener's address.
+/// A sidecar child with its control listener's and admin listener's addresses.
 struct Sidecar {
     child: Child,
     control: String,
+    admin: String,
 }
 
 impl Sidecar {
     fn start(name: &str, urls: &str) -> Sidecar {
         let control = format!("127.0.0.1:{}", free_port());
+        let admin = format!("127.0.0.1:{}", free_port());
         let child = Command::new(binary())
             .args(["run", "--lock", "bench-leader", "--redis", urls])
             .args([
@@ -122,7 +135,7 @@ impl Sidecar {
                 "--kubernetes",
                 "off",
             ])
-            .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+            .args(["--listen", &admin])
             .args(["--control-listen", &control])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -133,7 +146,34 @@ impl Sidecar {
             assert!(Instant::now() < deadline, "the control listener serves");
             std::thread::sleep(Duration::from_millis(10));
         }
-        Sidecar { child, control }
+        Sidecar {
+            child,
+            control,
+            admin,
+        }
+    }
+
+    /// Request-lock acquisitions waiting in this sidecar now (`redlock_app_lock_waiting`).
+    fn waiting(&self) -> u64 {
+        let (status, body) = Conn::open(&self.admin).call("GET", "/metrics");
+        assert_eq!(status, 200, "/metrics");
+        body.lines()
+            .find(|l| {
+                l.starts_with("redlock_app_lock_waiting{")
+                    || l.starts_with("redlock_app_lock_waiting ")
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .expect("the waiting gauge") as u64
+    }
+
+    /// Returns once an acquisition waits in this sidecar.
+    fn await_waiter(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.waiting() == 0 {
+            assert!(Instant::now() < deadline, "the waiter reaches the sidecar");
+            std::thread::sleep(Duration::from_micros(200));
+        }
     }
 }
 
@@ -398,6 +438,7 @@ async fn floor_handover(
         (answered, asked_again, messages)
     });
     ready_rx.await.expect("the waiter runs");
+    tokio::time::sleep(waiter_idle()).await;
     let released = Instant::now();
     delete_all(conns, &CAD_PUBLISH, key, &[&held, FLOOR_HANDOVER_CHANNEL]).await;
     let (answered, asked_again, messages) = tokio::time::timeout(Duration::from_secs(10), waiter)
@@ -492,10 +533,10 @@ fn redis_cpu(servers: &[RedisServer]) -> f64 {
 
 /// The hand-over of `bench-handover` from a holder on `from` to a waiter on `to`: DELETE sent
 /// → the waiter's 200.
-fn handovers(from: &str, to: &str, count: usize) -> Samples {
+fn handovers(from: &Sidecar, to: &Sidecar, count: usize) -> Samples {
     let mut samples = Samples::default();
-    let mut holder = Conn::open(from);
-    let mut waiter = Some(Conn::open(to));
+    let mut holder = Conn::open(&from.control);
+    let mut waiter = Some(Conn::open(&to.control));
     for _ in 0..count {
         let lease = holder.acquire("/v1/locks/bench-handover?ttl=10s");
         let mut conn = waiter.take().unwrap();
@@ -508,8 +549,11 @@ fn handovers(from: &str, to: &str, count: usize) -> Samples {
             (answered, conn)
         });
         rx.recv().unwrap();
-        // Let the waiter's request reach the sidecar and wait there (a benchmark, not a test).
-        std::thread::sleep(Duration::from_millis(30));
+        // The waiter's request waits in its sidecar: counted as it enters the lease table, a
+        // few steps before its engine lock takes the release announcements (on subscriptions
+        // made in the warm-up, kept while the name is in use).
+        to.await_waiter();
+        std::thread::sleep(waiter_idle());
         let released = Instant::now();
         holder.release("bench-handover", &lease);
         let (answered, conn) = waiting.join().unwrap();
@@ -629,8 +673,8 @@ fn main() {
         for _ in 0..3 {
             rt.block_on(floor_handover(&clients.conns, &mut announcements));
         }
-        handovers(&a.control, &a.control, 3);
-        handovers(&a.control, &b.control, 3);
+        handovers(&a, &a, 3);
+        handovers(&a, &b, 3);
         let mut handover_floor = Samples::default();
         let mut floor_asked_again = 0;
         let mut within = Samples::default();
@@ -650,8 +694,8 @@ fn main() {
                             floor_asked_again += usize::from(asked_again);
                         }
                     }
-                    1 => within.0.extend(handovers(&a.control, &a.control, n).0),
-                    _ => between.0.extend(handovers(&a.control, &b.control, n).0),
+                    1 => within.0.extend(handovers(&a, &a, n).0),
+                    _ => between.0.extend(handovers(&a, &b, n).0),
                 }
             }
             done += n;
