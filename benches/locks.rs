@@ -39,7 +39,8 @@
 //!
 //! Hand-over: a client holds the hot name, a second client waits for it (`wait=10s`) in the
 //! same sidecar or in a second one; measured from the holder's `DELETE` being sent to the
-//! waiter's 200. Beside it, in batches taking turns with the sidecar's, the **hand-over
+//! waiter's 200. The holder releases once the waiter's sidecar counts it waiting
+//! (`redlock_app_lock_waiting`) and `BENCH_WAITER_IDLE_US` later. Beside it, in batches taking turns with the sidecar's, the **hand-over
 //! floor**: the least any Redlock hand-over can cost with bare commands on the same nodes. A
 //! holder's compare-and-delete script that also PUBLISHes the release (EVALSHA on all N at
 //! once); a waiter SUBSCRIBEd on every node (as the engine is) that, on the first
@@ -342,9 +343,14 @@ async fn set_nx_all(conns: &[MultiplexedConnection], key: &str, value: &str) -> 
 }
 
 /// Compare-and-delete of `value` on all `conns` at once (`script`: [`CAD`], or [`CAD_PUBLISH`]
-/// with the channel as its second argument).
-async fn delete_all(conns: &[MultiplexedConnection], script: &Script, key: &str, args: &[&str]) {
-    join_all(conns.iter().map(|c| {
+/// with the channel as its second argument): on how many nodes it deleted.
+async fn delete_all(
+    conns: &[MultiplexedConnection],
+    script: &Script,
+    key: &str,
+    args: &[&str],
+) -> usize {
+    let deleted = join_all(conns.iter().map(|c| {
         let mut c = c.clone();
         async move {
             let mut invocation = script.key(key);
@@ -355,13 +361,15 @@ async fn delete_all(conns: &[MultiplexedConnection], script: &Script, key: &str,
         }
     }))
     .await;
+    deleted.iter().filter(|r| matches!(r, Ok(1))).count()
 }
 
 async fn floor_cycle(conns: &[MultiplexedConnection], key: &str) {
     let value = random_value();
     let granted = set_nx_all(conns, key, &value).await;
     assert!(granted.iter().all(|g| *g), "the floor is uncontended");
-    delete_all(conns, &CAD, key, &[&value]).await;
+    let deleted = delete_all(conns, &CAD, key, &[&value]).await;
+    assert_eq!(deleted, conns.len(), "the floor deletes its own keys");
 }
 
 /// The hand-over floor's key and the channel its release announces on.
@@ -434,13 +442,19 @@ async fn floor_handover(
             }
         }
         let answered = Instant::now();
-        delete_all(&conns, &CAD, key, &[&value]).await;
+        let deleted = delete_all(&conns, &CAD, key, &[&value]).await;
+        assert!(deleted >= quorum, "the floor waiter deletes its own keys");
         (answered, asked_again, messages)
     });
     ready_rx.await.expect("the waiter runs");
     tokio::time::sleep(waiter_idle()).await;
     let released = Instant::now();
-    delete_all(conns, &CAD_PUBLISH, key, &[&held, FLOOR_HANDOVER_CHANNEL]).await;
+    let deleted = delete_all(conns, &CAD_PUBLISH, key, &[&held, FLOOR_HANDOVER_CHANNEL]).await;
+    assert_eq!(
+        deleted,
+        conns.len(),
+        "the floor holder releases on every node"
+    );
     let (answered, asked_again, messages) = tokio::time::timeout(Duration::from_secs(10), waiter)
         .await
         .expect("the floor waiter gets a quorum")
