@@ -13,7 +13,10 @@
 //!   `BENCH_ROUNDS × BENCH_BATCH` cycles, run in interleaved batches (every path one batch,
 //!   round after round, on the same nodes), so whatever else loads the machine hits every
 //!   row alike.
-//! - `BENCH_HANDOVERS` (default 100): hand-overs per kind per node count.
+//! - `BENCH_HANDOVERS` (default 100): hand-overs per kind per node count (the floor is a
+//!   kind), in batches of 10.
+//! - `BENCH_WAITER_IDLE_US` (default 30000): how long a hand-over's waiter waits, known to be
+//!   waiting, before the holder releases (every kind alike; see [`waiter_idle`]).
 //! - `REDLOCK_BIN`: measure another sidecar binary.
 //!
 //! Paths, each from one client doing sequential cycles:
@@ -36,25 +39,35 @@
 //!
 //! Hand-over: a client holds the hot name, a second client waits for it (`wait=10s`) in the
 //! same sidecar or in a second one; measured from the holder's `DELETE` being sent to the
-//! waiter's 200.
+//! waiter's 200. The holder releases once the waiter's sidecar counts it waiting
+//! (`redlock_app_lock_waiting`) and `BENCH_WAITER_IDLE_US` later. Beside it, in batches taking turns with the sidecar's, the **hand-over
+//! floor**: the least any Redlock hand-over can cost with bare commands on the same nodes. A
+//! holder's compare-and-delete script that also PUBLISHes the release (EVALSHA on all N at
+//! once); a waiter SUBSCRIBEd on every node (as the engine is) that, on the first
+//! announcement, sends `SET NX PX` to all N at once and counts a quorum; measured from the
+//! release being sent to the waiter's quorum of grants.
 //!
 //! - **HTTP, two answers without Redis**: two `POST .../keepalive` for a lease nobody has
 //!   (404 from the lease table): the transport part of the HTTP hop, without the service.
 //!
 //! Goal lines: `http_hop_p50_us` is the HTTP p50 less the library p50 on the same arrangement
 //! (one shared engine; a new name per cycle for both, or the hot name for both), in the same
-//! run; `hot_handover_p50_us` per kind.
+//! run, with what it adds over its own floor (the two answers without Redis) and the ratio;
+//! `hot_handover_p50_us` per kind; `hot_handover_floor_p50_us` and `hot_handover_over_floor`
+//! (each kind's p50 over the floor's, same run).
 
 mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
+use futures_util::{Stream, StreamExt};
 use rand::Rng;
 use redis::aio::MultiplexedConnection;
 use redis::Script;
@@ -67,6 +80,17 @@ const NODE_COUNTS: [usize; 3] = [1, 3, 5];
 const TTL: Duration = Duration::from_secs(10);
 const HANDOVER_GOAL_US: f64 = 1000.0;
 const HOP_GOAL_US: f64 = 100.0;
+/// How long every hand-over's waiter waits, known to be waiting, before the release: the
+/// same for the floor and the sidecars, so none is measured warmer (threads just woken by the
+/// check that it waits) than another. Idle threads wake slower: on 2 shared cores the floor
+/// took 142, 207 and 420 µs p50 (N = 1) after 0, 5 and 30 ms, and the sidecars about 2.5×
+/// that each time. 30 ms by default, as the figures before the floor were measured.
+fn waiter_idle() -> Duration {
+    Duration::from_micros(env_usize("BENCH_WAITER_IDLE_US", 30_000) as u64)
+}
+
+/// Hand-overs per batch: the floor and the two sidecar kinds take turns by batches.
+const HANDOVER_BATCH: usize = 10;
 /// A keepalive for a lease nobody has: answered from the lease table alone.
 const UNKNOWN_LEASE: &str = "/v1/locks/bench/00000000000000000000000000000000/keepalive";
 
@@ -76,21 +100,32 @@ static CAD: LazyLock<Script> = LazyLock::new(|| {
     )
 });
 
+/// Compare-and-delete that announces the release (ARGV[2]: the channel), as the engine's
+/// release script does.
+static CAD_PUBLISH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) \
+         redis.call('PUBLISH', ARGV[2], ARGV[1]) return 1 end return 0",
+    )
+});
+
 fn binary() -> PathBuf {
     std::env::var_os("REDLOCK_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_redlock-sidecar")))
 }
 
-/// A sidecar child with its control listener's address.
+/// A sidecar child with its control listener's and admin listener's addresses.
 struct Sidecar {
     child: Child,
     control: String,
+    admin: String,
 }
 
 impl Sidecar {
     fn start(name: &str, urls: &str) -> Sidecar {
         let control = format!("127.0.0.1:{}", free_port());
+        let admin = format!("127.0.0.1:{}", free_port());
         let child = Command::new(binary())
             .args(["run", "--lock", "bench-leader", "--redis", urls])
             .args([
@@ -101,7 +136,7 @@ impl Sidecar {
                 "--kubernetes",
                 "off",
             ])
-            .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+            .args(["--listen", &admin])
             .args(["--control-listen", &control])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -112,7 +147,34 @@ impl Sidecar {
             assert!(Instant::now() < deadline, "the control listener serves");
             std::thread::sleep(Duration::from_millis(10));
         }
-        Sidecar { child, control }
+        Sidecar {
+            child,
+            control,
+            admin,
+        }
+    }
+
+    /// Request-lock acquisitions waiting in this sidecar now (`redlock_app_lock_waiting`).
+    fn waiting(&self) -> u64 {
+        let (status, body) = Conn::open(&self.admin).call("GET", "/metrics");
+        assert_eq!(status, 200, "/metrics");
+        body.lines()
+            .find(|l| {
+                l.starts_with("redlock_app_lock_waiting{")
+                    || l.starts_with("redlock_app_lock_waiting ")
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .expect("the waiting gauge") as u64
+    }
+
+    /// Returns once an acquisition waits in this sidecar.
+    fn await_waiter(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.waiting() == 0 {
+            assert!(Instant::now() < deadline, "the waiter reaches the sidecar");
+            std::thread::sleep(Duration::from_micros(200));
+        }
     }
 }
 
@@ -261,32 +323,144 @@ fn random_value() -> String {
     format!("{:032x}", rand::rng().random::<u128>())
 }
 
-async fn floor_cycle(conns: &[MultiplexedConnection], key: &str) {
-    let value = random_value();
-    let ttl_ms = TTL.as_millis() as u64;
-    let sets = join_all(conns.iter().map(|c| {
+/// `SET key value NX PX ttl` on one node: whether it granted.
+async fn set_nx(conn: &MultiplexedConnection, key: &str, value: &str) -> bool {
+    let mut c = conn.clone();
+    let reply = redis::cmd("SET")
+        .arg(key)
+        .arg(value)
+        .arg("NX")
+        .arg("PX")
+        .arg(TTL.as_millis() as u64)
+        .query_async::<Option<String>>(&mut c)
+        .await;
+    matches!(reply, Ok(Some(_)))
+}
+
+/// [`set_nx`] on all `conns` at once: which granted.
+async fn set_nx_all(conns: &[MultiplexedConnection], key: &str, value: &str) -> Vec<bool> {
+    join_all(conns.iter().map(|c| set_nx(c, key, value))).await
+}
+
+/// Compare-and-delete of `value` on all `conns` at once (`script`: [`CAD`], or [`CAD_PUBLISH`]
+/// with the channel as its second argument): on how many nodes it deleted.
+async fn delete_all(
+    conns: &[MultiplexedConnection],
+    script: &Script,
+    key: &str,
+    args: &[&str],
+) -> usize {
+    let deleted = join_all(conns.iter().map(|c| {
         let mut c = c.clone();
-        let value = &value;
         async move {
-            redis::cmd("SET")
-                .arg(key)
-                .arg(value)
-                .arg("NX")
-                .arg("PX")
-                .arg(ttl_ms)
-                .query_async::<Option<String>>(&mut c)
-                .await
+            let mut invocation = script.key(key);
+            for arg in args {
+                invocation.arg(*arg);
+            }
+            invocation.invoke_async::<i64>(&mut c).await
         }
     }))
     .await;
-    let granted = sets.iter().filter(|r| matches!(r, Ok(Some(_)))).count();
-    assert_eq!(granted, conns.len(), "the floor is uncontended");
-    join_all(conns.iter().map(|c| {
-        let mut c = c.clone();
-        let value = &value;
-        async move { CAD.key(key).arg(value).invoke_async::<i64>(&mut c).await }
-    }))
-    .await;
+    deleted.iter().filter(|r| matches!(r, Ok(1))).count()
+}
+
+async fn floor_cycle(conns: &[MultiplexedConnection], key: &str) {
+    let value = random_value();
+    let granted = set_nx_all(conns, key, &value).await;
+    assert!(granted.iter().all(|g| *g), "the floor is uncontended");
+    let deleted = delete_all(conns, &CAD, key, &[&value]).await;
+    assert_eq!(deleted, conns.len(), "the floor deletes its own keys");
+}
+
+/// The hand-over floor's key and the channel its release announces on.
+const FLOOR_HANDOVER_KEY: &str = "floor:bench-handover";
+const FLOOR_HANDOVER_CHANNEL: &str = "floor:bench-handover:released";
+
+/// Release announcements of the hand-over floor: (node, released value), from every node.
+type Announcements = Pin<Box<dyn Stream<Item = (usize, String)> + Send>>;
+
+/// A waiter SUBSCRIBEd to the floor's release channel on every node, as the engine subscribes
+/// to a lock's release channel on every node.
+async fn floor_subscribe(urls: &[String]) -> Announcements {
+    let mut streams = Vec::new();
+    for (node, url) in urls.iter().enumerate() {
+        let client = redis::Client::open(url.as_str()).expect("valid url");
+        let mut pubsub = client.get_async_pubsub().await.expect("pub/sub connection");
+        pubsub
+            .subscribe(FLOOR_HANDOVER_CHANNEL)
+            .await
+            .expect("subscribed");
+        streams.push(
+            pubsub
+                .into_on_message()
+                .map(move |msg| (node, msg.get_payload::<String>().unwrap_or_default())),
+        );
+    }
+    Box::pin(futures_util::stream::select_all(streams))
+}
+
+/// The least any Redlock hand-over can cost with bare commands on these nodes: a holder's
+/// compare-and-delete that PUBLISHes (on all nodes at once); the subscribed waiter, on the
+/// first announcement of that release from any node, sends `SET NX PX` to all nodes at once
+/// and counts a quorum (a node that refused, its release not run yet, is asked again when its
+/// own announcement comes). Measured from the release being sent to the waiter's quorum.
+/// Returns the time and whether the waiter needed a second ask.
+async fn floor_handover(
+    conns: &[MultiplexedConnection],
+    announcements: &mut Option<Announcements>,
+) -> (Duration, bool) {
+    let key = FLOOR_HANDOVER_KEY;
+    let held = random_value();
+    let granted = set_nx_all(conns, key, &held).await;
+    assert!(granted.iter().all(|g| *g), "the floor holder is alone");
+    let mut messages = announcements.take().expect("subscribed");
+    let waiter_conns = conns.to_vec();
+    let expected = held.clone();
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let waiter = tokio::spawn(async move {
+        let conns = waiter_conns;
+        let quorum = conns.len() / 2 + 1;
+        let value = random_value();
+        let _ = ready_tx.send(());
+        let mut granted = vec![false; conns.len()];
+        let mut asked_again = false;
+        let mut first = true;
+        while granted.iter().filter(|g| **g).count() < quorum {
+            // Announcements of earlier hand-overs (from the other nodes) are not this one's.
+            let node = loop {
+                let (node, released) = messages.next().await.expect("subscribed");
+                if released == expected {
+                    break node;
+                }
+            };
+            if first {
+                first = false;
+                granted = set_nx_all(&conns, key, &value).await;
+            } else if !granted[node] {
+                asked_again = true;
+                granted[node] = set_nx(&conns[node], key, &value).await;
+            }
+        }
+        let answered = Instant::now();
+        let deleted = delete_all(&conns, &CAD, key, &[&value]).await;
+        assert!(deleted >= quorum, "the floor waiter deletes its own keys");
+        (answered, asked_again, messages)
+    });
+    ready_rx.await.expect("the waiter runs");
+    tokio::time::sleep(waiter_idle()).await;
+    let released = Instant::now();
+    let deleted = delete_all(conns, &CAD_PUBLISH, key, &[&held, FLOOR_HANDOVER_CHANNEL]).await;
+    assert_eq!(
+        deleted,
+        conns.len(),
+        "the floor holder releases on every node"
+    );
+    let (answered, asked_again, messages) = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the floor waiter gets a quorum")
+        .expect("the floor waiter does not panic");
+    *announcements = Some(messages);
+    (answered.saturating_duration_since(released), asked_again)
 }
 
 /// One cycle on `path`; its latency.
@@ -373,10 +547,10 @@ fn redis_cpu(servers: &[RedisServer]) -> f64 {
 
 /// The hand-over of `bench-handover` from a holder on `from` to a waiter on `to`: DELETE sent
 /// → the waiter's 200.
-fn handovers(from: &str, to: &str, count: usize) -> Samples {
+fn handovers(from: &Sidecar, to: &Sidecar, count: usize) -> Samples {
     let mut samples = Samples::default();
-    let mut holder = Conn::open(from);
-    let mut waiter = Some(Conn::open(to));
+    let mut holder = Conn::open(&from.control);
+    let mut waiter = Some(Conn::open(&to.control));
     for _ in 0..count {
         let lease = holder.acquire("/v1/locks/bench-handover?ttl=10s");
         let mut conn = waiter.take().unwrap();
@@ -389,8 +563,11 @@ fn handovers(from: &str, to: &str, count: usize) -> Samples {
             (answered, conn)
         });
         rx.recv().unwrap();
-        // Let the waiter's request reach the sidecar and wait there (a benchmark, not a test).
-        std::thread::sleep(Duration::from_millis(30));
+        // The waiter's request waits in its sidecar: counted as it enters the lease table, a
+        // few steps before its engine lock takes the release announcements (on subscriptions
+        // made in the warm-up, kept while the name is in use).
+        to.await_waiter();
+        std::thread::sleep(waiter_idle());
         let released = Instant::now();
         holder.release("bench-handover", &lease);
         let (answered, conn) = waiting.join().unwrap();
@@ -505,13 +682,49 @@ fn main() {
         for (i, &(path, hot)) in PATHS.iter().enumerate() {
             print_row(path.label(hot), nodes, &rows[i]);
         }
-        let within = handovers(&a.control, &a.control, count);
+        let mut announcements = Some(rt.block_on(floor_subscribe(&clients.urls)));
+        // Warm up: scripts, connections, the sidecars' engine locks of the name.
+        for _ in 0..3 {
+            rt.block_on(floor_handover(&clients.conns, &mut announcements));
+        }
+        handovers(&a, &a, 3);
+        handovers(&a, &b, 3);
+        let mut handover_floor = Samples::default();
+        let mut floor_asked_again = 0;
+        let mut within = Samples::default();
+        let mut between = Samples::default();
+        let mut done = 0;
+        let mut round = 0;
+        while done < count {
+            let n = HANDOVER_BATCH.min(count - done);
+            // The three kinds in batches, in a rotating order, so load hits them alike.
+            for k in 0..3 {
+                match (k + round) % 3 {
+                    0 => {
+                        for _ in 0..n {
+                            let (d, asked_again) =
+                                rt.block_on(floor_handover(&clients.conns, &mut announcements));
+                            handover_floor.push(d);
+                            floor_asked_again += usize::from(asked_again);
+                        }
+                    }
+                    1 => within.0.extend(handovers(&a, &a, n).0),
+                    _ => between.0.extend(handovers(&a, &b, n).0),
+                }
+            }
+            done += n;
+            round += 1;
+        }
+        print_handover(
+            "hand-over floor (CAD + PUBLISH → subscribed waiter's SET NX PX quorum)",
+            nodes,
+            &handover_floor,
+        );
         print_handover(
             "hand-over of the hot name, waiter in the same sidecar",
             nodes,
             &within,
         );
-        let between = handovers(&a.control, &b.control, count);
         print_handover(
             "hand-over of the hot name, waiter in another sidecar",
             nodes,
@@ -525,12 +738,16 @@ fn main() {
         let hop_hot = p50(Path::Http, true) - p50(Path::Library, true);
         let floor = p50(Path::Floor, true);
         let library = p50(Path::Library, true);
+        // The hop's own floor: two requests the sidecar answers without Redis.
+        let hop_floor = p50(Path::HttpNoRedis, false);
         for (kind, hop, hot) in [("many_names", hop, false), ("hot_name", hop_hot, true)] {
             goals.push(format!(
-                "http_hop_p50_us n={nodes} {kind} {hop:.0} (HTTP {:.0} − library {:.0}, one shared engine each, same run) goal ≤ {HOP_GOAL_US:.0}: {}",
+                "http_hop_p50_us n={nodes} {kind} {hop:.0} (HTTP {:.0} − library {:.0}, one shared engine each, same run) goal ≤ {HOP_GOAL_US:.0}: {}; over its floor (two answers without Redis, {hop_floor:.0}) {:.0}, ratio {:.2}",
                 p50(Path::Http, hot),
                 p50(Path::Library, hot),
-                met(hop <= HOP_GOAL_US)
+                met(hop <= HOP_GOAL_US),
+                hop - hop_floor,
+                hop / hop_floor.max(1.0)
             ));
         }
         goals.push(format!(
@@ -561,6 +778,17 @@ fn main() {
                 met(v < HANDOVER_GOAL_US)
             ));
         }
+        let floor_p50 = us(handover_floor.pct(50.0));
+        goals.push(format!(
+            "hot_handover_floor_p50_us n={nodes} {floor_p50:.0} (p99 {:.0}; the waiter asked a node again in {floor_asked_again} of {})",
+            us(handover_floor.pct(99.0)),
+            handover_floor.len()
+        ));
+        goals.push(format!(
+            "hot_handover_over_floor n={nodes} same_sidecar {:.2} between_sidecars {:.2}",
+            us(within.pct(50.0)) / floor_p50.max(1.0),
+            us(between.pct(50.0)) / floor_p50.max(1.0)
+        ));
     }
     println!();
     for goal in goals {
