@@ -118,10 +118,10 @@ async fn run(
     }
     let seconds = start.elapsed().as_secs_f64();
     let right_after = growth(&before, &footprint(servers));
-    // The ttl and node-set records live twice the ttl; Redis expires idle keys by sampling,
-    // so wait until the key count stops falling (at most a minute).
+    // The ttl and node-set records live `RECORD_LIFE` ttls; Redis expires idle keys by
+    // sampling, so wait until the key count stops falling (at most a minute).
     let deadline = Instant::now() + Duration::from_secs(60);
-    tokio::time::sleep(TTL * 2).await;
+    tokio::time::sleep(TTL * redlock_sidecar::redlock::RECORD_LIFE).await;
     let mut last = footprint(servers);
     while Instant::now() < deadline {
         tokio::time::sleep(TTL).await;

@@ -20,8 +20,9 @@
 //!    never counts.
 //! 3. **The longest ttl** is the largest of our `--ttl`, `--max-ttl`, and every value any node
 //!    ever reported from the lock's max-ttl register (written by every grant and restore, and
-//!    by a renewal when due: where less than one ttl is left, and where our key was lost;
-//!    living twice its ttl, so it outlives every key written with that ttl).
+//!    by a renewal when due: where its refresh marker is gone, and where our key was lost;
+//!    living `timing::RECORD_LIFE` times its ttl and rewritten while at least one ttl is left, so it
+//!    outlives every key written with that ttl).
 //!    A grant from a node whose data age is below [`MAX_TTL`] + drift (the bound on every ttl)
 //!    counts only once every node of the round has answered or timed out, so the registers of
 //!    all reachable nodes are known before it is judged. `--max-ttl` closes the remaining gap:
