@@ -6,10 +6,10 @@
 # rule's counterexample. See docs/reliability.md, "The protocol model", for sizes and times.
 #   scripts/model-check.sh           every instance
 #   scripts/model-check.sh FILTER    only the tests whose name contains FILTER
-# About 25 minutes on two cores. MODEL_MAX_STATES (default 400,000,000, counting revisits)
+# About 45 minutes on two cores. MODEL_MAX_STATES (default 700,000,000, counting revisits)
 # bounds each run; a run that reaches it fails as not exhaustive. A depth-first run keeps about
-# 17 bytes per state, so the default needs about 7 GiB.
+# 17 bytes per state, so the largest instance (564 M with revisits) needs about 10 GiB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export MODEL_MAX_STATES=${MODEL_MAX_STATES:-400000000}
+export MODEL_MAX_STATES=${MODEL_MAX_STATES:-700000000}
 exec cargo test --release --test model -- --include-ignored --nocapture --test-threads=1 "$@"
