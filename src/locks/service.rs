@@ -1145,7 +1145,6 @@ mod tests {
         assert_eq!(done.load(Ordering::SeqCst), 1);
     }
 
-    /// Waits (with a deadline) until `done`.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_lease_being_released_is_no_longer_kept_alive_and_delete_waits_for_the_nodes() {
         let nodes = Arc::new(Nodes::default());
@@ -1190,6 +1189,7 @@ mod tests {
         assert_eq!(releasing.await.unwrap(), Ok(()));
     }
 
+    /// Waits (with a deadline) until `done`.
     async fn until(done: impl Fn() -> bool) {
         let deadline = Instant::now() + Duration::from_secs(5);
         while !done() {

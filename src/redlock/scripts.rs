@@ -109,7 +109,7 @@ macro_rules! record_life {
     };
 }
 
-/// [`record_life`]'s text, for the test that keeps it equal to [`RECORD_LIFE`].
+/// `record_life!`'s text, for the test that keeps it equal to [`RECORD_LIFE`].
 ///
 /// [`RECORD_LIFE`]: super::timing::RECORD_LIFE
 #[cfg(test)]
