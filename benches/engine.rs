@@ -47,13 +47,6 @@ static CAD: LazyLock<Script> = LazyLock::new(|| {
         "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
     )
 });
-static SET_READING_LINEAGE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        "local set = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) \
-         redis.call('INFO', 'server', 'replication') \
-         if set then return 'OK' end return false",
-    )
-});
 static RAISE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         "local cur = tonumber(redis.call('GET', KEYS[1]) or '0') \
@@ -169,7 +162,7 @@ async fn cycle(s: &Setup, client: Client) -> Result<(Duration, Duration, bool), 
                 let (key, value) = (&s.floor_key, &value);
                 async move {
                     if client == Client::FloorLineage {
-                        return SET_READING_LINEAGE
+                        return support::SET_READING_LINEAGE
                             .key(key)
                             .arg(value)
                             .arg(ttl_ms)

@@ -45,7 +45,11 @@
 //! holder's compare-and-delete script that also PUBLISHes the release (EVALSHA on all N at
 //! once); a waiter SUBSCRIBEd on every node (as the engine is) that, on the first
 //! announcement, sends `SET NX PX` to all N at once and counts a quorum; measured from the
-//! release being sent to the waiter's quorum of grants.
+//! release being sent to the waiter's quorum of grants. Two more kinds take their turns
+//! with them: the **floor + lineage read** (the waiter's `SET` in a script that also reads
+//! `INFO server replication`, as rule 2 makes every grant do), and the **hand-over between two
+//! request-lock services in this process** (no HTTP, no other process to wake: what the
+//! engine's own release, announcement and round cost).
 //!
 //! - **HTTP, two answers without Redis**: two `POST .../keepalive` for a lease nobody has
 //!   (404 from the lease table): the transport part of the HTTP hop, without the service.
@@ -54,7 +58,8 @@
 //! (one shared engine; a new name per cycle for both, or the hot name for both), in the same
 //! run, with what it adds over its own floor (the two answers without Redis) and the ratio;
 //! `hot_handover_p50_us` per kind; `hot_handover_floor_p50_us` and `hot_handover_over_floor`
-//! (each kind's p50 over the floor's, same run).
+//! (each kind's p50 over the floor's, same run); `hot_handover_floor_lineage_p50_us` with the
+//! in-process services against it and what the sidecars add over those.
 
 mod support;
 
@@ -72,7 +77,7 @@ use rand::Rng;
 use redis::aio::MultiplexedConnection;
 use redis::Script;
 use redlock_sidecar::locks::{Locks, RedlockEngine};
-use redlock_sidecar::metrics::Metrics;
+use redlock_sidecar::metrics::{AppLockMetrics, Metrics};
 use redlock_sidecar::redlock::{Engine, NoObserver, Redlock, RedlockConfig};
 use support::{env_usize, fmt_dur, free_port, info_field, RedisServer, Samples};
 
@@ -308,15 +313,56 @@ fn library_lock(shared: &Engine, urls: &[String], lock: &str) -> Redlock {
     Redlock::on(shared, library_config(urls, lock), Arc::new(NoObserver)).expect("valid config")
 }
 
-/// The request-lock service as the sidecar builds it, in this process, in namespace `svc`.
-fn service(urls: &[String]) -> Arc<Locks<RedlockEngine>> {
-    let cfg = support::engine_config(urls, "bench-service", "bench-service", TTL);
-    let metrics = Metrics::new("bench-service", &[], None);
-    Locks::new(
-        RedlockEngine::new(cfg, "svc"),
-        1024,
-        metrics.app_locks().clone(),
-    )
+/// The request-lock service as the sidecar builds it, in this process, in namespace `svc`,
+/// with its metrics.
+fn service(urls: &[String], identity: &str) -> (Arc<Locks<RedlockEngine>>, AppLockMetrics) {
+    let cfg = support::engine_config(urls, "bench-service", identity, TTL);
+    let metrics = Metrics::new(identity, &[], None).app_locks().clone();
+    let locks = Locks::new(RedlockEngine::new(cfg, "svc"), 1024, metrics.clone());
+    (locks, metrics)
+}
+
+/// The hand-over of `bench-handover` between two request-lock services in this process (no
+/// HTTP, no other process to wake): the holder's release called → the waiter's grant, with
+/// the same waiting and idle time as [`handovers`].
+fn service_handovers(
+    rt: &tokio::runtime::Runtime,
+    holder: &Arc<Locks<RedlockEngine>>,
+    waiter: &(Arc<Locks<RedlockEngine>>, AppLockMetrics),
+    count: usize,
+) -> Samples {
+    const NAME: &str = "bench-handover";
+    let mut samples = Samples::default();
+    for _ in 0..count {
+        let held = rt
+            .block_on(holder.acquire(NAME, TTL, Duration::from_secs(10), None))
+            .expect("the service holder gets the name");
+        let (locks, metrics) = waiter;
+        let waiting = rt.spawn({
+            let locks = Arc::clone(locks);
+            async move {
+                let granted = locks
+                    .acquire(NAME, TTL, Duration::from_secs(10), None)
+                    .await
+                    .expect("the service waiter gets the name");
+                let answered = Instant::now();
+                locks.release(NAME, granted.lease).await.expect("released");
+                answered
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while metrics.waiting() == 0 {
+            assert!(Instant::now() < deadline, "the service waiter waits");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        std::thread::sleep(waiter_idle());
+        let released = Instant::now();
+        rt.block_on(holder.release(NAME, held.lease))
+            .expect("the holder releases");
+        let answered = rt.block_on(waiting).expect("the waiter does not panic");
+        samples.push(answered.saturating_duration_since(released));
+    }
+    samples
 }
 
 fn random_value() -> String {
@@ -324,22 +370,39 @@ fn random_value() -> String {
 }
 
 /// `SET key value NX PX ttl` on one node: whether it granted.
-async fn set_nx(conn: &MultiplexedConnection, key: &str, value: &str) -> bool {
+/// With `lineage`, in a script that also reads the server's lineage, as the engine's granting
+/// script does ([`support::SET_READING_LINEAGE`]).
+async fn set_nx(conn: &MultiplexedConnection, key: &str, value: &str, lineage: bool) -> bool {
     let mut c = conn.clone();
-    let reply = redis::cmd("SET")
-        .arg(key)
-        .arg(value)
-        .arg("NX")
-        .arg("PX")
-        .arg(TTL.as_millis() as u64)
-        .query_async::<Option<String>>(&mut c)
-        .await;
+    let ttl_ms = TTL.as_millis() as u64;
+    let reply = if lineage {
+        support::SET_READING_LINEAGE
+            .key(key)
+            .arg(value)
+            .arg(ttl_ms)
+            .invoke_async::<Option<String>>(&mut c)
+            .await
+    } else {
+        redis::cmd("SET")
+            .arg(key)
+            .arg(value)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl_ms)
+            .query_async::<Option<String>>(&mut c)
+            .await
+    };
     matches!(reply, Ok(Some(_)))
 }
 
 /// [`set_nx`] on all `conns` at once: which granted.
-async fn set_nx_all(conns: &[MultiplexedConnection], key: &str, value: &str) -> Vec<bool> {
-    join_all(conns.iter().map(|c| set_nx(c, key, value))).await
+async fn set_nx_all(
+    conns: &[MultiplexedConnection],
+    key: &str,
+    value: &str,
+    lineage: bool,
+) -> Vec<bool> {
+    join_all(conns.iter().map(|c| set_nx(c, key, value, lineage))).await
 }
 
 /// Compare-and-delete of `value` on all `conns` at once (`script`: [`CAD`], or [`CAD_PUBLISH`]
@@ -366,7 +429,7 @@ async fn delete_all(
 
 async fn floor_cycle(conns: &[MultiplexedConnection], key: &str) {
     let value = random_value();
-    let granted = set_nx_all(conns, key, &value).await;
+    let granted = set_nx_all(conns, key, &value, false).await;
     assert!(granted.iter().all(|g| *g), "the floor is uncontended");
     let deleted = delete_all(conns, &CAD, key, &[&value]).await;
     assert_eq!(deleted, conns.len(), "the floor deletes its own keys");
@@ -404,14 +467,16 @@ async fn floor_subscribe(urls: &[String]) -> Announcements {
 /// first announcement of that release from any node, sends `SET NX PX` to all nodes at once
 /// and counts a quorum (a node that refused, its release not run yet, is asked again when its
 /// own announcement comes). Measured from the release being sent to the waiter's quorum.
+/// With `lineage`, the waiter's `SET`s also read the server's lineage (rule 2).
 /// Returns the time and whether the waiter needed a second ask.
 async fn floor_handover(
     conns: &[MultiplexedConnection],
     announcements: &mut Option<Announcements>,
+    lineage: bool,
 ) -> (Duration, bool) {
     let key = FLOOR_HANDOVER_KEY;
     let held = random_value();
-    let granted = set_nx_all(conns, key, &held).await;
+    let granted = set_nx_all(conns, key, &held, false).await;
     assert!(granted.iter().all(|g| *g), "the floor holder is alone");
     let mut messages = announcements.take().expect("subscribed");
     let waiter_conns = conns.to_vec();
@@ -435,10 +500,10 @@ async fn floor_handover(
             };
             if first {
                 first = false;
-                granted = set_nx_all(&conns, key, &value).await;
+                granted = set_nx_all(&conns, key, &value, lineage).await;
             } else if !granted[node] {
                 asked_again = true;
-                granted[node] = set_nx(&conns[node], key, &value).await;
+                granted[node] = set_nx(&conns[node], key, &value, lineage).await;
             }
         }
         let answered = Instant::now();
@@ -650,7 +715,7 @@ fn main() {
         let mut clients = Clients {
             hot_lock: rt.block_on(async { library_lock(&shared, &urls, "lib:bench-hot") }),
             shared,
-            service: service(&urls),
+            service: service(&urls, "bench-service").0,
             urls,
             conns,
             rslock,
@@ -683,53 +748,59 @@ fn main() {
             print_row(path.label(hot), nodes, &rows[i]);
         }
         let mut announcements = Some(rt.block_on(floor_subscribe(&clients.urls)));
+        let svc_holder = service(&clients.urls, "bench-holder").0;
+        let svc_waiter = service(&clients.urls, "bench-waiter");
         // Warm up: scripts, connections, the sidecars' engine locks of the name.
-        for _ in 0..3 {
-            rt.block_on(floor_handover(&clients.conns, &mut announcements));
+        for lineage in [false, true, false] {
+            rt.block_on(floor_handover(&clients.conns, &mut announcements, lineage));
         }
+        service_handovers(&rt, &svc_holder, &svc_waiter, 3);
         handovers(&a, &a, 3);
         handovers(&a, &b, 3);
-        let mut handover_floor = Samples::default();
+        // The kinds, each row filled in batches taking turns, in a rotating order, so load
+        // hits them alike.
+        const KINDS: [&str; 5] = [
+            "hand-over floor (CAD + PUBLISH → subscribed waiter's SET NX PX quorum)",
+            "hand-over floor + lineage read in the waiter's SET script (rule 2)",
+            "hand-over between two services in-process (no HTTP)",
+            "hand-over of the hot name, waiter in the same sidecar",
+            "hand-over of the hot name, waiter in another sidecar",
+        ];
+        let mut kinds: [Samples; 5] = Default::default();
         let mut floor_asked_again = 0;
-        let mut within = Samples::default();
-        let mut between = Samples::default();
         let mut done = 0;
         let mut round = 0;
         while done < count {
             let n = HANDOVER_BATCH.min(count - done);
-            // The three kinds in batches, in a rotating order, so load hits them alike.
-            for k in 0..3 {
-                match (k + round) % 3 {
-                    0 => {
+            for k in 0..KINDS.len() {
+                let kind = (k + round) % KINDS.len();
+                let samples = match kind {
+                    0 | 1 => {
+                        let mut samples = Samples::default();
                         for _ in 0..n {
-                            let (d, asked_again) =
-                                rt.block_on(floor_handover(&clients.conns, &mut announcements));
-                            handover_floor.push(d);
+                            let (d, asked_again) = rt.block_on(floor_handover(
+                                &clients.conns,
+                                &mut announcements,
+                                kind == 1,
+                            ));
+                            samples.push(d);
                             floor_asked_again += usize::from(asked_again);
                         }
+                        samples
                     }
-                    1 => within.0.extend(handovers(&a, &a, n).0),
-                    _ => between.0.extend(handovers(&a, &b, n).0),
-                }
+                    2 => service_handovers(&rt, &svc_holder, &svc_waiter, n),
+                    3 => handovers(&a, &a, n),
+                    _ => handovers(&a, &b, n),
+                };
+                kinds[kind].0.extend(samples.0);
             }
             done += n;
             round += 1;
         }
-        print_handover(
-            "hand-over floor (CAD + PUBLISH → subscribed waiter's SET NX PX quorum)",
-            nodes,
-            &handover_floor,
-        );
-        print_handover(
-            "hand-over of the hot name, waiter in the same sidecar",
-            nodes,
-            &within,
-        );
-        print_handover(
-            "hand-over of the hot name, waiter in another sidecar",
-            nodes,
-            &between,
-        );
+        for (what, samples) in KINDS.iter().zip(&kinds) {
+            print_handover(what, nodes, samples);
+        }
+        let [handover_floor, handover_floor_lineage, in_process, within, between] = &kinds;
         let p50 = |path, hot| {
             let i = PATHS.iter().position(|&p| p == (path, hot)).unwrap();
             us(rows[i].samples.pct(50.0))
@@ -771,7 +842,7 @@ fn main() {
             library / floor.max(1.0),
             p50(Path::Rslock, true)
         ));
-        for (kind, s) in [("same_sidecar", &within), ("between_sidecars", &between)] {
+        for (kind, s) in [("same_sidecar", within), ("between_sidecars", between)] {
             let v = us(s.pct(50.0));
             goals.push(format!(
                 "hot_handover_p50_us n={nodes} {kind} {v:.0} goal < {HANDOVER_GOAL_US:.0}: {}",
@@ -788,6 +859,14 @@ fn main() {
             "hot_handover_over_floor n={nodes} same_sidecar {:.2} between_sidecars {:.2}",
             us(within.pct(50.0)) / floor_p50.max(1.0),
             us(between.pct(50.0)) / floor_p50.max(1.0)
+        ));
+        let lineage_p50 = us(handover_floor_lineage.pct(50.0));
+        let in_process_p50 = us(in_process.pct(50.0));
+        goals.push(format!(
+            "hot_handover_floor_lineage_p50_us n={nodes} {lineage_p50:.0} (the floor with rule 2's read in the waiter's SET); services in-process {in_process_p50:.0} ({:.2}× that floor); the sidecars over the services in-process: same {:.0} µs, between {:.0} µs",
+            in_process_p50 / lineage_p50.max(1.0),
+            us(within.pct(50.0)) - in_process_p50,
+            us(between.pct(50.0)) - in_process_p50
         ));
     }
     println!();

@@ -7,6 +7,8 @@ pub mod candidacy;
 pub mod clock;
 /// Command line and environment, validated into typed configs.
 pub mod config;
+/// The control listener and the request locks on a thread of their own.
+pub mod control_thread;
 /// The OS random source, checked at start-up.
 pub mod entropy;
 /// `guard`: run a command only while the lock is held.

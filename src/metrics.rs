@@ -615,6 +615,11 @@ impl AppLockMetrics {
         self.waiting.add(delta);
     }
 
+    /// Acquisitions waiting now (what `redlock_app_lock_waiting` shows).
+    pub fn waiting(&self) -> i64 {
+        self.waiting.get()
+    }
+
     /// An acquisition answered with `result` (one of [`APP_ACQUIRE_RESULTS`]) after `elapsed`.
     pub fn acquired(&self, result: &'static str, elapsed: Duration) {
         self.acquire

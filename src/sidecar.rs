@@ -15,6 +15,7 @@ use tracing::{info, warn};
 
 use crate::candidacy::{probe, Candidacy};
 use crate::config::{AppProbe, RunConfig};
+use crate::control_thread::ControlThread;
 use crate::http::{self, AdminState};
 use crate::k8s::{self, Kube};
 use crate::lease;
@@ -38,6 +39,11 @@ pub async fn run(cfg: RunConfig) -> i32 {
             cfg.control_listen
         )),
     };
+    // Served from its own thread (see `control_thread`), so registered there.
+    let control_listener = control_listener
+        .into_std()
+        .expect("a bound listener leaves the reactor");
+    let control_thread = ControlThread::start().expect("the control thread starts");
     let kube_errors = k8s::errors_counter();
     let (redlock, metrics) = lease::instrumented_engine(&cfg.redlock, Some(kube_errors.clone()))
         .unwrap_or_else(|err| crate::config::exit_invalid(&err.to_string()));
@@ -89,8 +95,10 @@ pub async fn run(cfg: RunConfig) -> i32 {
         }
     }
     let locks = cfg.locks.as_ref().map(|settings| {
-        let engine = locks::RedlockEngine::new(cfg.redlock.clone(), &settings.prefix);
-        locks::Locks::new(engine, settings.max_leases, metrics.app_locks().clone())
+        control_thread.enter(|| {
+            let engine = locks::RedlockEngine::new(cfg.redlock.clone(), &settings.prefix);
+            locks::Locks::new(engine, settings.max_leases, metrics.app_locks().clone())
+        })
     });
     let locks_routes = locks
         .as_ref()
@@ -109,7 +117,11 @@ pub async fn run(cfg: RunConfig) -> i32 {
         },
         locks_routes,
     );
-    let control_task = tokio::spawn(http::serve_router(
+    let control_listener = control_thread.enter(|| {
+        tokio::net::TcpListener::from_std(control_listener)
+            .expect("the control thread's reactor takes the listener")
+    });
+    let control_task = control_thread.spawn(http::serve_router(
         control_listener,
         control,
         http_stop.clone(),
@@ -136,8 +148,10 @@ pub async fn run(cfg: RunConfig) -> i32 {
             }
         };
         let request_locks = async {
-            if let Some(locks) = &locks {
-                locks.shutdown().await;
+            if let Some(locks) = locks.clone() {
+                let _ = control_thread
+                    .spawn(async move { locks.shutdown().await })
+                    .await;
             }
         };
         tokio::join!(leadership, request_locks);
@@ -152,6 +166,7 @@ pub async fn run(cfg: RunConfig) -> i32 {
     http_stop.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(1), http_task).await;
     let _ = tokio::time::timeout(Duration::from_secs(1), control_task).await;
+    drop(control_thread);
     0
 }
 

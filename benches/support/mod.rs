@@ -9,6 +9,7 @@ use redlock_sidecar::redlock::{votes, Credentials, NodeSpec, RedlockConfig, EPOC
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
+use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 /// Reads a positive integer knob from the environment, or `default`.
@@ -380,3 +381,13 @@ pub fn engine_config(urls: &[String], lock: &str, identity: &str, ttl: Duration)
     cfg.ttl = ttl;
     cfg
 }
+
+/// `SET KEYS[1] ARGV[1] NX PX ARGV[2]` in a script that also reads the server's lineage as the
+/// engine's granting script does on every call (rule 2): a floor that includes that rule.
+pub static SET_READING_LINEAGE: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        "local set = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) \
+         redis.call('INFO', 'server', 'replication') \
+         if set then return 'OK' end return false",
+    )
+});

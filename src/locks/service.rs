@@ -549,6 +549,9 @@ impl<E: LockEngine> Locks<E> {
         // A keepalive answered while the release runs would tell it the lock is still its own
         // after a quorum deleted the key and another contender may hold it.
         held.state.send_replace(LeaseState::Ended(end));
+        // Counted as the app hears it, not after the nodes answer (a stopped node takes its
+        // timeout).
+        self.metrics.ended(end.as_str());
         if release {
             slot.lock.release(&lease).await;
         }
@@ -559,7 +562,6 @@ impl<E: LockEngine> Locks<E> {
             warn!(lock = %held.name, fencing_token = held.fencing_token, "request lock lost");
         }
         self.metrics.leases_add(-1);
-        self.metrics.ended(end.as_str());
         drop(claim);
         drop(slot);
         // Remember the ending for a while, so the app's next call learns it (an app paused
