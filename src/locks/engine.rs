@@ -68,8 +68,15 @@ pub trait NameLock: Send + Sync + 'static {
         &self,
         lease: &Self::Lease,
     ) -> impl Future<Output = Result<Self::Lease, ExtendFailed>> + Send;
-    /// Releases `lease` and wakes the waiters (pub/sub).
-    fn release(&self, lease: &Self::Lease) -> impl Future<Output = ()> + Send;
+    /// Releases `lease` and wakes the waiters (pub/sub); calls `gone` once a round of this
+    /// process can win (see [`Redlock::release_then`]), at the latest when it returns.
+    ///
+    /// [`Redlock::release_then`]: crate::redlock::Redlock::release_then
+    fn release(
+        &self,
+        lease: &Self::Lease,
+        gone: impl FnOnce() + Send,
+    ) -> impl Future<Output = ()> + Send;
     /// Who holds the name on a quorum of nodes (`Ok(None)`: nobody); `Err` without a quorum
     /// of answers.
     fn holder(&self) -> impl Future<Output = Result<Option<String>, ()>> + Send;
@@ -204,8 +211,8 @@ impl NameLock for RedlockName {
         })
     }
 
-    async fn release(&self, lease: &redlock::Lease) {
-        self.redlock.release(lease).await;
+    async fn release(&self, lease: &redlock::Lease, gone: impl FnOnce() + Send) {
+        self.redlock.release_then(lease, gone).await;
     }
 
     async fn holder(&self) -> Result<Option<String>, ()> {

@@ -36,10 +36,7 @@
 //!   at the start of every round, not when the name was opened.
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
-use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, watch, Notify};
@@ -52,6 +49,7 @@ use super::keepalive::{Keepalive, Step};
 use super::lease_id::LeaseId;
 use crate::clock::{self, Deadline};
 use crate::metrics::AppLockMetrics;
+use crate::redlock::finish::FinishOnDrop;
 
 /// Longest wait for a lease's release to finish before answering anyway (the engine
 /// bounds each node call; this only bounds the answer).
@@ -552,12 +550,17 @@ impl<E: LockEngine> Locks<E> {
         // Counted as the app hears it, not after the nodes answer (a stopped node takes its
         // timeout).
         self.metrics.ended(end.as_str());
+        // Gone from a quorum of nodes (or lost): the next request in this sidecar may try
+        // now, its calls behind the slower nodes' deletes on the same connections.
+        let gone = || {
+            slot.held_here.send_replace(false);
+        };
         if release {
-            slot.lock.release(&lease).await;
+            slot.lock.release(&lease, gone).await;
+        } else {
+            gone();
         }
         held.settled.send_replace(true);
-        // Released on the nodes (or lost): the next request in this sidecar may try now.
-        slot.held_here.send_replace(false);
         if end == End::Lost {
             warn!(lock = %held.name, fencing_token = held.fencing_token, "request lock lost");
         }
@@ -830,44 +833,6 @@ impl<E: LockEngine> Drop for Claim<E> {
     }
 }
 
-/// A future run in place that, if dropped before it finishes, finishes as a task of its own:
-/// the cheap way to run work that must never stop half-way (an acquisition round may have
-/// written keys) from a request whose client may go away.
-struct FinishOnDrop<F: Future<Output = ()> + Send + 'static>(Option<Pin<Box<F>>>);
-
-impl<F: Future<Output = ()> + Send + 'static> FinishOnDrop<F> {
-    fn new(work: F) -> Self {
-        FinishOnDrop(Some(Box::pin(work)))
-    }
-
-    /// Runs the work to its end here.
-    async fn run(mut self) {
-        std::future::poll_fn(|cx| match self.0.as_mut() {
-            Some(work) => {
-                let done = work.as_mut().poll(cx);
-                if done.is_ready() {
-                    self.0 = None;
-                }
-                done
-            }
-            None => Poll::Ready(()),
-        })
-        .await
-    }
-}
-
-impl<F: Future<Output = ()> + Send + 'static> Drop for FinishOnDrop<F> {
-    fn drop(&mut self) {
-        if let Some(work) = self.0.take() {
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => drop(runtime.spawn(work)),
-                // No runtime (it is shutting down): nothing can run any more.
-                Err(_) => drop(work),
-            }
-        }
-    }
-}
-
 /// Counts an acquisition as waiting while it lives.
 struct Waiting<'a>(&'a AppLockMetrics);
 
@@ -945,8 +910,9 @@ mod tests {
         async fn extend(&self, lease: &Held) -> Result<Held, ExtendFailed> {
             Ok(Held(lease.0, Deadline::now() + Duration::from_secs(30)))
         }
-        async fn release(&self, _: &Held) {
+        async fn release(&self, _: &Held, gone: impl FnOnce() + Send) {
             self.0.held.lock().unwrap().remove(&self.1);
+            gone();
             if self.0.slow_releases.load(Ordering::SeqCst) {
                 self.0.releases_finish.notified().await;
             }
@@ -1113,38 +1079,6 @@ mod tests {
             .await;
         assert_eq!(refused.unwrap_err(), Refused::Held { holder: None });
         assert_eq!(nodes.busy_rounds.load(Ordering::SeqCst), 1);
-    }
-
-    #[tokio::test]
-    async fn work_dropped_half_way_finishes_as_its_own_task() {
-        let go = Arc::new(Notify::new());
-        let done = Arc::new(AtomicUsize::new(0));
-        let run = FinishOnDrop::new({
-            let (go, done) = (Arc::clone(&go), Arc::clone(&done));
-            async move {
-                go.notified().await;
-                done.fetch_add(1, Ordering::SeqCst);
-            }
-        })
-        .run();
-        // Started, then dropped while it waits (its request went away).
-        let started = tokio::time::timeout(Duration::from_millis(20), run).await;
-        assert!(started.is_err(), "it waits for `go`");
-        go.notify_one();
-        until(|| done.load(Ordering::SeqCst) == 1).await;
-    }
-
-    #[tokio::test]
-    async fn work_run_to_its_end_runs_once() {
-        let done = Arc::new(AtomicUsize::new(0));
-        let counted = Arc::clone(&done);
-        FinishOnDrop::new(async move {
-            counted.fetch_add(1, Ordering::SeqCst);
-        })
-        .run()
-        .await;
-        tokio::task::yield_now().await;
-        assert_eq!(done.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,6 +9,7 @@ use futures_util::stream::FuturesUnordered;
 use futures_util::StreamExt;
 use redis::Script;
 
+use super::finish::FinishOnDrop;
 use super::{push, Inner, NodeError, NodeFacts, Op, Redlock, CLEANUP, EPOCH_KEY};
 
 /// One node's answer to a script, with the facts of the connection it came on.
@@ -116,10 +117,12 @@ impl Inner {
     }
 
     /// Runs `script`, a delete of our key, on node `index` once the node's writes have settled,
-    /// and waits for its answer for up to twice the node timeout. The call runs in its own
-    /// task, bounded by the ttl: the client sheds a request whose caller has given up before
-    /// its connection wrote it, and a delete so shed (on a busy client) left our key, and so a
-    /// lost round's split or an old holder's lock, for a whole ttl.
+    /// and waits for its answer for up to twice the node timeout. The call is never dropped
+    /// before its end (bounded by the ttl): the client sheds a request whose caller has given
+    /// up before its connection wrote it, and a delete so shed (on a busy client) left our
+    /// key, and so a lost round's split or an old holder's lock, for a whole ttl. It runs in
+    /// place (no hand-over to a task on the release's path), and as a task of its own once
+    /// nobody waits for it.
     pub(super) async fn delete_on<T: redis::FromRedisValue + Send + 'static>(
         self: Arc<Self>,
         index: usize,
@@ -128,16 +131,16 @@ impl Inner {
     ) -> Result<(T, Arc<NodeFacts>), NodeError> {
         let wait = self.cfg.node_timeout.saturating_mul(2);
         let bound = self.cfg.ttl.max(wait);
-        let call = tokio::spawn(async move {
+        let call = FinishOnDrop::new(async move {
             self.key_writes_settled(index).await;
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             self.nodes[index]
                 .eval::<T>(script, &self.keys(), &args, bound)
                 .await
         });
-        match tokio::time::timeout(wait, call).await {
-            Ok(Ok(answer)) => answer,
-            _ => Err(NodeError::timeout(wait)),
+        match tokio::time::timeout(wait, call.run()).await {
+            Ok(answer) => answer,
+            Err(_) => Err(NodeError::timeout(wait)),
         }
     }
 }

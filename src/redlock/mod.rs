@@ -42,6 +42,7 @@ mod config;
 mod error;
 mod fanout;
 pub mod fencing;
+pub(crate) mod finish;
 mod pool;
 pub mod push;
 mod renew;

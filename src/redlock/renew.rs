@@ -9,8 +9,8 @@ use super::round::release::RawReleaseReply;
 use super::round::{ExtendReply, ExtendRound, ExtendStep, ReleaseTally, Rules};
 use super::votes::DataAge;
 use super::{
-    clock, Answers, KeyWrite, Lease, LockError, NodeError, NodeFacts, Op, Order, Redlock, Vote,
-    EXTEND, PROOF_EVERY, RELEASE, RESTORE,
+    clock, quorum, Answers, KeyWrite, Lease, LockError, NodeError, NodeFacts, Op, Order, Redlock,
+    Vote, EXTEND, PROOF_EVERY, RELEASE, RESTORE,
 };
 use crate::clock::Deadline;
 
@@ -186,15 +186,32 @@ impl Redlock {
     /// Returns how many nodes deleted our key. Bounded by twice the node timeout: on each
     /// node, a call that may still write our key there is let finish first (see [`Order`]).
     pub async fn release(&self, lease: &Lease) -> usize {
+        self.release_then(lease, || {}).await
+    }
+
+    /// [`Redlock::release`], calling `gone` as soon as our key is gone from a quorum of nodes
+    /// (or, failing that, when every node has answered): from then on a round of this
+    /// process can win, while the slower nodes still answer.
+    pub async fn release_then(&self, lease: &Lease, gone: impl FnOnce()) -> usize {
         let mut answers = self.fan_out_each::<RawReleaseReply>(
             Op::Release,
             Order::AfterWrites,
             &RELEASE,
             |index| vec![lease.value.clone(), self.inner.channels(index).released].into(),
         );
+        let mut gone = Some(gone);
+        let needed = quorum(self.inner.nodes.len());
         let mut tally = ReleaseTally::default();
         while let Some((_, answer)) = answers.recv().await {
             tally.handle(answer.map(|(deleted, _)| deleted));
+            if tally.gone() >= needed {
+                if let Some(gone) = gone.take() {
+                    gone();
+                }
+            }
+        }
+        if let Some(gone) = gone {
+            gone();
         }
         tally.deleted()
     }
