@@ -12,10 +12,12 @@ use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ProtocolVersion, PushInfo, RedisError};
-use tokio::sync::mpsc;
+use tokio::sync::watch;
 
 use super::error::NodeError;
 use super::facts::{read_facts, NodeFacts};
+use super::hub::Hub;
+use super::link::Link;
 use super::sentinel::{self, Group};
 use super::spec::NodeSpec;
 
@@ -31,19 +33,21 @@ pub struct ConnectSettings {
     pub stamp_slots: bool,
 }
 
-/// Forwards what connection `id` pushes to its node, tagged with the connection's number (a
-/// message of a connection since replaced is told apart and dropped).
+/// Routes what connection `id` pushes to the streams of its node that subscribed, tagged with
+/// the connection's number (a message of a connection since replaced is told apart and
+/// dropped). Routed as the connection reads it, with no hand-over to another task on the way
+/// to a waiter.
 #[derive(Clone)]
 pub(super) struct PushTag {
     pub(super) id: u64,
-    pub(super) tx: mpsc::UnboundedSender<(u64, PushInfo)>,
+    pub(super) hub: Arc<Hub>,
+    pub(super) link: Arc<watch::Sender<Link>>,
 }
 
 impl redis::aio::AsyncPushSender for PushTag {
     fn send(&self, info: PushInfo) -> Result<(), redis::aio::SendError> {
-        self.tx
-            .send((self.id, info))
-            .map_err(|_| redis::aio::SendError)
+        self.hub.handle(self.id, info, &self.link);
+        Ok(())
     }
 }
 

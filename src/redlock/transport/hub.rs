@@ -1,11 +1,12 @@
-//! One reader per node for what its connection pushes, routing each message by channel to the
+//! One router per node for what its connections push, routing each message by channel to the
 //! streams that subscribed it: every lock of a process shares the node's one connection and its
 //! subscriptions.
 //!
 //! ## Behaviour
-//! - The first stream on a RESP3 connection starts the node's reader, which lives as long as
-//!   the node. It hands a message of channel `C` pushed on connection `id` to every stream
-//!   that subscribed `C` on `id`, and drops messages of connections since replaced.
+//! - A message is routed as the connection reads it (the connection's push sender calls
+//!   [`Hub::handle`]; no task in between): a message of channel `C` pushed on connection `id`
+//!   goes to every stream that subscribed `C` on `id`; messages of connections since replaced
+//!   are dropped.
 //! - A channel is subscribed on the connection when its first stream asks for it, and
 //!   unsubscribed when its last stream has been gone for [`UNSUBSCRIBE_AFTER`]: a lock
 //!   subscribes while it waits, and the node carries only the channels someone listens to. `SUBSCRIBE` and `UNSUBSCRIBE` go out one
@@ -21,7 +22,6 @@ use futures_util::StreamExt;
 use redis::aio::MultiplexedConnection;
 use redis::{FromRedisValue, PushInfo};
 use tokio::sync::{mpsc, watch};
-use tokio_util::sync::CancellationToken;
 
 use super::link::Link;
 
@@ -87,7 +87,6 @@ pub(super) struct Hub {
     routes: Mutex<Routes>,
     /// Held while `SUBSCRIBE`/`UNSUBSCRIBE` is decided and sent (see the module doc).
     commands: tokio::sync::Mutex<()>,
-    reading: std::sync::atomic::AtomicBool,
 }
 
 impl Hub {
@@ -95,32 +94,10 @@ impl Hub {
         self.routes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Starts, once, the reader of `pushed` (the node's one receiver of what its connections
-    /// push); it stops with `stop`.
-    pub(super) fn start_reader(
-        self: &Arc<Self>,
-        pushed: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<(u64, PushInfo)>>>,
-        link: Arc<watch::Sender<Link>>,
-        stop: CancellationToken,
-    ) {
-        if self.reading.swap(true, std::sync::atomic::Ordering::AcqRel) {
-            return;
-        }
-        let hub = self.clone();
-        tokio::spawn(async move {
-            let mut pushed = pushed.lock_owned().await;
-            loop {
-                let message = tokio::select! {
-                    _ = stop.cancelled() => return,
-                    message = pushed.recv() => message,
-                };
-                let Some((conn, info)) = message else { return };
-                hub.handle(conn, info, &link);
-            }
-        });
-    }
-
-    fn handle(&self, conn: u64, info: PushInfo, link: &watch::Sender<Link>) {
+    /// Takes in one push of connection `conn`, as the connection reads it: a message goes to
+    /// the streams of its channel; a disconnection ends the connection's streams and marks it
+    /// for redialling. Never blocks (a short lock of the routes, unbounded sends).
+    pub(super) fn handle(&self, conn: u64, info: PushInfo, link: &watch::Sender<Link>) {
         match info.kind {
             redis::PushKind::Message => {
                 if let Some((channel, payload)) = channel_message(&info.data) {

@@ -11,7 +11,7 @@
 //!    that knows cluster mode.
 //! 4. [`node`], [`pushes`], `hub`: one self-reconnecting connection per node, its facts, the
 //!    calls the engine makes, and the pushes that ride on it, routed by channel to every lock
-//!    that listens (one connection and one reader per node, whatever the number of locks).
+//!    that listens (one connection and one router per node, whatever the number of locks).
 //! 5. [`voter`]: the trait the vote layer sees a node through, so vote rules can be tested
 //!    with a fake node.
 //!

@@ -29,8 +29,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{FromRedisValue, PushInfo, RedisError, Script};
-use tokio::sync::{mpsc, watch};
+use redis::{FromRedisValue, RedisError, Script};
+use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::cluster;
@@ -57,10 +57,8 @@ pub struct Node {
     /// Cluster mode: the masters the last `CLUSTER SLOTS` listed, dialled when the URL's node
     /// does not answer.
     pub(super) seeds: Arc<Mutex<Vec<(String, u16)>>>,
-    /// What the node's RESP3 connections push, read by one listener at a time.
-    pub(super) pushed: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<(u64, PushInfo)>>>,
-    pub(super) push_tx: mpsc::UnboundedSender<(u64, PushInfo)>,
-    /// Routes what is pushed to the streams that subscribed (see `hub`).
+    /// Routes what the node's RESP3 connections push to the streams that subscribed (see
+    /// `hub`).
     pub(super) hub: Arc<super::hub::Hub>,
     pub(super) stop: CancellationToken,
     pub(super) _stop_on_drop: DropGuard,
@@ -80,7 +78,6 @@ impl Node {
     pub fn new(spec: NodeSpec, settings: ConnectSettings) -> Result<Node, NodeError> {
         let dial = Dial::new(&spec)?;
         let stop = CancellationToken::new();
-        let (push_tx, pushed) = mpsc::unbounded_channel();
         Ok(Node {
             spec,
             dial: Arc::new(dial),
@@ -91,8 +88,6 @@ impl Node {
             server: Arc::default(),
             following: AtomicBool::new(false),
             seeds: Arc::default(),
-            pushed: Arc::new(tokio::sync::Mutex::new(pushed)),
-            push_tx,
             hub: Arc::default(),
             _stop_on_drop: stop.clone().drop_guard(),
             stop,
@@ -218,7 +213,8 @@ impl Node {
         let seeds = self.seeds.clone();
         let tag = PushTag {
             id,
-            tx: self.push_tx.clone(),
+            hub: self.hub.clone(),
+            link: self.link.clone(),
         };
         let connect = reach(dial, spec, settings, seeds, tag);
         let connect_timeout = settings.connect_timeout;

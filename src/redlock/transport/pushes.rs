@@ -5,8 +5,9 @@
 //!   (Redis 6+), so a waiter's subscriptions ride on it ([`Node::pushes`]) and a sidecar holds
 //!   one connection per node, not two: a node's idle cost grows with its clients. A server or
 //!   proxy that refuses `HELLO 3` gets RESP2 and a dedicated pub/sub connection.
-//! - **Shared by every lock.** Streams of many locks ride on the one connection; one reader per
-//!   node routes each message by channel to the streams that asked for it (see `hub`).
+//! - **Shared by every lock.** Streams of many locks ride on the one connection; one router per
+//!   node routes each message by channel, as the connection reads it, to the streams that asked
+//!   for it (see `hub`).
 //! - A stream ends when the connection that carries it is gone (dropped, replaced or
 //!   disconnected); a disconnection also marks the node's connection for redialling.
 
@@ -40,8 +41,6 @@ impl Node {
         if !facts.push {
             return self.dedicated_pushes(channels, optional, timeout).await;
         }
-        self.hub
-            .start_reader(self.pushed.clone(), self.link.clone(), self.stop.clone());
         let subscribe = self.hub.subscribe(conn, id, channels, optional, &self.link);
         match tokio::time::timeout_at(deadline, subscribe).await {
             Ok(Ok(pushes)) => Ok(pushes),
