@@ -161,21 +161,7 @@ async fn cycle(s: &Setup, client: Client) -> Result<(Duration, Duration, bool), 
                 let mut c = c.clone();
                 let (key, value) = (&s.floor_key, &value);
                 async move {
-                    if client == Client::FloorLineage {
-                        return support::SET_READING_LINEAGE
-                            .key(key)
-                            .arg(value)
-                            .arg(ttl_ms)
-                            .invoke_async::<Option<String>>(&mut c)
-                            .await;
-                    }
-                    redis::cmd("SET")
-                        .arg(key)
-                        .arg(value)
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(ttl_ms)
-                        .query_async::<Option<String>>(&mut c)
+                    support::set_nx(&mut c, key, value, ttl_ms, client == Client::FloorLineage)
                         .await
                 }
             }))

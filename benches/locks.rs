@@ -374,24 +374,7 @@ fn random_value() -> String {
 /// script does ([`support::SET_READING_LINEAGE`]).
 async fn set_nx(conn: &MultiplexedConnection, key: &str, value: &str, lineage: bool) -> bool {
     let mut c = conn.clone();
-    let ttl_ms = TTL.as_millis() as u64;
-    let reply = if lineage {
-        support::SET_READING_LINEAGE
-            .key(key)
-            .arg(value)
-            .arg(ttl_ms)
-            .invoke_async::<Option<String>>(&mut c)
-            .await
-    } else {
-        redis::cmd("SET")
-            .arg(key)
-            .arg(value)
-            .arg("NX")
-            .arg("PX")
-            .arg(ttl_ms)
-            .query_async::<Option<String>>(&mut c)
-            .await
-    };
+    let reply = support::set_nx(&mut c, key, value, TTL.as_millis() as u64, lineage).await;
     matches!(reply, Ok(Some(_)))
 }
 

@@ -391,3 +391,30 @@ pub static SET_READING_LINEAGE: LazyLock<redis::Script> = LazyLock::new(|| {
          if set then return 'OK' end return false",
     )
 });
+
+/// `SET key value NX PX ttl_ms` on one node, or with `lineage` through
+/// [`SET_READING_LINEAGE`]: `Some("OK")` where it granted.
+pub async fn set_nx(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    value: &str,
+    ttl_ms: u64,
+    lineage: bool,
+) -> redis::RedisResult<Option<String>> {
+    if lineage {
+        return SET_READING_LINEAGE
+            .key(key)
+            .arg(value)
+            .arg(ttl_ms)
+            .invoke_async(conn)
+            .await;
+    }
+    redis::cmd("SET")
+        .arg(key)
+        .arg(value)
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl_ms)
+        .query_async(conn)
+        .await
+}
