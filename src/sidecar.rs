@@ -32,18 +32,17 @@ pub async fn run(cfg: RunConfig) -> i32 {
             crate::config::exit_invalid(&format!("--listen: cannot bind {}: {err}", cfg.listen))
         }
     };
-    let control_listener = match http::bind(cfg.control_listen).await {
+    // Start-up, before the lock loop runs: a failure here leaves no lock held.
+    let control_thread = ControlThread::start().expect("the control thread starts");
+    // Bound on its own thread (see `control_thread`), so that thread's reactor serves it.
+    let bound = control_thread.spawn(http::bind(cfg.control_listen)).await;
+    let control_listener = match bound.map_err(std::io::Error::other).and_then(|bound| bound) {
         Ok(listener) => listener,
         Err(err) => crate::config::exit_invalid(&format!(
             "--control-listen: cannot bind {}: {err}",
             cfg.control_listen
         )),
     };
-    // Served from its own thread (see `control_thread`), so registered there.
-    let control_listener = control_listener
-        .into_std()
-        .expect("a bound listener leaves the reactor");
-    let control_thread = ControlThread::start().expect("the control thread starts");
     let kube_errors = k8s::errors_counter();
     let (redlock, metrics) = lease::instrumented_engine(&cfg.redlock, Some(kube_errors.clone()))
         .unwrap_or_else(|err| crate::config::exit_invalid(&err.to_string()));
@@ -117,10 +116,6 @@ pub async fn run(cfg: RunConfig) -> i32 {
         },
         locks_routes,
     );
-    let control_listener = control_thread.enter(|| {
-        tokio::net::TcpListener::from_std(control_listener)
-            .expect("the control thread's reactor takes the listener")
-    });
     let control_task = control_thread.spawn(http::serve_router(
         control_listener,
         control,

@@ -24,6 +24,8 @@ where
     /// Runs the work to its end here (dropped first: to its end as a task).
     pub(crate) async fn run(mut self) -> F::Output {
         std::future::poll_fn(|cx| {
+            // Cannot fail: `poll_fn` is not polled again once it returned `Ready`, and only
+            // that return takes the work out.
             let work = self.0.as_mut().expect("polled only until it finishes");
             let done = work.as_mut().poll(cx);
             if done.is_ready() {
