@@ -49,7 +49,9 @@
 //! with them: the **floor + lineage read** (the waiter's `SET` in a script that also reads
 //! `INFO server replication`, as rule 2 makes every grant do), and the **hand-over between two
 //! request-lock services in this process** (no HTTP, no other process to wake: what the
-//! engine's own release, announcement and round cost).
+//! engine's own release, announcement and round cost). A last kind is the hand-over between
+//! the sidecars once more, with each sidecar's control thread answering one request without
+//! Redis just before the release (**warm**): what waking idle processes costs the hand-over.
 //!
 //! - **HTTP, two answers without Redis**: two `POST .../keepalive` for a lease nobody has
 //!   (404 from the lease table): the transport part of the HTTP hop, without the service.
@@ -594,11 +596,14 @@ fn redis_cpu(servers: &[RedisServer]) -> f64 {
 }
 
 /// The hand-over of `bench-handover` from a holder on `from` to a waiter on `to`: DELETE sent
-/// → the waiter's 200.
-fn handovers(from: &Sidecar, to: &Sidecar, count: usize) -> Samples {
+/// → the waiter's 200. With `warm`, each sidecar's control thread answers one request
+/// without Redis just before the release (as a sidecar serving other requests would be):
+/// the same hand-over without waking idle processes.
+fn handovers(from: &Sidecar, to: &Sidecar, count: usize, warm: bool) -> Samples {
     let mut samples = Samples::default();
     let mut holder = Conn::open(&from.control);
     let mut waiter = Some(Conn::open(&to.control));
+    let mut warmer = Conn::open(&to.control);
     for _ in 0..count {
         let lease = holder.acquire("/v1/locks/bench-handover?ttl=10s");
         let mut conn = waiter.take().unwrap();
@@ -616,6 +621,12 @@ fn handovers(from: &Sidecar, to: &Sidecar, count: usize) -> Samples {
         // made in the warm-up, kept while the name is in use).
         to.await_waiter();
         std::thread::sleep(waiter_idle());
+        if warm {
+            for conn in [&mut holder, &mut warmer] {
+                let (status, body) = conn.call("POST", UNKNOWN_LEASE);
+                assert_eq!(status, 404, "{body}");
+            }
+        }
         let released = Instant::now();
         holder.release("bench-handover", &lease);
         let (answered, conn) = waiting.join().unwrap();
@@ -738,18 +749,19 @@ fn main() {
             rt.block_on(floor_handover(&clients.conns, &mut announcements, lineage));
         }
         service_handovers(&rt, &svc_holder, &svc_waiter, 3);
-        handovers(&a, &a, 3);
-        handovers(&a, &b, 3);
+        handovers(&a, &a, 3, false);
+        handovers(&a, &b, 3, false);
         // The kinds, each row filled in batches taking turns, in a rotating order, so load
         // hits them alike.
-        const KINDS: [&str; 5] = [
+        const KINDS: [&str; 6] = [
             "hand-over floor (CAD + PUBLISH → subscribed waiter's SET NX PX quorum)",
             "hand-over floor + lineage read in the waiter's SET script (rule 2)",
             "hand-over between two services in-process (no HTTP)",
             "hand-over of the hot name, waiter in the same sidecar",
             "hand-over of the hot name, waiter in another sidecar",
+            "the same between two warm sidecars (each answered a request just before the release)",
         ];
-        let mut kinds: [Samples; 5] = Default::default();
+        let mut kinds: [Samples; 6] = Default::default();
         let mut floor_asked_again = 0;
         let mut done = 0;
         let mut round = 0;
@@ -772,8 +784,9 @@ fn main() {
                         samples
                     }
                     2 => service_handovers(&rt, &svc_holder, &svc_waiter, n),
-                    3 => handovers(&a, &a, n),
-                    _ => handovers(&a, &b, n),
+                    3 => handovers(&a, &a, n, false),
+                    4 => handovers(&a, &b, n, false),
+                    _ => handovers(&a, &b, n, true),
                 };
                 kinds[kind].0.extend(samples.0);
             }
@@ -783,7 +796,7 @@ fn main() {
         for (what, samples) in KINDS.iter().zip(&kinds) {
             print_handover(what, nodes, samples);
         }
-        let [handover_floor, handover_floor_lineage, in_process, within, between] = &kinds;
+        let [handover_floor, handover_floor_lineage, in_process, within, between, warm] = &kinds;
         let p50 = |path, hot| {
             let i = PATHS.iter().position(|&p| p == (path, hot)).unwrap();
             us(rows[i].samples.pct(50.0))
@@ -842,6 +855,11 @@ fn main() {
             "hot_handover_over_floor n={nodes} same_sidecar {:.2} between_sidecars {:.2}",
             us(within.pct(50.0)) / floor_p50.max(1.0),
             us(between.pct(50.0)) / floor_p50.max(1.0)
+        ));
+        goals.push(format!(
+            "hot_handover_warm_p50_us n={nodes} between_sidecars {:.0} (both sidecars answered a request just before the release; waking the idle ones cost {:.0} µs of the p50)",
+            us(warm.pct(50.0)),
+            us(between.pct(50.0)) - us(warm.pct(50.0))
         ));
         let lineage_p50 = us(handover_floor_lineage.pct(50.0));
         let in_process_p50 = us(in_process.pct(50.0));
