@@ -242,6 +242,58 @@ async fn renewals_keep_the_register_and_record_beyond_the_key_and_rewrite_them_r
     lock.release(&lease).await;
 }
 
+/// The register says the longest ttl of any key that may still stand: a grant, and the
+/// renewals after it, under a register of a longer ttl that is about to expire keep that
+/// register (its value, never lowered) until after their own key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_longer_ttls_register_about_to_expire_is_kept_past_a_shorter_key() {
+    let longer = TTL * 2;
+    // Old enough to count under the longer ttl the register shows.
+    let cluster = RedisCluster::ready(1, longer);
+    let node = cluster.node(0);
+    let register = "redlock:{test}:ttl";
+    let longer_ms = longer.as_millis().to_string();
+    // A contender with the longer ttl held the lock long ago: its register has 50 ms left.
+    node.command(&["SET", register, &longer_ms, "PX", "50"]);
+    let lock = redlock(&cluster.urls(), "alpha");
+    let mut lease = lock.try_acquire().await.expect("acquired");
+    // The key's and the register's remaining times and the register, read at one instant.
+    let read = || -> (i64, i64, String) {
+        let answer = node.command(&[
+            "EVAL",
+            "return redis.call('PTTL', KEYS[1]) .. ' ' .. redis.call('PTTL', KEYS[2]) .. ' ' \
+             .. (redis.call('GET', KEYS[2]) or 'none')",
+            "2",
+            "redlock:{test}",
+            register,
+        ]);
+        let mut parts = answer.split_whitespace();
+        let mut pttl = || parts.next().and_then(|n| n.parse().ok()).expect("a PTTL");
+        let (key, register) = (pttl(), pttl());
+        (
+            key,
+            register,
+            parts.next().expect("the register").to_owned(),
+        )
+    };
+    let check = |(key, left, value): (i64, i64, String), after: &str| {
+        assert!(
+            left >= key,
+            "after {after}: the register has {left} ms left, the key {key} ms"
+        );
+        assert_eq!(value, longer_ms, "after {after}: the register's value");
+    };
+    check(read(), "the grant");
+    let mut pace = tokio::time::interval(TTL / 3);
+    pace.tick().await;
+    for renewal in 1..=4 {
+        pace.tick().await;
+        lease = lock.extend(&lease).await.expect("renewed");
+        check(read(), &format!("renewal {renewal}"));
+    }
+    lock.release(&lease).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_switched_to_eviction_at_runtime_stops_the_node_counting() {
     let cluster = RedisCluster::ready(1, TTL);

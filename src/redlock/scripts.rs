@@ -115,10 +115,13 @@ macro_rules! record_life {
 #[cfg(test)]
 pub const RECORD_LIFE_IN_SCRIPTS: &str = record_life!();
 
-/// Lua that records our ttl in the lock's max-ttl register (ARGV[2]); the register lives
-/// [`RECORD_LIFE`] times the longest ttl written and is refreshed once less than one ttl is
-/// left, so it outlives every key written with that ttl. It only ever rises (or is refreshed
-/// at the same value). Needs `max_ttl_before`, the register as read before.
+/// Lua that records our ttl in the lock's max-ttl register (ARGV[2]), which says the longest
+/// ttl of any key of the lock that may still stand. A register below our ttl (or none) takes
+/// it, for [`RECORD_LIFE`] times our ttl. A register at or above it that has less than our
+/// ttl left is kept, at its value, for as long: a longer ttl's register about to expire must
+/// not leave our key standing without one. So the register outlives every key written under
+/// it; its value only rises and its expiry only moves later. Needs `max_ttl_before`, the
+/// register as read before.
 ///
 /// [`RECORD_LIFE`]: super::timing::RECORD_LIFE
 macro_rules! record_ttl {
@@ -126,8 +129,12 @@ macro_rules! record_ttl {
         concat!(
             r#"
 local ttl = tonumber(ARGV[2])
-if max_ttl_before < ttl or (max_ttl_before == ttl and redis.call('PTTL', KEYS[3]) < ttl) then
+if max_ttl_before < ttl then
   redis.call('SET', KEYS[3], ARGV[2], 'PX', "#,
+            record_life!(),
+            r#" * ttl)
+elseif redis.call('PTTL', KEYS[3]) < ttl then
+  redis.call('PEXPIRE', KEYS[3], "#,
             record_life!(),
             r#" * ttl)
 end
@@ -249,7 +256,8 @@ local fence = tonumber(before) or 0
 ///
 /// Due means the refresh marker does not hold our fingerprint (it is gone, or a node of our
 /// set restarted: the holder's record must replace the old one at once, see `votes`, rule 7).
-/// The refresh rewrites the register (where it is not longer than our ttl) and the record
+/// The refresh rewrites the register (where it is not longer than our ttl; a longer one with
+/// less than our ttl left is kept, at its value, as [`record_ttl`] keeps it) and the record
 /// (for `RECORD_LIFE` times the longest ttl), then writes the marker with our fingerprint, to
 /// vanish at most `RECORD_LIFE − 1` ttls later and one ttl before the register does. So while
 /// it stands, the register and the record outlive the key this renewal extends, and the record
@@ -272,6 +280,10 @@ if ours and ARGV[6] ~= '1' then
   local register = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
   if register <= ttl then
     redis.call('SET', KEYS[3], ARGV[2], 'PX', "#,
+            record_life!(),
+            r#" * ttl)
+  elseif redis.call('PTTL', KEYS[3]) < ttl then
+    redis.call('PEXPIRE', KEYS[3], "#,
             record_life!(),
             r#" * ttl)
   end

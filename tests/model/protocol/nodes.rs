@@ -101,17 +101,18 @@ impl Config {
         })
     }
 
-    /// Records our ttl in the register (if `raise` says so) and writes our node-set record.
+    /// Records our ttl in the register as the scripts' `record_ttl` does (a grant; a renewal's
+    /// refresh, `grant` false, also rewrites a register of our own ttl) and writes our
+    /// node-set record. A longer ttl's register with less than our ttl left is kept, at its
+    /// value, for as long as ours would live.
     pub(super) fn record_ttl(&self, node: &mut Node, set: u64, ttl: u8, now: u8, grant: bool) {
-        let reg = node.data.register;
-        let write = match reg {
-            None => true,
-            Some((v, at)) if grant => v < ttl || (v == ttl && at - now < ttl),
-            Some((v, _)) => v <= ttl,
+        let expires = self.node_expiry(now, LIFE * ttl);
+        node.data.register = match node.data.register {
+            None => Some((ttl, expires)),
+            Some((v, _)) if v < ttl || (!grant && v == ttl) => Some((ttl, expires)),
+            Some((v, at)) if at - now < ttl => Some((v, expires)),
+            kept => kept,
         };
-        if write {
-            node.data.register = Some((ttl, self.node_expiry(now, LIFE * ttl)));
-        }
         if self.rules.fingerprint {
             let longest = node.data.register.map_or(ttl, |(v, _)| v.max(ttl));
             node.data.record = Some((set, self.node_expiry(now, LIFE * longest)));
