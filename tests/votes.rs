@@ -253,9 +253,13 @@ async fn a_longer_ttls_register_about_to_expire_is_kept_past_a_shorter_key() {
     let node = cluster.node(0);
     let register = "redlock:{test}:ttl";
     let longer_ms = longer.as_millis().to_string();
-    // A contender with the longer ttl held the lock long ago: its register has 50 ms left.
-    node.command(&["SET", register, &longer_ms, "PX", "50"]);
     let lock = redlock(&cluster.urls(), "alpha");
+    // Connected first, so that the grant follows the register's write within milliseconds.
+    lock.inspect().await;
+    // A contender with the longer ttl held the lock long ago: its register has half our ttl
+    // left (the value check below fails if it was gone before the grant).
+    let left = (TTL / 2).as_millis().to_string();
+    node.command(&["SET", register, &longer_ms, "PX", &left]);
     let mut lease = lock.try_acquire().await.expect("acquired");
     // The key's and the register's remaining times and the register, read at one instant.
     let read = || -> (i64, i64, String) {
