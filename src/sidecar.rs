@@ -33,7 +33,13 @@ pub async fn run(cfg: RunConfig) -> i32 {
         }
     };
     // Start-up, before the lock loop runs: a failure here leaves no lock held.
-    let control_thread = ControlThread::start().expect("the control thread starts");
+    let control_thread = match ControlThread::start() {
+        Ok(thread) => thread,
+        Err(err) => {
+            eprintln!("redlock-sidecar: cannot start the control listener's thread: {err}");
+            return crate::config::EXIT_OS_ERROR;
+        }
+    };
     // Bound on its own thread (see `control_thread`), so that thread's reactor serves it.
     let bound = control_thread.spawn(http::bind(cfg.control_listen)).await;
     let control_listener = match bound.map_err(std::io::Error::other).and_then(|bound| bound) {
