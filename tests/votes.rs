@@ -180,6 +180,23 @@ async fn a_short_ttl_contender_waits_out_the_longest_ttl_in_use() {
     );
 }
 
+/// The remaining times (`PTTL`) of `keys` on `node`, read at one instant (time stands still
+/// inside a script): keys that expire in the same millisecond read alike.
+fn pttls_at_once(node: &RedisNode, keys: &[&str]) -> Vec<i64> {
+    let count = keys.len().to_string();
+    let mut args = vec![
+        "EVAL",
+        "local left = {} for i, key in ipairs(KEYS) do left[i] = redis.call('PTTL', key) end \
+         return table.concat(left, ' ')",
+        &count,
+    ];
+    args.extend_from_slice(keys);
+    node.command(&args)
+        .split_whitespace()
+        .map(|n| n.parse().expect("a PTTL"))
+        .collect()
+}
+
 /// Renewals rewrite the max-ttl register and the node-set record rarely (once their refresh
 /// marker is gone), yet both always outlive the key a renewal extends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -188,27 +205,13 @@ async fn renewals_keep_the_register_and_record_beyond_the_key_and_rewrite_them_r
     let lock = redlock(&cluster.urls(), "alpha");
     let mut lease = lock.try_acquire().await.expect("acquired");
     let node = cluster.node(0);
-    // The key's, the register's and the record's remaining times, read at one instant (time
-    // stands still inside a script): all three may expire in the same millisecond.
+    // The key's, the register's and the record's remaining times.
     let keys = [
         "redlock:{test}",
         "redlock:{test}:ttl",
         "redlock:{test}:nodes",
     ];
-    let pttls = || -> Vec<i64> {
-        node.command(&[
-            "EVAL",
-            "return redis.call('PTTL', KEYS[1]) .. ' ' .. redis.call('PTTL', KEYS[2]) .. ' ' \
-             .. redis.call('PTTL', KEYS[3])",
-            "3",
-            keys[0],
-            keys[1],
-            keys[2],
-        ])
-        .split_whitespace()
-        .map(|n| n.parse().expect("a PTTL"))
-        .collect()
-    };
+    let pttls = || pttls_at_once(node, &keys);
     node.command(&["CONFIG", "RESETSTAT"]);
     // Renewals a third of the ttl apart (the engine's cadence) over two refresh periods.
     let life = redlock_sidecar::redlock::RECORD_LIFE;
@@ -261,24 +264,10 @@ async fn a_longer_ttls_register_about_to_expire_is_kept_past_a_shorter_key() {
     let left = (TTL / 2).as_millis().to_string();
     node.command(&["SET", register, &longer_ms, "PX", &left]);
     let mut lease = lock.try_acquire().await.expect("acquired");
-    // The key's and the register's remaining times and the register, read at one instant.
+    // The key's and the register's remaining times, and the register.
     let read = || -> (i64, i64, String) {
-        let answer = node.command(&[
-            "EVAL",
-            "return redis.call('PTTL', KEYS[1]) .. ' ' .. redis.call('PTTL', KEYS[2]) .. ' ' \
-             .. (redis.call('GET', KEYS[2]) or 'none')",
-            "2",
-            "redlock:{test}",
-            register,
-        ]);
-        let mut parts = answer.split_whitespace();
-        let mut pttl = || parts.next().and_then(|n| n.parse().ok()).expect("a PTTL");
-        let (key, register) = (pttl(), pttl());
-        (
-            key,
-            register,
-            parts.next().expect("the register").to_owned(),
-        )
+        let left = pttls_at_once(node, &["redlock:{test}", register]);
+        (left[0], left[1], node.command(&["GET", register]))
     };
     let check = |(key, left, value): (i64, i64, String), after: &str| {
         assert!(
