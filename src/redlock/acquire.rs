@@ -18,16 +18,19 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use futures_util::stream::FuturesUnordered;
+use futures_util::StreamExt;
 use rand::Rng;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::round::acquire::RawAcquireReply;
 use super::round::{
     AcquireParams, AcquireReply, AcquireRound, AcquireStep, Lost, NodeAnswer, RoundLost, Rules,
     TokenPlan,
 };
+use super::timing::recheck_window;
 use super::{Answers, Lease, LockError, NodeError, NodeFacts, Op, Order, Redlock, ACQUIRE};
-use crate::clock::Deadline;
+use crate::clock::{Clock, Deadline};
 
 /// How often a node-set conflict is logged at most.
 const CONFLICT_LOG_EVERY: Duration = Duration::from_secs(60);
@@ -60,6 +63,7 @@ impl Redlock {
             candidate,
             node_set,
             allow_evicting: cfg.allow_evicting_nodes,
+            recheck_for: recheck_window(cfg.ttl, cfg.node_timeout, cfg.connect_timeout),
             rules: Rules::ALL,
         };
         let mut round = AcquireRound::new(self.inner.nodes.len(), params, start);
@@ -80,7 +84,7 @@ impl Redlock {
             }
             // Every call ends in an answer, so a round does not run out of them undecided;
             // were it to, nothing was won.
-            AcquireStep::Listen => {
+            AcquireStep::Listen | AcquireStep::Recheck(_) => {
                 self.clean_up_everywhere(&value, &fingerprint).await;
                 return Err(LockError::QuorumUnreachable {
                     lock: cfg.lock.clone(),
@@ -134,22 +138,75 @@ impl Redlock {
         }
     }
 
-    /// Feeds `round` every answer it asks for, until it decides.
+    /// Feeds `round` every answer it asks for, and the registers it asks to read again, until
+    /// it decides.
     async fn run_round(
         &self,
         round: &mut AcquireRound,
         answers: &mut Answers<RawAcquireReply>,
     ) -> AcquireStep {
+        let mut rechecks = FuturesUnordered::new();
+        let mut reading = vec![false; self.inner.nodes.len()];
         loop {
-            let step = round.poll(Deadline::now());
-            if step != AcquireStep::Listen {
-                return step;
+            let now = Deadline::now();
+            round.handle_timeout(now);
+            match round.poll(now) {
+                AcquireStep::Listen => {}
+                AcquireStep::Recheck(nodes) => {
+                    let until = round.poll_timeout().unwrap_or(now);
+                    if !reading.contains(&true) {
+                        debug!(
+                            lock = %self.inner.cfg.lock,
+                            nodes = ?nodes,
+                            "young nodes' grants would win: reading again the max-ttl register of nodes that did not answer in time"
+                        );
+                    }
+                    for index in nodes {
+                        if !std::mem::replace(&mut reading[index], true) {
+                            rechecks.push(self.read_register(index, until));
+                        }
+                    }
+                }
+                step => return step,
             }
-            let Some((index, answer)) = answers.recv().await else {
-                return step;
-            };
-            self.feed(round, index, answer);
+            if answers.calls.is_empty() && rechecks.is_empty() && round.poll_timeout().is_none() {
+                // Every call ends in an answer, so this is not reached; were it, the caller
+                // counts nothing won.
+                return AcquireStep::Listen;
+            }
+            tokio::select! {
+                Some((index, answer)) = answers.recv(), if !answers.calls.is_empty() => {
+                    self.feed(round, index, answer);
+                }
+                Some((index, register)) = rechecks.next(), if !rechecks.is_empty() => {
+                    reading[index] = false;
+                    round.handle_register(index, register, Deadline::now());
+                    self.learn_max_ttl(round.register_seen());
+                }
+                () = Clock::Boot.sleep_until_some(round.poll_timeout()) => {}
+            }
         }
+    }
+
+    /// Node `index`'s max-ttl register, read with plain commands once its connection is up
+    /// (made by `until`): the connection's set-up does not eat the read's node timeout.
+    async fn read_register(
+        &self,
+        index: usize,
+        until: Deadline,
+    ) -> (usize, Result<Duration, NodeError>) {
+        let node = &self.inner.nodes[index];
+        node.connect(until.saturating_duration_since(Deadline::now()))
+            .await;
+        let read = node
+            .read_key(&self.inner.ttl_key, self.inner.cfg.node_timeout)
+            .await;
+        let register = read.map(|value| {
+            value
+                .and_then(|(ms, _)| ms.parse().ok())
+                .map_or(Duration::ZERO, Duration::from_millis)
+        });
+        (index, register)
     }
 
     /// Node `index`'s answer into `round`; what it judged goes to the metrics and the

@@ -74,6 +74,21 @@ pub fn check_bounds(cfg: &super::RedlockConfig) -> Result<(), super::ConfigError
     Ok(())
 }
 
+/// How long after its start an acquire round reads again the max-ttl register of a node that
+/// did not answer in time, before it counts young nodes' grants without it (`round::acquire`,
+/// rule 5): long enough for a connection to be set up (`connect_timeout`) or a slow node to
+/// answer a few node timeouts late, and at most half the ttl, so that a round that waited the
+/// whole window still leads with half its validity.
+pub fn recheck_window(
+    ttl: Duration,
+    node_timeout: Duration,
+    connect_timeout: Duration,
+) -> Duration {
+    connect_timeout
+        .max(node_timeout.saturating_mul(4))
+        .min(ttl / 2)
+}
+
 /// Votes needed among `nodes`: a strict majority.
 pub fn quorum(nodes: usize) -> usize {
     nodes / 2 + 1
@@ -112,6 +127,14 @@ pub fn retry_delay(base: Duration, max: Duration, attempt: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_recheck_waits_for_a_connection_or_a_few_node_timeouts_within_half_the_ttl() {
+        let ms = Duration::from_millis;
+        assert_eq!(recheck_window(ms(10_000), ms(50), ms(1_000)), ms(1_000));
+        assert_eq!(recheck_window(ms(10_000), ms(500), ms(1_000)), ms(2_000));
+        assert_eq!(recheck_window(ms(1_000), ms(200), ms(1_000)), ms(500));
+    }
 
     #[test]
     fn the_scripts_write_the_records_for_the_life_the_engine_assumes() {

@@ -25,8 +25,11 @@
 //!    outlives every key written with that ttl).
 //!    A grant from a node whose data age is below [`MAX_TTL`] + drift (the bound on every ttl)
 //!    counts only once every node of the round has answered or timed out, so the registers of
-//!    all reachable nodes are known before it is judged. `--max-ttl` closes the remaining gap:
-//!    every node that holds the register lost it or is unreachable at once.
+//!    all reachable nodes are known before it is judged; where such grants would win while a
+//!    node timed out (slow, paused, still connecting) or its connection broke, that node's
+//!    register is read again first, for up to `timing::recheck_window` (see `round::acquire`,
+//!    rule 5). `--max-ttl` closes the remaining gap: every node that holds the register lost
+//!    it or stays unreachable for that window.
 //! 4. **Eviction.** A node whose `maxmemory-policy` is not `noeviction` can drop a lock key
 //!    under memory pressure without any trace; its grants never count, unless the operator
 //!    accepts that with `--allow-evicting-nodes`.

@@ -188,6 +188,9 @@ pub fn acquire_next(view: &AcquireView, answers: &[(usize, AcquireAns)], now: u8
         candidate: u64::from(view.candidate),
         node_set: set,
         allow_evicting: false,
+        // The model's lost requests stay lost: a recheck of their nodes never answers, so
+        // the window may end at once.
+        recheck_for: Duration::ZERO,
         rules: view.rules,
     };
     let mut round = AcquireRound::new(view.list.len(), params, at(view.start));
@@ -249,8 +252,9 @@ pub fn acquire_next(view: &AcquireView, answers: &[(usize, AcquireAns)], now: u8
         round.handle(*index, Ok(NodeAnswer { reply, conn }));
     }
     let token = |t: u64| u16::try_from(t).expect("model tokens fit in u16");
+    round.handle_timeout(at(now));
     match round.poll(at(now)) {
-        AcquireStep::Listen => AcquireNext::Listen,
+        AcquireStep::Listen | AcquireStep::Recheck(_) => AcquireNext::Listen,
         AcquireStep::Lost { clean_up, .. } => AcquireNext::Lost(clean_up),
         AcquireStep::TooShort { .. } => AcquireNext::TooShort,
         AcquireStep::Won(TokenPlan::Stored(t)) => AcquireNext::Lead(token(t)),

@@ -128,6 +128,18 @@ impl Sidecar {
     }
 }
 
+impl super::tenures::Sidecar for Sidecar {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+    fn proc(&self) -> &Proc {
+        &self.proc
+    }
+}
+
 /// Waits until exactly one of `sidecars` leads, within `within`, and returns its index; never
 /// two at a time. On a timeout, the panic shows every sidecar's log.
 pub async fn one_leader(sidecars: &[&Sidecar], within: Duration) -> usize {

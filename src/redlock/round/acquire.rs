@@ -14,6 +14,12 @@
 //!    server the round's node set named. A grant from a node whose data age is below the
 //!    settled age (`votes::settled_data_age`) is judged only once every node has answered
 //!    (or the round is decided without it), so every reachable register is known first.
+//!    Where such young grants would win the round while a node did not answer in time (a
+//!    timeout: slow, paused, its connection still being set up; or a broken connection being
+//!    remade), the round is not decided on a guess about that node's register: it reads the
+//!    node's register again (`Recheck`) until it answers or the recheck window ends (see
+//!    `timing::recheck_window`). A node still silent then is taken as unreachable: the case
+//!    `--max-ttl` covers.
 //! 6. The round is decided as soon as a quorum for or against is certain. A grant that comes
 //!    after that is not counted (it is still judged, for the node's reported health).
 //! 7. A round won on a node that carried no node-set record hears every node before it leads,
@@ -68,6 +74,9 @@ impl Judged {
 enum Stage {
     /// Counting votes until a quorum for or against is certain.
     Counting,
+    /// Young grants would win, but nodes that may hold a longer ttl's register did not
+    /// answer: their registers are read again before the young grants are judged.
+    Rechecking,
     /// Won on a node without a node-set record: every answer is heard before leading.
     HearingAll,
     /// Decided; a lost round still hears every answer before it reports.
@@ -79,6 +88,11 @@ enum Stage {
 pub enum AcquireStep {
     /// Feed in the next answer (each is bounded by the node timeout).
     Listen,
+    /// Read the max-ttl register of these nodes (each read bounded by the node timeout once
+    /// the node's connection is up) and feed each result to
+    /// [`AcquireRound::handle_register`]; nodes already being read need no second read. At
+    /// [`AcquireRound::poll_timeout`], call [`AcquireRound::handle_timeout`].
+    Recheck(Vec<usize>),
     /// Lost: delete our key (owner-checked, silently) on the nodes `clean_up` lists, then
     /// report `lost`.
     Lost {
@@ -159,6 +173,9 @@ pub struct AcquireParams {
     pub node_set: NodeSet,
     /// `--allow-evicting-nodes`.
     pub allow_evicting: bool,
+    /// How long after the round's start silent nodes' registers are read again before young
+    /// grants are judged without them (`timing::recheck_window`).
+    pub recheck_for: Duration,
     /// The rules (all on, but in the model).
     pub rules: Rules,
 }
@@ -176,6 +193,8 @@ pub struct AcquireRound {
     candidate_stored: usize,
     /// Grants from young nodes, judged once every node has answered.
     pending: Vec<(usize, Connection, Proof, bool)>,
+    /// While rechecking: the nodes whose register is still awaited.
+    silent: Vec<usize>,
     /// Per node: how long until a grant that does not count yet would.
     ready_in: Vec<Option<Duration>>,
     /// A counted grant came from a node without a node-set record.
@@ -200,6 +219,7 @@ impl AcquireRound {
             register: Duration::ZERO,
             candidate_stored: 0,
             pending: Vec::new(),
+            silent: Vec::new(),
             ready_in: vec![None; nodes],
             unrecorded: false,
             stage: Stage::Counting,
@@ -263,11 +283,45 @@ impl AcquireRound {
 
     /// Once a quorum for or against is certain, or every node has answered: the young nodes'
     /// grants are judged (every reachable register is known now, unless the round was decided
-    /// without them), and the round is decided.
+    /// without them, or a silent node's register is read again first), and the round is
+    /// decided.
     fn decide_when_certain(&mut self) {
         if !(self.tally.decided() || self.answered == self.nodes()) {
             return;
         }
+        self.silent = self.to_recheck();
+        if self.silent.is_empty() {
+            self.decide();
+        } else {
+            self.stage = Stage::Rechecking;
+        }
+    }
+
+    /// The nodes whose register must be read again before the young grants are judged: those
+    /// that did not answer in time, when the young grants would win the round without them.
+    fn to_recheck(&self) -> Vec<usize> {
+        if !self.params.rules.recheck_silent || self.tally.decided() || self.pending.is_empty() {
+            return Vec::new();
+        }
+        let longest = self.longest_ttl();
+        let would_count = self
+            .pending
+            .iter()
+            .filter(|(_, conn, proof, _)| {
+                let (allow, rules) = (self.params.allow_evicting, self.params.rules);
+                judge_vote(conn, *proof, longest, allow, rules).is_ok()
+            })
+            .count();
+        if self.tally.granted() + would_count < quorum(self.nodes()) {
+            return Vec::new();
+        }
+        (0..self.nodes())
+            .filter(|i| matches!(&self.tally.votes[*i], Some(Vote::Failed(err)) if may_answer(err)))
+            .collect()
+    }
+
+    /// Judges the young nodes' grants with every register known, and decides the round.
+    fn decide(&mut self) {
         for (index, conn, proof, stored) in std::mem::take(&mut self.pending) {
             let vote = match self.judge_grant(index, &conn, proof, false) {
                 Ok(()) => {
@@ -281,6 +335,7 @@ impl AcquireRound {
             };
             self.tally.record(index, vote);
         }
+        self.silent.clear();
         self.granted = self.tally.granted();
         self.quorum_granted = self.tally.won();
         self.stage = if self.quorum_granted && self.unrecorded {
@@ -290,11 +345,49 @@ impl AcquireRound {
         };
     }
 
+    /// Node `index`'s register, read again while rechecking (see [`AcquireStep::Recheck`]):
+    /// the value (zero if absent), or why it could not be read. A timeout before the recheck
+    /// window ends leaves the node to be read again; any other failure means it cannot be
+    /// reached.
+    pub fn handle_register(
+        &mut self,
+        index: usize,
+        register: Result<Duration, NodeError>,
+        now: Deadline,
+    ) {
+        if self.stage != Stage::Rechecking || !self.silent.contains(&index) {
+            return;
+        }
+        match register {
+            Ok(register) => self.register = self.register.max(register),
+            Err(err) if err.kind == NodeErrorKind::Timeout && now < self.recheck_until() => return,
+            Err(_) => {}
+        }
+        self.silent.retain(|i| *i != index);
+        if self.silent.is_empty() {
+            self.decide();
+        }
+    }
+
+    /// Past the recheck window, nodes still silent are taken as unreachable (the case
+    /// `--max-ttl` covers) and the round is decided.
+    pub fn handle_timeout(&mut self, now: Deadline) {
+        if self.stage == Stage::Rechecking && now >= self.recheck_until() {
+            self.decide();
+        }
+    }
+
+    /// When a recheck gives up on the nodes still silent.
+    fn recheck_until(&self) -> Deadline {
+        self.start + self.params.recheck_for
+    }
+
     /// What to do next, at `now`.
     pub fn poll(&self, now: Deadline) -> AcquireStep {
         let heard_all = self.answered >= self.nodes();
         match self.stage {
             Stage::Counting => return AcquireStep::Listen,
+            Stage::Rechecking => return AcquireStep::Recheck(self.silent.clone()),
             Stage::HearingAll if !heard_all => return AcquireStep::Listen,
             _ => {}
         }
@@ -323,10 +416,11 @@ impl AcquireRound {
         })
     }
 
-    /// The answers still awaited carry nothing a caller waits for: none (each node's call is
-    /// bounded by the node timeout).
+    /// When to call [`AcquireRound::handle_timeout`]: the end of a recheck. The answers
+    /// awaited otherwise carry no deadline of the round's (each node's call is bounded by the
+    /// node timeout).
     pub fn poll_timeout(&self) -> Option<Deadline> {
-        None
+        (self.stage == Stage::Rechecking).then(|| self.recheck_until())
     }
 
     /// The validity clock of this round, to check again once the token is minted.
@@ -490,6 +584,13 @@ impl Validity {
             None => Err(elapsed),
         }
     }
+}
+
+/// Whether a node whose call failed with `err` may still answer a second read: it was slow
+/// (a timeout, a connection still being set up) or its connection broke and is remade. A
+/// node that answered an error (auth, protocol, another) has said all it will.
+fn may_answer(err: &NodeError) -> bool {
+    matches!(err.kind, NodeErrorKind::Timeout | NodeErrorKind::Connection)
 }
 
 /// Whether a grant on `conn` with `proof` counts when the longest ttl in use is `longest`

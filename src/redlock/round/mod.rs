@@ -55,6 +55,11 @@ pub struct Rules {
     /// every node of the round has answered.
     #[doc(hidden)]
     pub wait_for_all: bool,
+    /// `votes` rule 3: young grants that would win a round are judged only once the nodes
+    /// that did not answer in time were asked for their register again (within the recheck
+    /// window).
+    #[doc(hidden)]
+    pub recheck_silent: bool,
     /// Validity subtracts the drift (`ttl − elapsed − drift`).
     #[doc(hidden)]
     pub drift_margin: bool,
@@ -75,6 +80,7 @@ impl Rules {
         data_age: true,
         register: true,
         wait_for_all: true,
+        recheck_silent: true,
         drift_margin: true,
         node_set_conflict: true,
         same_server: true,

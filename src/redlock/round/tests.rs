@@ -11,6 +11,7 @@ use crate::redlock::votes::{self, settled_data_age, DataAge, NodeSet, Proof};
 use crate::redlock::{NodeError, Vote};
 
 const TTL: Duration = Duration::from_secs(10);
+const RECHECK_FOR: Duration = Duration::from_millis(1_000);
 const CANDIDATE: u64 = 1_000;
 
 fn at(ms: u64) -> Deadline {
@@ -45,6 +46,7 @@ fn round_with(rules: Rules) -> AcquireRound {
         candidate: CANDIDATE,
         node_set: node_set(),
         allow_evicting: false,
+        recheck_for: RECHECK_FOR,
         rules,
     };
     AcquireRound::new(3, params, at(0))
@@ -147,10 +149,112 @@ fn grants_of_young_nodes_are_judged_only_once_every_node_has_answered() {
         AcquireStep::Listen,
         "two young grants wait for the third answer"
     );
-    round.handle(2, timeout());
+    round.handle(2, answer(2, held_by("other")));
     assert_eq!(
         round.poll(at(2)),
         AcquireStep::Won(TokenPlan::Stored(CANDIDATE))
+    );
+}
+
+/// Two young grants, and node 2 silent past the node timeout.
+fn young_grants_and_a_silent_node(
+    silent: Result<NodeAnswer<AcquireReply>, NodeError>,
+) -> AcquireRound {
+    let mut round = round();
+    round.handle(0, answer(0, grant(YOUNG)));
+    round.handle(1, answer(1, grant(YOUNG)));
+    round.handle(2, silent);
+    round
+}
+
+#[test]
+fn young_grants_that_would_win_wait_for_a_silent_nodes_register() {
+    let mut round = young_grants_and_a_silent_node(timeout());
+    assert_eq!(round.poll(at(60)), AcquireStep::Recheck(vec![2]));
+    assert_eq!(round.poll_timeout(), Some(at(0) + RECHECK_FOR));
+    // Still paused: asked again until the window ends.
+    round.handle_register(
+        2,
+        Err(NodeError::timeout(Duration::from_millis(50))),
+        at(120),
+    );
+    assert_eq!(round.poll(at(120)), AcquireStep::Recheck(vec![2]));
+    round.handle_timeout(at(500));
+    assert_eq!(
+        round.poll(at(500)),
+        AcquireStep::Recheck(vec![2]),
+        "not before the window ends"
+    );
+    // The node answers: its register names a ttl the young nodes have not outlived.
+    round.handle_register(2, Ok(Duration::from_secs(60)), at(600));
+    let AcquireStep::Lost { lost, clean_up } = round.poll(at(600)) else {
+        panic!("lost");
+    };
+    assert!(
+        matches!(lost.why, Lost::NotYetTrusted { .. }),
+        "{:?}",
+        lost.why
+    );
+    assert_eq!(clean_up, vec![0, 1, 2]);
+    assert_eq!(round.longest_ttl(), Duration::from_secs(60));
+}
+
+#[test]
+fn a_silent_nodes_register_below_the_young_nodes_age_lets_them_count() {
+    let mut round = young_grants_and_a_silent_node(timeout());
+    round.handle_register(2, Ok(Duration::ZERO), at(70));
+    assert_eq!(
+        round.poll(at(70)),
+        AcquireStep::Won(TokenPlan::Stored(CANDIDATE))
+    );
+}
+
+#[test]
+fn a_node_silent_for_the_whole_window_or_refusing_connections_is_taken_as_unreachable() {
+    let mut round = young_grants_and_a_silent_node(timeout());
+    round.handle_timeout(at(0) + RECHECK_FOR);
+    assert_eq!(
+        round.poll(at(0) + RECHECK_FOR),
+        AcquireStep::Won(TokenPlan::Stored(CANDIDATE)),
+        "the case --max-ttl covers"
+    );
+    let broken = Err(NodeError {
+        kind: crate::redlock::NodeErrorKind::Connection,
+        message: "connection reset".into(),
+    });
+    let mut round = young_grants_and_a_silent_node(broken.clone());
+    assert_eq!(
+        round.poll(at(1)),
+        AcquireStep::Recheck(vec![2]),
+        "a connection being remade"
+    );
+    round.handle_register(2, broken.map(|_| Duration::ZERO), at(2));
+    assert!(matches!(round.poll(at(2)), AcquireStep::Won(_)));
+}
+
+#[test]
+fn no_recheck_when_the_young_grants_cannot_win_or_the_silent_node_answered_an_error() {
+    let mut round = round();
+    round.handle(0, answer(0, grant(YOUNG)));
+    round.handle(1, answer(1, held_by("other")));
+    round.handle(2, timeout());
+    assert!(matches!(round.poll(at(60)), AcquireStep::Lost { .. }));
+    let denied = Err(NodeError {
+        kind: crate::redlock::NodeErrorKind::Auth,
+        message: "WRONGPASS".into(),
+    });
+    let round = young_grants_and_a_silent_node(denied);
+    assert!(matches!(round.poll(at(60)), AcquireStep::Won(_)));
+    let mut round = round_with(Rules {
+        recheck_silent: false,
+        ..Rules::ALL
+    });
+    round.handle(0, answer(0, grant(YOUNG)));
+    round.handle(1, answer(1, grant(YOUNG)));
+    round.handle(2, timeout());
+    assert!(
+        matches!(round.poll(at(60)), AcquireStep::Won(_)),
+        "without the rule"
     );
 }
 
@@ -319,7 +423,7 @@ fn without_the_data_age_rule_a_flushed_node_counts() {
     });
     lax.handle(0, answer(0, flushed.clone()));
     lax.handle(1, answer(1, flushed));
-    lax.handle(2, timeout());
+    lax.handle(2, answer(2, held_by("other")));
     assert!(matches!(lax.poll(at(1)), AcquireStep::Won(_)));
 }
 
