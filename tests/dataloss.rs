@@ -936,6 +936,53 @@ async fn after_a_node_restart_contenders_on_the_same_servers_still_hand_over() {
     q.stop().await;
 }
 
+/// Node 2 restarts (a new run id) while P leads, and P is frozen through it, so no renewal of
+/// its can record the new server: its record on nodes 0 and 1 still names the server as it
+/// was. Q starts then, and knows the restarted server. Once P releases (SIGTERM), Q must not
+/// read P's old record as another node set: the release takes the record with the key, and Q
+/// leads within a round or two, not after the record's life (four ttls).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_after_a_node_restart_leaves_no_record_to_keep_contenders_out() {
+    let mut cluster = cluster();
+    block_in_place(|| cluster.backdate_epochs(TTL));
+    let fingerprints = [("REDLOCK_NODE_SET", "")];
+    let mut watch = Watch::new();
+    let mut p = Contender::start("p", &cluster.addrs(), &[], &[], &fingerprints).await;
+    watch.add(&p);
+    watch
+        .next_tenure(SystemTime::UNIX_EPOCH, Some("p"), "p leads", &[&p])
+        .await;
+    const RECORD: &str = "redlock:{dataloss}:nodes";
+    let old_set = block_in_place(|| cluster.node(0).command(&["GET", RECORD]));
+    assert_ne!(old_set, "(nil)", "p's record stands beside its key");
+    block_in_place(|| {
+        p.proc.sigstop();
+        cluster.node_mut(2).restart();
+    });
+    let q = Contender::start("q", &cluster.addrs(), &[], &[], &fingerprints).await;
+    watch.add(&q);
+    // Q names the restarted server, P's record the old one.
+    support::wait_until_async(ELECTION, "q sees p's old record", || async {
+        metric(q.addr, "redlock_node_set_conflicts_total", "lock=").await >= Some(1)
+    })
+    .await;
+    p.proc.sigcont();
+    let released = SystemTime::now();
+    watch.stop(p).await;
+    let next = watch
+        .next_tenure(released, Some("q"), "q takes over", &[&q])
+        .await;
+    let took = ms_between(released, next.claimed_after);
+    let bound = (TTL / 2).as_secs_f64() * 1e3;
+    assert!(
+        took <= bound,
+        "q led {took:.0} ms after p released (bound {bound:.0} ms, where p's old record would \
+         keep it out for four ttls)"
+    );
+    watch.finish(&[&q]).await;
+    q.stop().await;
+}
+
 /// How long ago `at` was.
 fn since(at: SystemTime) -> Duration {
     SystemTime::now().duration_since(at).unwrap_or_default()

@@ -379,12 +379,16 @@ return 0
 "#
 );
 
-/// Delete our own lock and announce it, so waiters retry at once.
+/// Delete our own lock and announce it, so waiters retry at once. The node-set record goes
+/// with the key: where our key stood, the record is ours (only a grant, a renewal or a restore
+/// writes it, each beside our key), and a released lock has no holder for it to protect. Left
+/// standing, a record that names a server as it was before a restart kept contenders that
+/// reach the restarted server out for up to `RECORD_LIFE` ttls after a clean release.
 ///
 /// ARGV: value, release channel. Returns 1 if deleted, 0 if it was not ours.
 pub const RELEASE: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1], KEYS[5])
   redis.call('PUBLISH', ARGV[2], ARGV[1])
   return 1
 end
