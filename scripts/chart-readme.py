@@ -51,10 +51,62 @@ output, which CI checks for every values file in `ci/`.
 `values.schema.json` rejects unknown keys and wrong types; the templates also refuse
 combinations that cannot work (each failure names the value and the reason).
 
+## `lock.maxTtl`: the longest ttl, and why its default is max(lock.ttl, 60s)
+
+Every container the chart runs the sidecar or guard in (the example Deployment, the CronJob's job
+container, and the kustomize Components rendered from the chart) is given `--max-ttl`
+(`REDLOCK_MAX_TTL`): the longest ttl any contender of the lock uses. A restarted Redis node's votes
+count only once it has kept its data for max-ttl + drift (1 % + 2 ms). Without it each pod's max-ttl
+is its own ttl: during a rollout that changes `lock.ttl` (old pods with 12s beside new pods with 1s)
+a short-ttl pod counts a node that restarted too recently to have outlived a long-ttl holder's key,
+and when nodes lose data mid-rollout two pods can lead at once (the nodes' max-ttl register tells it
+the longer ttl in most cases; `--max-ttl` covers the rest, where every node that held the register
+lost it). The `helm test` pod's `check` judges the nodes by the same max-ttl.
+
+Empty (the default) means max(`lock.ttl`, 60s):
+
+- **At least the ttl, always.** The default never fails a render, and a release whose ttl is above
+  60s keeps working as before (its max-ttl is its ttl). An explicit value below `lock.ttl` fails the
+  render, naming `lock.maxTtl`; above 1h too (the sidecar's bound).
+- **Room to change the ttl.** 60s is six times the default ttl (10s): any change of `lock.ttl` within
+  60s, up or down, rolls out safely without setting anything.
+- **Not more, because recovery pays for it.** A restarted node abstains from votes for max-ttl +
+  drift: 60.6s instead of 10.1s. With 3 nodes one restart costs nothing (the other two are a
+  quorum); two at once (e.g. a Kubernetes node that held two of them) leave the lock without a leader
+  for about a minute instead of ten seconds. The bundled Redis waits for it too: a restarted node is
+  Ready after 69s instead of 18s, so a rolling update of its 3 nodes takes about 4 minutes instead
+  of about 1 (each node: its restart, 69s, then `minReadySeconds`).
+- A fixed 60s (the alternative) would have refused every release with a ttl above 60s on upgrade.
+
+Set it lower (down to `lock.ttl`) for faster recovery when the ttl never changes, or higher before
+raising the ttl above 60s: [docs/kubernetes.md, "Changing the ttl"](../../docs/kubernetes.md#changing-the-ttl).
+
 ## Values
 
 | Key | Default | Description |
 |---|---|---|
+"""
+
+UPGRADING = """
+## Upgrading
+
+### 0.2.x to 0.3.0
+
+- **`lock.maxTtl` is new**, and every sidecar and guard container now gets `--max-ttl`
+  (`REDLOCK_MAX_TTL`, by default max(`lock.ttl`, 60s); see `lock.maxTtl` above). The example
+  Deployment's and the CronJob's pod templates change, so the upgrade rolls the example Deployment
+  once. Deployments attached with the kustomize Components get it with the new `manifests/attach`.
+- **The bundled Redis' ready delay follows max-ttl**: max-ttl + drift + 2 renew intervals + 1s (69s
+  with the defaults, was 18s), since the sidecars now count a restarted node only after max-ttl +
+  drift. Its readiness probe changes, so the upgrade rolls the StatefulSet one node at a time, each
+  node waiting out that delay plus `minReadySeconds`; the other nodes keep the quorum throughout.
+  `redis.deploy.readyAfterSeconds`, when set, still wins: keep it above max-ttl + drift.
+- **Do not raise `lock.ttl` in the same upgrade.** The old pods run without `--max-ttl`: a pod
+  with the old, shorter ttl does not know the new one. Upgrade first, then raise the ttl (within
+  `lock.maxTtl` that is one plain upgrade). Lowering the ttl in the same upgrade is safe when the
+  new max-ttl covers the old ttl (by default, any old ttl up to 60s).
+- A value file that sets `lock.maxTtl` below `lock.ttl` fails the render:
+  `lock.maxTtl (5s) must be at least lock.ttl (10s): ...`.
 """
 
 
@@ -117,7 +169,7 @@ def render():
         cell = escape(description)
         rows.append(f"| `{path}` | {default_cell(lookup(values, path))} | {cell} |")
     return INTRO.format(description=" ".join(chart["description"].split()),
-                        kube=re.sub(r"^>=\s*([0-9]+\.[0-9]+).*", r"\1", chart["kubeVersion"])) + "\n".join(rows) + "\n"
+                        kube=re.sub(r"^>=\s*([0-9]+\.[0-9]+).*", r"\1", chart["kubeVersion"])) + "\n".join(rows) + "\n" + UPGRADING
 
 
 def main():

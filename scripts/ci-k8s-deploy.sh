@@ -175,10 +175,10 @@ args = c["args"][0]
 assert "--protected-mode yes" in args and "--requirepass" in args and "--maxmemory-policy noeviction" in args, args
 assert "command -v valkey-server || command -v redis-server" in args, args
 assert c["image"] == "valkey/valkey:8.1-alpine", c["image"]
-# Ready only once the sidecars count the node's votes again: uptime >= ttl + drift + 2 renew
-# intervals + 1s = 10s + 102ms + 6.67s -> 17s, + 1s.
+# Ready only once the sidecars count the node's votes again: uptime >= max-ttl + drift + 2 renew
+# intervals + 1s = 60s + 602ms + 6.67s -> 68s, + 1s (max-ttl: max(ttl 10s, 60s)).
 probe = " ".join(c["readinessProbe"]["exec"]["command"])
-assert re.search(r'uptime_in_seconds.*\n\[ "\$\{up:-0\}" -ge 18 \]', probe), probe
+assert re.search(r'uptime_in_seconds.*\n\[ "\$\{up:-0\}" -ge 69 \]', probe), probe
 assert "-a " not in probe and "REDISCLI_AUTH=" in probe and "VALKEYCLI_AUTH=" in probe, "password only in the environment"
 assert "tcpSocket" in c["livenessProbe"] and "tcpSocket" in c["startupProbe"]
 # Soft anti-affinity by default: a first install runs every node on a one-node cluster.
@@ -210,8 +210,10 @@ PY
   out="$(helm template x "${CHART}" "${REQ[@]}" --set redis.deploy.antiAffinity=required --show-only templates/redis.yaml)"
   grep -q 'requiredDuringSchedulingIgnoredDuringExecution' <<<"${out}"
   refute grep -q 'preferredDuringSchedulingIgnoredDuringExecution' <<<"${out}"
-  # The ready delay follows the lock's timing (ttl 30s, renew 5s: 30.302 + 10 -> 41, + 1) or the value.
-  helm template x "${CHART}" "${REQ[@]}" --set lock.ttl=30s --set lock.renewInterval=5s | grep -q -- '-ge 42 \]'
+  # The ready delay follows the lock's timing (max-ttl 60s, renew 5s: 60.602 + 10 -> 71, + 1; max-ttl
+  # 2m: 121.202 + 10 -> 132, + 1) or the value.
+  helm template x "${CHART}" "${REQ[@]}" --set lock.ttl=30s --set lock.renewInterval=5s | grep -q -- '-ge 72 \]'
+  helm template x "${CHART}" "${REQ[@]}" --set lock.ttl=30s --set lock.maxTtl=2m --set lock.renewInterval=5s | grep -q -- '-ge 133 \]'
   helm template x "${CHART}" "${REQ[@]}" --set lock.ttl=30s --set lock.renewInterval=5s | grep -q 'minReadySeconds: 5$'
   helm template x "${CHART}" "${REQ[@]}" --set redis.deploy.readyAfterSeconds=60 | grep -q -- '-ge 60 \]'
   # A Redis image instead of Valkey, and 5 nodes: PDB 4 of 5.

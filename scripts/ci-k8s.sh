@@ -400,22 +400,30 @@ timing_like_the_binary() {
   # shellcheck source=scripts/cargo-target.sh
   source scripts/cargo-target.sh
   cargo build --quiet --bin redlock-sidecar
-  local bin combos=0 chart_ok bin_out
+  local bin combos=0 chart_ok bin_out rendered
   bin="$(cargo_target_dir)/debug/redlock-sidecar"
-  while read -r ttl renew margin timeout shutdown; do
+  while read -r ttl renew margin timeout shutdown maxttl; do
     local args=(--set "lock.ttl=${ttl}" --set "lock.nodeTimeout=${timeout}" --set "sidecar.shutdownTimeout=${shutdown}")
     local flags=(--ttl "${ttl}" --node-timeout "${timeout}" --shutdown-timeout "${shutdown}")
     [ "${renew}" = - ] || { args+=(--set "lock.renewInterval=${renew}"); flags+=(--renew-interval "${renew}"); }
     [ "${margin}" = - ] || { args+=(--set "lock.safetyMargin=${margin}"); flags+=(--safety-margin "${margin}"); }
+    [ "${maxttl:--}" = - ] || args+=(--set "lock.maxTtl=${maxttl}")
     chart_ok=yes
-    helm template x "${CHART}" "${REQ[@]}" "${args[@]}" >/dev/null 2>&1 || chart_ok=no
+    rendered="$(helm template x "${CHART}" "${REQ[@]}" "${args[@]}" --show-only templates/example.yaml 2>/dev/null)" || chart_ok=no
+    # The sidecar gets the max-ttl the chart renders (derived when the value is empty), or the
+    # value given when the chart refused it.
+    if [ "${chart_ok}" = yes ]; then
+      flags+=(--max-ttl "$(grep -A1 'name: REDLOCK_MAX_TTL' <<<"${rendered}" | sed -n 's/.*value: "\(.*\)"/\1/p')")
+    elif [ "${maxttl:--}" != - ]; then
+      flags+=(--max-ttl "${maxttl}")
+    fi
     bin_out="$("${bin}" run --lock l --redis redis://127.0.0.1:1 --kubernetes off --listen 192.0.2.1:9 "${flags[@]}" 2>&1 || true)"
     case "${bin_out}" in
       *"--listen: cannot bind"*) bin_ok=yes ;;
       *) bin_ok=no ;;
     esac
     if [ "${chart_ok}" != "${bin_ok}" ]; then
-      echo "ttl=${ttl} renew=${renew} margin=${margin} nodeTimeout=${timeout} shutdown=${shutdown}: chart ${chart_ok}, sidecar ${bin_ok}: ${bin_out}"
+      echo "ttl=${ttl} renew=${renew} margin=${margin} nodeTimeout=${timeout} shutdown=${shutdown} maxTtl=${maxttl:--}: chart ${chart_ok}, sidecar ${bin_ok}: ${bin_out}"
       return 1
     fi
     combos=$((combos + 1))
@@ -446,10 +454,147 @@ timing_like_the_binary() {
 1m 20s - 50ms 10s
 1m - 1s 50ms 10s
 1m - 45s 50ms 10s
+10s - - 50ms 10s 5s
+10s - - 50ms 10s 9999ms
+10s - - 50ms 10s 10s
+10s - - 50ms 10s 10000ms
+10s - - 50ms 10s 1h
+10s - - 50ms 10s 61m
+1s - - 50ms 10s 999ms
+1s - - 50ms 10s 1500ms
+2m - - 50ms 10s -
+2m - - 50ms 10s 1m
+1h - - 50ms 10s 1h
 GRID
   echo "${combos} combinations: the chart and the sidecar agree"
 }
 check "timing: the chart refuses exactly what the sidecar refuses (grid against the built binary)" timing_like_the_binary
+
+max_ttl_of() { # max_ttl_of FILE[=EXPECTED]...: every container that passes a ttl passes --max-ttl too
+  "${TOOLS_DIR}/venv/bin/python" - "$@" <<'PY'
+# A container that runs the sidecar (`run`) or guard with a ttl (REDLOCK_TTL or --ttl) must state
+# the longest ttl of the lock (REDLOCK_MAX_TTL or --max-ttl), at least its own ttl: a short-ttl
+# contender that does not know a longer one counts a Redis node that restarted too recently.
+# `check` takes no --max-ttl: its --ttl is the longest ttl, so it must be the rendering's max-ttl.
+import re, sys, yaml
+UNITS = {"ms": 1, "s": 1000, "m": 60000, "h": 3600000}
+def ms(text):
+    m = re.fullmatch(r"([0-9]+)(ms|s|m|h)", text)
+    assert m, f"not a duration: {text!r}"
+    return int(m.group(1)) * UNITS[m.group(2)]
+def pod_specs(d):
+    kind = d.get("kind")
+    if kind in ("Deployment", "StatefulSet", "DaemonSet", "Job", "ReplicaSet"):
+        return [d["spec"]["template"]["spec"]]
+    if kind == "CronJob":
+        return [d["spec"]["jobTemplate"]["spec"]["template"]["spec"]]
+    return [d["spec"]] if kind == "Pod" else []
+def flag(words, env, name, var):
+    for i, w in enumerate(words):
+        if w == name and i + 1 < len(words):
+            return words[i + 1]
+        if w.startswith(name + "="):
+            return w.split("=", 1)[1]
+    return env.get(var)
+errors, seen = [], {}
+for arg in sys.argv[1:]:
+    path, _, expected = arg.partition("=")
+    found = []   # (where, role, ttl, max_ttl)
+    for d in (d for d in yaml.safe_load_all(open(path)) if d):
+        for spec in pod_specs(d):
+            for c in spec.get("initContainers", []) + spec.get("containers", []):
+                words = [str(w) for w in c.get("command", []) + c.get("args", [])]
+                env = {e["name"]: e.get("value") for e in c.get("env", [])}
+                ttl = flag(words, env, "--ttl", "REDLOCK_TTL")
+                if ttl is None:
+                    continue
+                role = next((w for w in words if w in ("run", "guard", "check", "status")), "run")
+                found.append((f"{path}: {d['kind']}/{d['metadata']['name']} container {c['name']} ({role})",
+                              role, ttl, flag(words, env, "--max-ttl", "REDLOCK_MAX_TTL")))
+    maxes = {m for _, role, _, m in found if role != "check" and m is not None}
+    for where, role, ttl, max_ttl in found:
+        seen[role] = seen.get(role, 0) + 1
+        if role == "check":
+            if max_ttl is not None:
+                errors.append(f"{where}: check takes no --max-ttl")
+            if maxes and {ttl} != maxes:
+                errors.append(f"{where}: its ttl {ttl} is not the max-ttl of the sidecars beside it ({sorted(maxes)})")
+            continue
+        if max_ttl is None:
+            errors.append(f"{where}: passes a ttl ({ttl}) but no --max-ttl / REDLOCK_MAX_TTL")
+        elif ms(max_ttl) < ms(ttl):
+            errors.append(f"{where}: max-ttl {max_ttl} is below its ttl {ttl}")
+        elif expected and max_ttl != expected:
+            errors.append(f"{where}: max-ttl {max_ttl}, expected {expected}")
+    if not found:
+        errors.append(f"{path}: no container passes a ttl")
+if errors:
+    sys.exit("\n".join(errors))
+print("containers with a ttl, by role, each with its max-ttl:", seen)
+PY
+}
+max_ttl_everywhere() {
+  # Every rendering CI makes, the checked-in manifests and the attach Component's sidecar; the
+  # default is max(lock.ttl, 60s), and an explicit value is passed as given.
+  local dir="${WORK}/max-ttl" f args=()
+  mkdir -p "${dir}"
+  helm template x "${CHART}" "${REQ[@]}" --set cronjob.enabled=true --set cronjob.lockName=report \
+    --set cronjob.timeZone=Etc/UTC >"${dir}/cronjob.yaml"
+  helm template x "${CHART}" "${REQ[@]}" --set sidecar.native=false >"${dir}/regular.yaml"
+  helm template x "${CHART}" "${REQ[@]}" --set lock.ttl=2m >"${dir}/ttl2m.yaml"
+  helm template x "${CHART}" "${REQ[@]}" --set lock.maxTtl=5m --set cronjob.enabled=true --set cronjob.lockName=report \
+    --set cronjob.timeZone=Etc/UTC >"${dir}/max5m.yaml"
+  helm template x "${CHART}" "${REQ[@]}" --set lock.ttl=1m --set lock.maxTtl=60000ms >"${dir}/equal.yaml"
+  for f in "${WORK}"/rendered/*.yaml; do args+=("${f}"); done
+  max_ttl_of "${WORK}/rendered/default.yaml=60s" "${args[@]}" manifests/redlock-sidecar.yaml=60s \
+    manifests/example-deployment.yaml=60s manifests/example-cronjob.yaml=60s manifests/attach/sidecar/sidecar.yaml=60s \
+    "${dir}/cronjob.yaml=60s" "${dir}/regular.yaml=60s" "${dir}/ttl2m.yaml=2m" "${dir}/max5m.yaml=5m" "${dir}/equal.yaml=60000ms" \
+    | tee "${dir}/out"
+  # Each kind of container was seen: the sidecar (native and regular), guard and check.
+  grep -qE "'run': [0-9]+" "${dir}/out"
+  grep -qE "'guard': [0-9]+" "${dir}/out"
+  grep -qE "'check': [0-9]+" "${dir}/out"
+  grep -q 'name: REDLOCK_MAX_TTL' <(helm template x "${CHART}" "${REQ[@]}" --set sidecar.native=false --show-only templates/example.yaml)
+  # The check catches a container without it.
+  sed '/name: REDLOCK_MAX_TTL/,+1d' "${WORK}/rendered/default.yaml" >"${dir}/without.yaml"
+  expect_failure "passes a ttl \(10s\) but no --max-ttl" max_ttl_of "${dir}/without.yaml"
+  # The issue's rollout, old pods with ttl 12s beside new pods with 1s: with the default both sides
+  # state a max-ttl that covers both ttls. From 2m down to 30s the default (60s) would not cover
+  # the old pods' 2m, which docs/kubernetes.md ("Changing the ttl") says to set with the change.
+  local old new
+  old="$(helm template x "${CHART}" "${REQ[@]}" --set lock.ttl=12s --show-only templates/example.yaml)"
+  new="$(helm template x "${CHART}" "${REQ[@]}" --set lock.ttl=1s --show-only templates/example.yaml)"
+  grep -A1 'name: REDLOCK_MAX_TTL' <<<"${old}" | grep -q 'value: "60s"'
+  grep -A1 'name: REDLOCK_MAX_TTL' <<<"${new}" | grep -q 'value: "60s"'
+  grep -A1 'name: REDLOCK_MAX_TTL' <(helm template x "${CHART}" "${REQ[@]}" --set lock.ttl=30s) | grep -q 'value: "60s"'
+  grep -A1 'name: REDLOCK_MAX_TTL' <(helm template x "${CHART}" "${REQ[@]}" --set lock.ttl=30s --set lock.maxTtl=2m) | grep -q 'value: "2m"'
+}
+check "lock.maxTtl: every container that passes a ttl passes --max-ttl (default max(ttl, 60s)); check uses it as its ttl" max_ttl_everywhere
+
+max_ttl_refused() {
+  # One line naming the value, from both Helm versions; the schema takes durations or empty only.
+  local h
+  for h in helm helm3; do
+    expect_failure '^Error: .*lock\.maxTtl \(5s\) must be at least lock\.ttl \(10s\): it is the longest ttl' \
+      "${h}" template x "${CHART}" "${REQ[@]}" --set lock.maxTtl=5s
+  done
+  expect_failure 'lock\.maxTtl \(1m\) must be at least lock\.ttl \(2m\)' \
+    helm template x "${CHART}" "${REQ[@]}" --set lock.ttl=2m --set lock.maxTtl=1m
+  expect_failure 'lock\.maxTtl \(9999ms\) must be at least lock\.ttl \(10s\)' \
+    helm template x "${CHART}" "${REQ[@]}" --set lock.maxTtl=9999ms
+  expect_failure 'lock\.maxTtl \(61m\) must be at most 1h' helm template x "${CHART}" "${REQ[@]}" --set lock.maxTtl=61m
+  expect_failure '/lock/maxTtl.*(does not match pattern|got number)' helm template x "${CHART}" "${REQ[@]}" --set lock.maxTtl=60
+  expect_failure '/lock/maxTtl.*does not match pattern' helm template x "${CHART}" "${REQ[@]}" --set lock.maxTtl=1.5s
+  # The message is one line.
+  local out
+  out="$(helm template x "${CHART}" "${REQ[@]}" --set lock.maxTtl=5s 2>&1 || true)"
+  [ "$(grep -c 'lock.maxTtl' <<<"${out}")" -eq 1 ]
+  # Equal to the ttl, or in another unit, renders.
+  helm template x "${CHART}" "${REQ[@]}" --set lock.maxTtl=10s >/dev/null
+  helm template x "${CHART}" "${REQ[@]}" --set lock.maxTtl=10000ms >/dev/null
+  helm template x "${CHART}" "${REQ[@]}" --set lock.ttl=1500ms --set lock.maxTtl=1500ms >/dev/null
+}
+check "lock.maxTtl below lock.ttl (or above 1h) fails the render with one line naming it" max_ttl_refused
 
 values_the_issue_named() {
   # lock.name: the schema's limit is the sidecar's (200 characters; the binary built above agrees).

@@ -281,7 +281,8 @@ behind the native sidecar's startup gate) fails here, naming the value and the r
   margin   = safetyMargin, or (floor < 1s: min(1s, midway), else midway), midway = floor + (room - floor)/2
   floor < margin < room
   shutdownTimeout > 2 x nodeTimeout
-  ttl, renewInterval, safetyMargin, shutdownTimeout at most 1h; nodeTimeout, retryDelay at most 1m
+  maxTtl   = lock.maxTtl, or max(ttl, 60s);  maxTtl >= ttl;  maxDrift = maxTtl x 1% + 2ms
+  ttl, maxTtl, renewInterval, safetyMargin, shutdownTimeout at most 1h; nodeTimeout, retryDelay at most 1m
 Returns them as JSON (milliseconds). CI compares these verdicts with the binary's on a grid.
 */}}
 {{- define "redlock-sidecar.timing" -}}
@@ -289,7 +290,7 @@ Returns them as JSON (milliseconds). CI compares these verdicts with the binary'
 {{- $fmt := "redlock-sidecar.fmtMs" }}
 {{- /* The sidecar's upper bounds (src/redlock/timing.rs, src/config.rs): every deadline it computes
        stays far inside what its clocks can represent. */ -}}
-{{- $bounds := list (list "lock.ttl" $l.ttl "1h" 3600000.0) (list "lock.renewInterval" $l.renewInterval "1h" 3600000.0)
+{{- $bounds := list (list "lock.ttl" $l.ttl "1h" 3600000.0) (list "lock.maxTtl" $l.maxTtl "1h" 3600000.0) (list "lock.renewInterval" $l.renewInterval "1h" 3600000.0)
       (list "lock.safetyMargin" $l.safetyMargin "1h" 3600000.0) (list "lock.nodeTimeout" $l.nodeTimeout "1m" 60000.0)
       (list "lock.retryDelay" $l.retryDelay "1m" 60000.0) (list "sidecar.shutdownTimeout" .Values.sidecar.shutdownTimeout "1h" 3600000.0) }}
 {{- range $bounds }}
@@ -298,6 +299,10 @@ Returns them as JSON (milliseconds). CI compares these verdicts with the binary'
 {{- end }}
 {{- end }}
 {{- $ttl := include "redlock-sidecar.ms" $l.ttl | float64 }}
+{{- $maxTtl := include "redlock-sidecar.ms" (include "redlock-sidecar.maxTtl" .) | float64 }}
+{{- if lt $maxTtl $ttl }}
+{{- fail (printf "lock.maxTtl (%s) must be at least lock.ttl (%s): it is the longest ttl any sidecar of the lock uses (raise it before or with the ttl, docs/kubernetes.md \"Changing the ttl\")" $l.maxTtl $l.ttl) }}
+{{- end }}
 {{- $nt := include "redlock-sidecar.ms" $l.nodeTimeout | float64 }}
 {{- $drift := addf (mulf $ttl 0.01) 2.0 }}
 {{- if le $nt 0.0 }}
@@ -334,23 +339,41 @@ Returns them as JSON (milliseconds). CI compares these verdicts with the binary'
 {{- if le (include "redlock-sidecar.ms" .Values.sidecar.shutdownTimeout | float64) (mulf 2.0 $nt) }}
 {{- fail (printf "sidecar.shutdownTimeout (%s) must exceed twice lock.nodeTimeout (%s): a release waits for a call still in flight on a node, then for its own answer" .Values.sidecar.shutdownTimeout $l.nodeTimeout) }}
 {{- end }}
-{{- dict "ttl" $ttl "interval" $interval "margin" $margin "drift" $drift "nodeTimeout" $nt | toJson }}
+{{- dict "ttl" $ttl "maxTtl" $maxTtl "maxDrift" (addf (mulf $maxTtl 0.01) 2.0) "interval" $interval "margin" $margin "drift" $drift "nodeTimeout" $nt | toJson }}
+{{- end }}
+
+{{/*
+The longest ttl any sidecar or guard of the lock uses (`--max-ttl`), as a duration: `lock.maxTtl`,
+else max(lock.ttl, 60s). A restarted Redis node's votes count only once it has kept its data
+that long (+ drift), so a contender with a shorter ttl never counts a node that lost a longer-ttl
+holder's key: with the default, a rollout that changes the ttl anywhere up to 60s is safe without
+setting anything. The price is the wait after a node restart (max-ttl + drift, not ttl + drift).
+*/}}
+{{- define "redlock-sidecar.maxTtl" -}}
+{{- if .Values.lock.maxTtl }}
+{{- .Values.lock.maxTtl }}
+{{- else if ge (include "redlock-sidecar.ms" .Values.lock.ttl | float64) 60000.0 }}
+{{- .Values.lock.ttl }}
+{{- else }}
+{{- "60s" }}
+{{- end }}
 {{- end }}
 
 {{/*
 How long a (re)started bundled Redis node stays NotReady, in whole seconds: until the sidecars
-count its votes again. A node's grants count once it has provably kept its data for ttl + drift,
-measured from the epoch marker the first contender stamps after the restart (within one renew
-interval of the leader), and the leader sees it counted at its next renewal: ttl + drift +
-2 x renew interval, plus 1s because Redis reports its uptime in whole seconds.
-`redis.deploy.readyAfterSeconds` overrides it (other clients with a longer ttl).
+count its votes again. A node's grants count once it has provably kept its data for the longest
+ttl + its drift (max-ttl: the sidecars are given `--max-ttl`), measured from the epoch marker the
+first contender stamps after the restart (within one renew interval of the leader), and the leader
+sees it counted at its next renewal: max-ttl + drift + 2 x renew interval, plus 1s because Redis
+reports its uptime in whole seconds. `redis.deploy.readyAfterSeconds` overrides it (other clients
+with a longer ttl).
 */}}
 {{- define "redlock-sidecar.redisReadyAfterSeconds" -}}
 {{- if not (kindIs "invalid" .Values.redis.deploy.readyAfterSeconds) }}
 {{- .Values.redis.deploy.readyAfterSeconds }}
 {{- else }}
 {{- $t := include "redlock-sidecar.timing" . | fromJson }}
-{{- add (int (ceil (divf (addf $t.ttl $t.drift (mulf 2.0 $t.interval)) 1000.0))) 1 }}
+{{- add (int (ceil (divf (addf $t.maxTtl $t.maxDrift (mulf 2.0 $t.interval)) 1000.0))) 1 }}
 {{- end }}
 {{- end }}
 
@@ -583,6 +606,10 @@ Environment shared by `run` and `guard`: pod identity, Redis nodes and credentia
 {{- end }}
 - name: REDLOCK_TTL
   value: {{ .Values.lock.ttl | quote }}
+# The longest ttl any contender of the lock uses, always given: a contender with a shorter ttl
+# then never counts a Redis node that restarted too recently for a longer-ttl holder's key.
+- name: REDLOCK_MAX_TTL
+  value: {{ include "redlock-sidecar.maxTtl" . | quote }}
 {{- with .Values.lock.renewInterval }}
 - name: REDLOCK_RENEW_INTERVAL
   value: {{ . | quote }}
