@@ -1410,3 +1410,41 @@ async fn without_a_quorum_the_answers_say_so() {
         "{answer:?}"
     );
 }
+
+/// `wait=0` and Dapr's TryLock are non-blocking: on nodes whose data is younger than the ttl
+/// asked for (just started, every one of them), the round's answer is given at once, 503
+/// `no_quorum` (Dapr: 500 `ERR_TRY_LOCK_FAILED`), not after a wait for the nodes to count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_lock_on_young_nodes_answers_at_once() {
+    let cluster = tokio::task::block_in_place(|| RedisCluster::start(3));
+    let a = Sidecar::start("a", &cluster, &[]).await;
+    // One round: the node timeout, a connection to each node, a loaded machine.
+    let at_once = Duration::from_millis(1_500);
+    let asked = tokio::time::Instant::now();
+    let answer = call(
+        a.control,
+        "POST",
+        "/v1/locks/young?ttl=10m&wait=0",
+        None,
+        at_once,
+    )
+    .await
+    .expect("wait=0 answers within a round");
+    assert_eq!(answer.status, 503, "{answer:?}");
+    assert_eq!(answer.json()["kind"], "no_quorum", "{answer:?}");
+    let answer = call(
+        a.control,
+        "POST",
+        "/v1.0-alpha1/lock/redlock",
+        Some(r#"{"resourceId": "young-dapr", "lockOwner": "o", "expiryInSeconds": 600}"#),
+        at_once,
+    )
+    .await
+    .expect("Dapr's TryLock answers within a round");
+    assert_eq!(answer.status, 500, "{answer:?}");
+    assert_eq!(answer.json()["errorCode"], "ERR_TRY_LOCK_FAILED");
+    println!(
+        "two try-locks on young nodes answered in {:?}",
+        asked.elapsed()
+    );
+}

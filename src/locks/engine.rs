@@ -154,6 +154,17 @@ impl EngineLease for redlock::Lease {
     }
 }
 
+/// What a request hears of a wait (or a single round) that ended in `err`: busy (a holder, or a
+/// split among contenders), cancelled, or unavailable.
+fn failed(err: LockError) -> AcquireFailed {
+    match err {
+        LockError::Busy { holder, .. } => AcquireFailed::Held { holder },
+        LockError::Contended { .. } => AcquireFailed::Held { holder: None },
+        LockError::Cancelled => AcquireFailed::Cancelled,
+        other => AcquireFailed::NoQuorum { kind: other.kind() },
+    }
+}
+
 impl NameLock for RedlockName {
     type Lease = redlock::Lease;
 
@@ -165,13 +176,13 @@ impl NameLock for RedlockName {
     ) -> Result<redlock::Lease, AcquireFailed> {
         // A free name is won by one round, without the subscriptions a wait needs (through
         // them every later announcement of the name would reach this sidecar): the common,
-        // uncontended case. A held name with no time left to wait answers busy at once.
-        // Anything else goes on to wait, which starts with a round of its own.
+        // uncontended case. With no time left to wait (`wait=0`, Dapr's TryLock), that round
+        // is the answer, whatever it says: busy, or unavailable (nodes down, or young nodes
+        // whose votes count only later), never a wait for them. Anything else goes on to
+        // wait, which starts with a round of its own.
         match self.redlock.try_acquire().await {
             Ok(lease) => return Ok(lease),
-            Err(LockError::Busy { holder, .. }) if Deadline::now() >= deadline => {
-                return Err(AcquireFailed::Held { holder });
-            }
+            Err(err) if Deadline::now() >= deadline => return Err(failed(err)),
             Err(LockError::Busy { .. }) => {}
             Err(_) => {
                 // The first backoff pause the wait would take after such a round (a split
@@ -194,12 +205,7 @@ impl NameLock for RedlockName {
                 |seen| on_holder(seen.map(|h| h.identity)),
             )
             .await;
-        result.map_err(|err| match err {
-            LockError::Busy { holder, .. } => AcquireFailed::Held { holder },
-            LockError::Contended { .. } => AcquireFailed::Held { holder: None },
-            LockError::Cancelled => AcquireFailed::Cancelled,
-            other => AcquireFailed::NoQuorum { kind: other.kind() },
-        })
+        result.map_err(failed)
     }
 
     async fn extend(&self, lease: &redlock::Lease) -> Result<redlock::Lease, ExtendFailed> {
