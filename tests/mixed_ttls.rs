@@ -184,3 +184,63 @@ async fn the_register_on_two_of_five_nodes_both_paused() {
     })
     .await;
 }
+
+/// A rollout that lowers the ttl from 12 s to 1 s, with the max ttl the chart passes to every
+/// pod (`lock.maxTtl`, here 12 s: at least the old ttl), and a majority of the Redis nodes
+/// restarted empty mid-way: old and new pods contend side by side (maxSurge 1: a new pod
+/// starts, then an old one is terminated), and never two lead at once; somebody leads at the
+/// end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chart_rollout_from_a_12s_to_a_1s_ttl_with_a_majority_restarted_mid_way() {
+    let mut cluster = block_in_place(|| RedisCluster::start(3));
+    block_in_place(|| cluster.backdate_epochs(LONG_TTL));
+    let redis = cluster.urls().join(",");
+    let old_flags = ["--max-ttl", "12s", "--safety-margin", "1s"];
+    let new_flags = ["--max-ttl", "12s", "--node-timeout", "50ms"];
+    let mut watch = Watch::with_election(ELECTION);
+    let mut old = Vec::new();
+    for name in ["old-0", "old-1"] {
+        let pod = Sidecar::start(name, LOCK, &redis, "12s", &old_flags);
+        watch.add(&pod);
+        old.push(pod);
+    }
+    let first = watch
+        .next_tenure(
+            SystemTime::UNIX_EPOCH,
+            None,
+            "an old pod leads",
+            &[&old[0], &old[1]],
+        )
+        .await;
+    let mut new = Vec::new();
+    for step in 0..2 {
+        let pod = Sidecar::start(&format!("new-{step}"), LOCK, &redis, "1s", &new_flags);
+        watch.add(&pod);
+        pod.wait_serving().await;
+        new.push(pod);
+        if step == 0 {
+            // Mid-way: a majority of the nodes restarts empty.
+            block_in_place(|| {
+                cluster.node_mut(1).restart();
+                cluster.node_mut(2).restart();
+            });
+        }
+        let mut gone = old.remove(0);
+        gone.proc.sigterm();
+        let status = gone.proc.wait_exit_async(Duration::from_secs(10)).await;
+        assert_eq!(
+            status.and_then(|s| s.code()),
+            Some(0),
+            "{}",
+            gone.proc.output_text()
+        );
+        watch.keep_log(gone.name.clone(), gone.proc.stderr_text());
+    }
+    let running: Vec<&Sidecar> = new.iter().collect();
+    let next = watch
+        .next_tenure(first.since, None, "a new pod leads", &running)
+        .await;
+    assert!(next.who.starts_with("new-"), "{next:?}");
+    watch.lasted(&next, Duration::from_secs(2)).await;
+    watch.finish(&running).await;
+}
