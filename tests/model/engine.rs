@@ -117,7 +117,8 @@ fn no_answer() -> NodeError {
 /// every one before).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AcquireAns {
-    /// Never executed, or the answer was lost: the call timed out.
+    /// Never executed, or the answer was lost or came after the node timeout: the call timed
+    /// out.
     NoAnswer,
     /// Our key was set: the data age proven, whether the candidate token was stored, the run
     /// id the answer's connection shows, and whether the node carried a node-set record.
@@ -157,13 +158,28 @@ pub struct AcquireView<'a> {
     /// The highest counter the client's answers ever showed (the model keeps it per client,
     /// not per answer: every answer reports it).
     pub seen_fence: u16,
+    /// The node timeout, in ticks: with the ttl, it sets how long the round reads silent
+    /// nodes' registers again (`timing::recheck_window`).
+    pub node_timeout: u8,
     pub rules: Rules,
+}
+
+/// A register read again while the round rechecks: the node's position in the list, the
+/// register it showed (0: absent), and the tick at which the answer came.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RegisterRead {
+    pub index: usize,
+    pub register: u8,
+    pub at: u8,
 }
 
 /// What the engine's acquire round says to do.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AcquireNext {
     Listen,
+    /// Read the register again at these positions of the list (those not being read yet),
+    /// and listen.
+    Recheck(Vec<usize>),
     /// Lost: clean up at these positions of the list.
     Lost(Vec<usize>),
     /// Won without validity left: clean up everywhere.
@@ -174,10 +190,20 @@ pub enum AcquireNext {
     Raise(u16),
 }
 
-/// Feeds `answers` (position in the list, answer) to a fresh acquire round of the engine and
-/// asks it what to do at `now`. They go in the order the registers became known (then list
-/// order), so that each is judged with what the client knew when it arrived.
-pub fn acquire_next(view: &AcquireView, answers: &[(usize, AcquireAns)], now: u8) -> AcquireNext {
+/// Feeds `answers` (position in the list, answer) to a fresh acquire round of the engine, then
+/// the registers read again while it rechecked (`reads`), and asks it what to do at `now`.
+/// The answers go in the order the registers became known (then list order), so that each is
+/// judged with what the client knew when it arrived; the reads in the order they came, each
+/// after the round has been told the time it came at (as the engine's loop does before it
+/// takes the next event: at the end of the recheck window, the window's end is taken first).
+/// A register read that timed out is not fed: before the window's end the engine asks the
+/// node again, and after it the window's end has decided the round already.
+pub fn acquire_next(
+    view: &AcquireView,
+    answers: &[(usize, AcquireAns)],
+    reads: &[RegisterRead],
+    now: u8,
+) -> AcquireNext {
     let mut answers = answers.to_vec();
     answers.sort_by_key(|(i, ans)| (ans.longest(), *i));
     let set = node_set(view.list);
@@ -188,9 +214,12 @@ pub fn acquire_next(view: &AcquireView, answers: &[(usize, AcquireAns)], now: u8
         candidate: u64::from(view.candidate),
         node_set: set,
         allow_evicting: false,
-        // The model's lost requests stay lost: a recheck of their nodes never answers, so
-        // the window may end at once.
-        recheck_for: Duration::ZERO,
+        // The model's connections are made within a request's node timeout.
+        recheck_for: timing::recheck_window(
+            ms(view.ttl),
+            ms(view.node_timeout),
+            ms(view.node_timeout),
+        ),
         rules: view.rules,
     };
     let mut round = AcquireRound::new(view.list.len(), params, at(view.start));
@@ -251,10 +280,17 @@ pub fn acquire_next(view: &AcquireView, answers: &[(usize, AcquireAns)], now: u8
         };
         round.handle(*index, Ok(NodeAnswer { reply, conn }));
     }
+    let mut reads = reads.to_vec();
+    reads.sort_by_key(|read| (read.at, read.index));
+    for read in reads {
+        round.handle_timeout(at(read.at));
+        round.handle_register(read.index, Ok(ms(read.register)), at(read.at));
+    }
     let token = |t: u64| u16::try_from(t).expect("model tokens fit in u16");
     round.handle_timeout(at(now));
     match round.poll(at(now)) {
-        AcquireStep::Listen | AcquireStep::Recheck(_) => AcquireNext::Listen,
+        AcquireStep::Listen => AcquireNext::Listen,
+        AcquireStep::Recheck(nodes) => AcquireNext::Recheck(nodes),
         AcquireStep::Lost { clean_up, .. } => AcquireNext::Lost(clean_up),
         AcquireStep::TooShort { .. } => AcquireNext::TooShort,
         AcquireStep::Won(TokenPlan::Stored(t)) => AcquireNext::Lead(token(t)),
@@ -422,6 +458,7 @@ mod tests {
             start: 0,
             list: &list,
             seen_fence: 0,
+            node_timeout: 1,
             rules: Rules::ALL,
         };
         let grant = |age, server| AcquireAns::Granted {
@@ -433,21 +470,50 @@ mod tests {
         };
         // Two old grants win at once.
         let old = [(0, grant(Age::Ancient, 1)), (2, grant(Age::Ancient, 1))];
-        assert_eq!(acquire_next(&view, &old, 1), AcquireNext::Lead(5));
+        assert_eq!(acquire_next(&view, &old, &[], 1), AcquireNext::Lead(5));
         // ttl 6 ms needs 8.06 ms of data age: 9 whole ticks on the node's clock, and a young
         // node waits for every answer.
         let young = [(0, grant(Age::Ticks(9), 1)), (1, grant(Age::Ticks(9), 1))];
-        assert_eq!(acquire_next(&view, &young, 1), AcquireNext::Listen);
+        assert_eq!(acquire_next(&view, &young, &[], 1), AcquireNext::Listen);
+        // The third timed out: its register is read again, for up to 3 ticks (half the ttl)
+        // from the round's start.
         let mut all_in = young.to_vec();
         all_in.push((2, AcquireAns::NoAnswer));
-        assert_eq!(acquire_next(&view, &all_in, 1), AcquireNext::Lead(5));
+        assert_eq!(
+            acquire_next(&view, &all_in, &[], 1),
+            AcquireNext::Recheck(vec![2])
+        );
+        assert_eq!(
+            acquire_next(&view, &all_in, &[], 2),
+            AcquireNext::Recheck(vec![2])
+        );
+        assert_eq!(acquire_next(&view, &all_in, &[], 3), AcquireNext::Lead(5));
+        let read = |register, at| RegisterRead {
+            index: 2,
+            register,
+            at,
+        };
+        assert_eq!(
+            acquire_next(&view, &all_in, &[read(0, 2)], 2),
+            AcquireNext::Lead(5)
+        );
+        assert_eq!(
+            acquire_next(&view, &all_in, &[read(12, 2)], 2),
+            AcquireNext::Lost(vec![0, 1, 2]),
+            "a longer ttl's register: the young grants do not count"
+        );
+        assert_eq!(
+            acquire_next(&view, &all_in, &[read(12, 3)], 3),
+            AcquireNext::Lead(5),
+            "a read that comes as the window ends is too late"
+        );
         let too_young = [
             (0, grant(Age::Ticks(8), 1)),
             (1, grant(Age::Ticks(8), 1)),
             (2, AcquireAns::NoAnswer),
         ];
         assert_eq!(
-            acquire_next(&view, &too_young, 1),
+            acquire_next(&view, &too_young, &[], 1),
             AcquireNext::Lost(vec![0, 1, 2])
         );
         // A grant from a restarted server does not count.
@@ -463,7 +529,7 @@ mod tests {
             ),
         ];
         assert_eq!(
-            acquire_next(&view, &restarted, 1),
+            acquire_next(&view, &restarted, &[], 1),
             AcquireNext::Lost(vec![0, 1])
         );
     }

@@ -19,9 +19,17 @@
 //! on a node). Then the requests in flight are taken in a fixed order (node by node, client by
 //! client): each is executed atomically with its answer delivered, or deferred to the next
 //! tick if its timeout allows, or (spending the loss budget) executed with its answer lost,
-//! or never executed. Deferring makes every order of two requests reachable, one of them a
-//! tick later. Requests from one client to one node are executed in the order sent. A client
+//! or never executed, or (spending the late budget) executed with its answer coming after the
+//! node timeout. Deferring makes every order of two requests reachable, one of them a tick
+//! later. Requests from one client to one node are executed in the order sent. A client
 //! reacts to an answer at once (decides, sends what follows) unless it is paused.
+//!
+//! ## Lost and late answers
+//! Both are a timeout to the round. A lost request stands for a node cut off from the client
+//! for the rest of the round: when the round reads the registers of the nodes that did not
+//! answer in time (`round::acquire`, rule 5a), it reads nothing from that node, and waits out
+//! the recheck window. A late answer comes from a node that is only slow (paused, busy): it
+//! executed the request, and it answers the round's register read like any request.
 
 use stateright::{Model, Property};
 
@@ -32,7 +40,7 @@ mod nodes;
 mod trace;
 
 use crate::engine::{
-    self, AcquireAns, AcquireNext, AcquireView, Age, ExtendAns, ExtendNext, RaiseNext,
+    self, AcquireAns, AcquireNext, AcquireView, Age, ExtendAns, ExtendNext, RaiseNext, RegisterRead,
 };
 
 /// How many ttls the max-ttl register and the node-set record live: the engine's own.
@@ -71,8 +79,8 @@ pub struct Rules {
     /// After a loss, what is still held is released only once the validity has run out
     /// (the lease).
     pub keep_promise: bool,
-    /// The rounds' rules: data age, register, wait for all answers, drift margin, node-set
-    /// conflict, same server, longest promise.
+    /// The rounds' rules: data age, register, wait for all answers, recheck of silent nodes,
+    /// drift margin, node-set conflict, same server, longest promise.
     pub engine: round::Rules,
 }
 
@@ -143,6 +151,9 @@ pub struct Config {
     pub fault_budget: u8,
     /// How many requests may be lost (never executed, or executed with the answer lost).
     pub losses: u8,
+    /// How many answers may come after the node timeout (executed, but the client timed out;
+    /// the node answers what is asked of it next).
+    pub late: u8,
     /// How many times a client may stall (for any time).
     pub pauses: u8,
     /// How many graceful releases (SIGTERM: the app stops, then the client releases).
@@ -261,21 +272,28 @@ pub enum Op {
         nonce: u8,
         set: u64,
     },
+    /// The max-ttl register read again while acquire round `nonce` rechecks (plain `GET`).
+    Register {
+        nonce: u8,
+    },
 }
 
 impl Op {
     /// Whether taking it a tick later can matter. A later extend, restore, release or clean-up
-    /// only makes a key live longer, which never lets anyone in; a late acquire or raise
-    /// answer changes what a round decides.
+    /// only makes a key live longer, which never lets anyone in; a later acquire, raise or
+    /// register answer changes what a round decides.
     fn deferrable(self) -> bool {
-        matches!(self, Op::Acquire { .. } | Op::Raise { .. })
+        matches!(
+            self,
+            Op::Acquire { .. } | Op::Raise { .. } | Op::Register { .. }
+        )
     }
 
     /// Whether the client waits for (and can lose) an answer.
     fn answered(self) -> bool {
         matches!(
             self,
-            Op::Acquire { .. } | Op::Extend { .. } | Op::Raise { .. }
+            Op::Acquire { .. } | Op::Extend { .. } | Op::Raise { .. } | Op::Register { .. }
         )
     }
 }
@@ -297,6 +315,9 @@ pub enum Ans {
     Pending,
     /// Timed out: never executed, or its answer was lost.
     NoAnswer,
+    /// Acquire: timed out, but the node executed the request and is only slow: it answers a
+    /// register read.
+    Late,
     /// Acquire: granted, with the data age proven, whether the candidate token was stored,
     /// the run id the answer's connection showed, and whether a node-set record stood there.
     /// `longest`, in every acquire answer: the longest register the client knew once it had
@@ -323,6 +344,8 @@ pub enum Ans {
     Missing,
     /// Raise: the counter before.
     Before(u16),
+    /// Register read: the max-ttl register (0: absent).
+    Register(u8),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -340,6 +363,9 @@ pub enum Phase {
         servers: [Option<u8>; MAX_NODES],
         set: u64,
         answers: [Ans; MAX_NODES],
+        /// Per node, the register read again while the round rechecked, and the tick it
+        /// came at.
+        reads: [Option<(u8, u8)>; MAX_NODES],
     },
     /// Minting the token by raise rounds after a won acquire round.
     Raise {
@@ -410,6 +436,7 @@ pub struct State {
     pub clients: [Client; MAX_CLIENTS],
     pub faults_left: u8,
     pub losses_left: u8,
+    pub late_left: u8,
     pub pauses_left: u8,
     pub resigns_left: u8,
     /// The highest token any tenure was handed, and by whom.
@@ -432,6 +459,8 @@ pub enum Action {
     DeliverUnanswered(usize, usize),
     /// The request is never executed (loss budget).
     Drop(usize, usize),
+    /// The node executes it, the answer comes after the node timeout (late budget).
+    DeliverLate(usize, usize),
     /// SIGTERM: the app stops now, the client releases at once.
     Resign(usize),
     Pause(usize),
@@ -498,6 +527,7 @@ impl Model for Config {
             clients,
             faults_left: self.fault_budget,
             losses_left: self.losses,
+            late_left: self.late,
             pauses_left: self.pauses,
             resigns_left: self.resigns,
             last_tenure: None,
@@ -550,6 +580,9 @@ impl Model for Config {
                     actions.push(Action::DeliverUnanswered(c, n));
                 }
             }
+            if s.late_left > 0 && msg.op.answered() {
+                actions.push(Action::DeliverLate(c, n));
+            }
         } else if s.now < self.horizon {
             actions.push(Action::Tick);
         }
@@ -574,6 +607,7 @@ impl Model for Config {
                     servers,
                     set,
                     answers: self.round(c),
+                    reads: [None; MAX_NODES],
                 };
                 self.send_all(&mut s, c, |_| Some(Op::Acquire { nonce, cand, set }));
             }
@@ -582,9 +616,10 @@ impl Model for Config {
                 let msg = s.clients[c].pending[n].as_mut().expect("pending");
                 msg.not_before = s.now + 1;
             }
-            Action::Deliver(c, n) | Action::DeliverUnanswered(c, n) | Action::Drop(c, n) => {
-                self.deliver(&mut s, action, c, n)
-            }
+            Action::Deliver(c, n)
+            | Action::DeliverUnanswered(c, n)
+            | Action::Drop(c, n)
+            | Action::DeliverLate(c, n) => self.deliver(&mut s, action, c, n),
             Action::Resign(c) => {
                 s.resigns_left -= 1;
                 let now = s.now;
@@ -649,11 +684,15 @@ impl Model for Config {
 
 impl Config {
     /// Client `c`'s request to node `n` is executed (`Deliver`), executed with its answer
-    /// lost (`DeliverUnanswered`), or never executed (`Drop`).
+    /// lost (`DeliverUnanswered`), never executed (`Drop`), or executed with its answer
+    /// coming after the node timeout (`DeliverLate`).
     fn deliver(&self, s: &mut State, action: Action, c: usize, n: usize) {
         s.opening = false;
         let msg = s.clients[c].pending[n].take().expect("pending");
-        if !matches!(action, Action::Deliver(..)) {
+        let late = matches!(action, Action::DeliverLate(..));
+        if late {
+            s.late_left -= 1;
+        } else if !matches!(action, Action::Deliver(..)) {
             s.losses_left -= 1;
         }
         let reply = if matches!(action, Action::Drop(..)) {
@@ -667,7 +706,7 @@ impl Config {
             None
         };
         if msg.op.answered() {
-            self.receive(s, c, n, msg.op, reply);
+            self.receive(s, c, n, msg.op, reply, late);
         }
     }
 }

@@ -39,11 +39,11 @@ impl Config {
 
     /// The answers of a round in list order: (position in the client's list, answer), for
     /// the nodes that have answered.
-    pub(super) fn answered<T>(
+    pub(super) fn answered<A: Copy, T>(
         &self,
         c: usize,
-        answers: &[Ans; MAX_NODES],
-        f: impl Fn(Ans) -> Option<T>,
+        answers: &[A; MAX_NODES],
+        f: impl Fn(A) -> Option<T>,
     ) -> Vec<(usize, T)> {
         self.clients[c]
             .nodes
@@ -103,15 +103,30 @@ impl Config {
         })
     }
 
-    /// The client's answer to a request executed on node `n` (`None`: answer lost).
-    pub(super) fn receive(&self, s: &mut State, c: usize, n: usize, op: Op, reply: Option<Reply>) {
+    /// The client's answer to a request executed on node `n` (`None`: answer lost, or `late`:
+    /// it comes after the node timeout, when the client has given up on it).
+    pub(super) fn receive(
+        &self,
+        s: &mut State,
+        c: usize,
+        n: usize,
+        op: Op,
+        reply: Option<Reply>,
+        late: bool,
+    ) {
         if let Some(r) = &reply {
             let client = &mut s.clients[c];
             client.seen_fence = client.seen_fence.max(r.fence);
             client.seen_ttl = client.seen_ttl.max(r.register);
         }
         let known = s.clients[c].seen_ttl;
-        let ans = match reply.as_ref().map_or(Ans::NoAnswer, |r| r.ans) {
+        let timed_out = if late && matches!(op, Op::Acquire { .. }) {
+            Ans::Late
+        } else {
+            Ans::NoAnswer
+        };
+        let now = s.now;
+        let ans = match reply.as_ref().map_or(timed_out, |r| r.ans) {
             Ans::Granted {
                 age,
                 stored,
@@ -142,6 +157,19 @@ impl Config {
                     ..
                 },
             ) if nonce == *current => answers[n] = ans,
+            (
+                Op::Register { nonce },
+                Phase::Acquire {
+                    nonce: current,
+                    reads,
+                    ..
+                },
+            ) if nonce == *current => {
+                // A read that timed out is not kept: the round asks the node again.
+                if let Ans::Register(register) = ans {
+                    reads[n] = Some((register, now));
+                }
+            }
             (
                 Op::Extend {
                     nonce, won: false, ..
@@ -311,6 +339,7 @@ impl Config {
             servers,
             set,
             answers,
+            reads,
         } = s.clients[c].phase
         else {
             return;
@@ -323,10 +352,12 @@ impl Config {
             start,
             list: &list,
             seen_fence: s.clients[c].seen_fence,
+            node_timeout: self.node_timeout,
             rules: self.rules.engine,
         };
         let answered = self.answered(c, &answers, |a| match a {
-            Ans::NoAnswer => Some(AcquireAns::NoAnswer),
+            // Lost or late, the round sees a timeout.
+            Ans::NoAnswer | Ans::Late => Some(AcquireAns::NoAnswer),
             Ans::Granted {
                 age,
                 stored,
@@ -344,8 +375,27 @@ impl Config {
             Ans::Conflict { longest } => Some(AcquireAns::Conflict { longest }),
             _ => None,
         });
-        match engine::acquire_next(&view, &answered, s.now) {
+        let reads: Vec<RegisterRead> = self
+            .answered(c, &reads, |read| read)
+            .into_iter()
+            .map(|(index, (register, at))| RegisterRead {
+                index,
+                register,
+                at,
+            })
+            .collect();
+        match engine::acquire_next(&view, &answered, &reads, s.now) {
             AcquireNext::Listen => {}
+            AcquireNext::Recheck(positions) => {
+                // The engine reads every node it names; a node whose request was lost is cut
+                // off for the round (its read is never answered), so only the slow ones are
+                // asked, once at a time.
+                for n in positions.into_iter().map(|i| self.node_at(c, i)) {
+                    if answers[n] == Ans::Late && s.clients[c].pending[n].is_none() {
+                        self.send(s, c, n, Op::Register { nonce });
+                    }
+                }
+            }
             AcquireNext::Lost(clean_up) => {
                 // Once every request is done, our key goes wherever the round says it may stand.
                 if Self::idle_wire(&s.clients[c]) {

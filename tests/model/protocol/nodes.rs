@@ -251,6 +251,14 @@ impl Config {
                 }
                 None
             }
+            Op::Register { .. } => {
+                let register = node.data.register.map_or(0, |(v, _)| v);
+                Some(Reply {
+                    ans: Ans::Register(register),
+                    register,
+                    fence: 0,
+                })
+            }
             Op::Cleanup { nonce, set } => {
                 if ours(node, nonce) {
                     node.data.key = None;

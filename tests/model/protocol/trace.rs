@@ -43,7 +43,15 @@ impl Config {
         for (c, client) in s.clients.iter().enumerate().take(self.clients.len()) {
             let phase = match client.phase {
                 Phase::Idle => "idle".to_owned(),
-                Phase::Acquire { start, .. } => format!("acquire@{start}"),
+                Phase::Acquire { start, reads, .. } => {
+                    let mut phase = format!("acquire@{start}");
+                    for (n, read) in reads.iter().enumerate() {
+                        if let Some((register, at)) = read {
+                            write!(phase, " read n{n}={register}@{at}")?;
+                        }
+                    }
+                    phase
+                }
                 Phase::Raise { token, .. } => format!("raise {token}"),
                 Phase::Cleanup { .. } => "cleanup".to_owned(),
                 Phase::Hold {
