@@ -6,6 +6,9 @@
 //! bounded by `--shutdown-timeout`, which must stay below the pod's
 //! `terminationGracePeriodSeconds`. Until HTTP stops, an app's call on a released lease
 //! answers 410 with `"ended": "shutdown"`.
+//!
+//! At start, before anything else, the soft limit on open files is raised to the hard limit
+//! ([`raise_open_files_limit`]); nothing is logged when that works, one warning when not.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +28,9 @@ use crate::{ops, shutdown};
 
 /// Runs the sidecar until SIGTERM/SIGINT; returns the exit code.
 pub async fn run(cfg: RunConfig) -> i32 {
+    if let Err(err) = raise_open_files_limit() {
+        warn!(error = %err, "cannot raise the soft limit on open files to the hard limit; connections and leases may run out of file descriptors");
+    }
     let signals = shutdown::Signals::install().expect("signal handlers can be installed");
     let listener = match http::bind(cfg.listen).await {
         Ok(listener) => listener,
@@ -169,6 +175,33 @@ pub async fn run(cfg: RunConfig) -> i32 {
     let _ = tokio::time::timeout(Duration::from_secs(1), control_task).await;
     drop(control_thread);
     0
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit; returns the limits now in force
+/// (soft, hard).
+///
+/// Every connection of the two listeners and every connection to a node is a descriptor,
+/// and container runtimes start processes at a soft limit of 1,024 under a much higher hard
+/// limit: the soft one would run out long before the sidecar's own bounds do. Only `run`
+/// raises it: `guard`'s CMD inherits its limits, and must get them as given (a program
+/// that closes every descriptor up to the soft limit would be slowed down).
+pub fn raise_open_files_limit() -> std::io::Result<(libc::rlim_t, libc::rlim_t)> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `limit` is a valid, writable rlimit for the call to fill.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        limit.rlim_cur = limit.rlim_max;
+        // SAFETY: `limit` is a valid rlimit; the kernel only reads it.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok((limit.rlim_cur, limit.rlim_max))
 }
 
 /// Logs the figures the timing model implies, once.
