@@ -13,7 +13,10 @@
 //!   process computes (`now + x`, `x × n`) stays far inside what `Instant` and `Duration` can
 //!   represent.
 //! - `--slot` is 1 to [`MAX_SLOT_LEN`] bytes without spaces or control characters (it is part
-//!   of a Redis key), and `--slot-retention` is greater than 0.
+//!   of a Redis key), and `--slot-retention` is at least the ttl + `--min-hold` (and 1 s):
+//!   see [`min_slot_retention`].
+//! - `--control-listen` is a loopback address (IPv4-mapped `[::ffff:127.0.0.1]` included,
+//!   bound as its IPv4 address).
 //! - `--renew-interval` (given or the ttl/3 default) is at least [`MIN_RENEW_INTERVAL`], in
 //!   `run` and `guard` alike.
 //! - Files are read up to a bound (password 64 KiB, PEM 4 MiB): a device never hangs start-up.
@@ -278,7 +281,8 @@ pub struct RunArgs {
     /// When /readyz answers 200.
     #[arg(long, env = "REDLOCK_READY_WHEN", value_enum, default_value_t = ReadyWhen::Quorum)]
     pub ready_when: ReadyWhen,
-    /// Loopback address of the routes that change state (POST /v1/leader/resign).
+    /// Loopback address (127.0.0.0/8, [::1], [::ffff:127.0.0.1]) of the routes that change
+    /// state: resign, request locks, Dapr's lock API.
     #[arg(long, env = "REDLOCK_CONTROL_LISTEN", default_value = DEFAULT_CONTROL_LISTEN)]
     pub control_listen: SocketAddr,
     /// Contend only while this URL of the app answers 2xx (http://HOST[:PORT][/PATH]).
@@ -443,7 +447,8 @@ pub struct GuardArgs {
     /// lock, and later runs of the same slot skip (exit 0, outcome `already-ran`).
     #[arg(long, env = "REDLOCK_SLOT")]
     pub slot: Option<String>,
-    /// How long a slot's record is kept.
+    /// How long a slot's record is kept: at least the ttl + --min-hold (and 1s), so that a
+    /// run of the same slot waiting for the lock still finds the record when it takes the lock.
     #[arg(long, env = "REDLOCK_SLOT_RETENTION", value_parser = duration_at_most(MAX_GUARD_DURATION), default_value = "24h")]
     pub slot_retention: Duration,
     /// The command and its arguments (after --); run without a shell.
@@ -633,6 +638,23 @@ pub struct Slot {
     pub retention: Duration,
 }
 
+/// The shortest `--slot-retention`: a holder records the slot, keeps the lock for `--min-hold`
+/// and releases it, or dies and leaves it to expire within a ttl of its last renewal; a run of
+/// the same slot waiting for the lock takes it within `min_hold + ttl` of the record, and must
+/// still read it then. Never less than [`MIN_SLOT_RETENTION`].
+pub fn min_slot_retention(ttl: Duration, min_hold: Duration) -> Duration {
+    (ttl + min_hold).max(MIN_SLOT_RETENTION)
+}
+
+/// The floor of [`min_slot_retention`], whatever the ttl.
+pub const MIN_SLOT_RETENTION: Duration = Duration::from_secs(1);
+
+/// Whether `ip` is a loopback address: 127.0.0.0/8, `::1`, or an IPv4-mapped
+/// `::ffff:127.x.y.z`.
+pub fn is_loopback(ip: std::net::IpAddr) -> bool {
+    ip.to_canonical().is_loopback()
+}
+
 /// Checks `--slot`: it becomes part of a Redis key and of log lines.
 fn slot_id(id: &str) -> Result<String, ConfigError> {
     if id.is_empty()
@@ -819,12 +841,18 @@ impl RunArgs {
                 "must be at most 253 characters without control characters",
             ));
         }
-        if !self.control_listen.ip().is_loopback() {
+        if !is_loopback(self.control_listen.ip()) {
             return Err(ConfigError::new(
                 "--control-listen",
                 "must be a loopback address (e.g. 127.0.0.1:9708): its routes change state",
             ));
         }
+        // An IPv4-mapped address is its IPv4 address: bound as such, it needs no IPv6 socket
+        // (a pod without IPv6 could not open one) and serves the same connections.
+        let control_listen = SocketAddr::new(
+            self.control_listen.ip().to_canonical(),
+            self.control_listen.port(),
+        );
         let app_check = self.app_check()?;
         let locks = self.locks.config(&redlock.lock)?;
         let kubernetes = crate::k8s::KubeSettings {
@@ -840,7 +868,7 @@ impl RunArgs {
             redlock,
             renewal,
             listen: self.listen,
-            control_listen: self.control_listen,
+            control_listen,
             ready_when: self.ready_when,
             shutdown_timeout: self.shutdown_timeout,
             app_check,
@@ -931,10 +959,16 @@ impl GuardArgs {
                 ));
             }
         }
-        if self.slot_retention.is_zero() {
+        let shortest_retention = min_slot_retention(redlock.ttl, self.min_hold);
+        if self.slot_retention < shortest_retention {
             return Err(ConfigError::new(
                 "--slot-retention",
-                "must be greater than 0",
+                format!(
+                    "must be at least the ttl + --min-hold, and 1s ({}): the record must \
+                     outlive the tenure it was written in, or a run of the same slot waiting \
+                     for the lock would not find it",
+                    fmt(shortest_retention)
+                ),
             ));
         }
         let slot = match &self.slot {
@@ -1316,6 +1350,64 @@ mod tests {
         assert_eq!(err.flag, "--slot-retention");
         let cfg = guard_config(&["--slot", "s", "--slot-retention", "30d"]).unwrap();
         assert_eq!(cfg.slot.unwrap().retention, MAX_GUARD_DURATION);
+    }
+
+    #[test]
+    fn a_slot_record_outlives_the_tenure_it_was_written_in() {
+        // The default ttl is 10s: the record must outlive it, and --min-hold on top.
+        for (retention, min_hold, ok) in [
+            ("1ms", "0", false),
+            ("9s", "0", false),
+            ("10s", "0", true),
+            ("39s", "30s", false),
+            ("40s", "30s", true),
+        ] {
+            let args = ["--slot", "s", "--slot-retention", retention];
+            let result = guard_config(&[&args[..], &["--min-hold", min_hold]].concat());
+            match result {
+                Ok(cfg) => assert!(ok, "{retention} with --min-hold {min_hold}: {cfg:?}"),
+                Err(err) => {
+                    assert!(!ok, "{retention} with --min-hold {min_hold}: {err}");
+                    assert_eq!(err.flag, "--slot-retention");
+                    assert!(err.to_string().contains("at least"), "{err}");
+                }
+            }
+        }
+        // A short ttl still keeps the record a second.
+        assert_eq!(
+            min_slot_retention(Duration::from_millis(100), Duration::ZERO),
+            MIN_SLOT_RETENTION
+        );
+    }
+
+    #[test]
+    fn loopback_means_127_0_0_0_8_and_the_ipv6_loopback_mapped_or_not() {
+        for good in [
+            "127.0.0.1",
+            "127.1.2.3",
+            "::1",
+            "::ffff:127.0.0.1",
+            "::ffff:127.9.9.9",
+        ] {
+            assert!(is_loopback(good.parse().unwrap()), "{good}");
+        }
+        for bad in [
+            "0.0.0.0",
+            "10.0.0.1",
+            "::",
+            "::ffff:10.0.0.1",
+            "::2",
+            "fe80::1",
+        ] {
+            assert!(!is_loopback(bad.parse().unwrap()), "{bad}");
+        }
+        // A mapped address is bound as its IPv4 address.
+        let cfg = run_config(&["--control-listen", "[::ffff:127.0.0.1]:9708"]).unwrap();
+        assert_eq!(cfg.control_listen, "127.0.0.1:9708".parse().unwrap());
+        let cfg = run_config(&["--control-listen", "[::1]:9708"]).unwrap();
+        assert_eq!(cfg.control_listen, "[::1]:9708".parse().unwrap());
+        let err = run_config(&["--control-listen", "[::ffff:10.0.0.1]:9708"]).unwrap_err();
+        assert_eq!(err.flag, "--control-listen");
     }
 
     #[test]

@@ -90,3 +90,47 @@ async fn run_raises_its_soft_open_files_limit_to_the_hard_limit_and_says_nothing
         proc.output_text()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ipv4_mapped_loopback_control_address_is_loopback() {
+    let port = support::free_port();
+    let mapped = format!("[::ffff:127.0.0.1]:{port}");
+    let (proc, admin) = sidecar_without_redis(&support::bin(), &[], &["--control-listen", &mapped]);
+    wait_serving(admin, "/healthz", 200).await;
+    // Served on 127.0.0.1, where IPv4 clients and mapped IPv6 ones both arrive.
+    let control = SocketAddr::from(([127, 0, 0, 1], port));
+    wait_serving(control, "/nope", 404).await;
+    let answer = http::request("POST", control, "/v1/leader/resign")
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 409, "{answer:?}: {}", proc.output_text());
+}
+
+#[test]
+fn a_slot_retention_shorter_than_the_tenure_exits_2_naming_the_flag_and_the_bound() {
+    let base = [
+        "guard",
+        "--lock",
+        "x",
+        "--redis",
+        "redis://127.0.0.1:1",
+        "--slot",
+        "s",
+    ];
+    for (extra, bound) in [
+        (&["--slot-retention", "1ms"][..], "10s"),
+        (&["--slot-retention", "9s"][..], "10s"),
+        (&["--ttl", "2s", "--slot-retention", "1s"][..], "2s"),
+        (
+            &["--min-hold", "1m", "--slot-retention", "1m"][..],
+            "1m 10s",
+        ),
+    ] {
+        let args = [&base[..], extra, &["--", "true"]].concat();
+        let line = support::process::assert_invalid_config(&args, "--slot-retention");
+        assert!(
+            line.contains("at least") && line.contains(&format!("({bound})")),
+            "{extra:?}: {line}"
+        );
+    }
+}
