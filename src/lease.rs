@@ -272,7 +272,9 @@ pub async fn run(
         match held {
             HoldEnd::Cancelled(lease) => {
                 publish_follower(&tx);
-                if !cancel.is_cancelled() {
+                if cancel.is_cancelled() {
+                    info!(lock = %lock, fencing_token = lease.fencing_token, "stepped down for shutdown; releasing the lock");
+                } else {
                     let why = candidacy.borrow().why_not(Deadline::now());
                     warn!(lock = %lock, fencing_token = lease.fencing_token, why, "stepping down and releasing the lock at once");
                 }

@@ -62,6 +62,9 @@ pub struct Metrics {
     renew_interval: Gauge,
     safety_margin: Gauge,
     info: IntGaugeVec,
+    candidacy: IntGaugeVec,
+    app_ready: IntGauge,
+    app_state_unread: IntCounter,
     app_locks: AppLockMetrics,
     nodes: Vec<String>,
 }
@@ -262,6 +265,24 @@ impl Metrics {
                 &["workload"],
             )
             .unwrap(),
+            candidacy: IntGaugeVec::new(
+                opts(
+                    "redlock_candidacy",
+                    "1 for this sidecar's standing: contending, deferring (to a preferred candidate), app_not_ready (still contends when no ready candidate waits), app_state_unknown (the app's state could not be read for long; counted as ready), resigned",
+                ),
+                &["state"],
+            )
+            .unwrap(),
+            app_ready: IntGauge::with_opts(opts(
+                "redlock_app_ready",
+                "1 while the app counts as ready for leadership (always 1 without an app check)",
+            ))
+            .unwrap(),
+            app_state_unread: IntCounter::with_opts(opts(
+                "redlock_app_state_unread_total",
+                "Times the app's state became unreadable long enough to count it as ready",
+            ))
+            .unwrap(),
             app_locks: AppLockMetrics::new(lock),
             nodes: nodes.to_vec(),
             registry,
@@ -310,6 +331,9 @@ impl Metrics {
             Box::new(self.renew_interval.clone()),
             Box::new(self.safety_margin.clone()),
             Box::new(self.info.clone()),
+            Box::new(self.candidacy.clone()),
+            Box::new(self.app_ready.clone()),
+            Box::new(self.app_state_unread.clone()),
             Box::new(build_info),
             Box::new(prometheus::process_collector::ProcessCollector::for_self()),
         ];
@@ -326,6 +350,7 @@ impl Metrics {
 
     fn initialise_series(&self) {
         self.info.with_label_values(&[""]).set(1);
+        self.candidacy(crate::candidacy::Standing::Contending, true);
         for direction in ["gained", "lost"] {
             self.transitions.with_label_values(&[direction]);
         }
@@ -406,6 +431,22 @@ impl Metrics {
     /// Records a tenure that ended without a release; `reason` is one of [`LOST_REASONS`].
     pub fn lock_lost(&self, reason: &str) {
         self.lock_lost.with_label_values(&[reason]).inc();
+    }
+
+    /// This sidecar's standing now (one series at 1, the others at 0) and whether its app
+    /// counts as ready.
+    pub fn candidacy(&self, standing: crate::candidacy::Standing, app_ready: bool) {
+        for state in crate::candidacy::Standing::ALL {
+            self.candidacy
+                .with_label_values(&[state.as_str()])
+                .set(i64::from(state == standing));
+        }
+        self.app_ready.set(i64::from(app_ready));
+    }
+
+    /// The app's state became unreadable long enough to count it as ready.
+    pub fn app_state_unread(&self) {
+        self.app_state_unread.inc();
     }
 
     /// Records a guard outcome; `result` is one of [`GUARD_RESULTS`].

@@ -1,6 +1,8 @@
-//! Leadership follows the app: `run --app-ready` sidecars next to small local apps whose
-//! readiness the test turns on and off, and the control listener's resign route, through the
-//! real binary on real redis-server nodes.
+//! Leadership follows the app, and readiness decides who leads, never whether anyone does:
+//! `run --app-ready` sidecars next to small local apps whose readiness the test turns on and
+//! off (or that are ready only while their own sidecar leads), a simulated rolling update,
+//! and the control listener's resign route, through the real binary on real redis-server
+//! nodes.
 
 mod support;
 
@@ -22,11 +24,15 @@ const PROBE_EVERY: Duration = Duration::from_millis(100);
 const SLACK: Duration = Duration::from_secs(4);
 /// The hold of the resign test.
 const HOLD: Duration = Duration::from_secs(3);
+/// How often a candidate announces itself to the others (`candidacy::presence::PERIOD`).
+const PRESENCE: Duration = Duration::from_secs(1);
 
-/// An app with a readiness endpoint that answers 200 or 503 as the test says.
+/// An app with a readiness endpoint that answers 200 or 503 as the test says, or (once told
+/// whose) as its own sidecar's `/leader` answers.
 struct App {
     addr: SocketAddr,
     ready: Arc<AtomicBool>,
+    sidecar: Arc<std::sync::OnceLock<SocketAddr>>,
 }
 
 impl App {
@@ -34,11 +40,20 @@ impl App {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let ready = Arc::new(AtomicBool::new(ready));
+        let sidecar: Arc<std::sync::OnceLock<SocketAddr>> = Arc::default();
         let answer = ready.clone();
+        let leading = sidecar.clone();
         tokio::spawn(async move {
             while let Ok((mut conn, _)) = listener.accept().await {
-                let ready = answer.load(Ordering::SeqCst);
+                let answer = answer.clone();
+                let leading = leading.clone();
                 tokio::spawn(async move {
+                    let ready = match leading.get() {
+                        Some(sidecar) => http::get(*sidecar, "/leader")
+                            .await
+                            .is_ok_and(|r| r.status == 200),
+                        None => answer.load(Ordering::SeqCst),
+                    };
                     let mut buf = [0u8; 1024];
                     let _ = conn.read(&mut buf).await;
                     let status = if ready {
@@ -51,7 +66,21 @@ impl App {
                 });
             }
         });
-        App { addr, ready }
+        App {
+            addr,
+            ready,
+            sidecar,
+        }
+    }
+
+    /// An app that is ready only while its sidecar (see [`App::follow`]) leads.
+    async fn start_following_leader() -> App {
+        App::start(false).await
+    }
+
+    /// From now on, ready exactly while the sidecar at `addr` answers 200 on `/leader`.
+    fn follow(&self, addr: SocketAddr) {
+        let _ = self.sidecar.set(addr);
     }
 
     fn set_ready(&self, ready: bool) {
@@ -134,48 +163,167 @@ async fn a_leader_whose_app_fails_hands_over_and_returns_as_a_standby() {
     assert!(sidecars[other].is_leader().await);
     assert_eq!(sidecars[other].token().await, Some(new_token));
 
-    // A standby whose app is not ready does not take over: the leader's app fails, the
-    // standby's too; nobody leads until the standby's app is ready again.
-    apps[other].set_ready(false);
+    // Both apps fail, the standby's first (and the leader learns it: a presence period or
+    // two): no ready candidate waits, so the leader keeps the lock (leadership does not move
+    // among unready apps) well past --app-unready-after. Once the other app is ready again,
+    // the leader yields to it.
     apps[first].set_ready(false);
-    support::wait_until_async(
-        UNREADY_AFTER + PROBE_EVERY + SLACK,
-        "the leader steps down",
-        || async { !sidecars[other].is_leader().await },
-    )
-    .await;
-    assert!(!sidecars[first].is_leader().await);
-    apps[first].set_ready(true);
-    leads(&both, first, PROBE_EVERY + SLACK).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_app_that_never_became_ready_never_leads() {
-    let cluster = tokio::task::block_in_place(ready_cluster);
-    let app = App::start(false).await;
-    let sidecar = sidecar("starting", &cluster, Some(&app));
-    support::wait_until_async(Duration::from_secs(10), "the sidecar serves", || async {
-        sidecar.leader().await.is_some()
+    support::wait_until_async(SLACK, "the standby's app counts as not ready", || async {
+        sidecars[first].metric("redlock_app_ready", "lock=").await == 0.0
     })
     .await;
-    let waits = Instant::now();
-    while !sidecar.proc.output_text().contains("app not ready yet") {
+    tokio::time::sleep(PRESENCE * 2).await;
+    apps[other].set_ready(false);
+    let both_failed = Instant::now();
+    while both_failed.elapsed() < UNREADY_AFTER + PRESENCE * 3 {
         assert!(
-            waits.elapsed() < Duration::from_secs(10),
-            "it logs why it waits: {}",
-            sidecar.proc.output_text()
+            sidecars[other].is_leader().await,
+            "the leader kept the lock with no ready candidate waiting"
         );
         tokio::time::sleep(support::POLL_EVERY).await;
     }
-    assert!(!sidecar.is_leader().await);
-    assert!(
-        cluster
-            .iter()
-            .all(|node| node.command(&["EXISTS", "redlock:{work}"]) == "0"),
-        "no key was taken"
-    );
+    apps[first].set_ready(true);
+    leads(&both, first, PROBE_EVERY + PRESENCE * 2 + SLACK).await;
+}
+
+/// An app that is not ready still gets a leader when no ready candidate stands: readiness
+/// decides who leads, never whether.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_that_is_not_ready_still_leads_when_no_ready_candidate_stands() {
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let app = App::start(false).await;
+    let sidecar = sidecar("starting", &cluster, Some(&app));
+    leads(&[&sidecar], 0, SLACK * 2).await;
+    support::wait_until_async(SLACK, "the gauge says why", || async {
+        sidecar
+            .metric("redlock_candidacy", "state=\"app_not_ready\"")
+            .await
+            == 1.0
+    })
+    .await;
+    assert_eq!(sidecar.metric("redlock_app_ready", "lock=").await, 0.0);
     app.set_ready(true);
-    leads(&[&sidecar], 0, PROBE_EVERY + SLACK).await;
+    support::wait_until_async(SLACK, "the gauge follows the app", || async {
+        sidecar
+            .metric("redlock_candidacy", "state=\"contending\"")
+            .await
+            == 1.0
+    })
+    .await;
+    assert!(sidecar.is_leader().await, "still the leader");
+}
+
+/// Three sidecars whose apps are ready only while their own sidecar leads (an app whose
+/// readinessProbe asks `/leader`): one of them leads within a ttl, and exactly one keeps
+/// leading.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apps_ready_only_while_leading_elect_one_leader_and_keep_it() {
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let mut apps = Vec::new();
+    let mut sidecars = Vec::new();
+    for name in ["a", "b", "c"] {
+        let app = App::start_following_leader().await;
+        let sidecar = sidecar(name, &cluster, Some(&app));
+        app.follow(sidecar.addr);
+        apps.push(app);
+        sidecars.push(sidecar);
+    }
+    let all: Vec<&Sidecar> = sidecars.iter().collect();
+    let started = Instant::now();
+    let first = one_leader(&all, TTL + SLACK).await;
+    println!(
+        "apps ready only while leading: a leader after {:?}",
+        started.elapsed()
+    );
+    let token = sidecars[first].token().await;
+    let kept = Instant::now();
+    while kept.elapsed() < UNREADY_AFTER + PRESENCE * 3 {
+        assert_eq!(one_leader(&all, SLACK).await, first, "leadership stays put");
+        tokio::time::sleep(support::POLL_EVERY).await;
+    }
+    assert_eq!(sidecars[first].token().await, token, "one tenure");
+}
+
+/// A rolling update with maxSurge 1 (a new pod starts and is ready, then an old one is
+/// terminated, repeated): the lock moves from an old pod to a new one exactly once, never from
+/// an old pod to another old one, from what the sidecars know (`--kubernetes off`). Two
+/// trials, the leader terminated at a different step of each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_update_moves_leadership_once() {
+    for trial in 0..2 {
+        let cluster = tokio::task::block_in_place(ready_cluster);
+        let mut watch = support::tenures::Watch::new();
+        let mut old = Vec::new();
+        for i in 0..3 {
+            let pod = sidecar(&format!("old-{i}"), &cluster, None);
+            watch.add(&pod);
+            old.push(pod);
+        }
+        let first = {
+            let all: Vec<&Sidecar> = old.iter().collect();
+            one_leader(&all, Duration::from_secs(15)).await
+        };
+        // The leader is terminated at step `trial`, the other old pods in order.
+        let mut order: Vec<usize> = (0..3).filter(|i| *i != first).collect();
+        order.insert(trial, first);
+        let mut old: Vec<Option<Sidecar>> = old.into_iter().map(Some).collect();
+        let mut new = Vec::new();
+        for (step, gone) in order.into_iter().enumerate() {
+            let pod = sidecar(&format!("new-{step}"), &cluster, None);
+            watch.add(&pod);
+            // Ready: it stands as a candidate, and the others have read its announcement.
+            support::wait_until_async(SLACK, "the new pod contends", || async {
+                pod.metric("redlock_candidacy", "state=\"contending\"")
+                    .await
+                    == 1.0
+            })
+            .await;
+            let others: Vec<&Sidecar> = old.iter().flatten().chain(new.iter()).collect();
+            support::wait_until_async(SLACK, "the others defer to the new pod", || async {
+                for other in &others {
+                    if !other.is_leader().await
+                        && other
+                            .metric("redlock_candidacy", "state=\"deferring\"")
+                            .await
+                            != 1.0
+                    {
+                        return false;
+                    }
+                }
+                true
+            })
+            .await;
+            new.push(pod);
+            let mut pod = old[gone].take().expect("each old pod once");
+            pod.proc.sigterm();
+            assert!(pod
+                .proc
+                .wait_exit_async(Duration::from_secs(10))
+                .await
+                .is_some());
+            watch.keep_log(pod.name.clone(), pod.proc.stderr_text());
+        }
+        let running: Vec<&Sidecar> = new.iter().collect();
+        // Leadership at once is judged by the watch's tenures (the sidecars' own claims), not
+        // by polling them one after the other.
+        support::wait_until_async(SLACK, "a new pod leads", || async {
+            for pod in &running {
+                if pod.is_leader().await {
+                    return true;
+                }
+            }
+            false
+        })
+        .await;
+        let tenures = watch.finish(&running).await;
+        let who: Vec<&str> = tenures.iter().map(|t| t.who.as_str()).collect();
+        println!("rolling update, trial {trial}: leaders in turn {who:?}");
+        assert_eq!(who.len(), 2, "one move per rollout: {who:?}");
+        assert!(
+            who[0].starts_with("old-") && who[1].starts_with("new-"),
+            "{who:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -55,7 +55,7 @@ pub mod transport;
 pub mod votes;
 mod wait;
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime};
 
@@ -68,7 +68,7 @@ pub use config::{RedlockConfig, DEFAULT_FENCE_RETENTION};
 pub use error::{ConfigError, LockError, Vote, Votes};
 use fanout::{Answers, KeyWrite, Order};
 pub use pool::Engine;
-use round::acquire::identity_of;
+pub use round::acquire::identity_of;
 pub use slot::{slot_seen, SlotSeen};
 pub use timing::{drift, quorum, validity, RECORD_LIFE};
 pub use transport::{cluster, secrets, sentinel};
@@ -246,6 +246,9 @@ struct Inner {
     fence_seen: AtomicU64,
     /// The longest ttl (ms) any node's max-ttl register ever reported for this lock.
     max_ttl_seen: AtomicU64,
+    /// How much later (ms) each round of a wait starts: a candidate that defers to a
+    /// preferred one (see `candidacy`); 0 for everyone else.
+    handicap_ms: AtomicU64,
     /// What the nodes push (see [`push`]).
     pushes: broadcast::Sender<push::Push>,
     /// How many waiters the lock had when last counted (see `standby`), announced with an
@@ -321,6 +324,7 @@ impl Redlock {
                 conflict_logged_at: std::sync::Mutex::new(None),
                 fence_seen: AtomicU64::new(0),
                 max_ttl_seen: AtomicU64::new(0),
+                handicap_ms: AtomicU64::new(0),
                 key_writes: (0..nodes.len()).map(|_| watch::channel(0).0).collect(),
                 uncounted: (0..nodes.len()).map(|_| Default::default()).collect(),
                 subscribed: watch::channel(vec![false; nodes.len()]).0,
@@ -363,6 +367,18 @@ impl Redlock {
             futures_util::future::join_all(unknown).await;
         }
         self.node_set()
+    }
+
+    /// From now on, each round of a wait starts `handicap` late (zero: at once), so that a
+    /// preferred contender's round comes first when the lock comes free.
+    pub fn set_handicap(&self, handicap: Duration) {
+        let ms = u64::try_from(handicap.as_millis()).unwrap_or(u64::MAX);
+        self.inner.handicap_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// The handicap in force (see [`Redlock::set_handicap`]).
+    pub fn handicap(&self) -> Duration {
+        Duration::from_millis(self.inner.handicap_ms.load(Ordering::Relaxed))
     }
 
     /// The configuration in force.

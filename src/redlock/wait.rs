@@ -1,6 +1,8 @@
 //! Waiting for the lock: rounds, and between them a watch of the holder or a pause.
 //!
 //! ## Behaviour
+//! - Each round starts the contender's handicap late, if it has one (a `run` sidecar that
+//!   defers to a preferred candidate, see `candidacy`).
 //! - A round that showed the lock held is not followed by another until the lock may be free:
 //!   the wait watches (see `standby`) until reads, a keyspace event or an announcement say so.
 //! - A round that failed otherwise is retried after a random, growing pause (at once, spread
@@ -98,6 +100,15 @@ impl Redlock {
             counted_waiters: false,
         };
         loop {
+            // A contender that defers to a preferred one lets that one's round come first.
+            let handicap = self.handicap();
+            if !handicap.is_zero() {
+                tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => return Err(LockError::Cancelled),
+                    _ = tokio::time::sleep(handicap) => {}
+                }
+            }
             // A started round is never abandoned half-way: it is short (node timeout) and
             // dropping it could leave keys behind until their ttl.
             let started = Deadline::now();
