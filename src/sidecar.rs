@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::candidacy::{probe, Candidacy};
+use crate::candidacy::{presence, probe, Candidacy};
 use crate::config::{AppProbe, RunConfig};
 use crate::control_thread::ControlThread;
 use crate::http::{self, AdminState};
@@ -86,10 +86,18 @@ pub async fn run(cfg: RunConfig) -> i32 {
             warn!(error = %err, "admin endpoint stopped");
         }
     });
-    let (candidacy_tx, candidacy_rx) = tokio::sync::watch::channel(match &cfg.app_check {
+    let candidacy = match &cfg.app_check {
         Some(check) => Candidacy::checked(check.unready_after),
         None => Candidacy::unchecked(),
-    });
+    };
+    let (candidacy_tx, candidacy_rx) =
+        tokio::sync::watch::channel(candidacy.named(&cfg.redlock.identity, presence::born_ms()));
+    tokio::spawn(presence::run(
+        redlock.clone(),
+        candidacy_tx.clone(),
+        metrics.clone(),
+        cancel.clone(),
+    ));
     if let Some(check) = cfg.app_check.clone() {
         match check.probe {
             AppProbe::Http(url) => {
