@@ -204,7 +204,8 @@ impl Conn {
 
     /// Sends a request without a body; returns the status and the body.
     fn call(&mut self, method: &str, path: &str) -> (u16, String) {
-        let request = format!("{method} {path} HTTP/1.1\r\nHost: b\r\nContent-Length: 0\r\n\r\n");
+        let request =
+            format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n");
         self.0.get_mut().write_all(request.as_bytes()).unwrap();
         let mut line = String::new();
         self.0.read_line(&mut line).unwrap();

@@ -150,7 +150,7 @@ async fn call(
         let mut stream = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
         let body = body.unwrap_or_default();
         let request = format!(
-            "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         );
         stream
@@ -201,7 +201,7 @@ impl EventStream {
     async fn open(addr: SocketAddr, path: &str) -> EventStream {
         let mut stream = TcpStream::connect(addr).await.unwrap();
         stream
-            .write_all(format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").as_bytes())
+            .write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
             .await
             .unwrap();
         EventStream {
@@ -236,7 +236,7 @@ impl EventStream {
 async fn read_stream_for(addr: SocketAddr, path: &str, how_long: Duration) -> String {
     let mut stream = TcpStream::connect(addr).await.unwrap();
     stream
-        .write_all(format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").as_bytes())
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
         .await
         .unwrap();
     let mut text = Vec::new();
@@ -774,6 +774,62 @@ async fn dapr_requests_get_dapr_answers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dapr_expiries_past_ten_minutes_and_as_strings_are_taken_up_to_an_hour() {
+    let cluster = RedisCluster::start(3);
+    // The nodes' votes count at once for the longest ttl asked here.
+    cluster.backdate_epochs(Duration::from_secs(3600));
+    let a = Sidecar::start("a", &cluster, &[]).await;
+    let lock = "/v1.0-alpha1/lock/redlock";
+    for (name, expiry, ttl_secs) in [
+        ("eleven-minutes", "660", 660),
+        ("an-hour", "3600", 3600),
+        ("as-a-string", r#""30""#, 30),
+        ("a-whole-float", "30.0", 30),
+    ] {
+        let body = format!(
+            r#"{{"resourceId": "{name}", "lockOwner": "vader", "expiryInSeconds": {expiry}}}"#
+        );
+        let answer = a.dapr(lock, &body).await;
+        assert_eq!(
+            (answer.status, answer.json()),
+            (200, serde_json::json!({"success": true})),
+            "{body}"
+        );
+        // Taken for the ttl asked: the key lives that long on the nodes.
+        let key = format!("redlock:{{app:{name}}}");
+        let pttl = cluster
+            .iter()
+            .filter_map(|node| node.command(&["PTTL", &key]).parse::<u64>().ok())
+            .max()
+            .unwrap_or_default();
+        assert!(
+            pttl > (ttl_secs - 5) * 1000 && pttl <= ttl_secs * 1000,
+            "{name}: {pttl} ms left of {ttl_secs} s"
+        );
+    }
+    // Past the sidecar's longest ttl: refused, never cut short.
+    for expiry in ["3601", r#""3601""#, r#""soon""#, "1.5"] {
+        let body = format!(
+            r#"{{"resourceId": "long", "lockOwner": "vader", "expiryInSeconds": {expiry}}}"#
+        );
+        let answer = a.dapr(lock, &body).await;
+        assert_eq!(answer.status, 400, "{body}: {answer:?}");
+        assert_eq!(
+            answer.json()["errorCode"],
+            "ERR_MALFORMED_REQUEST",
+            "{body}"
+        );
+        assert!(
+            answer.json()["message"]
+                .as_str()
+                .unwrap()
+                .contains("expiryInSeconds"),
+            "{answer:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dapr_lock_expires_after_its_expiry() {
     let cluster = tokio::task::block_in_place(ready_cluster);
     let a = Sidecar::start("a", &cluster, &[]).await;
@@ -797,7 +853,9 @@ async fn bad_input_gets_a_json_error_and_changes_nothing() {
         ("POST", "/v1/locks/a%20b", 400),
         ("POST", &format!("/v1/locks/{}", "n".repeat(129)), 400),
         ("POST", "/v1/locks/x?ttl=10ms", 400),
-        ("POST", "/v1/locks/x?ttl=1h", 400),
+        ("POST", "/v1/locks/x?ttl=2h", 400),
+        ("POST", "/v1/locks/x?wait=1s&wait=2s", 400),
+        ("POST", "/v1/locks/x?ttl=5s&ttl=5s", 400),
         ("POST", "/v1/locks/x?wait=soon", 400),
         ("POST", "/v1/locks/x?wait=1h", 400),
         ("POST", "/v1/locks/x?hold=1s", 400),
@@ -1173,7 +1231,7 @@ async fn a_client_that_goes_away_while_waiting_gives_its_place_back() {
     for _ in 0..2 {
         let mut stream = TcpStream::connect(a.control).await.unwrap();
         stream
-            .write_all(b"POST /v1/locks/busy?ttl=30s&wait=60s HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n")
+            .write_all(b"POST /v1/locks/busy?ttl=30s&wait=60s HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n")
             .await
             .unwrap();
         clients.push(stream);

@@ -13,8 +13,10 @@ use std::time::Duration;
 pub const MAX_NAME_LEN: usize = 128;
 /// Shortest ttl: keepalives and renewals need room for a few round trips.
 pub const MIN_TTL: Duration = Duration::from_secs(1);
-/// Longest ttl: a request's critical section, not a leadership.
-pub const MAX_TTL: Duration = Duration::from_secs(600);
+/// Longest ttl: the engine's own bound (an hour), so a Dapr app's `expiryInSeconds` of up to
+/// an hour is taken as asked, never cut short (a lock that ended before the app's expiry
+/// would let another owner in while the app still works).
+pub const MAX_TTL: Duration = crate::redlock::timing::MAX_TTL;
 /// The ttl when a request names none.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
 /// Longest wait for a lock held elsewhere.
@@ -66,12 +68,22 @@ pub struct AcquireQuery {
     pub ttl: Duration,
 }
 
-/// Parses `wait=DURATION&ttl=DURATION` (either may be left out; nothing else is allowed).
+/// Refuses a query parameter given twice: which one counts would be a guess.
+pub fn once(name: &str, seen: &mut bool) -> Result<(), String> {
+    if std::mem::replace(seen, true) {
+        return Err(format!("{name}: given more than once"));
+    }
+    Ok(())
+}
+
+/// Parses `wait=DURATION&ttl=DURATION` (either may be left out, neither given twice; nothing
+/// else is allowed).
 pub fn acquire_query(query: Option<&str>) -> Result<AcquireQuery, String> {
     let mut asked = AcquireQuery {
         wait: Duration::ZERO,
         ttl: DEFAULT_TTL,
     };
+    let (mut wait_seen, mut ttl_seen) = (false, false);
     for pair in query
         .unwrap_or_default()
         .split('&')
@@ -79,6 +91,7 @@ pub fn acquire_query(query: Option<&str>) -> Result<AcquireQuery, String> {
     {
         match pair.split_once('=') {
             Some(("wait", text)) => {
+                once("wait", &mut wait_seen)?;
                 asked.wait = humantime::parse_duration(text)
                     .ok()
                     .filter(|d| *d <= MAX_WAIT)
@@ -90,6 +103,7 @@ pub fn acquire_query(query: Option<&str>) -> Result<AcquireQuery, String> {
                     })?;
             }
             Some(("ttl", text)) => {
+                once("ttl", &mut ttl_seen)?;
                 asked.ttl = humantime::parse_duration(text)
                     .map_err(|_| "ttl: a duration such as 10s or 1m".to_owned())
                     .and_then(ttl)?;
@@ -140,12 +154,28 @@ mod tests {
             "wait=soon",
             "wait=6m",
             "ttl=10ms",
-            "ttl=11m",
+            "ttl=61m",
             "ttl=",
             "x=1",
             "wait",
         ] {
             assert!(acquire_query(Some(bad)).is_err(), "{bad}");
+        }
+        assert_eq!(acquire_query(Some("ttl=1h")).map(|q| q.ttl), Ok(MAX_TTL));
+    }
+
+    #[test]
+    fn a_parameter_given_twice_is_refused_by_name() {
+        for (query, name) in [
+            ("wait=1s&wait=2s", "wait"),
+            ("wait=1s&ttl=5s&wait=1s", "wait"),
+            ("ttl=5s&ttl=5s", "ttl"),
+        ] {
+            let why = acquire_query(Some(query)).unwrap_err();
+            assert!(
+                why.starts_with(&format!("{name}: given more than once")),
+                "{why}"
+            );
         }
     }
 }

@@ -10,6 +10,9 @@
 //! the nodes until its expiry, then released, as Dapr's lock expires. It has a fencing token
 //! on the nodes like any lease, but Dapr's answer has no field for it.
 //!
+//! `expiryInSeconds` is taken as Dapr takes it (a number, or a string of one such as `"30"`)
+//! up to this sidecar's longest ttl, an hour; a longer one is refused, never cut short.
+//!
 //! Errors use Dapr's shape, `{"errorCode", "message"}`: 400 `ERR_MALFORMED_REQUEST` (not JSON,
 //! a missing field, a value out of bounds), 400 `ERR_LOCK_STORE_NOT_FOUND` (another store name
 //! than `--locks-dapr-store`), 500 `ERR_TRY_LOCK_FAILED` (no quorum), 429 `ERR_TOO_MANY_LEASES`,
@@ -38,7 +41,10 @@ use super::service::Refused;
 struct LockRequest {
     resource_id: String,
     lock_owner: String,
-    expiry_in_seconds: i64,
+    /// A number or a string of one, as Dapr's JSON reading (protobuf's) takes an int32;
+    /// absent or `null` is 0, as there.
+    #[serde(default)]
+    expiry_in_seconds: serde_json::Value,
 }
 
 /// Dapr's unlock request.
@@ -79,6 +85,49 @@ fn bounded(resource_id: &str, lock_owner: &str) -> Result<(), String> {
         .map(|_| ())
 }
 
+/// The ttl a lock request's `expiryInSeconds` asks for: a whole number of seconds, written as
+/// a JSON number (`30`, `30.0`, `3e1`) or a string of one (`"30"`), as Dapr takes it; positive
+/// (Dapr's check and message); at most [`bounds::MAX_TTL`], this sidecar's longest ttl (Dapr
+/// itself has no bound: a longer expiry is refused rather than cut short).
+fn expiry(value: &serde_json::Value) -> Result<Duration, String> {
+    let number = match value {
+        serde_json::Value::Null => serde_json::Number::from(0),
+        serde_json::Value::Number(number) => number.clone(),
+        serde_json::Value::String(text) => {
+            serde_json::from_str::<serde_json::Number>(text).map_err(|_| not_seconds(value))?
+        }
+        _ => return Err(not_seconds(value)),
+    };
+    let seconds = match number.as_i64() {
+        Some(seconds) => seconds,
+        None => number
+            .as_f64()
+            .filter(|f| f.fract() == 0.0 && f.abs() <= i32::MAX as f64)
+            // Whole and within an int32: the conversion is exact.
+            .map(|f| f as i64)
+            .ok_or_else(|| not_seconds(value))?,
+    };
+    if i32::try_from(seconds).is_err() {
+        return Err(not_seconds(value));
+    }
+    if seconds <= 0 {
+        return Err("ExpiryInSeconds is not positive".to_owned());
+    }
+    let ttl = Duration::from_secs(seconds.unsigned_abs());
+    if ttl > bounds::MAX_TTL {
+        return Err(format!(
+            "expiryInSeconds: at most {} ({}, the longest ttl of this sidecar)",
+            bounds::MAX_TTL.as_secs(),
+            humantime::format_duration(bounds::MAX_TTL)
+        ));
+    }
+    bounds::ttl(ttl)
+}
+
+fn not_seconds(value: &serde_json::Value) -> String {
+    format!("expiryInSeconds: a whole number of seconds (an int32, as a number or a string), not {value}")
+}
+
 /// The request's JSON, after the store name is checked.
 fn parse<T: for<'de> Deserialize<'de>, E: LockEngine>(
     api: &Api<E>,
@@ -117,14 +166,11 @@ pub async fn lock<E: LockEngine>(
     if let Err(why) = present(&request.resource_id, &request.lock_owner) {
         return malformed(why);
     }
-    if request.expiry_in_seconds <= 0 {
-        return malformed("ExpiryInSeconds is not positive");
-    }
-    let ttl = u64::try_from(request.expiry_in_seconds)
-        .map(Duration::from_secs)
-        .map_err(|_| String::new())
-        .and_then(bounds::ttl);
-    let checked = bounded(&request.resource_id, &request.lock_owner).and(ttl);
+    let ttl = match expiry(&request.expiry_in_seconds) {
+        Ok(ttl) => ttl,
+        Err(why) => return malformed(&why),
+    };
+    let checked = bounded(&request.resource_id, &request.lock_owner).map(|()| ttl);
     let ttl = match checked {
         Ok(ttl) => ttl,
         Err(why) => return malformed(&why),
@@ -176,4 +222,46 @@ pub async fn unlock<E: LockEngine>(
         .unlock_owned(&request.resource_id, &request.lock_owner)
         .await;
     Json(json!({ "status": status as u8 })).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn expiry_is_taken_as_dapr_takes_it_up_to_an_hour() {
+        for (value, seconds) in [
+            (json!(30), 30),
+            (json!("30"), 30),
+            (json!(30.0), 30),
+            (json!("3e1"), 30),
+            (json!(601), 601),
+            (json!("3600"), 3600),
+        ] {
+            assert_eq!(expiry(&value), Ok(Duration::from_secs(seconds)), "{value}");
+        }
+        for value in [json!(0), json!(-5), json!("0"), json!(null)] {
+            assert_eq!(
+                expiry(&value).unwrap_err(),
+                "ExpiryInSeconds is not positive",
+                "{value}"
+            );
+        }
+        for value in [
+            json!(3601),
+            json!("3601"),
+            json!(1.5),
+            json!("soon"),
+            json!(""),
+            json!(true),
+            json!([30]),
+            json!(1u64 << 40),
+            json!(-(1i64 << 40)),
+            json!(1e300),
+        ] {
+            assert!(expiry(&value).is_err(), "{value}");
+        }
+        assert!(expiry(&json!(3601)).unwrap_err().contains("at most 3600"));
+    }
 }
