@@ -33,8 +33,17 @@ kubectl create namespace redlock
 kubectl create secret generic redlock-redis -n redlock --from-literal=password="$(head -c 32 /dev/urandom | base64)"
 helm install redlock charts/redlock-sidecar -n redlock \\
   --set image.repository=REGISTRY/redlock-sidecar --set redis.existingSecret=redlock-redis
+# The Redis nodes start one after another, each Ready once the sidecars count its votes (~70 s each):
+kubectl rollout status statefulset/redlock-redlock-sidecar-redis -n redlock --timeout=15m
+kubectl rollout status deployment/redlock-redlock-sidecar-example -n redlock --timeout=5m
+timeout 300 sh -c 'until kubectl get pods -n redlock -l redlock.io/sidecar=redlock-redlock-sidecar,redlock.io/leader=true -o name | grep -q pod/; do sleep 2; done'
 helm test redlock -n redlock --logs
 ```
+
+`helm test` (`redlock-sidecar check` against every node) comes after the waits: right after the install
+no node counts votes yet (a started node counts once it has kept its data for max-ttl + drift), and
+it would fail without a quorum. The first leader appears about two and a half minutes after the
+install, since the bundled Redis' StatefulSet starts each node only once the previous one is Ready.
 
 This works on any cluster, also a one-node kind or minikube: the bundled Redis pods spread over
 Kubernetes nodes when they can and share one otherwise (`redis.deploy.antiAffinity: preferred`, the
@@ -89,6 +98,50 @@ raising the ttl above 60s: [docs/kubernetes.md, "Changing the ttl"](../../docs/k
 
 UPGRADING = """
 ## Upgrading
+
+Every change of behaviour bumps the chart's version and adds a section here (CI checks that the
+newest section is for the version in `Chart.yaml`).
+
+### 0.3.x to 0.4.0
+
+- **The bundled Redis' StatefulSet has `podManagementPolicy: OrderedReady`** (was `Parallel`, which
+  let the controller take a second node for an update while another one was NotReady) and an
+  explicit `rollingUpdate` (`partition: 0`, `maxUnavailable: 1`). Kubernetes never lets
+  `podManagementPolicy` change, so `helm upgrade` fails with `StatefulSet.apps "…-redis" is invalid:
+  spec: Forbidden: updates to statefulset spec for fields other than …`. Delete only the
+  StatefulSet object first, keeping its pods, then upgrade:
+  `kubectl delete statefulset -n NAMESPACE RELEASE-redlock-sidecar-redis --cascade=orphan`. The new
+  StatefulSet adopts the running pods; their template is unchanged, so no node restarts and no vote
+  is lost. New installs start the nodes one after another (a quorum after about two ready delays,
+  ~2.5 minutes with the defaults, was ~1).
+- **`cronjob.name` is required with `cronjob.enabled`** (it defaulted to `<full name>-cron` unless
+  `lockPerScheduleSlot`). guard's schedule slot is the Job name (`$(JOB_NAME)`, `<cronjob>-<time>`),
+  so two releases or clusters with different CronJob names ran each slot twice. A values file
+  without it fails: `cronjob.name is required with cronjob.enabled: …`. Set it to the name your
+  CronJob has now (`kubectl get cronjob -n NAMESPACE -l app.kubernetes.io/instance=RELEASE`) to keep
+  it, and use the same name in every cluster that runs the job.
+- **Request locks get a namespace per app.** `sidecar.locks.prefix` defaults to the lock's name (was
+  `app`, shared by every app on the same Redis nodes: two apps locking `migrate` blocked each other).
+  While the upgrade rolls the example Deployment, old pods (`app`) and new pods (the lock's name) do
+  not exclude each other on request locks of the same name. If your app takes request locks
+  (`/v1/locks`, Dapr's lock API), keep `sidecar.locks.prefix: app`, or switch at a moment when no
+  request lock is held with a rollout that never runs old and new pods together (`Recreate`, or
+  scale to zero). The attach Components set `REDLOCK_LOCKS_PREFIX` to `$(REDLOCK_LOCK)` (the pod's
+  `redlock.io/lock`), so that annotation must be 1 to 64 characters of A-Z a-z 0-9 . _ - (or patch
+  the variable).
+- **The attach Component names its Role and RoleBinding per Deployment**:
+  `redlock-sidecar-attach:<deployment>` (was `redlock-sidecar-attach` for every attached Deployment
+  of a namespace, so each app's `kubectl apply -k` rebound it to its own ServiceAccount and took
+  `get`/`patch` on pods from the others). Once every attached Deployment's kustomization has been
+  applied again, delete the old shared pair: `kubectl delete rolebinding,role -n NAMESPACE
+  redlock-sidecar-attach`, unless a kustomization of that namespace uses `manifests/attach/sidecar`,
+  whose Role has that name.
+- **Refused at render now, each with one line naming the values**: `redis.username` with the
+  bundled Redis (its nodes have no such user; every AUTH failed), `monitoring.prometheusRule.scope:
+  namespace` with `monitoring.scrape: release` (alerts on attached locks that were never scraped:
+  set `monitoring.scrape: namespace`), and a full name starting with `redlock-sidecar-attach`.
+- The PodMonitor carries the annotation `redlock.io/scrape` (what it must scrape; CI holds its
+  selector to it). What it scrapes is unchanged.
 
 ### 0.2.x to 0.3.0
 

@@ -14,7 +14,7 @@ long_release_names() {
   mkdir -p "${WORK}/long"
   helm template "${LONG_RELEASE}" "${CHART}" "${REQ[@]}" --namespace redlock >"${WORK}/long/default.yaml"
   helm template "${LONG_RELEASE}" "${CHART}" "${REQ[@]}" --namespace redlock -f "${CHART}/ci/all-on-values.yaml" \
-    --set cronjob.name= --set cronjob.lockPerScheduleSlot=false >"${WORK}/long/all-on.yaml"
+    >"${WORK}/long/all-on.yaml"
   helm template "${LONG_RELEASE}" "${CHART}" "${REQ[@]}" --namespace redlock \
     -f "${CHART}/ci/regular-container-values.yaml" >"${WORK}/long/regular.yaml"
   local v
@@ -48,7 +48,7 @@ check "53-character release name: every name within its limit, objects validate"
 
 rbac_is_exact() {
   helm template x "${CHART}" "${REQ[@]}" --set kubernetes.mirrorLease=true --set lock.name=orders-writer \
-    --set cronjob.enabled=true --set cronjob.lockName=report --set cronjob.timeZone=Etc/UTC \
+    --set cronjob.enabled=true --set cronjob.name=report --set cronjob.lockName=report --set cronjob.timeZone=Etc/UTC \
     >"${WORK}/rbac.yaml"
   "${PY}" - "${WORK}/rbac.yaml" <<'PY'
 # Exactly the calls of src/k8s.rs (pod patch, pod get for --follow-container, core Event create,
@@ -101,7 +101,7 @@ PY
 check "service-account token mounted only in the containers that call the API" token_only_in_api_containers
 
 cronjob_policy_and_guards() {
-  local base=(--set cronjob.enabled=true --set cronjob.lockName=report --set cronjob.timeZone=Etc/UTC)
+  local base=(--set cronjob.enabled=true --set cronjob.name=report --set cronjob.lockName=report --set cronjob.timeZone=Etc/UTC)
   "${PY}" - "${WORK}/rendered/all-on-values.yaml" <<'PY'
 import sys, yaml
 cron = next(d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "CronJob")
@@ -122,11 +122,11 @@ assert c["command"][c["command"].index("--lock") + 1] == "orders-report-$(JOB_NA
 PY
   # Without retryCommandFailures, any other failure of the command fails the Job.
   helm template x "${CHART}" "${REQ[@]}" "${base[@]}" | grep -q 'operator: NotIn'
-  expect_failure "cronjob.timeZone is required" helm template x "${CHART}" "${REQ[@]}" --set cronjob.enabled=true --set cronjob.lockName=r
-  expect_failure "cronjob.lockName is required" helm template x "${CHART}" "${REQ[@]}" --set cronjob.enabled=true --set cronjob.timeZone=Etc/UTC
-  expect_failure "needs cronjob.name" helm template x "${CHART}" "${REQ[@]}" "${base[@]}" --set cronjob.lockPerScheduleSlot=true
+  expect_failure "cronjob.timeZone is required" helm template x "${CHART}" "${REQ[@]}" --set cronjob.enabled=true --set cronjob.name=r --set cronjob.lockName=r
+  expect_failure "cronjob.lockName is required" helm template x "${CHART}" "${REQ[@]}" --set cronjob.enabled=true --set cronjob.name=r --set cronjob.timeZone=Etc/UTC
+  expect_failure "cronjob.name is required" helm template x "${CHART}" "${REQ[@]}" "${base[@]}" --set cronjob.name= --set cronjob.lockPerScheduleSlot=true
   expect_failure "minHold of at least startingDeadlineSeconds" helm template x "${CHART}" "${REQ[@]}" "${base[@]}" \
-    --set cronjob.lockPerScheduleSlot=true --set cronjob.name=report --set cronjob.guard.minHold=30s
+    --set cronjob.lockPerScheduleSlot=true --set cronjob.guard.minHold=30s
   # The period derived from the schedule: */5 -> 300 s, */7 -> 240 s (56 -> 0), daily in a zone
   # with daylight saving time -> 23 h, two weekdays -> 2 days.
   expect_failure "must not exceed the schedule's period \(300s" helm template x "${CHART}" "${REQ[@]}" "${base[@]}" \
@@ -163,8 +163,9 @@ assert "Secret" not in kinds, "the chart generates no Secret (GitOps: it would c
 # One StatefulSet of independent masters, replaced one at a time, highest ordinal first.
 (sts,) = kinds["StatefulSet"]
 spec = sts["spec"]
-assert spec["replicas"] == 3 and spec["updateStrategy"] == {"type": "RollingUpdate"}, spec
-assert spec["podManagementPolicy"] == "Parallel"   # creation and scaling only; updates stay ordered
+assert spec["replicas"] == 3 and spec["updateStrategy"]["type"] == "RollingUpdate", spec
+# Every node is Ready (counted) before the controller takes the next (scripts/ci-k8s.sh checks the policy in detail).
+assert spec["podManagementPolicy"] == "OrderedReady", spec["podManagementPolicy"]
 assert spec["minReadySeconds"] == 4, spec["minReadySeconds"]   # one renew interval (10s/3), rounded up
 pod = spec["template"]
 labels = pod["metadata"]["labels"]
@@ -207,6 +208,7 @@ assert "startupProbe" in sidecar and "readinessProbe" not in sidecar, sidecar
 PY
   helm template x "${CHART}" "${REQ[@]}" --set sidecar.readinessProbe=true | grep -q 'path: /readyz'
   # The production spread is one value away.
+  local out
   out="$(helm template x "${CHART}" "${REQ[@]}" --set redis.deploy.antiAffinity=required --show-only templates/redis.yaml)"
   grep -q 'requiredDuringSchedulingIgnoredDuringExecution' <<<"${out}"
   refute grep -q 'preferredDuringSchedulingIgnoredDuringExecution' <<<"${out}"
@@ -384,11 +386,13 @@ def check_pod(deploy, lock_annotation, sa):
     return pod
 pod = check_pod(one[("Deployment", "orders")], "orders-writer", "orders")
 assert pod["metadata"]["annotations"]["redlock.io/workload"] == "orders", "named after its Deployment"
-binding = one[("RoleBinding", "redlock-sidecar-attach")]
-assert binding["roleRef"]["name"] == "redlock-sidecar-attach"
+# The Role and RoleBinding are the Deployment's own (two attached Deployments never share them).
+binding = one[("RoleBinding", "redlock-sidecar-attach:orders")]
+assert binding["roleRef"]["name"] == "redlock-sidecar-attach:orders"
 assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "orders"}], binding["subjects"]  # the binding's namespace
 assert ("ServiceAccount", "redlock-sidecar") not in one, "the Component creates no ServiceAccount"
-role = one[("Role", "redlock-sidecar-attach")]
+assert not [k for k in one if k[0] in ("Role", "RoleBinding") and k[1] == "redlock-sidecar-attach"], "no shared name"
+role = one[("Role", "redlock-sidecar-attach:orders")]
 assert sorted((tuple(r["resources"]), tuple(r["verbs"])) for r in role["rules"]) == [(("events",), ("create",)), (("pods",), ("get", "patch"))]
 for name, lock in (("orders", "orders-writer"), ("billing", "billing-writer")):
     check_pod(two[("Deployment", name)], lock, name)
@@ -401,7 +405,7 @@ PY
   # No object of the Components has a name a chart release uses, also not the release that the
   # Components' labels pair with (fullnameOverride=redlock-sidecar) with everything on.
   helm template redlock "${CHART}" --namespace shop -f "${CHART}/ci/all-on-values.yaml" --set fullnameOverride=redlock-sidecar \
-    --set cronjob.name= --set cronjob.lockPerScheduleSlot=false >"${WORK}/paired-release.yaml"
+    >"${WORK}/paired-release.yaml"
   helm template redlock "${CHART}" --namespace shop "${REQ[@]}" --set fullnameOverride=redlock-sidecar \
     --set monitoring.serviceMonitor.enabled=true --set monitoring.grafanaDashboard.enabled=true >>"${WORK}/paired-release.yaml"
   "${PY}" - "${WORK}/paired-release.yaml" "${WORK}/attached.yaml" <<'PY'

@@ -156,14 +156,23 @@ spec:
         - name: app
           image: registry.example.com/orders:1.0
 YAML
-  printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: shop\nresources:\n  - deployment.yaml\ncomponents:\n  - %s\n' \
-    "$(realpath --relative-to="${dir}" "${REPO_ROOT}/manifests/attach")" >"${dir}/kustomization.yaml"
+  # Its ConfigMap names the release's bundled Redis nodes: the release's NetworkPolicy must admit it.
+  local nodes
+  nodes="$(printf 'redis://orders-redlock-sidecar-redis-%d.orders-redlock-sidecar-redis.shop.svc:6379,' 0 1 2)"
+  printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: shop\nresources:\n  - deployment.yaml\ncomponents:\n  - %s\nconfigMapGenerator:\n  - name: redlock-sidecar\n    literals:\n      - REDLOCK_REDIS=%s\n' \
+    "$(realpath --relative-to="${dir}" "${REPO_ROOT}/manifests/attach")" "${nodes%,}" >"${dir}/kustomization.yaml"
   kubectl kustomize "${dir}" >"${WORK}/attach-selectors.yaml"
   local release=(orders "${CHART}" --namespace shop "${REQ[@]}" --set example.enabled=false --set monitoring.podMonitor.enabled=true)
   helm template "${release[@]}" --set monitoring.scrape=namespace >"${WORK}/attach-release.yaml"
   "${TOOLS_DIR}/venv/bin/python" scripts/check-selectors.py "${WORK}/attach-release.yaml" "${WORK}/attach-selectors.yaml" \
-    | grep -E 'PodMonitor/orders-redlock-sidecar spec.selector: 2 \(Deployment/orders, Deployment/orders \(leader\)\)$|redis spec.ingress\[0\].from\[0\].podSelector: 3 \(Deployment/orders, Deployment/orders \(leader\), Pod/orders-redlock-sidecar-test\)$' \
-    | wc -l | grep -qx 2
+    >"${WORK}/attach-selectors.out"
+  grep -E 'PodMonitor/orders-redlock-sidecar spec.selector: 2 \(Deployment/orders, Deployment/orders \(leader\)\)$|redis spec.ingress\[0\].from\[0\].podSelector: 3 \(Deployment/orders, Deployment/orders \(leader\), Pod/orders-redlock-sidecar-test\)$' \
+    "${WORK}/attach-selectors.out" | wc -l | grep -qx 2
+  # ... and not only some: every sidecar of the namespace, every pod that connects to its nodes.
+  grep -E 'PodMonitor/orders-redlock-sidecar spec.selector: selects all 2 it must \(every sidecar of the namespace\): Deployment/orders, Deployment/orders \(leader\)$' \
+    "${WORK}/attach-selectors.out"
+  grep -E 'NetworkPolicy/orders-redlock-sidecar-redis spec.ingress: selects all 3 it must .*: Deployment/orders, Deployment/orders \(leader\), Pod/orders-redlock-sidecar-test$' \
+    "${WORK}/attach-selectors.out"
   # The check catches a monitor that selects nothing: with scrape=release the release's own
   # PodMonitor has no pod of its own to scrape.
   helm template "${release[@]}" >"${WORK}/attach-release-scope.yaml"
@@ -538,12 +547,12 @@ max_ttl_everywhere() {
   # default is max(lock.ttl, 60s), and an explicit value is passed as given.
   local dir="${WORK}/max-ttl" f args=()
   mkdir -p "${dir}"
-  helm template x "${CHART}" "${REQ[@]}" --set cronjob.enabled=true --set cronjob.lockName=report \
+  helm template x "${CHART}" "${REQ[@]}" --set cronjob.enabled=true --set cronjob.name=report --set cronjob.lockName=report \
     --set cronjob.timeZone=Etc/UTC >"${dir}/cronjob.yaml"
   helm template x "${CHART}" "${REQ[@]}" --set sidecar.native=false >"${dir}/regular.yaml"
   helm template x "${CHART}" "${REQ[@]}" --set lock.ttl=2m >"${dir}/ttl2m.yaml"
-  helm template x "${CHART}" "${REQ[@]}" --set lock.maxTtl=5m --set cronjob.enabled=true --set cronjob.lockName=report \
-    --set cronjob.timeZone=Etc/UTC >"${dir}/max5m.yaml"
+  helm template x "${CHART}" "${REQ[@]}" --set lock.maxTtl=5m --set cronjob.enabled=true --set cronjob.name=report \
+    --set cronjob.lockName=report --set cronjob.timeZone=Etc/UTC >"${dir}/max5m.yaml"
   helm template x "${CHART}" "${REQ[@]}" --set lock.ttl=1m --set lock.maxTtl=60000ms >"${dir}/equal.yaml"
   for f in "${WORK}"/rendered/*.yaml; do args+=("${f}"); done
   max_ttl_of "${WORK}/rendered/default.yaml=60s" "${args[@]}" manifests/redlock-sidecar.yaml=60s \
@@ -611,7 +620,7 @@ values_the_issue_named() {
   out="$("${bin}" run --lock "${long}" --redis redis://127.0.0.1:1 --kubernetes off --listen 192.0.2.1:9 2>&1 || true)"
   grep -q -- "--listen: cannot bind" <<<"${out}"
   # cronjob.timeZone: an IANA name, or the render fails.
-  local cron=(--set cronjob.enabled=true --set cronjob.lockName=report)
+  local cron=(--set cronjob.enabled=true --set cronjob.name=report --set cronjob.lockName=report)
   expect_failure 'cronjob.timeZone "Mars/Base" is not an IANA time zone name' \
     helm template x "${CHART}" "${REQ[@]}" "${cron[@]}" --set cronjob.timeZone=Mars/Base
   local tz
@@ -728,6 +737,341 @@ check "NOTES.txt renders (leader label, /leader, helm test, CronJob pods by thei
 # shellcheck source=scripts/ci-k8s-deploy.sh
 source scripts/ci-k8s-deploy.sh
 
+# --- Platform review (issue 36, item 5): each item fixed or refused with one line -------------
+one_line_refusal() { # one_line_refusal PATTERN COMMAND...: the render fails, PATTERN in its one error line
+  local pattern="$1"; shift
+  expect_failure "^Error: .*${pattern}" "$@"
+  local out
+  out="$("$@" 2>&1 || true)"
+  [ "$(grep -c '^Error: ' <<<"${out}")" -eq 1 ] || { echo "more than one error line: ${out}"; return 1; }
+  [ "$(grep -cE -- "${pattern}" <<<"${out}")" -eq 1 ] || { echo "the message spans lines: ${out}"; return 1; }
+}
+
+attachments_own_rolebindings() {
+  # Two Deployments attached with manifests/attach in one namespace, each from its own kustomization,
+  # and two chart releases in the same namespace (one with its own ServiceAccount, one with an existing
+  # one): no Role or RoleBinding name is rendered twice, each RoleBinding binds exactly its own
+  # workload's ServiceAccount to a Role of its own, and applying them in any order leaves every one of
+  # those ServiceAccounts allowed to get and patch pods (one app's apply never takes it from another's).
+  local dir="${WORK}/two-attachments" app
+  rm -rf "${dir}"; mkdir -p "${dir}"
+  for app in orders billing; do
+    mkdir -p "${dir}/${app}"
+    cat >"${dir}/${app}/deployment.yaml" <<YAML
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: ${app}
+  labels:
+    redlock.io/attach: "true"
+spec:
+  selector:
+    matchLabels: {app: ${app}}
+  template:
+    metadata:
+      labels: {app: ${app}}
+      annotations:
+        redlock.io/lock: ${app}-writer
+    spec:
+      serviceAccountName: ${app}-sa
+      containers:
+        - name: app
+          image: registry.example.com/${app}:1.0
+YAML
+    printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: shop\nresources:\n  - deployment.yaml\ncomponents:\n  - %s\n' \
+      "$(realpath --relative-to="${dir}/${app}" "${REPO_ROOT}/manifests/attach")" >"${dir}/${app}/kustomization.yaml"
+    kubectl kustomize "${dir}/${app}" >"${dir}/attached-${app}.yaml"
+  done
+  local ext=(--set redis.deploy.enabled=false --set 'redis.urls={redis://redis-a.data:6379}')
+  helm template inventory "${CHART}" -n shop "${REQ[@]}" "${ext[@]}" >"${dir}/release-inventory.yaml"
+  helm template payments "${CHART}" -n shop "${REQ[@]}" "${ext[@]}" --set serviceAccount.create=false \
+    --set serviceAccount.name=payments-sa >"${dir}/release-payments.yaml"
+  "${PY}" - "${dir}"/attached-orders.yaml "${dir}"/attached-billing.yaml "${dir}"/release-inventory.yaml "${dir}"/release-payments.yaml <<'PY'
+import itertools, sys, yaml
+installs = []
+for path in sys.argv[1:]:
+    docs = [d for d in yaml.safe_load_all(open(path)) if d]
+    accounts = {d["spec"]["template"]["spec"]["serviceAccountName"] for d in docs if d["kind"] == "Deployment"}
+    rbac = {(d["kind"], d["metadata"]["name"]): d for d in docs if d["kind"] in ("Role", "RoleBinding")}
+    assert len(accounts) == 1, (path, accounts)
+    installs.append((path.rsplit("/", 1)[-1], accounts.pop(), rbac))
+owner = {}
+for name, account, rbac in installs:
+    for key in rbac:
+        assert key not in owner, f"{key} is rendered by {owner[key]} and {name}"
+        owner[key] = name
+    bindings = [d for (kind, _), d in rbac.items() if kind == "RoleBinding"]
+    assert len(bindings) == 1, (name, list(rbac))
+    (b,) = bindings
+    assert b["subjects"] == [{"kind": "ServiceAccount", "name": account, **({"namespace": "shop"} if "namespace" in b["subjects"][0] else {})}], (name, b["subjects"])
+    assert ("Role", b["roleRef"]["name"]) in rbac, f"{name}: its RoleBinding binds a Role it does not render"
+    print(f"{name}: RoleBinding {b['metadata']['name']} -> Role {b['roleRef']['name']} -> ServiceAccount {account}")
+def can(cluster, account, verb):
+    for (kind, _), b in cluster.items():
+        if kind == "RoleBinding" and any(s["name"] == account for s in b["subjects"]):
+            role = cluster.get(("Role", b["roleRef"]["name"]))
+            if role and any("pods" in r["resources"] and verb in r["verbs"] for r in role["rules"]):
+                return True
+    return False
+for order in itertools.permutations(installs):
+    cluster = {}
+    for _, _, rbac in order:      # kubectl apply: an object of the same kind and name is replaced
+        cluster.update(rbac)
+    for name, account, _ in installs:
+        for verb in ("get", "patch"):
+            assert can(cluster, account, verb), f"after applying {[n for n, _, _ in order]}, {account} ({name}) cannot {verb} pods"
+print(f"{len(installs)} installations in one namespace, applied in every order: every ServiceAccount keeps get and patch on pods")
+PY
+  # No chart release can take a name of the Components.
+  one_line_refusal 'the full name "redlock-sidecar-attach" .*starts with "redlock-sidecar-attach"' \
+    helm template redlock-sidecar-attach "${CHART}" "${REQ[@]}"
+  one_line_refusal 'the full name "redlock-sidecar-attach-orders" .*fullnameOverride' \
+    helm template x "${CHART}" "${REQ[@]}" --set fullnameOverride=redlock-sidecar-attach-orders
+}
+check "platform 1: a RoleBinding per attached Deployment and per release, each binding its own ServiceAccount" attachments_own_rolebindings
+
+redis_update_policy() {
+  # The bundled Redis' StatefulSet never takes a second voter while one is not Ready (counted): the
+  # controller's OrderedReady gate (every pod Running, Ready and Available for minReadySeconds before
+  # it acts), one pod unavailable at most, every pod updated; in every rendering that deploys it.
+  local dir="${WORK}/redis-policy"
+  mkdir -p "${dir}"
+  helm template x "${CHART}" "${REQ[@]}" --set redis.deploy.nodes=5 --set lock.ttl=30s --set lock.renewInterval=5s \
+    --show-only templates/redis.yaml >"${dir}/five.yaml"
+  "${PY}" - "${WORK}"/rendered/*.yaml manifests/redlock-sidecar.yaml "${dir}/five.yaml" <<'PY'
+import math, re, sys, yaml
+seen = 0
+for path in sys.argv[1:]:
+    docs = [d for d in yaml.safe_load_all(open(path)) if d]
+    for sts in (d for d in docs if d["kind"] == "StatefulSet"):
+        spec, where = sts["spec"], f"{path}: {sts['metadata']['name']}"
+        assert spec["podManagementPolicy"] == "OrderedReady", (where, spec.get("podManagementPolicy"))
+        assert spec["updateStrategy"] == {"type": "RollingUpdate", "rollingUpdate": {"partition": 0, "maxUnavailable": 1}}, \
+            (where, spec["updateStrategy"])
+        # minReadySeconds kept: one renew interval (ttl/3, or lock.renewInterval), rounded up.
+        assert spec["minReadySeconds"] >= 1, (where, spec["minReadySeconds"])
+        if path.endswith("/five.yaml"):
+            assert spec["replicas"] == 5 and spec["minReadySeconds"] == 5, (where, spec["replicas"], spec["minReadySeconds"])
+        # Ready means counted again: the readiness probe's uptime threshold, and the PDB beside it.
+        probe = " ".join(spec["template"]["spec"]["containers"][0]["readinessProbe"]["exec"]["command"])
+        assert re.search(r'-ge [1-9][0-9]* \]', probe), where
+        pdbs = [d for d in docs if d["kind"] == "PodDisruptionBudget" and d["metadata"]["name"] == sts["metadata"]["name"]]
+        assert [p["spec"]["minAvailable"] for p in pdbs] == [spec["replicas"] - 1], (where, pdbs)
+        seen += 1
+assert seen >= 4, seen
+print(f"{seen} StatefulSets: OrderedReady, RollingUpdate partition 0 maxUnavailable 1, minReadySeconds kept")
+PY
+  grep -q 'minReadySeconds: 4$' "${WORK}/rendered/default.yaml"
+}
+check "platform 2: bundled Redis updates are OrderedReady, maxUnavailable 1, minReadySeconds kept" redis_update_policy
+
+scope_scrape_refused() {
+  local rule=(--set monitoring.prometheusRule.enabled=true --set monitoring.prometheusRule.runbookBaseUrl=https://r.example.com/r.md)
+  local h
+  for h in helm helm3; do
+    one_line_refusal 'monitoring\.prometheusRule\.scope=namespace .*monitoring\.scrape=release' \
+      "${h}" template x "${CHART}" "${REQ[@]}" "${rule[@]}" --set monitoring.prometheusRule.scope=namespace --set monitoring.podMonitor.enabled=true
+  done
+  one_line_refusal 'monitoring\.prometheusRule\.scope=namespace .*monitoring\.scrape=release' \
+    helm template x "${CHART}" "${REQ[@]}" "${rule[@]}" --set monitoring.prometheusRule.scope=namespace
+  # What renders: namespace rules with the namespace scraped (by this release, or by another's
+  # PodMonitor), and release rules with either scrape.
+  helm template x "${CHART}" "${REQ[@]}" "${rule[@]}" --set monitoring.prometheusRule.scope=namespace \
+    --set monitoring.scrape=namespace --set monitoring.podMonitor.enabled=true | grep -q 'redlock.io/scrape: namespace'
+  helm template x "${CHART}" "${REQ[@]}" "${rule[@]}" --set monitoring.prometheusRule.scope=namespace --set monitoring.scrape=namespace >/dev/null
+  helm template x "${CHART}" "${REQ[@]}" "${rule[@]}" --set monitoring.podMonitor.enabled=true | grep -q 'redlock.io/scrape: release'
+  helm template x "${CHART}" "${REQ[@]}" "${rule[@]}" --set monitoring.scrape=namespace --set monitoring.podMonitor.enabled=true >/dev/null
+}
+check "platform 3: prometheusRule.scope=namespace with monitoring.scrape=release refused (one line)" scope_scrape_refused
+
+username_with_bundled_redis_refused() {
+  local h out
+  for h in helm helm3; do
+    one_line_refusal 'redis\.username \("locker"\) is not a user of the bundled Redis \(redis\.deploy\.enabled\)' \
+      "${h}" template x "${CHART}" "${REQ[@]}" --set redis.username=locker
+  done
+  # With your own nodes the user is passed on.
+  out="$(helm template x "${CHART}" "${REQ[@]}" --set redis.deploy.enabled=false --set 'redis.urls={redis://a:6379}' --set redis.username=locker)"
+  grep -A1 'name: REDLOCK_REDIS_USERNAME' <<<"${out}" | grep -q 'value: "locker"'
+  refute grep -q REDLOCK_REDIS_USERNAME "${WORK}/rendered/default.yaml"
+}
+check "platform 4: redis.username with the bundled Redis refused (one line); passed on with redis.urls" username_with_bundled_redis_refused
+
+cronjob_name_required() {
+  local base=(--set cronjob.enabled=true --set cronjob.lockName=report --set cronjob.timeZone=Etc/UTC) h
+  for h in helm helm3; do
+    one_line_refusal 'cronjob\.name is required with cronjob\.enabled: .*\$\(JOB_NAME\)' "${h}" template x "${CHART}" "${REQ[@]}" "${base[@]}"
+  done
+  one_line_refusal 'cronjob\.name is required with cronjob\.enabled' helm template x "${CHART}" "${REQ[@]}" "${base[@]}" \
+    --set cronjob.lockPerScheduleSlot=true --set cronjob.guard.minHold=90s
+  # Given, it is the CronJob's name in every release (never derived from the release), and the slot is the Job name.
+  local a b
+  a="$(helm template one "${CHART}" -n team-a "${REQ[@]}" "${base[@]}" --set cronjob.name=nightly-report --show-only templates/cronjob.yaml)"
+  b="$(helm template two "${CHART}" -n team-b "${REQ[@]}" "${base[@]}" --set cronjob.name=nightly-report --show-only templates/cronjob.yaml)"
+  [ "$(grep -m1 '^  name:' <<<"${a}")" = "  name: nightly-report" ] && [ "$(grep -m1 '^  name:' <<<"${b}")" = "  name: nightly-report" ]
+  grep -A1 'name: REDLOCK_SLOT' <<<"${a}" | grep -q 'value: "$(JOB_NAME)"'
+  # The schema keeps it a name the CronJob controller can append its 11 characters to.
+  expect_failure '/cronjob/name' helm template x "${CHART}" "${REQ[@]}" "${base[@]}" --set "cronjob.name=$(printf 'a%.0s' $(seq 53))"
+}
+check "platform 5: cronjob.name required whenever the CronJob is on (one line), the same in every release" cronjob_name_required
+
+locks_prefix_per_app() {
+  # shellcheck source=scripts/cargo-target.sh
+  source scripts/cargo-target.sh
+  cargo build --quiet --bin redlock-sidecar
+  local bin out prefix_of long
+  bin="$(cargo_target_dir)/debug/redlock-sidecar"
+  prefix_of() { helm template "$@" --show-only templates/example.yaml | grep -A1 'name: REDLOCK_LOCKS_PREFIX' | sed -n 's/.*value: "\(.*\)"/\1/p'; }
+  # The lock's name by default: per app, the same in every cluster that shares the lock.
+  [ "$(prefix_of redlock "${CHART}" -n redlock "${REQ[@]}")" = redlock-redlock ]
+  [ "$(prefix_of orders "${CHART}" -n shop "${REQ[@]}")" = shop-orders ]
+  [ "$(prefix_of billing "${CHART}" -n shop "${REQ[@]}")" = shop-billing ]
+  [ "$(prefix_of orders "${CHART}" -n shop "${REQ[@]}" --set lock.name=orders-writer)" = orders-writer ]
+  [ "$(prefix_of orders "${CHART}" -n other-cluster-ns "${REQ[@]}" --set lock.name=orders-writer)" = orders-writer ]
+  # An explicit value is kept (to share request locks between apps, or the former `app`).
+  [ "$(prefix_of orders "${CHART}" -n shop "${REQ[@]}" --set sidecar.locks.prefix=app)" = app ]
+  expect_failure '/sidecar/locks/prefix' helm template x "${CHART}" "${REQ[@]}" --set 'sidecar.locks.prefix=a:b'
+  refute grep -q REDLOCK_LOCKS_PREFIX <(helm template x "${CHART}" "${REQ[@]}" --set sidecar.locks.enabled=false)
+  # A lock name longer than the sidecar's 64 characters: shortened, with a hash of the whole name.
+  long="$(printf 'a%.0s' $(seq 199))b"
+  out="$(prefix_of x "${CHART}" "${REQ[@]}" --set "lock.name=${long}")"
+  [ "${#out}" -eq 64 ] && [[ "${out}" =~ ^a{55}-[0-9a-f]{8}$ ]]
+  [ "$(prefix_of x "${CHART}" "${REQ[@]}" --set "lock.name=$(printf 'a%.0s' $(seq 200))")" != "${out}" ]
+  # The sidecar accepts each rendered prefix with its lock (it validates, then fails to bind TEST-NET-1).
+  local lock prefix
+  for lock in redlock-redlock "${long}"; do
+    prefix="$(prefix_of x "${CHART}" "${REQ[@]}" --set "lock.name=${lock}")"
+    out="$("${bin}" run --lock "${lock}" --locks-prefix "${prefix}" --redis redis://127.0.0.1:1 --kubernetes off --listen 192.0.2.1:9 2>&1 || true)"
+    grep -q -- "--listen: cannot bind" <<<"${out}" || { echo "prefix ${prefix}: ${out}"; return 1; }
+  done
+  # The attach Components: the Deployment's own lock name, defined before it (so the kubelet expands it).
+  "${PY}" - manifests/attach/sidecar/sidecar.yaml <<'PY'
+import sys, yaml
+patch = yaml.safe_load(open(sys.argv[1]))
+env = [e["name"] for e in patch["spec"]["template"]["spec"]["initContainers"][0]["env"]]
+values = {e["name"]: e for e in patch["spec"]["template"]["spec"]["initContainers"][0]["env"]}
+assert values["REDLOCK_LOCKS_PREFIX"] == {"name": "REDLOCK_LOCKS_PREFIX", "value": "$(REDLOCK_LOCK)"}, values["REDLOCK_LOCKS_PREFIX"]
+assert env.index("REDLOCK_LOCK") < env.index("REDLOCK_LOCKS_PREFIX"), env
+PY
+  grep -A1 'name: REDLOCK_LOCKS_PREFIX' manifests/redlock-sidecar.yaml | grep -q 'value: "redlock-redlock"'
+}
+check "platform 6: request-lock prefix per app by default (the lock name; chart and attach), explicit value kept" locks_prefix_per_app
+
+selector_check_catches_partial_selection() {
+  # Selectors broken on purpose so that each still selects something (the former check passed them
+  # all) but misses a pod it must select: scripts/check-selectors.py must fail on each, naming it.
+  local dir="${WORK}/broken-selectors" case
+  mkdir -p "${dir}"
+  helm template x "${CHART}" "${REQ[@]}" --set cronjob.enabled=true --set cronjob.name=report --set cronjob.lockName=report \
+    --set cronjob.timeZone=Etc/UTC >"${dir}/cron.yaml"
+  "${PY}" scripts/check-selectors.py "${dir}/cron.yaml" >/dev/null
+  "${PY}" - "${dir}" "${WORK}/rendered/servicemonitor-values.yaml" <<'PY'
+import copy, sys, yaml
+out, smon = sys.argv[1:]
+def load(path):
+    return [d for d in yaml.safe_load_all(open(path)) if d]
+def find(docs, kind, suffix=""):
+    return next(d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(suffix))
+def dump(name, docs):
+    yaml.safe_dump_all(docs, open(f"{out}/{name}.yaml", "w"))
+# 1. The CronJob's pods lose the label the Redis NetworkPolicy admits (the example's pods keep it).
+docs = load(f"{out}/cron.yaml")
+del find(docs, "CronJob")["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]["redlock.io/redis-client"]
+dump("netpol", docs)
+# 2. The Redis PodDisruptionBudget selects the example's pods instead of the Redis pods.
+docs = load(f"{out}/cron.yaml")
+find(docs, "PodDisruptionBudget", "-redis")["spec"]["selector"] = copy.deepcopy(find(docs, "Deployment")["spec"]["selector"])
+dump("pdb", docs)
+# 3. The metrics Service behind the ServiceMonitor selects the leader only.
+docs = load(smon)
+find(docs, "Service", "-metrics")["spec"]["selector"]["redlock.io/leader"] = "true"
+dump("servicemonitor", docs)
+PY
+  # 4. A PodMonitor that claims the namespace but selects its own release's sidecars only, beside an
+  # attached Deployment.
+  helm template orders "${CHART}" -n shop "${REQ[@]}" --set monitoring.podMonitor.enabled=true >"${dir}/podmonitor-release.yaml"
+  "${PY}" - "${dir}/podmonitor-release.yaml" "${WORK}/attach-selectors.yaml" "${dir}/podmonitor.yaml" <<'PY'
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+for d in docs:
+    if d["kind"] == "PodMonitor":
+        d["metadata"]["annotations"]["redlock.io/scrape"] = "namespace"   # claims the namespace, selects the release
+yaml.safe_dump_all(docs + [d for d in yaml.safe_load_all(open(sys.argv[2])) if d], open(sys.argv[3], "w"))
+PY
+  local expected=(
+    'netpol|NetworkPolicy/x-redlock-sidecar-redis spec.ingress misses CronJob/report, which it must select'
+    'pdb|PodDisruptionBudget/x-redlock-sidecar-redis spec.selector misses StatefulSet/x-redlock-sidecar-redis, which it must select'
+    'servicemonitor|ServiceMonitor/redlock-redlock-sidecar spec.selector \(through its Services\) misses Deployment/redlock-redlock-sidecar-example, which it must select'
+    'podmonitor|PodMonitor/orders-redlock-sidecar spec.selector misses Deployment/orders, Deployment/orders \(leader\), which it must select \(every sidecar of the namespace\)'
+  )
+  local out
+  for case in "${expected[@]}"; do
+    expect_failure "${case#*|}" "${PY}" scripts/check-selectors.py --default-namespace redlock "${dir}/${case%%|*}.yaml"
+    # Each broken selector still selects something: "at least one" alone would have passed it.
+    out="$("${PY}" scripts/check-selectors.py --default-namespace redlock "${dir}/${case%%|*}.yaml" 2>&1 || true)"
+    refute grep -q 'selects no ' <<<"${out}"
+    echo "caught: ${case#*|}"
+  done
+}
+check "platform 7: check-selectors.py fails on selectors that select some but not every pod they must" selector_check_catches_partial_selection
+
+first_install_waits() {
+  # README's first install, the chart README's and docs/kubernetes.md's: helm test only after the
+  # Redis StatefulSet and the Deployment rolled out and a pod carries the leader label; the names are
+  # those the chart renders for release "redlock" in namespace "redlock".
+  "${PY}" - README.md "${CHART}/README.md" docs/kubernetes.md "${WORK}/rendered/default.yaml" <<'PY'
+import re, sys, yaml
+rendered = {(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(open(sys.argv[4])) if d}
+assert ("StatefulSet", "redlock-redlock-sidecar-redis") in rendered and ("Deployment", "redlock-redlock-sidecar-example") in rendered
+steps = [("install", r"^helm install redlock "),
+         ("Redis rolled out", r"^kubectl rollout status statefulset/redlock-redlock-sidecar-redis -n redlock "),
+         ("Deployment rolled out", r"^kubectl rollout status deployment/redlock-redlock-sidecar-example -n redlock "),
+         ("a leader", r"^timeout [0-9]+ sh -c 'until kubectl get pods -n redlock -l [^']*redlock\.io/leader=true"),
+         ("helm test", r"^helm test redlock -n redlock")]
+for path in sys.argv[1:4]:
+    text = open(path).read()
+    if path == "README.md":
+        text = text.split("## A first install in a cluster", 1)[1].split("\n## ", 1)[0]
+    block = next(b for b in re.findall(r"```sh\n(.*?)```", text, re.S) if "helm install redlock" in b)
+    lines = block.splitlines()
+    at = []
+    for what, pattern in steps:
+        hits = [i for i, l in enumerate(lines) if re.search(pattern, l)]
+        assert len(hits) == 1, f"{path}: {what}: {hits}"
+        at.append(hits[0])
+    assert at == sorted(at), f"{path}: steps out of order {list(zip([s for s, _ in steps], at))}"
+    print(f"{path}: install, Redis rolled out, Deployment rolled out, a leader, then helm test")
+PY
+  # The NOTES say the same.
+  local out
+  out="$(helm install redlock "${CHART}" --namespace redlock "${REQ[@]}" --dry-run=client)"
+  grep -n 'kubectl rollout status statefulset/redlock-redlock-sidecar-redis' <<<"${out}" | cut -d: -f1 >"${WORK}/notes-rollout"
+  grep -n 'helm test redlock -n redlock' <<<"${out}" | cut -d: -f1 >"${WORK}/notes-test"
+  [ "$(cat "${WORK}/notes-rollout")" -lt "$(cat "${WORK}/notes-test")" ]
+}
+check "platform 8: the first install waits for the Redis rollout, the Deployment and a leader before helm test" first_install_waits
+
+chart_version_and_upgrade_notes() {
+  # Every change of behaviour bumps the chart version and adds an upgrade note: the newest note is
+  # for the version in Chart.yaml, and names every change of this version the checks above test.
+  local version
+  version="$(sed -n 's/^version: //p' "${CHART}/Chart.yaml")"
+  [ "${version}" = 0.4.0 ]
+  "${PY}" - "${CHART}/README.md" "${version}" <<'PY'
+import re, sys
+text, version = open(sys.argv[1]).read(), sys.argv[2]
+notes = text.split("\n## Upgrading\n", 1)[1]
+headings = re.findall(r"^### (.*)$", notes, re.M)
+assert headings and headings[0].endswith(f" to {version}"), headings[:2]
+newest = notes.split(f"### {headings[0]}\n", 1)[1].split("\n### ", 1)[0]
+for needle in ("OrderedReady", "--cascade=orphan", "cronjob.name", "sidecar.locks.prefix", "redlock-sidecar-attach:<deployment>",
+               "redis.username", "monitoring.scrape", "redlock.io/scrape"):
+    assert needle in newest, f"the {version} upgrade note does not mention {needle}"
+print(f"chart {version}: upgrade note '{headings[0]}' covers every change")
+PY
+}
+check "platform 9: chart version 0.4.0 with an upgrade note naming each change of behaviour" chart_version_and_upgrade_notes
+
 # --- Checked-in copies ----------------------------------------------------------------------
 manifests_drift() {
   bash scripts/render-manifests.sh "${WORK}/manifests" >/dev/null
@@ -790,6 +1134,7 @@ PY
     --set monitoring.prometheusRule.runbookBaseUrl=https://r.example.com/r.md --show-only templates/prometheusrule.yaml >"${WORK}/scoped/nocron.yaml"
   refute grep -q RedlockGuardedCronJobNotSucceeding "${WORK}/scoped/nocron.yaml"
   helm template x "${CHART}" --namespace shop "${REQ[@]}" --set monitoring.prometheusRule.enabled=true --set monitoring.prometheusRule.scope=namespace \
+    --set monitoring.scrape=namespace --set monitoring.podMonitor.enabled=true \
     --set monitoring.prometheusRule.runbookBaseUrl=https://r.example.com/r.md --show-only templates/prometheusrule.yaml >"${WORK}/scoped/ns.yaml"
   "${TOOLS_DIR}/venv/bin/python" - "${WORK}/scoped/ns.yaml" "${WORK}/scoped/ns-rules.yaml" <<'PY'
 import re, sys, yaml

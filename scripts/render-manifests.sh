@@ -55,7 +55,9 @@ render example-monitoring.yaml \
 # The attach Components: the chart's own sidecar container and token volume, as a patch for every
 # Deployment labelled redlock.io/attach=true, that leaves the pod's own settings alone (its
 # ServiceAccount, token automount and grace period); a Role; and in attach/ (not attach/sidecar/)
-# a RoleBinding of that Role to the Deployment's own ServiceAccount. The lock comes from each
+# a Role and a RoleBinding named after the Deployment ("redlock-sidecar-attach:<deployment>", a name
+# no chart release and no other Deployment can have) that bind it to the Deployment's own
+# ServiceAccount. The lock comes from each
 # Deployment's pod annotation redlock.io/lock, the Redis nodes from the ConfigMap "redlock-sidecar"
 # the overlay generates, the password file from the Secret "redlock-redis" (optional).
 rm -rf "${OUT}/attach"
@@ -92,6 +94,10 @@ for e in sidecar["env"]:
         continue
     if e["name"] == "REDLOCK_LOCK":
         e = annotation("REDLOCK_LOCK", "redlock.io/lock")
+    elif e["name"] == "REDLOCK_LOCKS_PREFIX":
+        # One namespace of request locks per app, as in the chart: the lock's name (defined above,
+        # so the kubelet expands it); a patch of this variable shares it between apps.
+        e = {"name": "REDLOCK_LOCKS_PREFIX", "value": "$(REDLOCK_LOCK)"}
     elif e["name"] == "REDLOCK_WORKLOAD":
         e = annotation("REDLOCK_WORKLOAD", "redlock.io/workload")
     env.append(e)
@@ -134,12 +140,19 @@ binding = {
     # Filled in from the Deployment's spec.template.spec.serviceAccountName (kustomization.yaml).
     "subjects": [{"kind": "ServiceAccount", "name": "set-from-the-deployment"}],
 }
-dump("rolebinding.yaml", "Binds the sidecar's Role to the ServiceAccount of the kustomization's Deployment.", [binding])
+dump("rolebinding.yaml", "Binds the sidecar's Role to the ServiceAccount of the kustomization's Deployment; both are renamed\n"
+     "redlock-sidecar-attach:<deployment> (kustomization.yaml).", [binding])
 target = {"select": {"group": "apps", "kind": "Deployment", "labelSelector": "redlock.io/attach=true"}}
+# ":<deployment>" appended (a delimiter with an index past the last part appends): RBAC names may
+# hold ':', Deployment and chart object names never do, so no two attachments, and no chart
+# release, share a Role or RoleBinding, and one app's apply never rebinds another app's account.
+per_deployment = {"delimiter": ":", "index": 1}
 dump("kustomization.yaml", "Adds redlock-sidecar to the Deployment of a kustomization that holds exactly one Deployment (labelled\n"
      "redlock.io/attach=true), binds the sidecar's Role to that Deployment's own ServiceAccount (kustomize stops with\n"
      "\"fieldPath ... is missing\" when it sets none: the namespace's default account is never bound), and names the workload\n"
-     "after it. With several Deployments use sidecar/ and bind the Role yourself (docs/kubernetes.md).", [{
+     "after it. The Role and the RoleBinding are named redlock-sidecar-attach:<deployment>, so Deployments attached in one\n"
+     "namespace each have their own. With several Deployments in one kustomization use sidecar/ and bind the Role yourself\n"
+     "(docs/kubernetes.md).", [{
     "apiVersion": "kustomize.config.k8s.io/v1alpha1", "kind": "Component",
     "components": ["sidecar"],
     "resources": ["rolebinding.yaml"],
@@ -148,7 +161,11 @@ dump("kustomization.yaml", "Adds redlock-sidecar to the Deployment of a kustomiz
          "targets": [{"select": {"kind": "RoleBinding", "name": NAME}, "fieldPaths": ["subjects.0.name"]}]},
         {"source": {"kind": "Deployment", "fieldPath": "metadata.name"},
          "targets": [{**target, "fieldPaths": ["spec.template.metadata.annotations.[redlock.io/workload]"],
-                      "options": {"create": True}}]},
+                      "options": {"create": True}},
+                     {"select": {"kind": "RoleBinding", "name": NAME}, "fieldPaths": ["roleRef.name", "metadata.name"],
+                      "options": dict(per_deployment)},
+                     {"select": {"kind": "Role", "name": NAME}, "fieldPaths": ["metadata.name"],
+                      "options": dict(per_deployment)}]},
     ],
 }])
 PY

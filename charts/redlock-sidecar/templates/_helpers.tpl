@@ -144,8 +144,32 @@ affinity:
 {{- end }}
 {{- end }}
 
+{{/*
+The CronJob's name: `cronjob.name`, required (no default from the release): the Job names
+<name>-<slot> are guard's schedule slot, so every cluster and release must use the same name.
+*/}}
 {{- define "redlock-sidecar.cronJobName" -}}
-{{- default (include "redlock-sidecar.suffixedName" (dict "root" . "suffix" "cron" "max" 52)) .Values.cronjob.name }}
+{{- required "cronjob.name is required with cronjob.enabled: guard's schedule slot is the Job name <cronjob.name>-<scheduled time> ($(JOB_NAME)), so every cluster and release running this job must use the same CronJob name, or each runs every slot; set e.g. cronjob.name=nightly-report" .Values.cronjob.name }}
+{{- end }}
+
+{{/*
+The request locks' namespace on the nodes (`--locks-prefix`): `sidecar.locks.prefix`, else one per
+app, derived from the lock name (the same in every cluster that shares the lock): the name itself
+when it is 1 to 64 characters of A-Z a-z 0-9 . _ -, else its first 55 such characters (others
+replaced by `_`), `-` and 8 hex digits of its sha256. A lock name never holds a `:` (schema), so
+it never starts with "<prefix>:", which the sidecar refuses.
+*/}}
+{{- define "redlock-sidecar.locksPrefix" -}}
+{{- if .Values.sidecar.locks.prefix }}
+{{- .Values.sidecar.locks.prefix }}
+{{- else }}
+{{- $lock := include "redlock-sidecar.lockName" . }}
+{{- if regexMatch "^[A-Za-z0-9._-]{1,64}$" $lock }}
+{{- $lock }}
+{{- else }}
+{{- printf "%s-%s" (regexReplaceAll "[^A-Za-z0-9._-]" $lock "_" | trunc 55) (sha256sum $lock | trunc 8) }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -422,6 +446,24 @@ Checks of combinations the schema cannot express. Included once from every templ
 {{- if .Values.cronjob.enabled }}
 {{- include "redlock-sidecar.validateCronJob" . }}
 {{- end }}
+{{- include "redlock-sidecar.validatePlatform" . }}
+{{- end }}
+
+{{/*
+The platform review's combinations (one line each, naming the values).
+*/}}
+{{- define "redlock-sidecar.validatePlatform" -}}
+{{- if and .Values.redis.deploy.enabled .Values.redis.username }}
+{{- fail (printf "redis.username (%q) is not a user of the bundled Redis (redis.deploy.enabled): its nodes know only the default user, with the password of redis.existingSecret, so every AUTH as %q would fail; leave redis.username empty, or give your own nodes in redis.urls" .Values.redis.username .Values.redis.username) }}
+{{- end }}
+{{- $m := .Values.monitoring }}
+{{- if and $m.prometheusRule.enabled (eq $m.prometheusRule.scope "namespace") (eq $m.scrape "release") }}
+{{- fail "monitoring.prometheusRule.scope=namespace alerts on every lock of the namespace, but monitoring.scrape=release scrapes only this release's pods, so attached locks would be alerted on and never scraped: set monitoring.scrape=namespace (with monitoring.podMonitor.enabled, or without a monitor where another release's PodMonitor scrapes the namespace), or monitoring.prometheusRule.scope=release" }}
+{{- end }}
+{{- $fullname := include "redlock-sidecar.fullname" . }}
+{{- if hasPrefix "redlock-sidecar-attach" $fullname }}
+{{- fail (printf "the full name %q (release name or fullnameOverride) starts with \"redlock-sidecar-attach\", the names of the kustomize Components' Roles and RoleBindings (manifests/attach); choose another release name or fullnameOverride" $fullname) }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -438,9 +480,7 @@ The CronJob's values: the same lock name and time zone in every cluster, and dea
 {{- if not $c.lockName }}
 {{- fail "cronjob.lockName is required: every cluster running this job must use the same lock name, so it is not derived from the release" }}
 {{- end }}
-{{- if and $c.lockPerScheduleSlot (not $c.name) }}
-{{- fail "cronjob.lockPerScheduleSlot needs cronjob.name: the Job name (<cronjob>-<slot>) is part of the lock name, so the CronJob must have the same name in every cluster" }}
-{{- end }}
+{{- $_ := include "redlock-sidecar.cronJobName" . }}
 {{- if and (not .Values.kubernetes.enabled) $c.guard.events }}
 {{- fail "cronjob.guard.events records Events through the Kubernetes API, which needs kubernetes.enabled=true (or set cronjob.guard.events=false)" }}
 {{- end }}
@@ -783,8 +823,10 @@ The sidecar container (`redlock-sidecar run`). As a native sidecar it goes into 
     - name: REDLOCK_LOCKS
       value: {{ ternary "on" "off" .Values.sidecar.locks.enabled | quote }}
     {{- if .Values.sidecar.locks.enabled }}
+    # One namespace of request locks per app (sidecar.locks.prefix): two apps on the same nodes
+    # never block each other's request locks.
     - name: REDLOCK_LOCKS_PREFIX
-      value: {{ .Values.sidecar.locks.prefix | quote }}
+      value: {{ include "redlock-sidecar.locksPrefix" . | quote }}
     - name: REDLOCK_LOCKS_MAX_LEASES
       value: {{ .Values.sidecar.locks.maxLeases | quote }}
     - name: REDLOCK_LOCKS_DAPR_STORE
