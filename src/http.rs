@@ -16,7 +16,7 @@
 //!
 //! | route | answers |
 //! |---|---|
-//! | `POST /v1/leader/resign[?hold=DURATION]` | leading: steps down, releases the lock at once and does not contend for `hold` (default one ttl, at most an hour); 200 `{"resigned": true, "hold_ms"}` once no longer leading. Not leading: 409 `{"error"}`. A bad `hold`: 400 `{"error"}` |
+//! | `POST /v1/leader/resign[?hold=DURATION]` | leading: steps down, releases the lock at once and does not contend for `hold` (default one ttl; from [`MIN_RESIGN_HOLD`] to an hour); 200 `{"resigned": true, "hold_ms"}` once no longer leading, 503 `{"error"}` if the lock loop has not stepped down within [`RESIGN_ANSWER_WITHIN`]. Not leading: 409 `{"error"}`. A bad `hold` (`0` included) or one given twice: 400 `{"error"}` naming `hold` |
 //! | `/v1/locks/...`, `/v1.0-alpha1/lock/...`, `/v1.0-alpha1/unlock/...` | request locks and Dapr's lock API, unless `--locks off`: see `crate::locks::routes` |
 //!
 //! Its errors are JSON (`{"error": "..."}`): 404 for unknown paths, 405 for other methods.
@@ -329,7 +329,13 @@ fn json_error(status: StatusCode, error: &str) -> Response {
 }
 
 /// The longest a resign waits for the lock loop to step down before it answers.
-const RESIGN_ANSWER_WITHIN: Duration = Duration::from_secs(5);
+pub const RESIGN_ANSWER_WITHIN: Duration = Duration::from_secs(5);
+
+/// The shortest resign hold. A hold must outlast the lock loop's noticing it (else the loop
+/// finds the hold over and leads on), and a sidecar that contends again at once wins the lock
+/// back before a standby, woken by the release, has finished its round: `hold=0` would answer
+/// "resigned" and change nothing, so it is refused.
+pub const MIN_RESIGN_HOLD: Duration = Duration::from_secs(1);
 
 async fn resign(State(state): State<ControlState>, RawQuery(query): RawQuery) -> Response {
     let hold = match resign_hold(query.as_deref(), state.default_hold) {
@@ -337,13 +343,32 @@ async fn resign(State(state): State<ControlState>, RawQuery(query): RawQuery) ->
         Err(why) => return json_error(StatusCode::BAD_REQUEST, &why),
     };
     let now = Deadline::now();
-    if state.leadership.borrow().leading_at(now).is_none() {
+    let Some(token) = state
+        .leadership
+        .borrow()
+        .leading_at(now)
+        .map(|t| t.fencing_token)
+    else {
         return json_error(StatusCode::CONFLICT, "not leading");
-    }
+    };
     state.candidacy.send_modify(|c| c.resign(hold, now));
+    // Stepped down: not leading, or leading in a later tenure (after the hold) than the one
+    // resigned from.
     let mut leadership = state.leadership.clone();
-    let stepped_down = leadership.wait_for(|l| l.leading_at(Deadline::now()).is_none());
-    let _ = tokio::time::timeout(RESIGN_ANSWER_WITHIN, stepped_down).await;
+    let stepped_down = leadership.wait_for(|l| {
+        l.leading_at(Deadline::now())
+            .is_none_or(|t| t.fencing_token != token)
+    });
+    let stepped_down = matches!(
+        tokio::time::timeout(RESIGN_ANSWER_WITHIN, stepped_down).await,
+        Ok(Ok(_))
+    );
+    if !stepped_down {
+        return json_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "still leading: the lock loop did not step down in time; the hold stands, see /leader",
+        );
+    }
     let hold_ms = u64::try_from(hold.as_millis()).unwrap_or(u64::MAX);
     (
         StatusCode::OK,
@@ -352,9 +377,11 @@ async fn resign(State(state): State<ControlState>, RawQuery(query): RawQuery) ->
         .into_response()
 }
 
-/// The `hold` of a resign's query (`hold=DURATION`, nothing else), or why it is refused.
+/// The `hold` of a resign's query (`hold=DURATION` at most once, nothing else), or why it
+/// is refused.
 fn resign_hold(query: Option<&str>, default: Duration) -> Result<Duration, String> {
     let mut hold = default;
+    let mut seen = false;
     for pair in query
         .unwrap_or_default()
         .split('&')
@@ -362,10 +389,15 @@ fn resign_hold(query: Option<&str>, default: Duration) -> Result<Duration, Strin
     {
         match pair.split_once('=') {
             Some(("hold", text)) => {
+                crate::locks::bounds::once("hold", &mut seen)?;
                 hold = humantime::parse_duration(text)
                     .ok()
-                    .filter(|d| *d <= crate::config::MAX_APP_WAIT)
-                    .ok_or_else(|| "hold: a duration such as 30s or 2m, at most 1h".to_owned())?;
+                    .filter(|d| (MIN_RESIGN_HOLD..=crate::config::MAX_APP_WAIT).contains(d))
+                    .ok_or_else(|| {
+                        "hold: a duration from 1s to 1h such as 30s or 2m (hold=0 is refused: \
+                         contending again at once would win the lock back)"
+                            .to_owned()
+                    })?;
             }
             _ => return Err("the only query parameter is hold=DURATION".to_owned()),
         }
@@ -533,6 +565,32 @@ mod tests {
             .expect("the server returns once its connections are closed")
             .unwrap()
             .unwrap();
+    }
+
+    #[test]
+    fn a_resign_hold_is_one_duration_from_a_second_to_an_hour() {
+        let default = Duration::from_secs(10);
+        assert_eq!(resign_hold(None, default), Ok(default));
+        assert_eq!(
+            resign_hold(Some("hold=3s"), default),
+            Ok(Duration::from_secs(3))
+        );
+        assert_eq!(
+            resign_hold(Some("hold=1h"), default),
+            Ok(Duration::from_secs(3600))
+        );
+        for bad in [
+            "hold=0",
+            "hold=0s",
+            "hold=999ms",
+            "hold=61m",
+            "hold=soon",
+            "hold=1s&hold=2s",
+        ] {
+            let why = resign_hold(Some(bad), default).unwrap_err();
+            assert!(why.starts_with("hold: "), "{bad}: {why}");
+        }
+        assert!(resign_hold(Some("force=1"), default).is_err());
     }
 
     #[test]

@@ -7,12 +7,105 @@ mod support;
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use support::http;
+use support::{http, RedisCluster, Sidecar};
 
 /// Longest wait for anything these tests expect to happen.
 const DEADLINE: Duration = Duration::from_secs(30);
+
+/// Nodes whose votes count at once for the leadership ttl and the request locks' default.
+fn ready_cluster() -> RedisCluster {
+    let cluster = RedisCluster::start(3);
+    cluster.backdate_epochs(Duration::from_secs(60));
+    cluster
+}
+
+fn leader_of(cluster: &RedisCluster) -> Sidecar {
+    Sidecar::start(
+        "a",
+        "work",
+        &cluster.urls_joined(),
+        "2s",
+        &["--kubernetes", "off"],
+    )
+}
+
+fn json(response: &http::Response) -> serde_json::Value {
+    response.json().unwrap()
+}
+
+/// On how many nodes the request lock `name` has a key.
+fn held_on(cluster: &RedisCluster, name: &str) -> usize {
+    let key = format!("redlock:{{app:{name}}}");
+    cluster
+        .iter()
+        .filter(|node| node.command(&["EXISTS", &key]) == "1")
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resign_answers_200_only_once_it_no_longer_leads_and_hold_0_is_refused() {
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let a = leader_of(&cluster);
+    support::leads(&[&a], 0, DEADLINE).await;
+
+    // hold=0 would answer "resigned" and change nothing: refused, naming hold.
+    for path in [
+        "/v1/leader/resign?hold=0",
+        "/v1/leader/resign?hold=0s",
+        "/v1/leader/resign?hold=500ms",
+        "/v1/leader/resign?hold=2s&hold=3s",
+    ] {
+        let started = Instant::now();
+        let answer = http::request("POST", a.control, path).await.unwrap();
+        assert_eq!(answer.status, 400, "{path}: {answer:?}");
+        let error = json(&answer)["error"].as_str().unwrap().to_owned();
+        assert!(error.starts_with("hold: "), "{path}: {error}");
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{path}: at once"
+        );
+    }
+    let twice = http::request("POST", a.control, "/v1/leader/resign?hold=2s&hold=3s")
+        .await
+        .unwrap();
+    assert!(json(&twice)["error"]
+        .as_str()
+        .unwrap()
+        .contains("more than once"));
+    assert!(a.is_leader().await, "a refused resign steps nobody down");
+    let token = a.token().await.expect("a fencing token");
+
+    // The shortest hold: 200 once it no longer leads, then it contends again and leads in a
+    // new tenure.
+    let answer = http::request("POST", a.control, "/v1/leader/resign?hold=1s")
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(
+        json(&answer),
+        serde_json::json!({"resigned": true, "hold_ms": 1000})
+    );
+    let answered = Instant::now();
+    let leader = a.leader().await.expect("a /leader body");
+    assert_eq!(leader["is_leader"], false, "{leader}");
+    support::leads(&[&a], 0, DEADLINE).await;
+    assert!(answered.elapsed() >= Duration::from_millis(900));
+    assert!(a.token().await.expect("a new tenure") > token);
+
+    // Duplicate request-lock parameters name the parameter too.
+    for (path, name) in [
+        ("/v1/locks/x?wait=1s&wait=2s", "wait"),
+        ("/v1/locks/x?ttl=5s&ttl=6s", "ttl"),
+    ] {
+        let answer = http::request("POST", a.control, path).await.unwrap();
+        assert_eq!(answer.status, 400, "{path}: {answer:?}");
+        let error = json(&answer)["error"].as_str().unwrap().to_owned();
+        assert!(error.starts_with(&format!("{name}: ")), "{path}: {error}");
+    }
+    assert_eq!(held_on(&cluster, "x"), 0);
+}
 
 /// A `run` sidecar on a closed Redis port (no quorum: it serves, leads nothing).
 fn sidecar_without_redis(
