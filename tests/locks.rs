@@ -1506,3 +1506,102 @@ async fn a_try_lock_on_young_nodes_answers_at_once() {
         asked.elapsed()
     );
 }
+
+/// A lost request lease keeps its promise: the holder's sidecar, cut off from the nodes but
+/// one, tells its client `lost` before the validity it gave ends, and releases nothing before
+/// that validity has ended. The holder's key stands on two nodes of three (its way to the
+/// third is cut from the start), so a release at the lost notice would free a majority: a
+/// waiter in another sidecar would be granted before the holder's validity ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lease_frees_nothing_before_the_validity_its_client_was_given() {
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let mut proxies = Vec::new();
+    for addr in cluster.addrs() {
+        proxies.push(support::FaultProxy::start(addr).await);
+    }
+    proxies[2].refuse(true);
+    let urls: Vec<String> = proxies.iter().map(support::FaultProxy::url).collect();
+    let (admin, control) = (loopback(), loopback());
+    let (listen, control_listen, redis) = (admin.to_string(), control.to_string(), urls.join(","));
+    let holder = Sidecar {
+        proc: Proc::spawn(
+            &[
+                "run",
+                "--lock",
+                "leader",
+                "--redis",
+                &redis,
+                "--node-set",
+                support::TEST_NODE_SET,
+                "--ttl",
+                "2s",
+                "--node-timeout",
+                "100ms",
+                "--retry-delay",
+                "50ms",
+                "--listen",
+                &listen,
+                "--control-listen",
+                &control_listen,
+                "--identity",
+                "holder",
+                "--kubernetes",
+                "off",
+            ],
+            &[("REDLOCK_LOG", "info")],
+        ),
+        admin,
+        control,
+    };
+    support::wait_until_async(DEADLINE, "the holder's control listener serves", || async {
+        call(holder.control, "GET", "/nope", None, Duration::from_secs(2))
+            .await
+            .is_ok_and(|r| r.status == 404)
+    })
+    .await;
+    let waiter = Sidecar::start("waiter", &cluster, &[]).await;
+    let answer = holder.post("/v1/locks/cut-off?ttl=1s").await;
+    let lease = answer.lease();
+    let mut promised = tokio::time::Instant::now()
+        + Duration::from_millis(answer.json()["validity_ms"].as_u64().unwrap());
+    // The waiter waits for the name in the background.
+    let waiting = tokio::spawn(async move {
+        let answer = call(
+            waiter.control,
+            "POST",
+            "/v1/locks/cut-off?ttl=1s&wait=10s",
+            None,
+            DEADLINE,
+        )
+        .await
+        .unwrap();
+        (tokio::time::Instant::now(), answer, waiter)
+    });
+    // Cut off from node 1 too: renewals fail; keepalives until the lease is declared lost.
+    proxies[1].refuse(true);
+    proxies[1].drop_connections();
+    let told_lost = loop {
+        let answer = holder
+            .post(&format!("/v1/locks/cut-off/{lease}/keepalive"))
+            .await;
+        let now = tokio::time::Instant::now();
+        if answer.status == 410 {
+            assert_eq!(answer.json()["ended"], "lost", "{answer:?}");
+            break now;
+        }
+        assert_eq!(answer.status, 200, "{answer:?}");
+        promised = now + Duration::from_millis(answer.json()["validity_ms"].as_u64().unwrap());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        told_lost < promised,
+        "lost is said before the validity ends"
+    );
+    let (granted, answer, _waiter) = waiting.await.unwrap();
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert!(
+        granted >= promised,
+        "the waiter was granted {:?} before the validity the holder's client was given ended",
+        promised - granted
+    );
+}

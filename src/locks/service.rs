@@ -556,6 +556,23 @@ impl<E: LockEngine> Locks<E> {
             slot.held_here.send_replace(false);
         };
         if release {
+            if end == End::Lost {
+                // A lost lease keeps its promise: the app may act until the validity it was
+                // last given, so what we still hold keeps the name from anyone else until then
+                // (a shutdown cuts the wait short). Released at once, the keys on the nodes we
+                // still reach freed a majority where the key stood on fewer than all, and a
+                // waiter was granted before the holder's validity ended.
+                let promised = held
+                    .timing
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .valid_until();
+                tokio::select! {
+                    biased;
+                    _ = self.closing.cancelled() => {}
+                    _ = clock::sleep_until_deadline(promised) => {}
+                }
+            }
             slot.lock.release(&lease, gone).await;
         } else {
             gone();
