@@ -104,6 +104,13 @@ newest section is for the version in `Chart.yaml`).
 
 ### 0.3.x to 0.4.0
 
+- **`sidecar.followContainer` (default `*`) now prefers pods whose app is ready; it no longer decides
+  whether anyone leads.** Every sidecar contends; an unready one starts its rounds a moment after a
+  ready one, and a leader whose app has been unready for 5 s hands over only to a waiting ready pod
+  (it keeps the lock otherwise). Apps ready only while leading, or all unready together, now get a
+  leader (with 0.3.x and earlier they never did). A rolling update moves leadership once, to a new
+  pod. Nothing to change in values; pods of the old and new versions contend side by side during the
+  upgrade (old ones do not defer to new ones until they run the new version).
 - **The bundled Redis' StatefulSet has `podManagementPolicy: OrderedReady`** (was `Parallel`, which
   let the controller take a second node for an update while another one was NotReady) and an
   explicit `rollingUpdate` (`partition: 0`, `maxUnavailable: 1`). Kubernetes never lets
