@@ -240,8 +240,10 @@ impl NodeReport {
         if let Some(access) = &self.access {
             if !access.denied_optional.is_empty() {
                 hazards.push(format!(
-                    "the ACL user may not run {}: waiters are not woken by a release and \
-                     retry on their timer (grant the channel, e.g. &redlock:*)",
+                    "the ACL user may not run {}: without PUBLISH/SUBSCRIBE waiters are not \
+                     woken by a release and retry on their timer (grant the channel, e.g. \
+                     &redlock:*); without TIME/HSET/HGETALL/HDEL candidates cannot rank \
+                     themselves (every sidecar contends as an equal)",
                     access.denied_optional.join(", ")
                 ));
             }

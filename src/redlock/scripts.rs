@@ -440,7 +440,8 @@ return {redis.call('GET', KEYS[1]) or '', redis.call('PTTL', KEYS[1]), redis.cal
 /// `SCRIPT LOAD` like every script, so a user who may not run scripts gets `NOPERM` instead.
 ///
 /// Returns `{essential, optional, checked}`: the denied commands that stop every vote (a
-/// grant or renewal could not run), those that only slow hand-overs (the release announcement),
+/// grant or renewal could not run), those that only slow hand-overs (the release announcement)
+/// or keep candidates from ranking themselves (the presence hash),
 /// and 0 when the server cannot tell (no `acl_check_cmd`).
 pub const PROBE: &str = r#"
 if not redis.acl_check_cmd then return {{}, {}, 0} end
@@ -463,6 +464,11 @@ end
 need(essential, 'del', KEYS[1])
 need(optional, 'publish', ARGV[1], 'v')
 need(optional, 'subscribe', ARGV[1])
+-- The candidates' presence (`candidacy::presence`), in a hash beside the lock.
+need(optional, 'time')
+need(optional, 'hset', KEYS[1], 'f', 'v')
+need(optional, 'hgetall', KEYS[1])
+need(optional, 'hdel', KEYS[1], 'f')
 return {essential, optional, 1}
 "#;
 
