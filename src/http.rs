@@ -21,6 +21,19 @@
 //!
 //! Its errors are JSON (`{"error": "..."}`): 404 for unknown paths, 405 for other methods.
 //!
+//! **This pod only.** Loopback keeps other hosts out, not a browser or an HTML renderer in
+//! the pod, nor a page that rebinds its DNS name to 127.0.0.1. Before any route, the control
+//! listener refuses ([`control_refusal`]):
+//! - a `Host` (or an absolute request URI) that is not `localhost` or a loopback address
+//!   (127.0.0.0/8, `[::1]`, `[::ffff:127.x.y.z]`), with or without a port: 421;
+//! - any request with an `Origin` header (browsers send it; the pod's processes do not): 403;
+//! - a request with a body whose `Content-Type` is not `application/json` (parameters
+//!   allowed): 415. A body-less POST (a resign, a keepalive) needs no content type.
+//!
+//! Dapr's routes answer these in Dapr's shape (`{"errorCode", "message"}`:
+//! `ERR_PERMISSION_DENIED` for 421 and 403, `ERR_MALFORMED_REQUEST` for 415), the others as
+//! `{"error"}`. Dapr's SDKs send `Host: 127.0.0.1:PORT` or `localhost:PORT` and JSON: they pass.
+//!
 //! ## Behaviour
 //! The port is meant for probes and scrapers next to the pod; the limits keep a slow or
 //! hostile client from holding it (HTTP/1.1 only):
@@ -180,7 +193,7 @@ pub struct ControlState {
 }
 
 /// The router for the control listener (routes that change state), with the request-lock
-/// routes (`crate::locks::router`) when they are on.
+/// routes (`crate::locks::router`) when they are on, behind [`this_pod_only`].
 pub fn control_router(state: ControlState, locks: Option<Router>) -> Router {
     let mut router = Router::new()
         .route("/v1/leader/resign", post(resign))
@@ -194,6 +207,131 @@ pub fn control_router(state: ControlState, locks: Option<Router>) -> Router {
             json_error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
         })
         .layer(DefaultBodyLimit::max(1024))
+        .layer(axum::middleware::from_fn(this_pod_only))
+}
+
+/// Why the control listener refuses a request before any route sees it: the answer's status
+/// and message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// 421, 403 or 415.
+    pub status: StatusCode,
+    /// The `error` (or Dapr's `message`).
+    pub message: &'static str,
+}
+
+/// What the control listener takes, from the processes of this pod only (see the module doc).
+/// `None`: the request may go on to its route.
+pub fn control_refusal(headers: &axum::http::HeaderMap, uri: &axum::http::Uri) -> Option<Refusal> {
+    let hosts = headers.get_all(header::HOST).iter().collect::<Vec<_>>();
+    let host_ok = hosts.len() <= 1
+        && hosts
+            .iter()
+            .all(|host| host.to_str().is_ok_and(is_loopback_host))
+        && uri.authority().is_none_or(|a| is_loopback_host(a.as_str()));
+    if !host_ok {
+        return Some(Refusal {
+            status: StatusCode::MISDIRECTED_REQUEST,
+            message: "the Host must be a loopback address or localhost: this listener serves \
+                      the processes of this pod",
+        });
+    }
+    if headers.contains_key(header::ORIGIN) {
+        return Some(Refusal {
+            status: StatusCode::FORBIDDEN,
+            message: "requests with an Origin header are refused: this listener serves the \
+                      processes of this pod, not web pages",
+        });
+    }
+    if has_body(headers) && !is_json(headers) {
+        return Some(Refusal {
+            status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            message: "a request body must be JSON (Content-Type: application/json)",
+        });
+    }
+    None
+}
+
+/// `host[:port]` names this machine's loopback: `localhost`, an address in 127.0.0.0/8,
+/// `[::1]`, or `[::ffff:127.x.y.z]`; with or without a port.
+pub fn is_loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        // [v6] or [v6]:port
+        Some(rest) => match rest.split_once(']') {
+            Some((v6, port)) if port.is_empty() || port.strip_prefix(':').is_some_and(is_port) => {
+                return v6
+                    .parse::<std::net::Ipv6Addr>()
+                    .is_ok_and(|ip| crate::config::is_loopback(ip.into()));
+            }
+            _ => return false,
+        },
+        None => match host.rsplit_once(':') {
+            Some((name, port)) if is_port(port) => name,
+            Some(_) => return false,
+            None => host,
+        },
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::Ipv4Addr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Whether `text` is a port number (digits only).
+fn is_port(text: &str) -> bool {
+    !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) && text.parse::<u16>().is_ok()
+}
+
+/// Whether the request announces a body: a non-zero `Content-Length`, or any
+/// `Transfer-Encoding`.
+fn has_body(headers: &axum::http::HeaderMap) -> bool {
+    headers.contains_key(header::TRANSFER_ENCODING)
+        || headers
+            .get_all(header::CONTENT_LENGTH)
+            .iter()
+            .any(|length| {
+                length
+                    .to_str()
+                    .ok()
+                    .and_then(|l| l.trim().parse::<u64>().ok())
+                    != Some(0)
+            })
+}
+
+/// Whether the one `Content-Type` is `application/json` (parameters such as a charset allowed).
+fn is_json(headers: &axum::http::HeaderMap) -> bool {
+    let types = headers
+        .get_all(header::CONTENT_TYPE)
+        .iter()
+        .collect::<Vec<_>>();
+    match types.as_slice() {
+        [one] => one.to_str().is_ok_and(|text| {
+            let essence = text.split(';').next().unwrap_or_default().trim();
+            essence.eq_ignore_ascii_case("application/json")
+        }),
+        _ => false,
+    }
+}
+
+/// The control listener's gate: see [`control_refusal`]. Dapr's routes answer in Dapr's error
+/// shape, the others in this listener's.
+async fn this_pod_only(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let Some(refusal) = control_refusal(request.headers(), request.uri()) else {
+        return next.run(request).await;
+    };
+    if request.uri().path().starts_with("/v1.0-alpha1/") {
+        let code = if refusal.status == StatusCode::UNSUPPORTED_MEDIA_TYPE {
+            "ERR_MALFORMED_REQUEST"
+        } else {
+            "ERR_PERMISSION_DENIED"
+        };
+        return (
+            refusal.status,
+            Json(serde_json::json!({ "errorCode": code, "message": refusal.message })),
+        )
+            .into_response();
+    }
+    json_error(refusal.status, refusal.message)
 }
 
 /// Serves `app` on `listener` until `shutdown` fires, within the limits in the module doc;
@@ -565,6 +703,126 @@ mod tests {
             .expect("the server returns once its connections are closed")
             .unwrap()
             .unwrap();
+    }
+
+    #[test]
+    fn loopback_hosts_with_or_without_a_port() {
+        for good in [
+            "127.0.0.1",
+            "127.0.0.1:9708",
+            "127.8.9.10:1",
+            "localhost",
+            "LocalHost:9708",
+            "[::1]",
+            "[::1]:9708",
+            "[::ffff:127.0.0.1]:9708",
+            "[::ffff:7f00:1]",
+        ] {
+            assert!(is_loopback_host(good), "{good}");
+        }
+        for bad in [
+            "",
+            "evil.example",
+            "evil.example:9708",
+            "localhost.",
+            "localhost.evil.example",
+            "127.0.0.1.nip.io",
+            "10.0.0.1:9708",
+            "0.0.0.0",
+            "[::]:9708",
+            "[::ffff:10.0.0.1]",
+            "::1",
+            "[::1",
+            "[::1]9708",
+            "127.0.0.1:",
+            "127.0.0.1:99999",
+            "127.0.0.1:x",
+            "localhost:9708:1",
+            "127.1",
+        ] {
+            assert!(!is_loopback_host(bad), "{bad}");
+        }
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> axum::http::HeaderMap {
+        let mut map = axum::http::HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(
+                axum::http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+        }
+        map
+    }
+
+    #[test]
+    fn the_control_listener_takes_this_pods_requests_only() {
+        let path: axum::http::Uri = "/v1/leader/resign".parse().unwrap();
+        let refused = |pairs: &[(&str, &str)], uri: &axum::http::Uri| {
+            control_refusal(&headers(pairs), uri).map(|r| r.status.as_u16())
+        };
+        let host = ("host", "127.0.0.1:9708");
+        let json = ("content-type", "application/json");
+        // What curl and Dapr's SDKs send.
+        assert_eq!(refused(&[host], &path), None);
+        assert_eq!(refused(&[host, ("content-length", "0")], &path), None);
+        assert_eq!(
+            refused(
+                &[("host", "localhost:3500"), json, ("content-length", "12")],
+                &path
+            ),
+            None
+        );
+        assert_eq!(
+            refused(
+                &[
+                    host,
+                    ("content-type", "Application/JSON; charset=utf-8"),
+                    ("content-length", "2")
+                ],
+                &path
+            ),
+            None
+        );
+        // A body-less POST with a form type (curl -d '') carries nothing to misread.
+        assert_eq!(
+            refused(
+                &[
+                    host,
+                    ("content-type", "application/x-www-form-urlencoded"),
+                    ("content-length", "0")
+                ],
+                &path
+            ),
+            None
+        );
+        assert_eq!(refused(&[], &path), None, "no Host: not a browser");
+
+        assert_eq!(refused(&[("host", "evil.example")], &path), Some(421));
+        assert_eq!(refused(&[host, ("host", "evil.example")], &path), Some(421));
+        let absolute: axum::http::Uri = "http://evil.example/v1/leader/resign".parse().unwrap();
+        assert_eq!(refused(&[host], &absolute), Some(421));
+        assert_eq!(
+            refused(&[host, ("origin", "http://evil.example")], &path),
+            Some(403)
+        );
+        assert_eq!(refused(&[host, ("origin", "null")], &path), Some(403));
+        for body in [
+            &[("content-type", "text/plain"), ("content-length", "2")][..],
+            &[("content-length", "2")][..],
+            &[
+                ("content-type", "application/jsonx"),
+                ("content-length", "2"),
+            ][..],
+            &[
+                ("content-type", "text/plain"),
+                ("transfer-encoding", "chunked"),
+            ][..],
+            &[json, json, ("content-length", "2")][..],
+        ] {
+            let pairs = [&[host][..], body].concat();
+            assert_eq!(refused(&pairs, &path), Some(415), "{body:?}");
+        }
     }
 
     #[test]

@@ -10,9 +10,13 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use support::{http, RedisCluster, Sidecar};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 /// Longest wait for anything these tests expect to happen.
 const DEADLINE: Duration = Duration::from_secs(30);
+const DAPR_LOCK: &str = "/v1.0-alpha1/lock/redlock";
+const DAPR_UNLOCK: &str = "/v1.0-alpha1/unlock/redlock";
 
 /// Nodes whose votes count at once for the leadership ttl and the request locks' default.
 fn ready_cluster() -> RedisCluster {
@@ -31,6 +35,48 @@ fn leader_of(cluster: &RedisCluster) -> Sidecar {
     )
 }
 
+/// Request headers, as sent.
+type Headers<'a> = &'a [(&'a str, &'a str)];
+
+/// One request with exactly these headers (plus `Connection: close` and the body's length).
+async fn raw(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> http::Response {
+    let mut request = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    let exchange = async {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await.unwrap();
+        answer
+    };
+    let answer = tokio::time::timeout(DEADLINE, exchange)
+        .await
+        .unwrap_or_else(|_| panic!("{method} {path}: no answer"));
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").expect("a response head");
+    let status = head[9..12].parse().unwrap();
+    let body = if head.to_lowercase().contains("transfer-encoding: chunked") {
+        let (bytes, _, _) = http::decode_chunks(body.as_bytes()).unwrap();
+        String::from_utf8_lossy(&bytes).into_owned()
+    } else {
+        body.to_owned()
+    };
+    http::Response {
+        status,
+        headers: Vec::new(),
+        body,
+    }
+}
+
 fn json(response: &http::Response) -> serde_json::Value {
     response.json().unwrap()
 }
@@ -42,6 +88,152 @@ fn held_on(cluster: &RedisCluster, name: &str) -> usize {
         .iter()
         .filter(|node| node.command(&["EXISTS", &key]) == "1")
         .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_hosts_origins_and_non_json_bodies_are_refused_and_change_nothing() {
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let a = leader_of(&cluster);
+    support::leads(&[&a], 0, DEADLINE).await;
+    let control = a.control;
+    let own_host = control.to_string();
+    let host = ("Host", own_host.as_str());
+    let json_type = ("Content-Type", "application/json");
+
+    // The issue's request: all three at once.
+    let forged = raw(
+        control,
+        "POST",
+        "/v1/leader/resign",
+        &[
+            ("Host", "evil.example"),
+            ("Origin", "http://evil.example"),
+            ("Content-Type", "text/plain"),
+        ],
+        "x",
+    )
+    .await;
+    assert_eq!(forged.status, 421, "{forged:?}");
+    // Each alone.
+    let refused: &[(Headers, &str, u16)] = &[
+        (&[("Host", "evil.example")], "", 421),
+        (&[("Host", "evil.example:9708")], "", 421),
+        (&[("Host", "127.0.0.1.nip.io")], "", 421),
+        (&[("Host", "localhost.")], "", 421),
+        (&[host, ("Origin", "http://evil.example")], "", 403),
+        (&[host, ("Origin", "null")], "", 403),
+        (&[host, ("Content-Type", "text/plain")], "x", 415),
+        (
+            &[host, ("Content-Type", "application/x-www-form-urlencoded")],
+            "a=b",
+            415,
+        ),
+        (&[host], "{}", 415),
+    ];
+    for (headers, body, status) in refused {
+        let answer = raw(control, "POST", "/v1/leader/resign", headers, body).await;
+        assert_eq!(answer.status, *status, "{headers:?}: {answer:?}");
+        assert!(json(&answer)["error"].is_string(), "{answer:?}");
+    }
+    assert!(a.is_leader().await, "a refused resign steps nobody down");
+
+    // The request-lock routes: refused before they take anything.
+    for (headers, body, status) in refused {
+        let answer = raw(control, "POST", "/v1/locks/order-1", headers, body).await;
+        assert_eq!(answer.status, *status, "{headers:?}: {answer:?}");
+        assert!(json(&answer)["error"].is_string(), "{answer:?}");
+    }
+    // Dapr's routes: refused in Dapr's shape.
+    let vader = r#"{"resourceId": "order-2", "lockOwner": "vader", "expiryInSeconds": 30}"#;
+    for (headers, code, status) in [
+        (
+            &[("Host", "evil.example"), json_type][..],
+            "ERR_PERMISSION_DENIED",
+            421,
+        ),
+        (
+            &[host, json_type, ("Origin", "http://evil.example")][..],
+            "ERR_PERMISSION_DENIED",
+            403,
+        ),
+        (
+            &[host, ("Content-Type", "text/plain")][..],
+            "ERR_MALFORMED_REQUEST",
+            415,
+        ),
+    ] {
+        let answer = raw(control, "POST", DAPR_LOCK, headers, vader).await;
+        assert_eq!(answer.status, status, "{headers:?}: {answer:?}");
+        assert_eq!(json(&answer)["errorCode"], code, "{answer:?}");
+        assert!(json(&answer)["message"].is_string(), "{answer:?}");
+    }
+    for name in ["order-1", "order-2"] {
+        assert_eq!(held_on(&cluster, name), 0, "{name}: no lock was taken");
+    }
+
+    // What curl and Dapr's SDKs send works: loopback Hosts, JSON bodies, body-less POSTs.
+    let dapr_host = format!("localhost:{}", control.port());
+    let taken = raw(
+        control,
+        "POST",
+        DAPR_LOCK,
+        &[
+            ("Host", &dapr_host),
+            ("Content-Type", "application/json; charset=utf-8"),
+        ],
+        vader,
+    )
+    .await;
+    assert_eq!(
+        (taken.status, json(&taken)),
+        (200, serde_json::json!({"success": true}))
+    );
+    let unlocked = raw(
+        control,
+        "POST",
+        DAPR_UNLOCK,
+        &[host, json_type],
+        r#"{"resourceId": "order-2", "lockOwner": "vader"}"#,
+    )
+    .await;
+    assert_eq!(json(&unlocked), serde_json::json!({"status": 0}));
+    for lock_host in [
+        "127.0.0.1",
+        "[::1]:9708",
+        "[::ffff:127.0.0.1]:9708",
+        "LOCALHOST",
+    ] {
+        let lease = raw(
+            control,
+            "POST",
+            "/v1/locks/order-3",
+            &[("Host", lock_host)],
+            "",
+        )
+        .await;
+        assert_eq!(lease.status, 200, "Host {lock_host}: {lease:?}");
+        let id = json(&lease)["lease"].as_str().unwrap().to_owned();
+        let released = raw(
+            control,
+            "DELETE",
+            &format!("/v1/locks/order-3/{id}"),
+            &[("Host", lock_host)],
+            "",
+        )
+        .await;
+        assert_eq!(released.status, 200, "{released:?}");
+    }
+    // A plain `curl -X POST http://127.0.0.1:PORT/v1/leader/resign`.
+    let resigned = raw(
+        control,
+        "POST",
+        "/v1/leader/resign",
+        &[host, ("User-Agent", "curl/8.5.0"), ("Accept", "*/*")],
+        "",
+    )
+    .await;
+    assert_eq!(resigned.status, 200, "{resigned:?}");
+    assert!(!a.is_leader().await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
