@@ -144,6 +144,10 @@ pub struct Candidacy {
     me: Peer,
     /// The other candidates, as last read.
     field: Field,
+    /// A resign's named successor, until the presence task has announced it.
+    handing_to: Option<String>,
+    /// The named successor has been announced on the nodes.
+    successor_announced: bool,
 }
 
 impl Candidacy {
@@ -162,6 +166,8 @@ impl Candidacy {
                 born_ms: 0,
             },
             field: Field::default(),
+            handing_to: None,
+            successor_announced: false,
         }
     }
 
@@ -206,6 +212,44 @@ impl Candidacy {
     /// What the presence task read from the nodes at `now`.
     pub fn saw(&mut self, field: Field) {
         self.field = field;
+    }
+
+    /// Whether `identity` is a live candidate waiting for the lock, as last read.
+    pub fn waits_as(&self, identity: &str) -> bool {
+        self.field
+            .peers
+            .iter()
+            .any(|peer| peer.identity == identity)
+    }
+
+    /// A resign hands over to `identity`: the presence task announces it as the successor.
+    pub fn hand_over_to(&mut self, identity: &str) {
+        self.handing_to = Some(identity.to_owned());
+        self.successor_announced = false;
+    }
+
+    /// The successor to announce, if one is named and not announced yet.
+    pub fn handing_over(&self) -> Option<&str> {
+        self.handing_to
+            .as_deref()
+            .filter(|_| !self.successor_announced)
+    }
+
+    /// The named successor was announced on the nodes (see [`presence::name_successor`]).
+    pub fn announced_successor(&mut self) {
+        self.successor_announced = true;
+        self.handing_to = None;
+    }
+
+    /// Whether the successor named last has been announced.
+    pub fn successor_announced(&self) -> bool {
+        self.successor_announced
+    }
+
+    /// Whether a resign's hold keeps this sidecar from contending at `now` (it then announces
+    /// nothing: it does not wait for the lock).
+    pub fn resigned(&self, now: Deadline) -> bool {
+        self.held(now)
     }
 
     /// Who we are, and whether our app counts as ready at `now`: what we announce.
@@ -272,7 +316,8 @@ impl Candidacy {
 
     /// Whether a leader may go on leading at `now`.
     pub fn may_lead(&self, now: Deadline) -> bool {
-        !self.held(now) && !(self.failing_too_long(now) && self.ready_peer_waits())
+        let yields = self.failing_too_long(now) && self.ready_peer_waits();
+        !self.held(now) && !yields
     }
 
     fn failing_too_long(&self, now: Deadline) -> bool {

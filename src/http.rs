@@ -16,7 +16,7 @@
 //!
 //! | route | answers |
 //! |---|---|
-//! | `POST /v1/leader/resign[?hold=DURATION]` | leading: steps down, releases the lock at once and does not contend for `hold` (default one ttl; from [`MIN_RESIGN_HOLD`] to an hour); 200 `{"resigned": true, "hold_ms"}` once no longer leading, 503 `{"error"}` if the lock loop has not stepped down within [`RESIGN_ANSWER_WITHIN`]. Not leading: 409 `{"error"}`. A bad `hold` (`0` included) or one given twice: 400 `{"error"}` naming `hold` |
+//! | `POST /v1/leader/resign[?hold=DURATION][&to=IDENTITY]` | with `to`, a waiting candidate (404 if none has that identity) is announced as the successor first; then, leading: steps down, releases the lock at once and does not contend for `hold` (default one ttl; from [`MIN_RESIGN_HOLD`] to an hour); 200 `{"resigned": true, "hold_ms"}` once no longer leading, 503 `{"error"}` if the lock loop has not stepped down within [`RESIGN_ANSWER_WITHIN`]. Not leading: 409 `{"error"}`. A bad `hold` (`0` included) or `to`, or one given twice: 400 `{"error"}` naming it |
 //! | `/v1/locks/...`, `/v1.0-alpha1/lock/...`, `/v1.0-alpha1/unlock/...` | request locks and Dapr's lock API, unless `--locks off`: see `crate::locks::routes` |
 //!
 //! Its errors are JSON (`{"error": "..."}`): 404 for unknown paths, 405 for other methods.
@@ -66,7 +66,7 @@ use tokio_stream::wrappers::WatchStream;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::candidacy::CandidacyTx;
+use crate::candidacy::{presence, CandidacyTx};
 use crate::clock::Deadline;
 use crate::config::ReadyWhen;
 use crate::leadership::{Leadership, LeadershipRx};
@@ -476,20 +476,32 @@ pub const RESIGN_ANSWER_WITHIN: Duration = Duration::from_secs(5);
 pub const MIN_RESIGN_HOLD: Duration = Duration::from_secs(1);
 
 async fn resign(State(state): State<ControlState>, RawQuery(query): RawQuery) -> Response {
-    let hold = match resign_hold(query.as_deref(), state.default_hold) {
-        Ok(hold) => hold,
+    let Resign { hold, to } = match resign_query(query.as_deref(), state.default_hold) {
+        Ok(asked) => asked,
         Err(why) => return json_error(StatusCode::BAD_REQUEST, &why),
     };
-    let now = Deadline::now();
     let Some(token) = state
         .leadership
         .borrow()
-        .leading_at(now)
+        .leading_at(Deadline::now())
         .map(|t| t.fencing_token)
     else {
         return json_error(StatusCode::CONFLICT, "not leading");
     };
-    state.candidacy.send_modify(|c| c.resign(hold, now));
+    if let Some(to) = &to {
+        if !state.candidacy.borrow().waits_as(to) {
+            return json_error(
+                StatusCode::NOT_FOUND,
+                "no waiting candidate of this lock has that identity (see the other sidecars' /leader and redlock_candidacy)",
+            );
+        }
+        if let Err(why) = name_successor(&state.candidacy, to).await {
+            return json_error(StatusCode::SERVICE_UNAVAILABLE, why);
+        }
+    }
+    state
+        .candidacy
+        .send_modify(|c| c.resign(hold, Deadline::now()));
     // Stepped down: not leading, or leading in a later tenure (after the hold) than the one
     // resigned from.
     let mut leadership = state.leadership.clone();
@@ -510,16 +522,42 @@ async fn resign(State(state): State<ControlState>, RawQuery(query): RawQuery) ->
     let hold_ms = u64::try_from(hold.as_millis()).unwrap_or(u64::MAX);
     (
         StatusCode::OK,
-        Json(serde_json::json!({ "resigned": true, "hold_ms": hold_ms })),
+        Json(serde_json::json!({ "resigned": true, "hold_ms": hold_ms, "to": to })),
     )
         .into_response()
 }
 
-/// The `hold` of a resign's query (`hold=DURATION` at most once, nothing else), or why it
-/// is refused.
-fn resign_hold(query: Option<&str>, default: Duration) -> Result<Duration, String> {
-    let mut hold = default;
-    let mut seen = false;
+/// Announces `to` as the successor on the nodes (through the presence task), then gives the
+/// other candidates a presence period to read it, so that they defer to it when the lock is
+/// released; or why it could not be announced.
+async fn name_successor(candidacy: &CandidacyTx, to: &str) -> Result<(), &'static str> {
+    let mut changes = candidacy.subscribe();
+    candidacy.send_modify(|c| c.hand_over_to(to));
+    let announced = changes.wait_for(|c| c.successor_announced());
+    match tokio::time::timeout(RESIGN_ANSWER_WITHIN, announced).await {
+        Ok(Ok(_)) => {}
+        _ => return Err("the successor could not be announced on the nodes; still leading"),
+    }
+    tokio::time::sleep(presence::PERIOD + SUCCESSOR_READ_SLACK).await;
+    Ok(())
+}
+
+/// A resign's query.
+#[derive(Debug, PartialEq, Eq)]
+struct Resign {
+    hold: Duration,
+    /// The waiting candidate to hand over to.
+    to: Option<String>,
+}
+
+/// A resign's query (`hold=DURATION`, `to=IDENTITY`, each at most once, nothing else), or why
+/// it is refused.
+fn resign_query(query: Option<&str>, default: Duration) -> Result<Resign, String> {
+    let mut asked = Resign {
+        hold: default,
+        to: None,
+    };
+    let (mut seen_hold, mut seen_to) = (false, false);
     for pair in query
         .unwrap_or_default()
         .split('&')
@@ -527,8 +565,8 @@ fn resign_hold(query: Option<&str>, default: Duration) -> Result<Duration, Strin
     {
         match pair.split_once('=') {
             Some(("hold", text)) => {
-                crate::locks::bounds::once("hold", &mut seen)?;
-                hold = humantime::parse_duration(text)
+                crate::locks::bounds::once("hold", &mut seen_hold)?;
+                asked.hold = humantime::parse_duration(text)
                     .ok()
                     .filter(|d| (MIN_RESIGN_HOLD..=crate::config::MAX_APP_WAIT).contains(d))
                     .ok_or_else(|| {
@@ -537,10 +575,53 @@ fn resign_hold(query: Option<&str>, default: Duration) -> Result<Duration, Strin
                             .to_owned()
                     })?;
             }
-            _ => return Err("the only query parameter is hold=DURATION".to_owned()),
+            Some(("to", text)) => {
+                crate::locks::bounds::once("to", &mut seen_to)?;
+                let identity = percent_decode(text)
+                    .filter(|id| {
+                        !id.is_empty()
+                            && id.len() <= MAX_IDENTITY_LEN
+                            && !id.chars().any(char::is_control)
+                    })
+                    .ok_or_else(|| {
+                        format!("to: a sidecar's identity, 1 to {MAX_IDENTITY_LEN} characters without control characters")
+                    })?;
+                asked.to = Some(identity);
+            }
+            _ => return Err("the query parameters are hold=DURATION and to=IDENTITY".to_owned()),
         }
     }
-    Ok(hold)
+    Ok(asked)
+}
+
+/// Longest identity `to` may name (a pod name is at most 253 characters).
+const MAX_IDENTITY_LEN: usize = 253;
+/// What a candidate's reading of a newly named successor may take past a presence period.
+const SUCCESSOR_READ_SLACK: Duration = Duration::from_millis(300);
+
+/// `text` with `%XX` escapes (and `+` as a space) decoded, if it is valid UTF-8.
+fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = text.get(i + 1..i + 3)?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            byte => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 async fn watch(
@@ -826,17 +907,12 @@ mod tests {
     }
 
     #[test]
-    fn a_resign_hold_is_one_duration_from_a_second_to_an_hour() {
+    fn a_resign_hold_is_one_duration_from_a_second_to_an_hour_and_to_names_one_identity() {
         let default = Duration::from_secs(10);
-        assert_eq!(resign_hold(None, default), Ok(default));
-        assert_eq!(
-            resign_hold(Some("hold=3s"), default),
-            Ok(Duration::from_secs(3))
-        );
-        assert_eq!(
-            resign_hold(Some("hold=1h"), default),
-            Ok(Duration::from_secs(3600))
-        );
+        let hold = |query: Option<&str>| resign_query(query, default).map(|r| r.hold);
+        assert_eq!(hold(None), Ok(default));
+        assert_eq!(hold(Some("hold=3s")), Ok(Duration::from_secs(3)));
+        assert_eq!(hold(Some("hold=1h")), Ok(Duration::from_secs(3600)));
         for bad in [
             "hold=0",
             "hold=0s",
@@ -845,10 +921,27 @@ mod tests {
             "hold=soon",
             "hold=1s&hold=2s",
         ] {
-            let why = resign_hold(Some(bad), default).unwrap_err();
+            let why = resign_query(Some(bad), default).unwrap_err();
             assert!(why.starts_with("hold: "), "{bad}: {why}");
         }
-        assert!(resign_hold(Some("force=1"), default).is_err());
+        assert!(resign_query(Some("force=1"), default).is_err());
+        assert_eq!(
+            resign_query(Some("to=app-7d9f%2Dx2&hold=2s"), default),
+            Ok(Resign {
+                hold: Duration::from_secs(2),
+                to: Some("app-7d9f-x2".into())
+            })
+        );
+        for bad in [
+            "to=",
+            "to=a%0Ab",
+            "to=%zz",
+            "to=a&to=b",
+            &format!("to={}", "x".repeat(254)),
+        ] {
+            let why = resign_query(Some(bad), default).unwrap_err();
+            assert!(why.starts_with("to: "), "{bad}: {why}");
+        }
     }
 
     #[test]

@@ -434,3 +434,58 @@ fn bad_candidacy_settings_exit_2_naming_the_flag() {
         support::process::assert_invalid_config(&args, flag);
     }
 }
+
+/// `POST /v1/leader/resign?to=IDENTITY` hands over to the named waiting standby (twice, to
+/// each standby in turn, so not by chance); an identity that is not a waiting candidate gets
+/// 404, a standby 409, a bad `to` 400, and none of them changes anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resign_to_a_named_standby_hands_over_to_it() {
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let sidecars = [
+        sidecar("a", &cluster, None),
+        sidecar("b", &cluster, None),
+        sidecar("c", &cluster, None),
+    ];
+    let all: Vec<&Sidecar> = sidecars.iter().collect();
+    let mut leader = one_leader(&all, Duration::from_secs(15)).await;
+    // Every standby has announced itself and the leader has read it.
+    tokio::time::sleep(PRESENCE * 2).await;
+    for (path, status) in [
+        ("/v1/leader/resign?to=nobody", 404),
+        ("/v1/leader/resign?to=", 400),
+        ("/v1/leader/resign?to=a%0Ab", 400),
+    ] {
+        let answer = http::request("POST", sidecars[leader].control, path)
+            .await
+            .unwrap();
+        assert_eq!(answer.status, status, "{path}: {}", answer.body);
+        assert!(answer.json().unwrap()["error"].is_string(), "{path}");
+    }
+    let standby = (leader + 1) % 3;
+    let answer = http::request(
+        "POST",
+        sidecars[standby].control,
+        &format!("/v1/leader/resign?to={}", sidecars[leader].name),
+    )
+    .await
+    .unwrap();
+    assert_eq!(answer.status, 409, "a standby cannot resign");
+    assert!(sidecars[leader].is_leader().await, "nothing changed");
+
+    for step in 0..2 {
+        // The standby that would not win by age: the older of the two, then the other.
+        let successor = (leader + 1 + step) % 3;
+        let path = format!("/v1/leader/resign?to={}&hold=1s", sidecars[successor].name);
+        let answer = http::request("POST", sidecars[leader].control, &path)
+            .await
+            .unwrap();
+        assert_eq!(answer.status, 200, "{path}: {}", answer.body);
+        assert_eq!(
+            answer.json().unwrap()["to"],
+            sidecars[successor].name.as_str()
+        );
+        leads(&all, successor, SLACK).await;
+        leader = successor;
+        tokio::time::sleep(PRESENCE * 2).await;
+    }
+}

@@ -178,12 +178,23 @@ pub async fn run(
     let mut last = None;
     loop {
         let started = Deadline::now();
-        let me = candidacy.borrow().announced(started);
+        let (me, resigned, successor) = {
+            let c = candidacy.borrow();
+            let successor = c.handing_over().map(str::to_owned);
+            (c.announced(started), c.resigned(started), successor)
+        };
+        if let Some(successor) = successor {
+            if name_successor(&redlock, &successor).await > 0 {
+                candidacy.send_modify(|c| c.announced_successor());
+            }
+        }
         let value = format!("{}|{}", u8::from(me.ready), me.born_ms);
+        // A resigned sidecar does not wait for the lock: it reads, and announces nothing.
+        let field = if resigned { "" } else { me.identity.as_str() };
         let answers = tokio::select! {
             biased;
             _ = cancel.cancelled() => return,
-            answers = announce(&redlock, &me.identity, &value, LIFE) => answers,
+            answers = announce(&redlock, field, &value, LIFE) => answers,
         };
         let now = Deadline::now();
         if !answers.is_empty() {
@@ -210,9 +221,19 @@ pub async fn run(
             last = Some(standing);
         }
         redlock.set_handicap(if defers { handicap } else { Duration::ZERO });
+        // A successor newly named is announced at once (one that could not be, a period on).
+        let mut changes = candidacy.subscribe();
+        let named_before = candidacy.borrow().handing_over().is_some();
+        let newly_named = async {
+            if named_before {
+                std::future::pending::<()>().await;
+            }
+            let _ = changes.wait_for(|c| c.handing_over().is_some()).await;
+        };
         tokio::select! {
             biased;
             _ = cancel.cancelled() => return,
+            () = newly_named => {}
             _ = clock::sleep_until_deadline(started + PERIOD) => {}
         }
     }
