@@ -13,15 +13,23 @@
 
 mod support;
 
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use http::{header, Method, Request, Response, StatusCode};
+use hyper::body::{Bytes, Frame};
 use kube::client::Body;
 use prometheus::IntCounterVec;
 use redlock_sidecar::candidacy::Candidacy;
 use redlock_sidecar::clock::{Clock, Deadline};
 use redlock_sidecar::config::Renewal;
-use redlock_sidecar::k8s::{errors_counter, lease_name, Kube, KubeMode, KubeSettings};
+use redlock_sidecar::k8s::{
+    container_ready, errors_counter, lease_name, Kube, KubeMode, KubeSettings, USER_AGENT_VALUE,
+};
 use redlock_sidecar::leadership::{HolderView, Leadership, LeadershipTx, Role, Term};
 use redlock_sidecar::lease;
 use redlock_sidecar::redlock::{Credentials, NodeSpec, RedlockConfig};
@@ -40,14 +48,16 @@ const OTHER: &str = "orders-7d9f-1";
 const LABEL: &str = "redlock.io/leader";
 const FIELD_MANAGER_QUERY: &str = "&fieldManager=redlock-sidecar";
 const RENEW_INTERVAL: Duration = Duration::from_secs(1);
+/// How often the leader rewrites the Lease with [`RENEW_INTERVAL`]: not more often than 5 s.
+const LEASE_WRITE_INTERVAL: Duration = Duration::from_secs(5);
 /// How long the verifier waits for an expected call.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long the verifier listens to assert that no call arrives.
 const QUIET: Duration = Duration::from_millis(500);
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
-type ApiHandle = Handle<Request<Body>, Response<Body>>;
-type Responder = SendResponse<Response<Body>>;
+type ApiHandle = Handle<Request<Body>, Response<ApiBody>>;
+type Responder = SendResponse<Response<ApiBody>>;
 
 // ---------------------------------------------------------------------------------------------
 // Leadership states
@@ -145,7 +155,8 @@ enum Scenario {
     /// Leader, then follower; vacating answers 409, and the re-read Lease names another holder:
     /// it is left alone.
     VacateFindsAnotherHolder,
-    /// The label patch answers 403 twice (RBAC missing), with growing delays, then succeeds;
+    /// The label patch answers 403 twice (RBAC missing): retried after 0.5 to 1 s, then not
+    /// again within a minute of the first; it then succeeds;
     /// the Event is recorded meanwhile.
     LabelPatchForbidden,
     /// The Lease read answers 403; label and Event go on, the Lease is retried.
@@ -207,14 +218,20 @@ impl ApiServerVerifier {
                     assert_eq!(created["metadata"]["name"], "redlock-orders-cron");
                     assert_eq!(created["spec"]["holderIdentity"], IDENTITY);
                     assert_eq!(
-                        created["spec"]["leaseDurationSeconds"], 3,
-                        "3 renew intervals"
+                        created["spec"]["leaseDurationSeconds"], 15,
+                        "3 write intervals: the renew interval (1 s), but at least 5 s"
                     );
                     assert_eq!(created["spec"]["leaseTransitions"], 0);
                     assert!(created["spec"]["renewTime"].is_string(), "{created}");
                     assert!(created["spec"]["acquireTime"].is_string(), "{created}");
-                    // One renew interval later, an update on the known resourceVersion.
-                    let renewed = self.expect_lease_write(Method::PUT, "2").await;
+                    // Not every renew interval (1 s): 5 s later, an update on the known
+                    // resourceVersion.
+                    let written = tokio::time::Instant::now();
+                    self.expect_quiet().await;
+                    let renewed = self
+                        .expect_lease_write_within(Method::PUT, "2", Duration::from_secs(6))
+                        .await;
+                    assert_eq!(written.elapsed(), LEASE_WRITE_INTERVAL);
                     assert_eq!(renewed["metadata"]["resourceVersion"], "1");
                     assert_eq!(renewed["spec"]["holderIdentity"], IDENTITY);
                     assert_eq!(renewed["spec"]["leaseTransitions"], 0);
@@ -237,7 +254,7 @@ impl ApiServerVerifier {
                     assert_eq!(updated["metadata"]["resourceVersion"], "40");
                     assert_eq!(updated["spec"]["holderIdentity"], IDENTITY);
                     assert_eq!(updated["spec"]["leaseTransitions"], 3);
-                    assert_eq!(updated["spec"]["leaseDurationSeconds"], 3);
+                    assert_eq!(updated["spec"]["leaseDurationSeconds"], 15);
                     self.lock_loop_ends().await;
                     None
                 }
@@ -358,18 +375,23 @@ impl ApiServerVerifier {
                     self.expect_label_to_fail("true", StatusCode::FORBIDDEN)
                         .await;
                     let second = tokio::time::Instant::now();
-                    self.expect_label("true").await;
+                    let (request, respond) = self
+                        .next_within("the third label patch", Duration::from_secs(61))
+                        .await;
+                    self.answer_label(request, respond, "true").await;
                     let third = tokio::time::Instant::now();
-                    // Equal jitter: at least half of 200 ms, then of 400 ms.
+                    // Equal jitter: at least half of 1 s after the first failure; then no
+                    // third attempt within a minute of the first.
                     assert!(
-                        second - first >= Duration::from_millis(100),
+                        second - first >= Duration::from_millis(500)
+                            && second - first <= Duration::from_secs(1),
                         "{:?}",
                         second - first
                     );
                     assert!(
-                        third - second >= Duration::from_millis(200),
+                        third - first >= Duration::from_secs(60),
                         "{:?}",
-                        third - second
+                        third - first
                     );
                     assert_eq!(errors_for(&self.errors, "patch_label"), 2);
                     self.assert_still_leading(7);
@@ -462,10 +484,17 @@ impl ApiServerVerifier {
 
     /// The next request, or a failure naming the call that never came.
     async fn next(&mut self, what: &str) -> (Request<Body>, Responder) {
-        tokio::time::timeout(CALL_TIMEOUT, self.handle.next_request())
+        self.next_within(what, CALL_TIMEOUT).await
+    }
+
+    /// The next request within `limit`, which must carry the sidecar's User-Agent.
+    async fn next_within(&mut self, what: &str, limit: Duration) -> (Request<Body>, Responder) {
+        let (request, respond) = tokio::time::timeout(limit, self.handle.next_request())
             .await
-            .unwrap_or_else(|_| panic!("{what} was not called within {CALL_TIMEOUT:?}"))
-            .unwrap_or_else(|| panic!("the client went away before {what}"))
+            .unwrap_or_else(|_| panic!("{what} was not called within {limit:?}"))
+            .unwrap_or_else(|| panic!("the client went away before {what}"));
+        assert_user_agent(&request);
+        (request, respond)
     }
 
     /// Asserts that no request arrives within [`QUIET`].
@@ -555,7 +584,20 @@ impl ApiServerVerifier {
     /// Asserts a create (POST) or update (PUT) of the Lease; answers it stored with
     /// `resource_version`; returns the request's body.
     async fn expect_lease_write(&mut self, method: Method, resource_version: &str) -> Value {
-        let (request, respond) = self.next(&format!("the Lease {method}")).await;
+        self.expect_lease_write_within(method, resource_version, CALL_TIMEOUT)
+            .await
+    }
+
+    /// [`Self::expect_lease_write`], the write coming within `limit`.
+    async fn expect_lease_write_within(
+        &mut self,
+        method: Method,
+        resource_version: &str,
+        limit: Duration,
+    ) -> Value {
+        let (request, respond) = self
+            .next_within(&format!("the Lease {method}"), limit)
+            .await;
         assert_eq!(request.method(), method);
         let path = match method {
             Method::POST => format!("/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases"),
@@ -579,7 +621,13 @@ impl ApiServerVerifier {
     /// Asserts a create (POST) or update (PUT) of the Lease and answers 409 with `reason`
     /// (`AlreadyExists` for a create, `Conflict` for a stale resourceVersion).
     async fn expect_lease_write_to_fail(&mut self, method: Method, reason: &str) {
-        let (request, respond) = self.next(&format!("the Lease {method}")).await;
+        // A renewal comes a write interval after the last write.
+        let (request, respond) = self
+            .next_within(
+                &format!("the Lease {method}"),
+                LEASE_WRITE_INTERVAL + CALL_TIMEOUT,
+            )
+            .await;
         assert_eq!(request.method(), method);
         let body = json!({
             "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
@@ -612,12 +660,66 @@ async fn json_body(request: Request<Body>) -> Value {
     serde_json::from_slice(&bytes).expect("request body is JSON")
 }
 
-fn json_response(status: StatusCode, body: Value) -> Response<Body> {
+fn json_response(status: StatusCode, body: Value) -> Response<ApiBody> {
     Response::builder()
         .status(status)
         .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from(serde_json::to_vec(&body).expect("JSON")))
+        .body(ApiBody::Whole(Some(
+            serde_json::to_vec(&body).expect("JSON").into(),
+        )))
         .expect("response")
+}
+
+/// A response body of the mocked API server: whole, or streamed chunk by chunk, as a watch.
+enum ApiBody {
+    Whole(Option<Bytes>),
+    Stream(tokio::sync::mpsc::UnboundedReceiver<Bytes>),
+}
+
+impl hyper::body::Body for ApiBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match self.get_mut() {
+            ApiBody::Whole(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            ApiBody::Stream(rx) => rx
+                .poll_recv(cx)
+                .map(|chunk| chunk.map(|b| Ok(Frame::data(b)))),
+        }
+    }
+}
+
+/// The server's end of an open watch: each event a JSON line; dropping it ends the watch.
+struct WatchStream(tokio::sync::mpsc::UnboundedSender<Bytes>);
+
+impl WatchStream {
+    fn send(&self, kind: &str, object: Value) {
+        let mut line =
+            serde_json::to_vec(&json!({ "type": kind, "object": object })).expect("JSON");
+        line.push(b'\n');
+        self.send_raw(line);
+    }
+
+    /// Bytes as they are, so a test can split a line across chunks.
+    fn send_raw(&self, bytes: Vec<u8>) {
+        // The client may have gone: then nobody reads, which is what the test looks at.
+        let _ = self.0.send(Bytes::from(bytes));
+    }
+}
+
+/// A 200 whose body streams what the returned [`WatchStream`] sends.
+fn watch_response() -> (Response<ApiBody>, WatchStream) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let response = Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json;stream=watch")
+        .body(ApiBody::Stream(rx))
+        .expect("response");
+    (response, WatchStream(tx))
 }
 
 /// What the API server returns for an object it stored.
@@ -704,7 +806,7 @@ fn mocked(settings: KubeSettings) -> (Kube, ApiHandle, IntCounterVec) {
 
 /// [`mocked`], its deadlines on `clock`.
 fn mocked_on(clock: Clock, settings: KubeSettings) -> (Kube, ApiHandle, IntCounterVec) {
-    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let (service, handle) = mock::pair::<Request<Body>, Response<ApiBody>>();
     let client = kube::Client::new(service, NAMESPACE);
     let errors = errors_counter();
     let kube =
@@ -847,7 +949,7 @@ async fn an_api_call_that_never_answers_times_out_and_is_retried() {
 
 #[tokio::test]
 async fn without_a_namespace_setting_the_service_accounts_namespace_is_used() {
-    let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let (service, mut handle) = mock::pair::<Request<Body>, Response<ApiBody>>();
     // In a cluster the client's default namespace is read from the service account's files.
     let client = kube::Client::new(service, "from-service-account");
     let settings = KubeSettings {
@@ -915,7 +1017,7 @@ async fn kubernetes_api_failures_never_touch_a_real_lock() {
         cancel.clone(),
     ));
 
-    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let (service, handle) = mock::pair::<Request<Body>, Response<ApiBody>>();
     tokio::spawn(refuse_everything(handle));
     let kube = Kube::with_client(
         kube::Client::new(service, NAMESPACE),
@@ -1132,16 +1234,16 @@ fn the_error_counter_starts_every_op_at_zero() {
     ops.sort();
     assert_eq!(
         ops,
-        ["create_event", "get_pod", "patch_label", "update_lease"]
+        ["create_event", "patch_label", "update_lease", "watch_pod"]
     );
 }
 
 // ---------------------------------------------------------------------------------------------
-// Following the app container's readiness (`--follow-container`)
+// Following the app container's readiness (`--follow-container`): one list, then one watch
 
-/// The pod as the API server returns it, with the app container's status as given (`None`:
-/// not started yet, no status).
-fn pod_with_app(ready: Option<bool>) -> Value {
+/// The pod as the API server returns it at `resource_version`, with the app container's
+/// status as given (`None`: not started yet, no status).
+fn pod_with_app(ready: Option<bool>, resource_version: &str) -> Value {
     let statuses: Vec<Value> = ready
         .map(|ready| {
             json!({"name": "app", "ready": ready, "started": true, "restartCount": 0,
@@ -1151,7 +1253,8 @@ fn pod_with_app(ready: Option<bool>) -> Value {
         .collect();
     json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": { "name": POD, "namespace": NAMESPACE, "uid": POD_UID },
+        "metadata": { "name": POD, "namespace": NAMESPACE, "uid": POD_UID,
+                      "resourceVersion": resource_version },
         "spec": { "containers": [
             { "name": "app", "image": "shop/app:1" },
             { "name": "redlock", "image": "redlock-sidecar:1" }
@@ -1160,68 +1263,352 @@ fn pod_with_app(ready: Option<bool>) -> Value {
     })
 }
 
-/// Answers the next request, which must be the GET of this pod.
-async fn answer_pod_get(handle: &mut ApiHandle, response: Response<Body>) {
-    let (request, respond) = tokio::time::timeout(CALL_TIMEOUT, handle.next_request())
+/// A PodList at `resource_version`.
+fn pod_list(resource_version: &str, items: Vec<Value>) -> Value {
+    json!({ "apiVersion": "v1", "kind": "PodList",
+            "metadata": { "resourceVersion": resource_version }, "items": items })
+}
+
+/// The request's query parameters, decoded.
+fn query(request: &Request<Body>) -> BTreeMap<String, String> {
+    query_of(request.uri())
+}
+
+fn query_of(uri: &http::Uri) -> BTreeMap<String, String> {
+    uri.query()
+        .unwrap_or_default()
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            (percent_decode(key), percent_decode(value))
+        })
+        .collect()
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).expect("ASCII");
+                out.push(u8::from_str_radix(hex, 16).expect("a percent escape"));
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).expect("UTF-8")
+}
+
+fn assert_user_agent(request: &Request<Body>) {
+    assert_eq!(
+        request
+            .headers()
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok()),
+        Some(USER_AGENT_VALUE),
+        "{} {}",
+        request.method(),
+        request.uri()
+    );
+    assert!(USER_AGENT_VALUE.starts_with("redlock-sidecar/"));
+}
+
+/// The next request within `limit`; it carries the sidecar's User-Agent.
+async fn next_request(
+    handle: &mut ApiHandle,
+    what: &str,
+    limit: Duration,
+) -> (Request<Body>, Responder) {
+    let (request, respond) = tokio::time::timeout(limit, handle.next_request())
         .await
-        .expect("the pod is read")
-        .expect("the client is alive");
+        .unwrap_or_else(|_| panic!("{what} was not requested within {limit:?}"))
+        .unwrap_or_else(|| panic!("the client went away before {what}"));
+    assert_user_agent(&request);
+    (request, respond)
+}
+
+/// Asserts that the next request is a list of this pod, by field selector; its query.
+async fn expect_pod_list(
+    handle: &mut ApiHandle,
+    limit: Duration,
+) -> (BTreeMap<String, String>, Responder) {
+    let (request, respond) = next_request(handle, "the pod's list", limit).await;
     assert_eq!(request.method(), Method::GET);
     assert_eq!(
         request.uri().path(),
-        format!("/api/v1/namespaces/{NAMESPACE}/pods/{POD}")
+        format!("/api/v1/namespaces/{NAMESPACE}/pods")
     );
-    respond.send_response(response);
+    let query = query(&request);
+    assert_eq!(
+        query.get("fieldSelector").map(String::as_str),
+        Some(format!("metadata.name={POD}").as_str()),
+        "{query:?}"
+    );
+    assert!(!query.contains_key("watch"), "a list: {query:?}");
+    (query, respond)
 }
 
-#[tokio::test]
-async fn the_app_containers_readiness_is_read_from_the_pod_and_an_api_error_changes_nothing() {
+/// Asserts that the next request is a watch of this pod with bookmarks and a timeout of 5 to
+/// 10 minutes; its query.
+async fn expect_pod_watch(
+    handle: &mut ApiHandle,
+    limit: Duration,
+) -> (BTreeMap<String, String>, Responder) {
+    let (request, respond) = next_request(handle, "the pod's watch", limit).await;
+    assert_eq!(request.method(), Method::GET);
+    assert_eq!(
+        request.uri().path(),
+        format!("/api/v1/namespaces/{NAMESPACE}/pods")
+    );
+    let query = query(&request);
+    assert_eq!(query.get("watch").map(String::as_str), Some("true"));
+    assert_eq!(
+        query.get("fieldSelector").map(String::as_str),
+        Some(format!("metadata.name={POD}").as_str())
+    );
+    assert_eq!(
+        query.get("allowWatchBookmarks").map(String::as_str),
+        Some("true")
+    );
+    let timeout: u64 = query["timeoutSeconds"].parse().expect("seconds");
+    assert!((300..600).contains(&timeout), "{timeout}");
+    (query, respond)
+}
+
+fn app_ready(rx: &watch::Receiver<Candidacy>) -> bool {
+    rx.borrow().app_ready(Deadline::now())
+}
+
+/// Waits (up to a minute, paused time) until the candidacy's app readiness is `want`.
+async fn until_app_ready(rx: &mut watch::Receiver<Candidacy>, want: bool) {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while app_ready(rx) != want {
+            rx.changed().await.expect("the watch runs");
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the app's readiness never read {want}"));
+}
+
+fn with_retry_after(mut response: Response<ApiBody>, seconds: u64) -> Response<ApiBody> {
+    response.headers_mut().insert(
+        header::RETRY_AFTER,
+        header::HeaderValue::from_str(&seconds.to_string()).expect("header"),
+    );
+    response
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_app_containers_readiness_comes_from_one_list_then_one_watch_resumed_from_its_version()
+{
     let (kube, mut handle, errors) = mocked(settings(false));
     let (tx, mut rx) = watch::channel(Candidacy::checked(Duration::from_secs(5)));
-    let follow =
-        tokio::spawn(kube.follow_container("app".to_string(), Duration::from_millis(20), tx));
-    let may_contend = |rx: &watch::Receiver<Candidacy>| rx.borrow().may_contend(Deadline::now());
-    // Not started yet (no status): not ready, so no contending.
-    answer_pod_get(
-        &mut handle,
-        json_response(StatusCode::OK, pod_with_app(None)),
+    let follow = tokio::spawn(kube.follow_container("app".to_string(), Duration::from_secs(1), tx));
+
+    // One list, from the API server's watch cache (resourceVersion=0): not started yet.
+    let t0 = tokio::time::Instant::now();
+    let (query, respond) = expect_pod_list(&mut handle, CALL_TIMEOUT).await;
+    assert_eq!(query.get("resourceVersion").map(String::as_str), Some("0"));
+    respond.send_response(json_response(
+        StatusCode::OK,
+        pod_list("100", vec![pod_with_app(None, "100")]),
+    ));
+    rx.changed().await.expect("answered");
+    assert!(!app_ready(&rx), "a container without a status is not ready");
+
+    // One watch from the list's version.
+    let (query, respond) = expect_pod_watch(&mut handle, CALL_TIMEOUT).await;
+    assert_eq!(query["resourceVersion"], "100");
+    let (response, stream) = watch_response();
+    respond.send_response(response);
+    // Ready; the event's line arrives in two pieces.
+    let mut line = serde_json::to_vec(
+        &json!({ "type": "MODIFIED", "object": pod_with_app(Some(true), "101") }),
     )
-    .await;
-    rx.changed().await.unwrap();
-    assert!(!may_contend(&rx));
-    // Ready: contend.
-    answer_pod_get(
-        &mut handle,
-        json_response(StatusCode::OK, pod_with_app(Some(true))),
-    )
-    .await;
-    rx.changed().await.unwrap();
-    assert!(may_contend(&rx));
-    // The API fails: the last known readiness stands, and the failure is counted.
-    let failure = status_body(StatusCode::FORBIDDEN, "pods", POD);
-    answer_pod_get(&mut handle, json_response(StatusCode::FORBIDDEN, failure)).await;
-    support::wait_until_async(CALL_TIMEOUT, "the failure is counted", || async {
-        errors.with_label_values(&["get_pod"]).get() == 1
-    })
-    .await;
-    assert!(may_contend(&rx), "an API error changes nothing");
-    assert!(!rx.has_changed().unwrap());
-    answer_pod_get(
-        &mut handle,
-        json_response(StatusCode::OK, pod_with_app(Some(false))),
-    )
-    .await;
-    rx.changed().await.unwrap();
-    // The readinessProbe failed: not ready.
-    assert!(!may_contend(&rx));
+    .expect("JSON");
+    line.push(b'\n');
+    let rest = line.split_off(25);
+    stream.send_raw(line);
+    stream.send_raw(rest);
+    until_app_ready(&mut rx, true).await;
+    stream.send(
+        "BOOKMARK",
+        json!({ "kind": "Pod", "apiVersion": "v1", "metadata": { "resourceVersion": "150" } }),
+    );
+    stream.send("MODIFIED", pod_with_app(Some(false), "160"));
+    until_app_ready(&mut rx, false).await;
+
+    // While the watch is open, nothing else is asked.
+    assert!(
+        tokio::time::timeout(Duration::from_secs(60), handle.next_request())
+            .await
+            .is_err(),
+        "no request while the watch is open"
+    );
+    // The server ends the watch (its timeout): the next one resumes from the last event.
+    drop(stream);
+    let (query, respond) = expect_pod_watch(&mut handle, CALL_TIMEOUT).await;
+    assert_eq!(query["resourceVersion"], "160");
+    // That version has left the server's history: 410, then a list that is a consistent read.
+    respond.send_response(json_response(
+        StatusCode::GONE,
+        status_body(StatusCode::GONE, "pods", POD),
+    ));
+    let (query, respond) = expect_pod_list(&mut handle, CALL_TIMEOUT).await;
+    assert!(!query.contains_key("resourceVersion"), "{query:?}");
+    respond.send_response(json_response(
+        StatusCode::OK,
+        pod_list("200", vec![pod_with_app(Some(true), "200")]),
+    ));
+    until_app_ready(&mut rx, true).await;
+    // Four requests in a minute would be too many: the next watch waits for the window.
+    let relisted = tokio::time::Instant::now();
+    let (query, respond) = expect_pod_watch(&mut handle, Duration::from_secs(61)).await;
+    assert_eq!(query["resourceVersion"], "200");
+    assert!(
+        relisted.elapsed() >= Duration::from_secs(59),
+        "{:?}",
+        relisted.elapsed()
+    );
+    let requests = 5;
+    assert!(
+        t0.elapsed() >= Duration::from_secs(60 * (requests - 1) / 2),
+        "at most 2 requests a minute: {:?}",
+        t0.elapsed()
+    );
+    let (response, stream) = watch_response();
+    respond.send_response(response);
+    // An ERROR 410 inside the stream also lists again.
+    stream.send("ERROR", status_body(StatusCode::GONE, "pods", POD));
+    let (query, respond) = expect_pod_list(&mut handle, Duration::from_secs(61)).await;
+    assert!(!query.contains_key("resourceVersion"), "{query:?}");
+    respond.send_response(json_response(
+        StatusCode::OK,
+        pod_list("300", vec![pod_with_app(Some(true), "300")]),
+    ));
+    assert_eq!(
+        errors_for(&errors, "watch_pod"),
+        0,
+        "410 Gone is the protocol's 'list again', not a failure"
+    );
     follow.abort();
 }
 
-#[tokio::test]
-async fn following_every_app_container_needs_all_of_them_ready_and_ignores_init_containers() {
-    let (kube, mut handle, _) = mocked(settings(false));
-    let pod = |app: bool, worker: bool| {
-        json!({
+#[tokio::test(start_paused = true)]
+async fn an_unreadable_pod_status_is_counted_told_to_the_candidacy_and_retried_after_retry_after() {
+    let (kube, mut handle, errors) = mocked(settings(false));
+    let (tx, mut rx) = watch::channel(Candidacy::checked(Duration::from_secs(5)));
+    let follow = tokio::spawn(kube.follow_container("app".to_string(), Duration::from_secs(1), tx));
+
+    // RBAC not bound yet.
+    let (_, respond) = expect_pod_list(&mut handle, CALL_TIMEOUT).await;
+    let first = tokio::time::Instant::now();
+    respond.send_response(json_response(
+        StatusCode::FORBIDDEN,
+        status_body(StatusCode::FORBIDDEN, "pods", ""),
+    ));
+    rx.changed().await.expect("the candidacy is told");
+    assert!(!app_ready(&rx));
+    assert!(
+        rx.borrow().changes_at(Deadline::now()).is_some(),
+        "the candidacy counts how long the state stays unreadable"
+    );
+    assert_eq!(errors_for(&errors, "watch_pod"), 1);
+
+    // Retried after the first backoff (0.5 to 1 s): overloaded, come back in 150 s (longer
+    // than any backoff of this read, 2 minutes at most).
+    let (_, respond) = expect_pod_list(&mut handle, CALL_TIMEOUT).await;
+    let second = tokio::time::Instant::now();
+    assert!(
+        (Duration::from_millis(500)..=Duration::from_secs(1)).contains(&(second - first)),
+        "{:?}",
+        second - first
+    );
+    respond.send_response(with_retry_after(
+        json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            status_body(StatusCode::SERVICE_UNAVAILABLE, "pods", ""),
+        ),
+        150,
+    ));
+    let (_, respond) = expect_pod_list(&mut handle, Duration::from_secs(151)).await;
+    assert_eq!(
+        second.elapsed(),
+        Duration::from_secs(150),
+        "Retry-After honoured, to the second"
+    );
+    assert_eq!(errors_for(&errors, "watch_pod"), 2);
+    respond.send_response(json_response(
+        StatusCode::OK,
+        pod_list("7", vec![pod_with_app(Some(true), "7")]),
+    ));
+    until_app_ready(&mut rx, true).await;
+    assert_eq!(
+        rx.borrow().changes_at(Deadline::now()),
+        None,
+        "a readable answer ends the unreadable spell"
+    );
+    let (_, respond) = expect_pod_watch(&mut handle, CALL_TIMEOUT).await;
+    // A watch that the server accepts is readable too: the last readiness is answered again.
+    let (response, _stream) = watch_response();
+    respond.send_response(response);
+    rx.changed().await.expect("answered again");
+    assert!(app_ready(&rx));
+    follow.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_watch_silent_past_its_own_timeout_counts_as_hung_and_is_opened_again() {
+    let (kube, mut handle, errors) = mocked(settings(false));
+    let (tx, mut rx) = watch::channel(Candidacy::checked(Duration::from_secs(5)));
+    let follow = tokio::spawn(kube.follow_container("app".to_string(), Duration::from_secs(1), tx));
+    let (_, respond) = expect_pod_list(&mut handle, CALL_TIMEOUT).await;
+    respond.send_response(json_response(
+        StatusCode::OK,
+        pod_list("5", vec![pod_with_app(Some(true), "5")]),
+    ));
+    until_app_ready(&mut rx, true).await;
+    let (query, respond) = expect_pod_watch(&mut handle, CALL_TIMEOUT).await;
+    let timeout = Duration::from_secs(query["timeoutSeconds"].parse().expect("seconds"));
+    // Accepted, then nothing: no event, no end (a peer that stopped answering).
+    let (response, stream) = watch_response();
+    respond.send_response(response);
+    let opened = tokio::time::Instant::now();
+    let (query, respond) = expect_pod_watch(&mut handle, timeout + Duration::from_secs(32)).await;
+    let silent = opened.elapsed();
+    assert!(
+        silent >= timeout + Duration::from_secs(30) && silent < timeout + Duration::from_secs(32),
+        "given up {silent:?} after opening, its timeout {timeout:?}"
+    );
+    assert_eq!(query["resourceVersion"], "5", "resumed where it was");
+    assert_eq!(
+        errors_for(&errors, "watch_pod"),
+        1,
+        "a hung watch is a failure"
+    );
+    assert!(
+        rx.borrow().changes_at(Deadline::now()).is_some(),
+        "the candidacy was told the state is unreadable"
+    );
+    drop((stream, respond));
+    follow.abort();
+}
+
+#[test]
+fn following_every_app_container_needs_all_of_them_ready_and_ignores_init_containers() {
+    let pod = |app: bool, worker: bool| -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": { "name": POD, "namespace": NAMESPACE },
             "spec": {
@@ -1241,23 +1628,616 @@ async fn following_every_app_container_needs_all_of_them_ready_and_ignores_init_
                       "image": "shop/worker:1", "imageID": "" }
                 ]
             }
-        })
+        }))
+        .expect("a pod")
     };
+    assert_eq!(container_ready(&pod(true, false), "*"), Some(false));
     assert_eq!(
-        ask_ready(&kube, &mut handle, pod(true, false)).await,
-        Some(false)
-    );
-    assert_eq!(
-        ask_ready(&kube, &mut handle, pod(true, true)).await,
+        container_ready(&pod(true, true), "*"),
         Some(true),
         "the sidecar's own status is not asked"
     );
+    assert_eq!(container_ready(&pod(true, false), "app"), Some(true));
+    assert_eq!(container_ready(&pod(true, true), "redlock-sidecar"), None);
 }
 
-/// `container_ready("*")` answered with `pod`.
-async fn ask_ready(kube: &Kube, handle: &mut ApiHandle, pod: Value) -> Option<bool> {
-    let kube = kube.clone();
-    let asked = tokio::spawn(async move { kube.container_ready("*").await });
-    answer_pod_get(handle, json_response(StatusCode::OK, pod)).await;
-    asked.await.unwrap().unwrap()
+// ---------------------------------------------------------------------------------------------
+// What one sidecar costs the API server: requests per pod per minute, by phase
+
+/// What the fake API server of the rate test does with the requests it gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Answers; a watch stays open for its `timeoutSeconds` (or until the phase ends).
+    Healthy,
+    /// 503 without `Retry-After`.
+    Unavailable,
+    /// 429 with `Retry-After: 90`.
+    Throttled,
+    /// Takes requests and never answers them.
+    Hung,
+}
+
+/// Length of each phase (simulated: time is paused).
+const PHASE: Duration = Duration::from_secs(600);
+const THROTTLED_RETRY_AFTER: Duration = Duration::from_secs(90);
+const PHASES: [(&str, Mode); 5] = [
+    ("steady", Mode::Healthy),
+    ("503, no Retry-After", Mode::Unavailable),
+    ("429, Retry-After 90 s", Mode::Throttled),
+    ("hang", Mode::Hung),
+    ("steady again", Mode::Healthy),
+];
+/// The pod's resourceVersion in the last phase; older ones have left the server's history.
+const LATE_VERSION: u64 = 900;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    PodStatus,
+    Label,
+    Event,
+    Lease,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Seen {
+    at: Duration,
+    kind: Kind,
+    /// Whether the answer was a failure (or none came).
+    failed: bool,
+}
+
+/// The fake API server's memory.
+struct FakeApi {
+    start: tokio::time::Instant,
+    seen: Vec<Seen>,
+    lease: Option<Value>,
+    lease_version: u64,
+    /// Requests never answered (kept: a dropped responder would be an error, not a hang).
+    held: Vec<Responder>,
+}
+
+impl FakeApi {
+    fn phase_at(at: Duration) -> usize {
+        usize::try_from(at.as_secs() / PHASE.as_secs())
+            .unwrap_or(usize::MAX)
+            .min(PHASES.len() - 1)
+    }
+
+    /// Plays the phases for their whole length; returns what it saw.
+    async fn serve(mut handle: ApiHandle) -> FakeApi {
+        let mut api = FakeApi {
+            start: tokio::time::Instant::now(),
+            seen: Vec::new(),
+            lease: None,
+            lease_version: 0,
+            held: Vec::new(),
+        };
+        // Healthy for a while after the last phase, so that no call in flight at its end
+        // fails (only what comes before the end is recorded).
+        let end = api.start + PHASE * PHASES.len() as u32;
+        let after = end + Duration::from_secs(30);
+        while let Ok(Some((request, respond))) =
+            tokio::time::timeout_at(after, handle.next_request()).await
+        {
+            assert_user_agent(&request);
+            let at = api.start.elapsed();
+            let record = tokio::time::Instant::now() < end;
+            let phase = Self::phase_at(at);
+            let path = request.uri().path().to_string();
+            let kind = if path.contains("/leases") {
+                Kind::Lease
+            } else if path.ends_with("/events") {
+                Kind::Event
+            } else if request.method() == Method::PATCH {
+                Kind::Label
+            } else {
+                Kind::PodStatus
+            };
+            let failed = match PHASES[phase].1 {
+                Mode::Unavailable => {
+                    respond.send_response(json_response(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        status_body(StatusCode::SERVICE_UNAVAILABLE, "pods", ""),
+                    ));
+                    true
+                }
+                Mode::Throttled => {
+                    let body = json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "reason": "TooManyRequests", "message": "too many requests, please try again later",
+                        "code": 429 });
+                    respond.send_response(with_retry_after(
+                        json_response(StatusCode::TOO_MANY_REQUESTS, body),
+                        THROTTLED_RETRY_AFTER.as_secs(),
+                    ));
+                    true
+                }
+                Mode::Hung => {
+                    api.held.push(respond);
+                    true
+                }
+                Mode::Healthy => {
+                    // A watch ends at its timeout, or when the API server's trouble begins.
+                    let phase_end = match PHASES.get(phase + 1) {
+                        Some(_) => api.start + PHASE * (phase as u32 + 1),
+                        None => after + PHASE,
+                    };
+                    api.answer(request, respond, kind, phase, phase_end).await;
+                    false
+                }
+            };
+            if record {
+                api.seen.push(Seen { at, kind, failed });
+            }
+        }
+        api
+    }
+
+    async fn answer(
+        &mut self,
+        request: Request<Body>,
+        respond: Responder,
+        kind: Kind,
+        phase: usize,
+        phase_end: tokio::time::Instant,
+    ) {
+        let version = if phase == 0 { 100 } else { LATE_VERSION };
+        let method = request.method().clone();
+        match kind {
+            Kind::PodStatus => {
+                let query = query(&request);
+                if query.get("watch").map(String::as_str) != Some("true") {
+                    let rv = version.to_string();
+                    respond.send_response(json_response(
+                        StatusCode::OK,
+                        pod_list(&rv, vec![pod_with_app(Some(true), &rv)]),
+                    ));
+                    return;
+                }
+                let from: u64 = query["resourceVersion"].parse().expect("a version");
+                if from < version {
+                    respond.send_response(json_response(
+                        StatusCode::GONE,
+                        status_body(StatusCode::GONE, "pods", POD),
+                    ));
+                    return;
+                }
+                let timeout: u64 = query["timeoutSeconds"].parse().expect("seconds");
+                let (response, stream) = watch_response();
+                respond.send_response(response);
+                let ends =
+                    (tokio::time::Instant::now() + Duration::from_secs(timeout)).min(phase_end);
+                tokio::spawn(async move {
+                    tokio::time::sleep_until(ends).await;
+                    drop(stream);
+                });
+            }
+            Kind::Label => {
+                respond.send_response(json_response(StatusCode::OK, pod_labelled("true")));
+            }
+            Kind::Event => {
+                let event = json_body(request).await;
+                respond.send_response(json_response(StatusCode::CREATED, stored(&event, "900")));
+            }
+            Kind::Lease => match (method, &self.lease) {
+                (Method::GET, Some(lease)) => {
+                    respond.send_response(json_response(StatusCode::OK, lease.clone()));
+                }
+                (Method::GET, None) => respond.send_response(json_response(
+                    StatusCode::NOT_FOUND,
+                    status_body(StatusCode::NOT_FOUND, "leases", "redlock-orders-cron"),
+                )),
+                (method, _) => {
+                    let lease = json_body(request).await;
+                    self.lease_version += 1;
+                    let lease = stored(&lease, &self.lease_version.to_string());
+                    self.lease = Some(lease.clone());
+                    let status = if method == Method::POST {
+                        StatusCode::CREATED
+                    } else {
+                        StatusCode::OK
+                    };
+                    respond.send_response(json_response(status, lease));
+                }
+            },
+        }
+    }
+}
+
+/// Requests of `kinds` per minute over `[from, to)`, and the most in any 60 s from one of
+/// them.
+fn rate(seen: &[Seen], kinds: &[Kind], from: Duration, to: Duration) -> (f64, usize) {
+    let times: Vec<Duration> = seen
+        .iter()
+        .filter(|s| kinds.contains(&s.kind) && s.at >= from && s.at < to)
+        .map(|s| s.at)
+        .collect();
+    let per_minute = times.len() as f64 / (to - from).as_secs_f64() * 60.0;
+    let max = times
+        .iter()
+        .map(|&t| {
+            times
+                .iter()
+                .filter(|&&u| u >= t && u < t + Duration::from_secs(60))
+                .count()
+        })
+        .max()
+        .unwrap_or(0);
+    (per_minute, max)
+}
+
+#[tokio::test(start_paused = true)]
+async fn api_requests_per_pod_per_minute_at_steady_state_under_503_under_retry_after_and_in_a_hang()
+{
+    let (kube, handle, errors) = mocked(settings(true));
+    let server = tokio::spawn(FakeApi::serve(handle));
+    let start = tokio::time::Instant::now();
+    // What the candidacy was told, over time: whether the app counts as ready.
+    let (candidacy_tx, mut candidacy) = watch::channel(Candidacy::checked(Duration::from_secs(5)));
+    let told = tokio::spawn(async move {
+        let mut told = Vec::new();
+        while candidacy.changed().await.is_ok() {
+            let state = candidacy.borrow_and_update();
+            let now = Deadline::now();
+            // Settled: nothing pending, i.e. not counting an unreadable spell.
+            told.push((
+                start.elapsed(),
+                state.app_ready(now),
+                state.changes_at(now).is_none(),
+            ));
+        }
+        told
+    });
+    let follow = tokio::spawn(kube.clone().follow_container(
+        "app".to_string(),
+        Duration::from_secs(1),
+        candidacy_tx,
+    ));
+    let (leadership_tx, leadership_rx) = watch::channel(leader(7));
+    let observer =
+        tokio::spawn(kube.observe(leadership_rx, CancellationToken::new(), FLUSH_TIMEOUT));
+
+    let api = match server.await {
+        Ok(api) => api,
+        Err(err) => std::panic::resume_unwind(err.into_panic()),
+    };
+    follow.abort();
+    observer.abort();
+    drop(leadership_tx);
+    let _ = follow.await;
+    let told = told.await.expect("the recorder ends with the watch");
+    let seen = &api.seen;
+
+    // The table.
+    let all = [Kind::PodStatus, Kind::Label, Kind::Event, Kind::Lease];
+    println!(
+        "API requests per pod per minute (one sidecar: leader, Lease mirror on, renew interval 1 s, --follow-container), {} simulated minutes per phase; avg (most in any 60 s):",
+        PHASE.as_secs() / 60
+    );
+    println!(
+        "{:<24} {:>18} {:>18} {:>18}",
+        "phase", "pod status", "Lease writes", "all requests"
+    );
+    let mut table = Vec::new();
+    for (index, (name, _)) in PHASES.iter().enumerate() {
+        let (from, to) = (PHASE * index as u32, PHASE * (index as u32 + 1));
+        let pod = rate(seen, &[Kind::PodStatus], from, to);
+        let lease = rate(seen, &[Kind::Lease], from, to);
+        let total = rate(seen, &all, from, to);
+        println!(
+            "{name:<24} {:>11.2} ({:>3}) {:>11.2} ({:>3}) {:>11.2} ({:>3})",
+            pod.0, pod.1, lease.0, lease.1, total.0, total.1
+        );
+        table.push((pod, lease, total));
+    }
+
+    // Pod status: never more than 2 requests in any minute, whatever the phase.
+    let whole = rate(seen, &[Kind::PodStatus], Duration::ZERO, PHASE * 5);
+    assert!(
+        whole.1 <= 2,
+        "pod status: {} requests in one minute",
+        whole.1
+    );
+    // Steady: one list and a watch, then a watch every 5 to 10 minutes.
+    let (steady_pod, steady_lease, steady_total) = table[0];
+    let after_start = rate(seen, &[Kind::PodStatus], Duration::from_secs(60), PHASE);
+    println!(
+        "steady, after the first list and watch: pod status {:.2} a minute",
+        after_start.0
+    );
+    assert!(after_start.0 <= 0.25, "{after_start:?}");
+    assert!(
+        steady_pod.0 <= 0.5,
+        "steady pod status {:.2}/min",
+        steady_pod.0
+    );
+    // The Lease mirror: every 5 s at most (renew interval 1 s), 12 a minute.
+    assert!(
+        steady_lease.0 <= 12.5 && steady_lease.1 <= 13,
+        "{steady_lease:?}"
+    );
+    // Failing phases: no more than the steady rate, of anything.
+    for (index, (pod, lease, total)) in table.iter().enumerate().skip(1).take(3) {
+        let name = PHASES[index].0;
+        assert!(pod.1 <= 2, "{name}: pod status {pod:?}");
+        assert!(
+            pod.0 <= 1.0,
+            "{name}: pod status {pod:?}, the steady budget is 1 a minute"
+        );
+        assert!(lease.1 <= 2, "{name}: Lease {lease:?}");
+        assert!(
+            total.0 <= steady_total.0,
+            "{name}: {total:?} vs steady {steady_total:?}"
+        );
+        let attempts = seen
+            .iter()
+            .filter(|s| s.kind == Kind::PodStatus && FakeApi::phase_at(s.at) == index)
+            .count();
+        assert!(
+            attempts >= 5,
+            "{name}: the pod status is still tried ({attempts})"
+        );
+    }
+    // Retry-After: after a 429, that operation waits at least 90 s.
+    for kind in [Kind::PodStatus, Kind::Lease] {
+        let times: Vec<&Seen> = seen.iter().filter(|s| s.kind == kind).collect();
+        for pair in times.windows(2) {
+            if FakeApi::phase_at(pair[0].at) == 2 {
+                assert!(
+                    pair[1].at - pair[0].at >= THROTTLED_RETRY_AFTER,
+                    "{kind:?} came back {:?} after a 429 with Retry-After 90",
+                    pair[1].at - pair[0].at
+                );
+            }
+        }
+    }
+    // Every failed call is counted, under its operation.
+    let failed = |kind: Kind| seen.iter().filter(|s| s.kind == kind && s.failed).count() as u64;
+    assert_eq!(errors_for(&errors, "watch_pod"), failed(Kind::PodStatus));
+    assert_eq!(errors_for(&errors, "update_lease"), failed(Kind::Lease));
+    assert_eq!(errors_for(&errors, "patch_label"), 0);
+    assert_eq!(errors_for(&errors, "create_event"), 0);
+    assert_eq!(
+        seen.iter().filter(|s| s.kind == Kind::Label).count(),
+        1,
+        "the label is set once"
+    );
+    // The candidacy heard of the outage (unreadable) and of the recovery (ready again).
+    for (phase, (name, _)) in PHASES.iter().enumerate().skip(1).take(3) {
+        assert!(
+            told.iter()
+                .any(|&(at, _, settled)| FakeApi::phase_at(at) == phase && !settled),
+            "{name}: the candidacy was told the state is unreadable"
+        );
+    }
+    let recovered = told
+        .iter()
+        .find(|&&(at, ready, settled)| FakeApi::phase_at(at) == 4 && ready && settled)
+        .map(|&(at, _, _)| at - PHASE * 4);
+    assert!(
+        recovered.is_some_and(|after| after <= Duration::from_secs(120)),
+        "read again {recovered:?} into the last phase"
+    );
+    drop(api.held);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Over real connections: the client this sidecar builds
+
+/// Method, path, query, User-Agent, Authorization.
+type WireRequest = (Method, String, String, Option<String>, Option<String>);
+
+/// What the plain-HTTP fake API server saw.
+#[derive(Default)]
+struct Wire {
+    connections: usize,
+    requests: Vec<WireRequest>,
+    /// Open watch streams (kept open).
+    watches: Vec<WatchStream>,
+}
+
+/// Log events by level and `op` field, for the test that runs on one thread.
+#[derive(Clone, Default)]
+struct LogCount(Arc<Mutex<Vec<LogLine>>>);
+
+/// A log event's level and `op` field.
+type LogLine = (tracing::Level, Option<String>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for LogCount {
+    fn on_event(
+        &self,
+        event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        struct Op(Option<String>);
+        impl tracing::field::Visit for Op {
+            fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+                if field.name() == "op" {
+                    self.0 = Some(value.to_string());
+                }
+            }
+            fn record_debug(&mut self, _: &tracing::field::Field, _: &dyn std::fmt::Debug) {}
+        }
+        let mut op = Op(None);
+        event.record(&mut op);
+        self.0
+            .lock()
+            .expect("not poisoned")
+            .push((*event.metadata().level(), op.0));
+    }
+}
+
+async fn read_request_body(mut body: hyper::body::Incoming) {
+    use hyper::body::Body as _;
+    while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+        if frame.is_err() {
+            return;
+        }
+    }
+}
+
+async fn wire_answer(
+    wire: Arc<Mutex<Wire>>,
+    request: Request<hyper::body::Incoming>,
+) -> Response<ApiBody> {
+    let header = |name| {
+        request
+            .headers()
+            .get(name)
+            .and_then(|v: &header::HeaderValue| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let (method, path) = (request.method().clone(), request.uri().path().to_string());
+    let query = query_of(request.uri());
+    wire.lock().expect("not poisoned").requests.push((
+        method.clone(),
+        path.clone(),
+        request.uri().query().unwrap_or_default().to_string(),
+        header(header::USER_AGENT),
+        header(header::AUTHORIZATION),
+    ));
+    read_request_body(request.into_body()).await;
+    match (method, query.contains_key("watch")) {
+        (Method::GET, false) => json_response(
+            StatusCode::OK,
+            pod_list("10", vec![pod_with_app(Some(false), "10")]),
+        ),
+        (Method::GET, true) => {
+            let (response, stream) = watch_response();
+            // The app turns ready; the line arrives in two chunks.
+            let mut line = serde_json::to_vec(
+                &json!({ "type": "MODIFIED", "object": pod_with_app(Some(true), "11") }),
+            )
+            .expect("JSON");
+            line.push(b'\n');
+            let rest = line.split_off(40);
+            stream.send_raw(line);
+            stream.send_raw(rest);
+            wire.lock().expect("not poisoned").watches.push(stream);
+            response
+        }
+        // Writes: the API server is overloaded.
+        _ => json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            status_body(StatusCode::SERVICE_UNAVAILABLE, "pods", POD),
+        ),
+    }
+}
+
+#[tokio::test]
+async fn over_real_connections_each_503_is_one_request_counted_and_logged_once_on_a_kept_connection(
+) {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let logs = LogCount::default();
+    let _logging =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(logs.clone()));
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let wire = Arc::new(Mutex::new(Wire::default()));
+    let server_wire = Arc::clone(&wire);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            server_wire.lock().expect("not poisoned").connections += 1;
+            let wire = Arc::clone(&server_wire);
+            let service = hyper::service::service_fn(move |request| {
+                let wire = Arc::clone(&wire);
+                async move { Ok::<_, Infallible>(wire_answer(wire, request).await) }
+            });
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+
+    // The service account's token, as the kubelet projects it.
+    let dir = support::TempDir::new("k8s-token");
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "test-token").expect("token written");
+    let mut config = kube::Config::new(format!("http://{addr}").parse().expect("a URL"));
+    config.default_namespace = NAMESPACE.to_string();
+    config.auth_info.token_file = Some(token_file.display().to_string());
+    let client = redlock_sidecar::k8s::client(config).expect("a client");
+    let errors = errors_counter();
+    let kube = Kube::with_client(client, settings(false), POD.to_string(), errors.clone());
+
+    let (candidacy_tx, mut candidacy) = watch::channel(Candidacy::checked(Duration::from_secs(5)));
+    let follow = tokio::spawn(kube.clone().follow_container(
+        "app".to_string(),
+        Duration::from_secs(1),
+        candidacy_tx,
+    ));
+    let (leadership_tx, leadership_rx) = watch::channel(leader(7));
+    let observer =
+        tokio::spawn(kube.observe(leadership_rx, CancellationToken::new(), FLUSH_TIMEOUT));
+
+    // The watch streams the app's readiness over a real connection.
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        until_app_ready(&mut candidacy, true),
+    )
+    .await
+    .expect("ready from the watch");
+    // Long enough for the first retry (0.5 to 1 s) of each write, too short for a third try.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    observer.abort();
+    follow.abort();
+    drop(leadership_tx);
+
+    let wire = wire.lock().expect("not poisoned");
+    let count = |method: Method, part: &str| {
+        wire.requests
+            .iter()
+            .filter(|(m, path, query, _, _)| {
+                *m == method && (path.contains(part) || query.contains(part))
+            })
+            .count()
+    };
+    println!(
+        "over real connections: {} requests on {} connections",
+        wire.requests.len(),
+        wire.connections
+    );
+    assert_eq!(count(Method::PATCH, "/pods/"), 2, "{:?}", wire.requests);
+    assert_eq!(count(Method::POST, "/events"), 2, "{:?}", wire.requests);
+    assert_eq!(count(Method::GET, "watch=true"), 1, "{:?}", wire.requests);
+    assert_eq!(
+        wire.requests.len(),
+        6,
+        "one list, one watch, two of each write: {:?}",
+        wire.requests
+    );
+    assert_eq!(errors_for(&errors, "patch_label"), 2);
+    assert_eq!(errors_for(&errors, "create_event"), 2);
+    assert_eq!(errors_for(&errors, "watch_pod"), 0);
+    for (method, path, _, agent, auth) in &wire.requests {
+        assert_eq!(agent.as_deref(), Some(USER_AGENT_VALUE), "{method} {path}");
+        assert_eq!(
+            auth.as_deref(),
+            Some("Bearer test-token"),
+            "{method} {path}"
+        );
+    }
+    // The watch keeps one connection; the writes share another (a 503's body is read, so
+    // its connection goes back to the pool); a third at most while the list and the first
+    // write overlap.
+    assert!(wire.connections <= 3, "{} connections", wire.connections);
+    drop(wire);
+
+    let logs = logs.0.lock().expect("not poisoned");
+    let errors_logged = logs
+        .iter()
+        .filter(|(level, _)| *level == tracing::Level::ERROR)
+        .count();
+    assert_eq!(errors_logged, 0, "no ERROR lines: {logs:?}");
+    for op in ["patch_label", "create_event"] {
+        let warnings = logs
+            .iter()
+            .filter(|(level, o)| *level == tracing::Level::WARN && o.as_deref() == Some(op))
+            .count();
+        assert_eq!(warnings, 1, "{op}: one warning for two failures: {logs:?}");
+    }
 }
