@@ -246,8 +246,10 @@ impl Config {
                 })
             }
             Op::Release { nonce } => {
+                // The release script: our key, and the node-set record beside it (ours).
                 if ours(node, nonce) {
                     node.data.key = None;
+                    node.data.record = None;
                 }
                 None
             }
