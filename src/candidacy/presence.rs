@@ -61,6 +61,10 @@ end
 return {redis.call('GET', KEYS[2]) or '', live}
 "#;
 
+/// [`ANNOUNCE`], hashed once.
+static ANNOUNCE_SCRIPT: std::sync::LazyLock<Script> =
+    std::sync::LazyLock::new(|| Script::new(ANNOUNCE));
+
 /// This process' start, in ms of the Unix epoch: its rank among candidates of equal readiness.
 pub fn born_ms() -> u64 {
     SystemTime::now()
@@ -79,7 +83,7 @@ type NodeField = (String, Vec<(String, String)>);
 /// Runs `ANNOUNCE` with `field` = `value` for `life` on every node at once; the answers of
 /// the nodes that answered.
 async fn announce(redlock: &Redlock, field: &str, value: &str, life: Duration) -> Vec<NodeField> {
-    let script = Script::new(ANNOUNCE);
+    let script = &*ANNOUNCE_SCRIPT;
     let cfg = redlock.config();
     let key = candidates_key(&cfg.lock);
     let lock_key = format!("redlock:{{{}}}", cfg.lock);
@@ -87,7 +91,6 @@ async fn announce(redlock: &Redlock, field: &str, value: &str, life: Duration) -
     let calls = redlock.nodes().iter().map(|node| {
         let keys = [key.as_str(), lock_key.as_str()];
         let args = [field, value, life_ms.as_str()];
-        let script = &script;
         async move {
             node.eval::<(String, Vec<(String, String)>)>(script, &keys, &args, cfg.node_timeout)
                 .await

@@ -27,7 +27,7 @@
 //! ## Lost and late answers
 //! Both are a timeout to the round. A lost request stands for a node cut off from the client
 //! for the rest of the round: when the round reads the registers of the nodes that did not
-//! answer in time (`round::acquire`, rule 5a), it reads nothing from that node, and waits out
+//! answer in time (`round::acquire`, rule 5), it reads nothing from that node, and waits out
 //! the recheck window. A late answer comes from a node that is only slow (paused, busy): it
 //! executed the request, and it answers the round's register read like any request.
 
