@@ -51,7 +51,7 @@ rbac_is_exact() {
     --set cronjob.enabled=true --set cronjob.name=report --set cronjob.lockName=report --set cronjob.timeZone=Etc/UTC \
     >"${WORK}/rbac.yaml"
   "${PY}" - "${WORK}/rbac.yaml" <<'PY'
-# Exactly the calls of src/k8s.rs (pod patch, pod get for --follow-container, core Event create,
+# Exactly the calls of src/k8s (pod patch, pod list and watch for --follow-container, core Event create,
 # Lease get/update by name and create) and of guard (Event create); nothing cluster-wide.
 import sys, yaml
 docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
@@ -62,7 +62,7 @@ def norm(rules):
                    tuple(r.get("resourceNames", []))) for r in rules)
 sidecar = norm(roles["x-redlock-sidecar"])
 assert sidecar == sorted([
-    (("",), ("pods",), ("get", "patch"), ()),
+    (("",), ("pods",), ("list", "patch", "watch"), ()),
     (("",), ("events",), ("create",), ()),
     (("coordination.k8s.io",), ("leases",), ("get", "update"), ("redlock-orders-writer",)),
     (("coordination.k8s.io",), ("leases",), ("create",), ()),
@@ -393,7 +393,7 @@ assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "orders"}], bi
 assert ("ServiceAccount", "redlock-sidecar") not in one, "the Component creates no ServiceAccount"
 assert not [k for k in one if k[0] in ("Role", "RoleBinding") and k[1] == "redlock-sidecar-attach"], "no shared name"
 role = one[("Role", "redlock-sidecar-attach:orders")]
-assert sorted((tuple(r["resources"]), tuple(r["verbs"])) for r in role["rules"]) == [(("events",), ("create",)), (("pods",), ("get", "patch"))]
+assert sorted((tuple(r["resources"]), tuple(r["verbs"])) for r in role["rules"]) == [(("events",), ("create",)), (("pods",), ("list", "patch", "watch"))]
 for name, lock in (("orders", "orders-writer"), ("billing", "billing-writer")):
     check_pod(two[("Deployment", name)], lock, name)
 assert {k for k in two if k[0] in ("Role", "RoleBinding")} == {
