@@ -34,10 +34,12 @@
 //!   step), re-listing only on `410 Gone`. The leader adds its label patch and Event on each
 //!   change of leadership and, with the Lease mirror, at most 12 Lease writes a minute.
 //! - **Failures** (any status other than 2xx, a connection error, no response head within
-//!   10 s, a watch silent past its own timeout) back off per operation ([`retry`]): equal
-//!   jitter from 1 s doubling to 60 s, never before the server's `Retry-After`, and never more
-//!   than two attempts of an operation in any minute (the pod's watch: ever; writes: while they
-//!   fail). A sidecar facing an overloaded API server sends it no more than a healthy one does.
+//!   10 s, a watch silent past its own timeout) back off per operation ([`retry`]) with equal
+//!   jitter: writes from 1 s doubling to 60 s; the pod's watch once after 0.5 to 1 s, then every
+//!   1 to 2 minutes. Never before the server's `Retry-After`, and never more than two attempts of
+//!   an operation in any minute (the pod's watch: ever; writes: while they fail). The pod's
+//!   status thus stays within its steady budget of one request a minute, and the leader's writes
+//!   fall below their steady rate.
 //! - **No client-side retries** beyond those: kube's default retry layer is not used (see
 //!   [`api`]); each request carries `User-Agent: redlock-sidecar/VERSION`.
 //! - **Counted and logged once.** Every failed call is counted in

@@ -11,11 +11,10 @@
 //! - **`Retry-After`.** A server that says when to come back is obeyed: the next attempt waits
 //!   at least that long (at most [`MAX_RETRY_AFTER`], so a bogus header cannot silence the
 //!   sidecar for good).
-//! - **A rate that never grows under failure.** At most [`WINDOW_ATTEMPTS`] attempts in any
-//!   [`WINDOW`]: for the pod's watch always (its steady rate is far below that), for writes
-//!   while they fail (a write that succeeds clears the window, so a leadership change is never
-//!   held back by an earlier one). A sidecar facing an overloaded API server therefore sends it
-//!   no more than it sends a healthy one.
+//! - **A bounded rate.** At most [`WINDOW_ATTEMPTS`] attempts in any [`WINDOW`]: for the pod's
+//!   watch always (its steady budget; it normally sends one request every 5 to 10 minutes), for
+//!   writes while they fail (a write that succeeds clears the window, so a leadership change is
+//!   never held back by an earlier one). Failures never push a sidecar past that budget.
 //!
 //! Whichever of the three rules is latest wins.
 
