@@ -2,11 +2,13 @@
 //! [`Candidacy`] ranks itself in.
 //!
 //! ## Behaviour
-//! - Every [`PERIOD`], one script on every node (each bounded by the node timeout): it writes
-//!   this candidate's entry (whether its app counts as ready, when it started) into the lock's
-//!   candidates hash (`redlock:{NAME}:candidates`, same hash tag as the lock) with an expiry of
-//!   [`LIFE`] on the node's own clock, drops expired entries, and answers the live ones and
-//!   the lock key's value. The hash itself expires once nobody announces.
+//! - Every [`PERIOD`], on every node (each round trip bounded by the node timeout; plain
+//!   commands, so a lock's scripts are only its rounds): this candidate's entry (whether its
+//!   app counts as ready, when it started) goes into the lock's candidates hash
+//!   (`redlock:{NAME}:candidates`, same hash tag as the lock) with an expiry of [`LIFE`] on the
+//!   node's own clock (`TIME`), and the live entries and the lock key's value are read back in
+//!   the same transaction; expired entries are deleted. The hash itself expires once nobody
+//!   announces.
 //! - The answers of every node that answered are merged: a candidate seen on any node is
 //!   live; the lock is free when a quorum of nodes answered and none of them holds the key.
 //! - Nothing here decides or holds anything: a candidate that reads nothing (nodes down)
@@ -18,7 +20,6 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redis::Script;
 use tokio_util::sync::CancellationToken;
 
 use super::{CandidacyTx, Field, Peer, Standing, SUCCESSOR_LIFE};
@@ -35,36 +36,6 @@ pub const LIFE: Duration = Duration::from_secs(3);
 /// does, it only names itself a successor).
 const SUCCESSOR: &str = "~successor";
 
-/// Writes `ARGV[1]` = `ARGV[2]` into the candidates hash for `ARGV[3]` ms (nothing when
-/// `ARGV[1]` is empty), drops expired entries, and answers `{lock value or '', live entries}`.
-const ANNOUNCE: &str = r#"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local life = tonumber(ARGV[3])
-if ARGV[1] ~= '' then
-  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. '|' .. string.format('%d', now + life))
-end
-local live = {}
-local all = redis.call('HGETALL', KEYS[1])
-for i = 1, #all, 2 do
-  local expires = tonumber(string.match(all[i + 1], '|(%d+)$') or '0') or 0
-  if expires <= now then
-    redis.call('HDEL', KEYS[1], all[i])
-  else
-    live[#live + 1] = all[i]
-    live[#live + 1] = all[i + 1]
-  end
-end
-if #live > 0 then
-  redis.call('PEXPIRE', KEYS[1], 2 * life)
-end
-return {redis.call('GET', KEYS[2]) or '', live}
-"#;
-
-/// [`ANNOUNCE`], hashed once.
-static ANNOUNCE_SCRIPT: std::sync::LazyLock<Script> =
-    std::sync::LazyLock::new(|| Script::new(ANNOUNCE));
-
 /// This process' start, in ms of the Unix epoch: its rank among candidates of equal readiness.
 pub fn born_ms() -> u64 {
     SystemTime::now()
@@ -80,22 +51,47 @@ fn candidates_key(lock: &str) -> String {
 /// What one node answered: the lock's value (empty: free) and the live entries.
 type NodeField = (String, Vec<(String, String)>);
 
-/// Runs `ANNOUNCE` with `field` = `value` for `life` on every node at once; the answers of
-/// the nodes that answered.
+/// On every node at once: writes `field` = `value|EXPIRY` into the candidates hash (nothing
+/// when `field` is empty), EXPIRY being the node's own clock plus `life`, keeps the hash for
+/// twice `life`, and reads the live entries and the lock key's value; expired entries are
+/// deleted. Plain commands (`TIME`, then one `MULTI`: `HSET`, `HGETALL`, `GET`, `PEXPIRE`),
+/// each round trip bounded by the node timeout. The answers of the nodes that answered.
 async fn announce(redlock: &Redlock, field: &str, value: &str, life: Duration) -> Vec<NodeField> {
-    let script = &*ANNOUNCE_SCRIPT;
     let cfg = redlock.config();
     let key = candidates_key(&cfg.lock);
     let lock_key = format!("redlock:{{{}}}", cfg.lock);
-    let life_ms = life.as_millis().to_string();
+    let life_ms = u64::try_from(life.as_millis()).unwrap_or(u64::MAX);
     let calls = redlock.nodes().iter().map(|node| {
-        let keys = [key.as_str(), lock_key.as_str()];
-        let args = [field, value, life_ms.as_str()];
+        let (key, lock_key) = (&key, &lock_key);
         async move {
-            node.eval::<(String, Vec<(String, String)>)>(script, &keys, &args, cfg.node_timeout)
+            let (secs, micros): (u64, u64) = node
+                .command(&redis::cmd("TIME"), cfg.node_timeout)
                 .await
-                .ok()
-                .map(|(answer, _)| answer)
+                .ok()?;
+            let now_ms = secs * 1000 + micros / 1000;
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            if !field.is_empty() {
+                let entry = format!("{value}|{}", now_ms + life_ms);
+                pipe.cmd("HSET").arg(key).arg(field).arg(entry).ignore();
+            }
+            pipe.cmd("HGETALL").arg(key);
+            pipe.cmd("GET").arg(lock_key);
+            pipe.cmd("PEXPIRE").arg(key).arg(2 * life_ms).ignore();
+            let (entries, held): (Vec<(String, String)>, Option<String>) =
+                node.query_pipeline(&pipe, cfg.node_timeout).await.ok()?;
+            let (live, expired): (Vec<_>, Vec<_>) = entries
+                .into_iter()
+                .partition(|(_, value)| expiry_of(value).is_some_and(|at| at > now_ms));
+            if !expired.is_empty() {
+                let mut hdel = redis::cmd("HDEL");
+                hdel.arg(key);
+                for (name, _) in &expired {
+                    hdel.arg(name);
+                }
+                let _ = node.command::<i64>(&hdel, cfg.node_timeout).await;
+            }
+            Some((held.unwrap_or_default(), live))
         }
     });
     futures_util::future::join_all(calls)
@@ -103,6 +99,11 @@ async fn announce(redlock: &Redlock, field: &str, value: &str, life: Duration) -
         .into_iter()
         .flatten()
         .collect()
+}
+
+/// The expiry (ms on the node's clock) an entry's value ends with.
+fn expiry_of(value: &str) -> Option<u64> {
+    value.rsplit_once('|')?.1.parse().ok()
 }
 
 /// The field the nodes' answers show to `me`: every live candidate but `me` and the holder

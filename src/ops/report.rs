@@ -242,7 +242,7 @@ impl NodeReport {
                 hazards.push(format!(
                     "the ACL user may not run {}: without PUBLISH/SUBSCRIBE waiters are not \
                      woken by a release and retry on their timer (grant the channel, e.g. \
-                     &redlock:*); without TIME/HSET/HGETALL/HDEL candidates cannot rank \
+                     &redlock:*); without TIME/HSET/HGETALL/HDEL/MULTI/EXEC candidates cannot rank \
                      themselves (every sidecar contends as an equal)",
                     access.denied_optional.join(", ")
                 ));

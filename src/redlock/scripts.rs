@@ -469,6 +469,8 @@ need(optional, 'time')
 need(optional, 'hset', KEYS[1], 'f', 'v')
 need(optional, 'hgetall', KEYS[1])
 need(optional, 'hdel', KEYS[1], 'f')
+need(optional, 'multi')
+need(optional, 'exec')
 return {essential, optional, 1}
 "#;
 

@@ -395,6 +395,30 @@ impl Node {
         }
     }
 
+    /// Runs `pipe` (plain commands, one round trip; atomic if `pipe` is) on the node's
+    /// connection, made if needed without refreshing stale facts, bounded by `timeout`. A
+    /// `MOVED` answer (cluster mode) is retried once on the new owner.
+    pub async fn query_pipeline<T: FromRedisValue>(
+        &self,
+        pipe: &redis::Pipeline,
+        timeout: Duration,
+    ) -> Result<T, NodeError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut retried = false;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let (mut conn, _, id) = self.connection_quiet(left).await?;
+            match tokio::time::timeout_at(deadline, pipe.query_async::<T>(&mut conn)).await {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(e)) => match self.failed(id, &e, &mut retried) {
+                    None => continue,
+                    Some(err) => return Err(err),
+                },
+                Err(_) => return Err(NodeError::timeout(timeout)),
+            }
+        }
+    }
+
     /// Reads `key` with plain commands (`GET` and `PTTL`, pipelined in one round trip),
     /// bounded by `timeout`: its value and remaining time, or `None` if there is none. A
     /// `MOVED` answer (cluster mode) is retried once on the new owner.
