@@ -64,6 +64,7 @@ pub struct Metrics {
     info: IntGaugeVec,
     candidacy: IntGaugeVec,
     app_ready: IntGauge,
+    credentials: IntGaugeVec,
     app_state_unread: IntCounter,
     app_locks: AppLockMetrics,
     nodes: Vec<String>,
@@ -273,6 +274,14 @@ impl Metrics {
                 &["state"],
             )
             .unwrap(),
+            credentials: IntGaugeVec::new(
+                opts(
+                    "redlock_credentials_info",
+                    "Always 1 while a password is configured; fingerprint: 16 hex digits of a salted SHA-256 of the Redis credentials new connections use now (compare pods during a rotation; never the secret)",
+                ),
+                &["fingerprint"],
+            )
+            .unwrap(),
             app_ready: IntGauge::with_opts(opts(
                 "redlock_app_ready",
                 "1 while the app counts as ready for leadership (always 1 without an app check)",
@@ -333,6 +342,7 @@ impl Metrics {
             Box::new(self.info.clone()),
             Box::new(self.candidacy.clone()),
             Box::new(self.app_ready.clone()),
+            Box::new(self.credentials.clone()),
             Box::new(self.app_state_unread.clone()),
             Box::new(build_info),
             Box::new(prometheus::process_collector::ProcessCollector::for_self()),
@@ -442,6 +452,15 @@ impl Metrics {
                 .set(i64::from(state == standing));
         }
         self.app_ready.set(i64::from(app_ready));
+    }
+
+    /// The fingerprint of the credentials new connections use now (`None`: no password, or
+    /// the file cannot be read now: the series goes away).
+    pub fn credentials(&self, fingerprint: Option<&str>) {
+        self.credentials.reset();
+        if let Some(fingerprint) = fingerprint {
+            self.credentials.with_label_values(&[fingerprint]).set(1);
+        }
     }
 
     /// The app's state became unreadable long enough to count it as ready.

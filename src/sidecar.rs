@@ -92,6 +92,7 @@ pub async fn run(cfg: RunConfig) -> i32 {
     };
     let (candidacy_tx, candidacy_rx) =
         tokio::sync::watch::channel(candidacy.named(&cfg.redlock.identity, presence::born_ms()));
+    tokio::spawn(follow_credentials(redlock.clone(), metrics.clone()));
     tokio::spawn(presence::run(
         redlock.clone(),
         candidacy_tx.clone(),
@@ -227,4 +228,24 @@ fn log_timing(cfg: &RunConfig) {
         shutdown_timeout = ?cfg.shutdown_timeout,
         "timing model"
     );
+}
+
+/// How often the credentials' fingerprint is taken again (a rotated Secret reaches the pod's
+/// files within about a minute).
+const CREDENTIALS_EVERY: Duration = Duration::from_secs(5);
+
+/// Keeps `redlock_credentials_info` on the fingerprint of the credentials the first node's
+/// next connection uses (every node gets the same flags and files).
+async fn follow_credentials(
+    redlock: crate::redlock::Redlock,
+    metrics: Arc<crate::metrics::Metrics>,
+) {
+    let Some(node) = redlock.nodes().first() else {
+        return;
+    };
+    let salt = redlock.config().lock.clone();
+    loop {
+        metrics.credentials(node.credentials_fingerprint(&salt).await.as_deref());
+        tokio::time::sleep(CREDENTIALS_EVERY).await;
+    }
 }

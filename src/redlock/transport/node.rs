@@ -395,6 +395,29 @@ impl Node {
         }
     }
 
+    /// A fingerprint of the credentials the node's next connection uses (its password file
+    /// read again, see `secrets`), salted with `salt` (the lock's name, shared by every
+    /// contender): 16 hex digits of SHA-256, so pods can be compared during a rotation without
+    /// showing the secret. `None` without a password, or when the file cannot be read now.
+    pub async fn credentials_fingerprint(&self, salt: &str) -> Option<String> {
+        let spec = self.spec.current().await.ok()?;
+        let settings = spec.info.redis_settings();
+        let password = settings.password()?;
+        let user = settings.username().unwrap_or_default();
+        let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+        for part in ["redlock-sidecar credentials", salt, user, password] {
+            context.update(part.as_bytes());
+            context.update(&[0]);
+        }
+        let digest = context.finish();
+        Some(
+            digest.as_ref()[..8]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect(),
+        )
+    }
+
     /// Runs `pipe` (plain commands, one round trip; atomic if `pipe` is) on the node's
     /// connection, made if needed without refreshing stale facts, bounded by `timeout`. A
     /// `MOVED` answer (cluster mode) is retried once on the new owner.
