@@ -277,7 +277,7 @@ impl Metrics {
             credentials: IntGaugeVec::new(
                 opts(
                     "redlock_credentials_info",
-                    "Always 1 while a password is configured; fingerprint: 16 hex digits of a salted SHA-256 of the Redis credentials new connections use now (compare pods during a rotation; never the secret)",
+                    "Always 1; fingerprint: empty without a password (or while its file cannot be read), else 16 hex digits of a salted SHA-256 of the Redis credentials new connections use now (compare pods during a rotation; never the secret)",
                 ),
                 &["fingerprint"],
             )
@@ -361,6 +361,7 @@ impl Metrics {
     fn initialise_series(&self) {
         self.info.with_label_values(&[""]).set(1);
         self.candidacy(crate::candidacy::Standing::Contending, true);
+        self.credentials(None);
         for direction in ["gained", "lost"] {
             self.transitions.with_label_values(&[direction]);
         }
@@ -455,12 +456,12 @@ impl Metrics {
     }
 
     /// The fingerprint of the credentials new connections use now (`None`: no password, or
-    /// the file cannot be read now: the series goes away).
+    /// the file cannot be read now: an empty fingerprint). One series at a time.
     pub fn credentials(&self, fingerprint: Option<&str>) {
         self.credentials.reset();
-        if let Some(fingerprint) = fingerprint {
-            self.credentials.with_label_values(&[fingerprint]).set(1);
-        }
+        self.credentials
+            .with_label_values(&[fingerprint.unwrap_or_default()])
+            .set(1);
     }
 
     /// The app's state became unreadable long enough to count it as ready.

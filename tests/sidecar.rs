@@ -302,6 +302,8 @@ async fn metrics_are_valid_exposition_with_every_documented_name_and_move_on_han
                 "direction",
                 "version",
                 "workload",
+                "state",
+                "fingerprint",
                 "le"
             ]
             .contains(&k.as_str()),
