@@ -1256,7 +1256,7 @@ KNOWN = {
     "redlock_node_errors_total", "redlock_node_vote_counted", "redlock_build_info",
     "redlock_kubernetes_errors_total", "redlock_guard_runs_total", "redlock_push_subscribed",
     "redlock_standby_reads_total", "redlock_standby_reads_skipped_total", "redlock_standby_waiters",
-    "redlock_release_watch",
+    "redlock_release_watch", "redlock_candidacy", "redlock_app_ready",
     "redlock_app_leases", "redlock_app_lock_waiting", "redlock_app_lock_acquire_seconds_bucket",
     "redlock_app_lock_acquire_seconds_count", "redlock_app_leases_ended_total",
     "process_cpu_seconds_total", "process_resident_memory_bytes", "process_start_time_seconds",
