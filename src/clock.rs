@@ -15,9 +15,12 @@
 //! ## Behaviour
 //! - Without a suspend, [`Deadline::now`] moves as `Instant::now()` does; after one, it is
 //!   ahead by the time spent suspended.
-//! - [`sleep_until_deadline`] uses a `CLOCK_BOOTTIME` timerfd, so a deadline that passed
-//!   during a suspend fires as soon as the process runs again. Should the kernel refuse a
-//!   timerfd, it sleeps on Tokio's timer in slices of at most [`FALLBACK_SLICE`].
+//! - [`sleep_until_deadline`] waits on the process' one shared `CLOCK_BOOTTIME` timer (see
+//!   [`shared`]): a deadline that passed during a suspend fires as soon as the process runs
+//!   again, and a sleep costs no file descriptor of its own, however many wait at once (every
+//!   request lease, waiter and node call of the sidecar sleeps there). Should the kernel refuse
+//!   the timer or its thread, each sleep arms a timerfd of its own, and without one it sleeps
+//!   on Tokio's timer in slices of at most [`FALLBACK_SLICE`].
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::LazyLock;
@@ -165,6 +168,9 @@ impl std::ops::Sub<Deadline> for Deadline {
 
 /// Sleeps until the clock reaches `deadline`, counting suspended time.
 pub async fn sleep_until_deadline(deadline: Deadline) {
+    if let Some(timer) = shared::Timer::get() {
+        return timer.sleep_until(deadline).await;
+    }
     if let Some(timer) = boot_timer(deadline.boottime()) {
         // One wake-up: the timer fires at the deadline, or at once if it is past.
         let _ = timer.readable().await;
@@ -176,6 +182,204 @@ pub async fn sleep_until_deadline(deadline: Deadline) {
             return;
         }
         tokio::time::sleep(left.min(FALLBACK_SLICE)).await;
+    }
+}
+
+pub mod shared {
+    //! One `CLOCK_BOOTTIME` timer for every sleep of the process.
+    //!
+    //! A timerfd per sleep costs a descriptor and five system calls, and a process that holds
+    //! a thousand request leases (or waits a thousand node calls at once) would need a thousand
+    //! descriptors for its timers alone. Here every sleeper is one entry in an ordered map
+    //! (deadline, sleeper) → waker, and one timerfd, armed for the earliest entry, is waited on
+    //! by one small thread (`redlock-timer`) that wakes the sleepers whose deadline has come.
+    //!
+    //! ## Behaviour
+    //! - One descriptor and one thread for the process, made on first use; runtime-agnostic
+    //!   (wakers from any Tokio runtime, the control thread's included).
+    //! - A sleep re-reads the boot clock whenever it is polled: it ends at its deadline or
+    //!   later, never before, and a deadline that passed during a host suspend ends at once
+    //!   when the host resumes (the timer counts suspended time).
+    //! - A sleep dropped before its deadline leaves the map at once.
+    //! - In a process forked from this one without `exec` (the thread does not survive a
+    //!   fork), [`Timer::get`] answers `None`, and the caller arms a timer of its own.
+
+    use std::collections::BTreeMap;
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+    use std::task::{Context, Poll, Waker};
+
+    use super::{BootTimer, Deadline};
+
+    /// The timer thread's stack: it only moves wakers.
+    const STACK: usize = 64 * 1024;
+
+    /// The process' timer; `None` if it could not be made.
+    static TIMER: LazyLock<Option<Arc<Timer>>> = LazyLock::new(Timer::start);
+
+    /// The shared timer: the sleepers, and the one timerfd armed for the earliest.
+    pub struct Timer {
+        fd: BootTimer,
+        state: Mutex<State>,
+        /// The process that started the thread.
+        pid: u32,
+    }
+
+    #[derive(Default)]
+    struct State {
+        /// Every pending sleep: (deadline, sleep id) → its waker.
+        sleepers: BTreeMap<(Deadline, u64), Waker>,
+        next_id: u64,
+        /// The deadline the timerfd is armed for, while one is.
+        armed: Option<Deadline>,
+    }
+
+    impl Timer {
+        /// The process' timer, if there is one in this process.
+        pub fn get() -> Option<&'static Timer> {
+            let timer = TIMER.as_deref()?;
+            (timer.pid == std::process::id()).then_some(timer)
+        }
+
+        fn start() -> Option<Arc<Timer>> {
+            let timer = Arc::new(Timer {
+                fd: BootTimer::new()?,
+                state: Mutex::new(State::default()),
+                pid: std::process::id(),
+            });
+            let runs = Arc::clone(&timer);
+            std::thread::Builder::new()
+                .name("redlock-timer".to_owned())
+                .stack_size(STACK)
+                .spawn(move || runs.run())
+                .ok()?;
+            Some(timer)
+        }
+
+        fn state(&self) -> MutexGuard<'_, State> {
+            self.state.lock().unwrap_or_else(|e| e.into_inner())
+        }
+
+        /// Sleeps until the boot clock reaches `deadline`.
+        pub fn sleep_until(&'static self, deadline: Deadline) -> Sleep {
+            Sleep {
+                timer: self,
+                deadline,
+                id: None,
+            }
+        }
+
+        /// How many sleeps are pending (for tests and status).
+        pub fn pending(&self) -> usize {
+            self.state().sleepers.len()
+        }
+
+        #[cfg(test)]
+        pub(super) fn state_for_tests(&self) -> BTreeMap<(Deadline, u64), Waker> {
+            self.state().sleepers.clone()
+        }
+
+        /// The thread: waits for the timerfd, wakes the sleepers that are due, arms for the
+        /// next one.
+        fn run(&self) {
+            loop {
+                let mut ready = libc::pollfd {
+                    fd: std::os::fd::AsRawFd::as_raw_fd(&self.fd),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: poll reads and writes the one pollfd we own; the descriptor lives
+                // as long as `self`.
+                let polled = unsafe { libc::poll(&mut ready, 1, -1) };
+                if polled < 0 {
+                    // EINTR; anything else cannot happen with one valid descriptor.
+                    continue;
+                }
+                self.fd.clear();
+                let due = self.take_due(Deadline::now());
+                for waker in due {
+                    waker.wake();
+                }
+            }
+        }
+
+        /// Removes the sleepers due at `now` (their wakers, to wake outside the lock) and
+        /// arms the timer for the next one.
+        fn take_due(&self, now: Deadline) -> Vec<Waker> {
+            let mut state = self.state();
+            let later = state.sleepers.split_off(&(now, u64::MAX));
+            let due = std::mem::replace(&mut state.sleepers, later);
+            state.armed = None;
+            if let Some(&(next, _)) = state.sleepers.keys().next() {
+                self.arm(&mut state, next);
+            }
+            due.into_values().collect()
+        }
+
+        /// Arms the timerfd for `at` (under the state's lock, so that the thread and the
+        /// sleepers agree on what it is armed for).
+        fn arm(&self, state: &mut State, at: Deadline) {
+            if self.fd.arm(at.boottime()).is_ok() {
+                state.armed = Some(at);
+            }
+        }
+
+        /// Registers (or updates) sleep `id` for `deadline`; its id.
+        fn register(&self, id: Option<u64>, deadline: Deadline, waker: &Waker) -> u64 {
+            let mut state = self.state();
+            let id = id.unwrap_or_else(|| {
+                state.next_id += 1;
+                state.next_id
+            });
+            match state.sleepers.get_mut(&(deadline, id)) {
+                Some(known) if known.will_wake(waker) => {}
+                Some(known) => known.clone_from(waker),
+                None => {
+                    state.sleepers.insert((deadline, id), waker.clone());
+                }
+            }
+            if state.armed.is_none_or(|armed| deadline < armed) {
+                self.arm(&mut state, deadline);
+            }
+            id
+        }
+
+        fn deregister(&self, deadline: Deadline, id: u64) {
+            self.state().sleepers.remove(&(deadline, id));
+        }
+    }
+
+    /// A sleep on the shared timer (see [`Timer::sleep_until`]).
+    pub struct Sleep {
+        timer: &'static Timer,
+        deadline: Deadline,
+        /// Its entry in the map, once registered.
+        pub(super) id: Option<u64>,
+    }
+
+    impl Future for Sleep {
+        type Output = ();
+
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+            if Deadline::now() >= self.deadline {
+                if let Some(id) = self.id.take() {
+                    self.timer.deregister(self.deadline, id);
+                }
+                return Poll::Ready(());
+            }
+            let id = self.timer.register(self.id, self.deadline, cx.waker());
+            self.id = Some(id);
+            Poll::Pending
+        }
+    }
+
+    impl Drop for Sleep {
+        fn drop(&mut self) {
+            if let Some(id) = self.id.take() {
+                self.timer.deregister(self.deadline, id);
+            }
+        }
     }
 }
 
@@ -465,6 +669,57 @@ mod tests {
         timer
             .arm(Duration::MAX)
             .expect("armed at the latest reading");
+    }
+
+    /// The timerfds this process has open.
+    fn timer_descriptors() -> usize {
+        std::fs::read_dir("/proc/self/fd")
+            .map(|dir| {
+                dir.flatten()
+                    .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+                    .filter(|target| target.to_string_lossy().contains("timerfd"))
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_thousand_sleeps_share_one_timer_and_each_ends_at_its_deadline() {
+        let timer = shared::Timer::get().expect("the shared timer runs");
+        let start = Deadline::now();
+        let sleeps: Vec<_> = (0..1_000u64)
+            .map(|i| {
+                let at = start + Duration::from_millis(200 + i % 50);
+                tokio::spawn(async move {
+                    sleep_until_deadline(at).await;
+                    Deadline::now() >= at
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Other tests of this process may hold a timer or two of their own.
+        assert!(
+            timer_descriptors() < 10,
+            "{} timerfds while 1,000 sleeps wait",
+            timer_descriptors()
+        );
+        assert!(timer.pending() >= 900, "{} pending", timer.pending());
+        for sleep in sleeps {
+            assert!(sleep.await.unwrap(), "ended before its deadline");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_sleep_dropped_before_its_deadline_leaves_the_timer() {
+        let timer = shared::Timer::get().expect("the shared timer runs");
+        let far = Deadline::now() + Duration::from_secs(3_600);
+        let mut sleep = Box::pin(timer.sleep_until(far));
+        assert!(futures_util::poll!(sleep.as_mut()).is_pending());
+        assert!(timer.pending() >= 1);
+        let sleep_id = sleep.id;
+        drop(sleep);
+        let state = timer.state_for_tests();
+        assert!(sleep_id.is_some_and(|id| !state.contains_key(&(far, id))));
     }
 
     #[tokio::test]

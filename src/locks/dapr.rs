@@ -190,7 +190,7 @@ pub async fn lock<E: LockEngine>(
         Err(Refused::TooMany { max }) => dapr_error(
             StatusCode::TOO_MANY_REQUESTS,
             "ERR_TOO_MANY_LEASES",
-            &format!("too many leases and waits in this sidecar (at most {max})"),
+            &super::routes::too_many_leases(max),
         ),
         Err(Refused::Invalid(why)) => malformed(&why),
         Err(other) => dapr_error(

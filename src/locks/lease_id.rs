@@ -9,7 +9,8 @@ use std::fmt;
 use rand::Rng;
 
 /// A lease id.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+/// Ordered only so that a table of wake-ups can break ties between equal deadlines.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct LeaseId(u128);
 
 impl LeaseId {

@@ -14,7 +14,8 @@
 //! | [`keepalive`] | when a lease is renewed, released or lost: a pure decision |
 //! | [`engine`] | the seam to the Redlock engine, and its namespace |
 //! | [`idle`] | which names nobody uses keep their engine lock, and how long |
-//! | [`service`] | the lease table, waiters, the lease tasks, shutdown |
+//! | [`wakes`] | when each lease is next looked at: one table of wake-ups for all |
+//! | [`service`] | the lease table, its bounds, waiters, renewals and releases, shutdown |
 //! | [`routes`] | the `/v1/locks` routes |
 //! | [`dapr`] | Dapr's lock API |
 
@@ -26,6 +27,7 @@ pub mod keepalive;
 pub mod lease_id;
 pub mod routes;
 pub mod service;
+pub mod wakes;
 
 pub use engine::{LockEngine, RedlockEngine};
 pub use routes::{router, Api};

@@ -2,9 +2,9 @@
 //!
 //! | route | answers |
 //! |---|---|
-//! | `POST /v1/locks/{name}?wait=DURATION&ttl=DURATION` | 200 `{"lease", "fencing_token", "validity_ms"}`; 409 `{"error", "holder"}` still held elsewhere after `wait`; 503 `{"error", "kind"}` without a quorum or while shutting down; 429 past the bound on leases; 400 for a bad name, ttl or wait |
+//! | `POST /v1/locks/{name}?wait=DURATION&ttl=DURATION` | 200 `{"lease", "fencing_token", "validity_ms"}`; 409 `{"error", "holder"}` still held elsewhere after `wait`; 503 `{"error", "kind"}` without a quorum or while shutting down; 429 at once past the bound on leases (`--locks-max-leases`) or, with a wait, past [`MAX_WAITING`] acquisitions waiting; 400 for a bad name, ttl or wait |
 //! | `POST /v1/locks/{name}/{lease}/keepalive` | 200 as above (validity as last renewed); 404 unknown lease; 410 `{"error", "ended"}` for a lease that ended (`lost`, `abandoned`, `shutdown`) |
-//! | `GET /v1/locks/{name}/{lease}/watch` | server-sent events: `held` now and after every renewal, then `lost` (before the validity ends) or `released`, and the stream ends. An open stream keeps the lease alive. 404 / 410 as above |
+//! | `GET /v1/locks/{name}/{lease}/watch` | server-sent events: `held` now and after every renewal, then `lost` (before the validity ends) or `released`, and the stream ends. An open stream keeps the lease alive. 404 / 410 as above; 429 past [`MAX_WATCHES`] streams open |
 //! | `DELETE /v1/locks/{name}/{lease}` | 200 `{"released": true}` once released on the nodes; 404 unknown lease; 410 for a lease that had ended (then forgotten) |
 //! | `POST /v1.0-alpha1/lock/{store}`, `POST /v1.0-alpha1/unlock/{store}` | Dapr's lock API (see [`super::dapr`]) |
 //!
@@ -26,6 +26,8 @@ use super::bounds;
 use super::engine::LockEngine;
 use super::lease_id::LeaseId;
 use super::service::{End, Found, Granted, LeaseState, Locks, Refused};
+#[cfg(doc)]
+use super::service::{MAX_WAITING, MAX_WATCHES};
 use crate::clock::Deadline;
 
 /// Largest request body, in bytes (a Dapr request with the longest name and owner fits).
@@ -102,9 +104,13 @@ pub fn refused(refused: Refused) -> Response {
             Json(json!({ "error": "no quorum of Redis nodes", "kind": kind })),
         )
             .into_response(),
-        Refused::TooMany { max } => error(
+        Refused::TooMany { max } => error(StatusCode::TOO_MANY_REQUESTS, &too_many_leases(max)),
+        Refused::TooManyWaiting { max } => error(
             StatusCode::TOO_MANY_REQUESTS,
-            &format!("too many leases and waits in this sidecar (at most {max})"),
+            &format!(
+                "too many acquisitions waiting in this sidecar (at most {max} with a wait at \
+                 once); retry later or with wait=0"
+            ),
         ),
         Refused::Invalid(why) => error(StatusCode::BAD_REQUEST, &why),
         Refused::ShuttingDown => error(StatusCode::SERVICE_UNAVAILABLE, "shutting down"),
@@ -112,10 +118,22 @@ pub fn refused(refused: Refused) -> Response {
     }
 }
 
+/// The 429 message past `--locks-max-leases`.
+pub fn too_many_leases(max: usize) -> String {
+    format!(
+        "too many leases in this sidecar (at most {max}: held, waiting, ending and recently \
+         ended ones count)"
+    )
+}
+
 fn not_found(found: Found) -> Response {
     match found {
         Found::Unknown => error(StatusCode::NOT_FOUND, "unknown lease"),
         Found::Ended(end) => ended(end),
+        Found::TooManyWatches { max } => error(
+            StatusCode::TOO_MANY_REQUESTS,
+            &format!("too many watch streams in this sidecar (at most {max} at once)"),
+        ),
     }
 }
 

@@ -1,5 +1,6 @@
-//! The lease table: who holds which request lock through this sidecar, who waits, and the
-//! task that keeps each held lease (see [`super::keepalive`] for its rules).
+//! The lease table: who holds which request lock through this sidecar, who waits, and when
+//! each lease is next renewed, released or forgotten (see [`super::keepalive`] for the rules,
+//! [`super::wakes`] for the one table of wake-ups).
 //!
 //! ## Behaviour
 //! - **One waiter on Redis per name.** Requests for one name (and ttl) take turns in
@@ -10,11 +11,23 @@
 //!   request's own task (no spawn, no hand-over between threads); a client that goes away
 //!   cancels it, its rest then runs as a task of its own, and a lock won for a client that
 //!   went away is released at once.
-//! - **Bounded.** At most `max_leases` leases held plus acquisitions waiting; past that,
-//!   [`Refused::TooMany`].
+//! - **Every lease is counted.** At most `max_leases` (`--locks-max-leases`) leases held,
+//!   acquisitions in progress, leases ending (a lost one keeps its keys until the validity
+//!   its app was given) and ended leases still remembered, all together; past that,
+//!   [`Refused::TooMany`] at once. Apart from that bound, at most [`MAX_WAITING`]
+//!   acquisitions with a wait at once ([`Refused::TooManyWaiting`]) and at most
+//!   [`MAX_WATCHES`] watch streams ([`Found::TooManyWatches`]): each holds its client's
+//!   connection, and together they never take every connection of the control listener.
+//! - **A lease costs no task, timer or descriptor while it waits.** Every lease is one entry
+//!   in one table of wake-ups; one task sleeps (on the boot clock's shared timer, see
+//!   [`crate::clock::shared`]) until the earliest, and a lease gets a task only while it
+//!   renews or releases. Its next step is decided again at every wake-up, from the boot
+//!   clock ([`Keepalive::next`]); a wake-up a keepalive or a watch made too early only
+//!   decides again.
 //! - **Ended leases are remembered** for a minute or one ttl, whichever is longer (or until
 //!   the app deletes them), so the app's next call learns why its lease ended instead of a
-//!   bare 404.
+//!   bare 404; they count against the bound meanwhile. A Dapr lock's ending is not remembered
+//!   (Dapr's API has no call that could ask), nor is a release the app asked for.
 //! - **Shutdown** refuses new acquisitions, cancels the waiting ones and releases every
 //!   lease ([`Locks::shutdown`]).
 //! - **Hand-over inside the sidecar without pub/sub.** While a lease of this sidecar holds a
@@ -36,6 +49,7 @@
 //!   at the start of every round, not when the name was opened.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -47,7 +61,8 @@ use super::engine::{AcquireFailed, EngineLease, ExtendFailed, LockEngine, NameLo
 use super::idle::IdleNames;
 use super::keepalive::{Keepalive, Step};
 use super::lease_id::LeaseId;
-use crate::clock::{self, Deadline};
+use super::wakes::Wakes;
+use crate::clock::{self, Clock, Deadline};
 use crate::metrics::AppLockMetrics;
 use crate::redlock::finish::FinishOnDrop;
 
@@ -56,18 +71,23 @@ use crate::redlock::finish::FinishOnDrop;
 const RELEASE_ANSWER_WITHIN: Duration = Duration::from_secs(5);
 
 /// Least time an ended lease (lost, abandoned) is remembered after its end.
-const REMEMBER_ENDED: Duration = Duration::from_secs(60);
+pub const REMEMBER_ENDED: Duration = Duration::from_secs(60);
 
 /// How long a name nobody uses keeps its engine lock: long enough for a request loop on one
 /// name to come back, short enough that subscriptions of names nobody locks go soon.
 pub const IDLE_KEEP: Duration = Duration::from_secs(5);
 
-/// How long a lease's task waits on Tokio's timer before a boot-clock timer (see
-/// [`sleep_cheaply_until`]).
-const FIRST_WAITS_ON_TOKIO: Duration = Duration::from_millis(50);
-
 /// The most names kept without use at once (each keeps a subscription on every node).
 pub const MAX_IDLE_NAMES: usize = 128;
+
+/// Most acquisitions with a wait (`wait` > 0) in progress at once, whatever the bound on
+/// leases. Each holds its client's connection for up to its wait; with [`MAX_WATCHES`] it
+/// stays well below the control listener's connections (`crate::http::connection_cap`), so
+/// waits and watches never leave a resign or a new request without a connection.
+pub const MAX_WAITING: usize = 128;
+
+/// Most lease watch streams open at once (see [`MAX_WAITING`]).
+pub const MAX_WATCHES: usize = 128;
 
 /// How a lease ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,8 +151,10 @@ pub enum Refused {
     Held { holder: Option<String> },
     /// No quorum of nodes.
     NoQuorum { kind: &'static str },
-    /// The bound on leases of this sidecar is reached.
+    /// The bound on leases of this sidecar (held, waiting, ending and remembered) is reached.
     TooMany { max: usize },
+    /// [`MAX_WAITING`] acquisitions with a wait are in progress.
+    TooManyWaiting { max: usize },
     /// The engine cannot take this name or ttl.
     Invalid(String),
     /// The sidecar is shutting down.
@@ -159,24 +181,24 @@ pub enum Found {
     Unknown,
     /// A lease that ended.
     Ended(End),
+    /// A held lease, but [`MAX_WATCHES`] watch streams are open.
+    TooManyWatches { max: usize },
 }
 
-/// A held (or recently ended) lease.
+/// A held (or recently ended) lease, as the app's calls see it.
 struct Lease {
     id: LeaseId,
     name: String,
     owner: Option<String>,
     fencing_token: u64,
+    ttl: Duration,
     timing: Mutex<Keepalive>,
     state: watch::Sender<LeaseState>,
-    /// True once the lease task is done with the nodes (released there, or lost): the state
-    /// says `Ended` before that, as soon as the lease stops being held.
+    /// True once the lease is done with the nodes (released there, or lost): the state says
+    /// `Ended` before that, as soon as the lease stops being held.
     settled: watch::Sender<bool>,
-    /// Wakes the lease task after a keepalive or a watcher change.
-    wake: Notify,
-    /// Asks the lease task to release, for the reason set in `stop_reason`.
-    stop: CancellationToken,
-    stop_reason: Mutex<End>,
+    /// Why it is to be released, once someone asked (the first reason stands).
+    stop: Mutex<Option<End>>,
 }
 
 impl Lease {
@@ -185,6 +207,14 @@ impl Lease {
             LeaseState::Ended(end) => Some(end),
             LeaseState::Held { .. } => None,
         }
+    }
+
+    fn timing(&self) -> std::sync::MutexGuard<'_, Keepalive> {
+        self.timing.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn stop_reason(&self) -> Option<End> {
+        *self.stop.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -201,16 +231,90 @@ struct Slot<N> {
 
 type SlotKey = (String, Duration);
 
-struct Table<N> {
+/// What a held lease's renewals and release work with: its name's slot (one use of it) and
+/// the engine's lease.
+struct Holding<N: NameLock> {
+    key: SlotKey,
+    slot: Arc<Slot<N>>,
+    lease: N::Lease,
+}
+
+/// Where a lease is in its life.
+enum Phase<N: NameLock> {
+    /// Held, nothing running: it waits for its wake-up.
+    Idle(Holding<N>),
+    /// Its task runs (a renewal or the release); `again`: something asked for a new decision
+    /// meanwhile (a release, a shutdown).
+    Busy { again: bool },
+    /// Lost: its keys stay on the nodes until the validity its app was given ends, then are
+    /// released.
+    Promised { holding: Holding<N>, at: Deadline },
+    /// Done with the nodes; forgotten at `forget_at` (never: `None`, after a shutdown).
+    Ended { forget_at: Option<Deadline> },
+}
+
+/// A lease in the table.
+struct Entry<N: NameLock> {
+    lease: Arc<Lease>,
+    phase: Phase<N>,
+    /// Forgotten as soon as it is done with the nodes (its app has heard how it ended).
+    forget_when_settled: bool,
+}
+
+struct Table<N: NameLock> {
     /// Each slot with the number of requests and leases using it (0: idle, kept a while).
     slots: HashMap<SlotKey, (Arc<Slot<N>>, usize)>,
     /// The slots nobody uses, until they are dropped.
     idle: IdleNames<SlotKey>,
-    /// Whether a task drops idle slots when their time comes.
-    sweeping: bool,
-    leases: HashMap<LeaseId, Arc<Lease>>,
-    /// Leases held plus acquisitions in progress.
-    in_use: usize,
+    /// Every lease held, ending or remembered: each counts against the bound.
+    leases: HashMap<LeaseId, Entry<N>>,
+    /// When each lease is next looked at.
+    wakes: Wakes<LeaseId>,
+    /// Acquisitions in progress (they count against the bound too).
+    acquiring: usize,
+    /// Of them, those with a wait.
+    waiting: usize,
+    /// Leases not yet done with the nodes.
+    live: usize,
+    /// Whether the timer task runs, and the instant it sleeps until.
+    timer_running: bool,
+    timer_at: Option<Deadline>,
+}
+
+impl<N: NameLock> Table<N> {
+    /// Wakes lease `id` at `at`; whether the timer task must wake earlier than it sleeps.
+    fn wake(&mut self, id: LeaseId, at: Deadline) -> bool {
+        self.wakes.set(id, at);
+        self.timer_due(at)
+    }
+
+    /// Something is due at `at`; whether the timer task must wake earlier than it sleeps.
+    fn timer_due(&mut self, at: Deadline) -> bool {
+        if self.timer_at.is_some_and(|sleeps| sleeps <= at) {
+            return false;
+        }
+        self.timer_at = Some(at);
+        true
+    }
+
+    /// Whether nothing holds the nodes' attention: no acquisition, no lease not yet done.
+    fn quiet(&self) -> bool {
+        self.acquiring == 0 && self.live == 0
+    }
+
+    /// Forgets lease `id`.
+    fn remove(&mut self, id: LeaseId) {
+        self.leases.remove(&id);
+        self.wakes.remove(id);
+    }
+}
+
+/// What a lease's turn does, decided under the table's lock and done outside it.
+enum Turn<N: NameLock> {
+    /// Run its task: renew, release, or set its next wake-up.
+    Step(Arc<Lease>, Holding<N>),
+    /// Release the keys a lost lease kept for its promise.
+    ReleasePromised(Arc<Lease>, Holding<N>),
 }
 
 /// The request-lock service of one sidecar.
@@ -222,10 +326,15 @@ pub struct Locks<E: LockEngine> {
     closing: CancellationToken,
     /// Notified when no lease is held and no acquisition runs (for shutdown).
     idle: Notify,
+    /// Wakes the timer task earlier than it sleeps.
+    timer: Arc<Notify>,
+    /// Watch streams open now.
+    watches: Arc<AtomicUsize>,
 }
 
 impl<E: LockEngine> Locks<E> {
-    /// A service over `engine` holding at most `max_leases` leases and waits at once.
+    /// A service over `engine` with at most `max_leases` leases (held, waiting, ending and
+    /// remembered) at once.
     pub fn new(engine: E, max_leases: usize, metrics: AppLockMetrics) -> Arc<Locks<E>> {
         Locks::keeping_idle(engine, max_leases, metrics, IDLE_KEEP, MAX_IDLE_NAMES)
     }
@@ -246,17 +355,28 @@ impl<E: LockEngine> Locks<E> {
             table: Mutex::new(Table {
                 slots: HashMap::new(),
                 idle: IdleNames::new(keep, max_idle),
-                sweeping: false,
                 leases: HashMap::new(),
-                in_use: 0,
+                wakes: Wakes::new(),
+                acquiring: 0,
+                waiting: 0,
+                live: 0,
+                timer_running: false,
+                timer_at: None,
             }),
             closing: CancellationToken::new(),
             idle: Notify::new(),
+            timer: Arc::new(Notify::new()),
+            watches: Arc::new(AtomicUsize::new(0)),
         })
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, Table<E::Name>> {
         self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The bound on leases (`--locks-max-leases`).
+    pub fn max_leases(&self) -> usize {
+        self.max_leases
     }
 
     /// Acquires `name` with keys living `ttl`, waiting up to `wait` for a holder elsewhere.
@@ -290,11 +410,14 @@ impl<E: LockEngine> Locks<E> {
             return Err(Refused::ShuttingDown);
         }
         let key: SlotKey = (name.to_owned(), ttl);
-        let slot = self.take_slot(&key)?;
-        // Given back when the request ends without a lease, or when its lease ends.
+        let waits = !wait.is_zero();
+        let slot = self.take_slot(&key, waits)?;
+        // Given back when the request ends without a lease; a lease takes it over.
         let claim = Claim {
             locks: Arc::clone(self),
             key,
+            waits,
+            taken_over: false,
         };
         self.metrics.waiting_add(1);
         let _waiting = Waiting(&self.metrics);
@@ -371,13 +494,16 @@ impl<E: LockEngine> Locks<E> {
         }
     }
 
-    /// Counts a request against the bound and opens (or shares) its name's slot.
-    fn take_slot(&self, key: &SlotKey) -> Result<Arc<Slot<E::Name>>, Refused> {
+    /// Counts a request against the bounds and opens (or shares) its name's slot.
+    fn take_slot(&self, key: &SlotKey, waits: bool) -> Result<Arc<Slot<E::Name>>, Refused> {
         let mut table = self.table();
-        if table.in_use >= self.max_leases {
+        if table.acquiring + table.leases.len() >= self.max_leases {
             return Err(Refused::TooMany {
                 max: self.max_leases,
             });
+        }
+        if waits && table.waiting >= MAX_WAITING {
+            return Err(Refused::TooManyWaiting { max: MAX_WAITING });
         }
         let slot = match table.slots.get_mut(key) {
             Some((slot, users)) => {
@@ -400,61 +526,78 @@ impl<E: LockEngine> Locks<E> {
                 slot
             }
         };
-        table.in_use += 1;
+        table.acquiring += 1;
+        if waits {
+            table.waiting += 1;
+        }
         Ok(slot)
     }
 
-    /// A request or lease of `key` is done; once nobody uses the slot, it is kept idle a
-    /// while (see [`IdleNames`]).
-    fn give_back(self: &Arc<Self>, key: &SlotKey) {
+    /// An acquisition ended without a lease: its count and its use of the slot go back.
+    fn give_back(self: &Arc<Self>, key: &SlotKey, waits: bool) {
         let mut table = self.table();
-        table.in_use = table.in_use.saturating_sub(1);
-        if table.in_use == 0 {
+        table.acquiring = table.acquiring.saturating_sub(1);
+        if waits {
+            table.waiting = table.waiting.saturating_sub(1);
+        }
+        if table.quiet() {
             self.idle.notify_waiters();
         }
-        let Some((_, users)) = table.slots.get_mut(key) else {
-            return;
-        };
+        let dropped = self.slot_unused(&mut table, key);
+        drop(table);
+        // Dropped after the table's lock (an engine lock's drop ends its subscriptions).
+        drop(dropped);
+    }
+
+    /// A request or lease of `key` is done with its slot; once nobody uses the slot, it is
+    /// kept idle a while (see [`IdleNames`]). The slot to drop (after the table's lock), if
+    /// one goes now.
+    fn slot_unused(
+        self: &Arc<Self>,
+        table: &mut Table<E::Name>,
+        key: &SlotKey,
+    ) -> Option<(Arc<Slot<E::Name>>, usize)> {
+        let (_, users) = table.slots.get_mut(key)?;
         if *users == 0 {
             // Already idle (a give-back without a take): it is in the idle queue once.
-            return;
+            return None;
         }
         *users -= 1;
         if *users > 0 {
+            return None;
+        }
+        let now = Deadline::now();
+        let over = table.idle.went_idle(key.clone(), now);
+        let dropped = over.and_then(|over| table.slots.remove(&over));
+        if let Some(due) = table.idle.poll_timeout() {
+            self.timer_due(table, due);
+        }
+        dropped
+    }
+
+    /// Something is due at `at`: the timer task wakes by then (started if it is not running).
+    fn timer_due(self: &Arc<Self>, table: &mut Table<E::Name>, at: Deadline) {
+        if table.timer_due(at) {
+            self.timer.notify_one();
+        }
+        self.start_timer(table);
+    }
+
+    /// Starts the timer task, once.
+    fn start_timer(self: &Arc<Self>, table: &mut Table<E::Name>) {
+        if table.timer_running {
             return;
         }
-        let over = table.idle.went_idle(key.clone(), Deadline::now());
-        // Dropped after the table's lock (an engine lock's drop ends its subscriptions).
-        let _dropped = over.and_then(|over| table.slots.remove(&over));
-        if !table.sweeping && !table.idle.is_empty() {
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                table.sweeping = true;
-                runtime.spawn(sweep_idle(Arc::downgrade(self)));
-            }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            table.timer_running = true;
+            runtime.spawn(run_timer(Arc::downgrade(self), Arc::clone(&self.timer)));
         }
-        drop(table);
     }
 
-    /// Drops the slots idle for their time at `now`; when the next one is due (`None`: no
-    /// slot is idle, and the sweeping task ends).
-    fn drop_idle(&self, now: Deadline) -> Option<Deadline> {
-        let mut table = self.table();
-        let expired = table.idle.expired(now);
-        let dropped: Vec<_> = expired
-            .iter()
-            .filter_map(|key| table.slots.remove(key))
-            .collect();
-        let next = table.idle.poll_timeout();
-        table.sweeping = next.is_some();
-        drop(table);
-        drop(dropped);
-        next
-    }
-
-    /// Registers a won lease and starts the task that keeps it.
+    /// Registers a won lease: an entry in the table and a wake-up, no task.
     fn hold(
         self: &Arc<Self>,
-        claim: Claim<E>,
+        mut claim: Claim<E>,
         slot: Arc<Slot<E::Name>>,
         lease: <E::Name as NameLock>::Lease,
         ttl: Duration,
@@ -466,146 +609,320 @@ impl<E: LockEngine> Locks<E> {
             fencing_token: lease.fencing_token(),
             valid_until: lease.valid_until(),
         };
+        let timing = Keepalive::new(ttl, now, granted.valid_until);
+        let first = match timing.next(now) {
+            Step::WaitUntil(at) => at,
+            // Nothing to wait for (a validity too short to renew in time): decide at once.
+            _ => now,
+        };
         let held = Arc::new(Lease {
             id: granted.lease,
             name: claim.key.0.clone(),
             owner,
             fencing_token: granted.fencing_token,
-            timing: Mutex::new(Keepalive::new(ttl, now, granted.valid_until)),
+            ttl,
+            timing: Mutex::new(timing),
             state: watch::Sender::new(LeaseState::Held {
                 valid_until: granted.valid_until,
             }),
             settled: watch::Sender::new(false),
-            wake: Notify::new(),
-            stop: CancellationToken::new(),
-            stop_reason: Mutex::new(End::Released),
+            stop: Mutex::new(None),
         });
-        self.table().leases.insert(granted.lease, Arc::clone(&held));
+        let holding = Holding {
+            key: claim.key.clone(),
+            slot: Arc::clone(&slot),
+            lease,
+        };
+        let mut table = self.table();
+        // The request's count becomes the lease's, in one step: the bound never sees a gap.
+        claim.taken_over = true;
+        table.acquiring = table.acquiring.saturating_sub(1);
+        if claim.waits {
+            table.waiting = table.waiting.saturating_sub(1);
+        }
+        table.leases.insert(
+            granted.lease,
+            Entry {
+                lease: held,
+                phase: Phase::Idle(holding),
+                forget_when_settled: false,
+            },
+        );
+        table.live += 1;
+        if table.wake(granted.lease, first) {
+            self.timer.notify_one();
+        }
+        self.start_timer(&mut table);
+        drop(table);
+        drop(claim);
         slot.held_here.send_replace(true);
         self.metrics.leases_add(1);
-        tokio::spawn(Arc::clone(self).keep(claim, slot, held, lease, ttl));
         granted
     }
 
-    /// The lease's task: renew, release or say lost, as [`Keepalive::next`] decides.
-    async fn keep(
-        self: Arc<Self>,
-        claim: Claim<E>,
-        slot: Arc<Slot<E::Name>>,
-        held: Arc<Lease>,
-        mut lease: <E::Name as NameLock>::Lease,
-        ttl: Duration,
-    ) {
-        let cheap_until = Deadline::now() + FIRST_WAITS_ON_TOKIO;
-        // How the lease ends, and whether its keys are to be released on the nodes.
-        let (end, release) = loop {
-            if held.stop.is_cancelled() {
-                break (
-                    *held.stop_reason.lock().unwrap_or_else(|e| e.into_inner()),
-                    true,
-                );
+    /// Gives lease `id` its turn: its task runs if it has something to do (or may have), else
+    /// its next wake-up is set again; an ended lease past its memory is forgotten.
+    fn kick(self: &Arc<Self>, id: LeaseId) {
+        let now = Deadline::now();
+        let mut table = self.table();
+        let Some(entry) = table.leases.get_mut(&id) else {
+            return;
+        };
+        let lease = Arc::clone(&entry.lease);
+        let phase = std::mem::replace(&mut entry.phase, Phase::Busy { again: false });
+        let (turn, wake) = match phase {
+            Phase::Idle(holding) => (Some(Turn::Step(lease, holding)), None),
+            Phase::Busy { .. } => {
+                entry.phase = Phase::Busy { again: true };
+                (None, None)
             }
+            Phase::Promised { holding, at } if at <= now || self.closing.is_cancelled() => {
+                (Some(Turn::ReleasePromised(lease, holding)), None)
+            }
+            Phase::Promised { holding, at } => {
+                entry.phase = Phase::Promised { holding, at };
+                (None, Some(at))
+            }
+            Phase::Ended { forget_at } if forget_at.is_some_and(|at| at <= now) => {
+                table.remove(id);
+                (None, None)
+            }
+            Phase::Ended { forget_at } => {
+                entry.phase = Phase::Ended { forget_at };
+                (None, forget_at)
+            }
+        };
+        if let Some(at) = wake {
+            if table.wake(id, at) {
+                self.timer.notify_one();
+            }
+        }
+        drop(table);
+        match turn {
+            Some(Turn::Step(lease, holding)) => {
+                tokio::spawn(Arc::clone(self).step(lease, holding));
+            }
+            Some(Turn::ReleasePromised(lease, holding)) => {
+                tokio::spawn(Arc::clone(self).settle(lease, holding, End::Lost, true));
+            }
+            None => {}
+        }
+    }
+
+    /// The lease's task: renew, release or say lost, as [`Keepalive::next`] decides, until
+    /// there is nothing to do before a later instant; then it leaves a wake-up and ends.
+    async fn step(self: Arc<Self>, lease: Arc<Lease>, mut holding: Holding<E::Name>) {
+        loop {
             let now = Deadline::now();
-            let step = held
-                .timing
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .next(now);
+            let step = match lease.stop_reason() {
+                Some(why) => return self.end(lease, holding, why).await,
+                None => lease.timing().next(now),
+            };
             match step {
-                Step::Release => break (End::Abandoned, true),
+                Step::Release => return self.end(lease, holding, End::Abandoned).await,
                 // Owner-checked: deletes only keys that are still ours.
-                Step::Lost => break (End::Lost, true),
-                Step::Renew => match slot.lock.extend(&lease).await {
+                Step::Lost => return self.end(lease, holding, End::Lost).await,
+                Step::Renew => match holding.slot.lock.extend(&holding.lease).await {
                     Ok(renewed) => {
                         let valid_until = renewed.valid_until();
-                        lease = renewed;
-                        let mut timing = held.timing.lock().unwrap_or_else(|e| e.into_inner());
+                        holding.lease = renewed;
+                        let mut timing = lease.timing();
                         // From when it ended: leases renewed in one batch stay in step.
                         timing.renewed(Deadline::now(), valid_until);
                         let valid_until = timing.valid_until();
                         drop(timing);
-                        held.state.send_replace(LeaseState::Held { valid_until });
+                        lease.state.send_replace(LeaseState::Held { valid_until });
                     }
-                    Err(ExtendFailed::Gone) => break (End::Lost, false),
-                    Err(ExtendFailed::Retry) => held
-                        .timing
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .renew_failed(now),
+                    Err(ExtendFailed::Gone) => {
+                        lease.state.send_replace(LeaseState::Ended(End::Lost));
+                        self.metrics.ended(End::Lost.as_str());
+                        return self.settle(lease, holding, End::Lost, false).await;
+                    }
+                    Err(ExtendFailed::Retry) => lease.timing().renew_failed(now),
                 },
-                Step::WaitUntil(at) => {
-                    tokio::select! {
-                        biased;
-                        _ = held.stop.cancelled() => {}
-                        _ = held.wake.notified() => {}
-                        _ = sleep_cheaply_until(at, cheap_until) => {}
-                    }
-                }
+                Step::WaitUntil(at) => match self.park(&lease, holding, at) {
+                    Some(back) => holding = back,
+                    None => return,
+                },
             }
+        }
+    }
+
+    /// Leaves the lease idle until `at`; its holding back if something asked for a new
+    /// decision meanwhile.
+    fn park(
+        self: &Arc<Self>,
+        lease: &Lease,
+        holding: Holding<E::Name>,
+        at: Deadline,
+    ) -> Option<Holding<E::Name>> {
+        let mut table = self.table();
+        let Some(entry) = table.leases.get_mut(&lease.id) else {
+            // Not in the table (cannot happen: a lease not done with the nodes is never
+            // forgotten): keep deciding, it will release.
+            return Some(holding);
         };
-        // Ended before the nodes are asked: from here on the app hears that the lease is gone.
-        // A keepalive answered while the release runs would tell it the lock is still its own
-        // after a quorum deleted the key and another contender may hold it.
-        held.state.send_replace(LeaseState::Ended(end));
+        if let Phase::Busy { again: true } = entry.phase {
+            entry.phase = Phase::Busy { again: false };
+            return Some(holding);
+        }
+        entry.phase = Phase::Idle(holding);
+        if table.wake(lease.id, at) {
+            self.timer.notify_one();
+        }
+        None
+    }
+
+    /// The lease ends for `end`: from here on the app hears that it is gone; its keys are
+    /// released, a lost lease's once the validity its app was given has ended.
+    async fn end(self: Arc<Self>, lease: Arc<Lease>, holding: Holding<E::Name>, end: End) {
+        // Ended before the nodes are asked: a keepalive answered while the release runs
+        // would tell the app the lock is still its own after a quorum deleted the key and
+        // another contender may hold it.
+        lease.state.send_replace(LeaseState::Ended(end));
         // Counted as the app hears it, not after the nodes answer (a stopped node takes its
         // timeout).
         self.metrics.ended(end.as_str());
+        if end == End::Lost {
+            // A lost lease keeps its promise: the app may act until the validity it was last
+            // given, so what we still hold keeps the name from anyone else until then (a
+            // shutdown cuts the wait short). Released at once, the keys on the nodes we still
+            // reach freed a majority where the key stood on fewer than all, and a waiter was
+            // granted before the holder's validity ended.
+            let promised = lease.timing().valid_until();
+            if Deadline::now() < promised && !self.closing.is_cancelled() {
+                let mut table = self.table();
+                if let Some(entry) = table.leases.get_mut(&lease.id) {
+                    entry.phase = Phase::Promised {
+                        holding,
+                        at: promised,
+                    };
+                    if table.wake(lease.id, promised) {
+                        self.timer.notify_one();
+                    }
+                    drop(table);
+                    // A shutdown that began meanwhile may have found it busy.
+                    if self.closing.is_cancelled() {
+                        self.kick(lease.id);
+                    }
+                    return;
+                }
+            }
+        }
+        self.settle(lease, holding, end, true).await;
+    }
+
+    /// Releases the lease's keys (`release`; a lease the nodes no longer show needs none),
+    /// then it is done with the nodes: remembered, or forgotten.
+    async fn settle(
+        self: Arc<Self>,
+        lease: Arc<Lease>,
+        holding: Holding<E::Name>,
+        end: End,
+        release: bool,
+    ) {
         // Gone from a quorum of nodes (or lost): the next request in this sidecar may try
         // now, its calls behind the slower nodes' deletes on the same connections.
-        let gone = || {
+        let slot = Arc::clone(&holding.slot);
+        let gone = move || {
             slot.held_here.send_replace(false);
         };
         if release {
-            if end == End::Lost {
-                // A lost lease keeps its promise: the app may act until the validity it was
-                // last given, so what we still hold keeps the name from anyone else until then
-                // (a shutdown cuts the wait short). Released at once, the keys on the nodes we
-                // still reach freed a majority where the key stood on fewer than all, and a
-                // waiter was granted before the holder's validity ended.
-                let promised = held
-                    .timing
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .valid_until();
-                tokio::select! {
-                    biased;
-                    _ = self.closing.cancelled() => {}
-                    _ = clock::sleep_until_deadline(promised) => {}
-                }
-            }
-            slot.lock.release(&lease, gone).await;
+            holding.slot.lock.release(&holding.lease, gone).await;
         } else {
             gone();
         }
-        held.settled.send_replace(true);
+        lease.settled.send_replace(true);
         if end == End::Lost {
-            warn!(lock = %held.name, fencing_token = held.fencing_token, "request lock lost");
+            warn!(lock = %lease.name, fencing_token = lease.fencing_token, "request lock lost");
         }
         self.metrics.leases_add(-1);
-        drop(claim);
-        drop(slot);
+        let now = Deadline::now();
         // Remember the ending for a while, so the app's next call learns it (an app paused
-        // for longer hears 404: a lease it no longer has either way).
-        if end != End::Released && end != End::Shutdown {
-            clock::sleep_until_deadline(Deadline::now() + ttl.max(REMEMBER_ENDED)).await;
+        // for longer hears 404: a lease it no longer has either way). Dapr's API has no call
+        // that could ask; a released lease's app asked for it.
+        let remembered = match end {
+            End::Shutdown => None,
+            End::Lost | End::Abandoned if lease.owner.is_none() => {
+                Some(now + lease.ttl.max(REMEMBER_ENDED))
+            }
+            End::Lost | End::Abandoned | End::Released => Some(now),
+        };
+        let mut table = self.table();
+        table.live = table.live.saturating_sub(1);
+        if let Some(entry) = table.leases.get_mut(&lease.id) {
+            if entry.forget_when_settled || remembered.is_some_and(|at| at <= now) {
+                table.remove(lease.id);
+            } else {
+                entry.phase = Phase::Ended {
+                    forget_at: remembered,
+                };
+                match remembered {
+                    Some(at) => {
+                        if table.wake(lease.id, at) {
+                            self.timer.notify_one();
+                        }
+                    }
+                    None => table.wakes.remove(lease.id),
+                }
+            }
         }
-        if end != End::Shutdown {
-            self.forget(held.id);
+        if table.quiet() {
+            self.idle.notify_waiters();
         }
+        let dropped = self.slot_unused(&mut table, &holding.key);
+        drop(table);
+        drop(holding);
+        drop(dropped);
     }
 
+    /// The timer's turn at `now`: gives the leases due their turn and drops the idle slots
+    /// due; when it is next due.
+    fn on_time(self: &Arc<Self>, now: Deadline) -> Option<Deadline> {
+        let mut table = self.table();
+        let due = table.wakes.due(now);
+        let expired = table.idle.expired(now);
+        let dropped: Vec<_> = expired
+            .iter()
+            .filter_map(|key| table.slots.remove(key))
+            .collect();
+        table.timer_at = None;
+        drop(table);
+        drop(dropped);
+        for id in due {
+            self.kick(id);
+        }
+        let mut table = self.table();
+        let next = [table.wakes.next(), table.idle.poll_timeout()]
+            .into_iter()
+            .flatten()
+            .min();
+        table.timer_at = next;
+        next
+    }
+
+    /// Forgets lease `id` if it is done with the nodes, else once it is.
     fn forget(&self, id: LeaseId) {
         let mut table = self.table();
-        if table.leases.get(&id).is_some_and(|l| l.ended().is_some()) {
-            table.leases.remove(&id);
+        let Some(entry) = table.leases.get_mut(&id) else {
+            return;
+        };
+        if let Phase::Ended { .. } = entry.phase {
+            table.remove(id);
+        } else {
+            entry.forget_when_settled = true;
         }
     }
 
-    /// Asks the lease task of `id` to release for `why`.
-    fn stop(&self, id: LeaseId, why: End) -> Option<Arc<Lease>> {
-        let lease = self.table().leases.get(&id).cloned()?;
-        *lease.stop_reason.lock().unwrap_or_else(|e| e.into_inner()) = why;
-        lease.stop.cancel();
+    /// Asks the lease task of `id` to release for `why` (unless a reason was given before).
+    fn stop(self: &Arc<Self>, id: LeaseId, why: End) -> Option<Arc<Lease>> {
+        let lease = self.table().leases.get(&id).map(|e| Arc::clone(&e.lease))?;
+        lease
+            .stop
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(why);
+        self.kick(id);
         Some(lease)
     }
 
@@ -614,21 +931,21 @@ impl<E: LockEngine> Locks<E> {
         self.table()
             .leases
             .get(&id)
-            .filter(|l| l.name == name)
-            .cloned()
+            .filter(|e| e.lease.name == name)
+            .map(|e| Arc::clone(&e.lease))
     }
 
-    /// The app keeps lease `id` of `name` alive; the lease as it stands.
+    /// The app keeps lease `id` of `name` alive; the lease as it stands. (No wake-up moves:
+    /// a keepalive only moves the release later, and the lease's next wake-up decides again.)
     pub fn keepalive(&self, name: &str, id: LeaseId) -> Result<Granted, Found> {
         let lease = self.lease(name, id).ok_or(Found::Unknown)?;
         if let Some(end) = lease.ended() {
             return Err(Found::Ended(end));
         }
-        let mut timing = lease.timing.lock().unwrap_or_else(|e| e.into_inner());
+        let mut timing = lease.timing();
         timing.kept_alive(Deadline::now());
         let valid_until = timing.valid_until();
         drop(timing);
-        lease.wake.notify_one();
         Ok(Granted {
             lease: id,
             fencing_token: lease.fencing_token,
@@ -637,47 +954,52 @@ impl<E: LockEngine> Locks<E> {
     }
 
     /// Releases lease `id` of `name`; an ended lease is forgotten and its ending told.
-    pub async fn release(&self, name: &str, id: LeaseId) -> Result<(), Found> {
+    pub async fn release(self: &Arc<Self>, name: &str, id: LeaseId) -> Result<(), Found> {
         let lease = self.lease(name, id).ok_or(Found::Unknown)?;
         if let Some(end) = lease.ended() {
-            self.table().leases.remove(&id);
+            self.forget(id);
             return Err(Found::Ended(end));
         }
         self.stop(id, End::Released);
         let mut settled = lease.settled.subscribe();
         let released = settled.wait_for(|settled| *settled);
         let _ = tokio::time::timeout(RELEASE_ANSWER_WITHIN, released).await;
-        self.table().leases.remove(&id);
+        self.forget(id);
         Ok(())
     }
 
     /// Follows lease `id` of `name`: its states until it ends. The lease counts as kept
-    /// alive while the returned [`Watching`] lives.
+    /// alive while the returned [`Watching`] lives. At most [`MAX_WATCHES`] at once.
     pub fn watch(&self, name: &str, id: LeaseId) -> Result<Watching, Found> {
         let lease = self.lease(name, id).ok_or(Found::Unknown)?;
         if let Some(end) = lease.ended() {
             return Err(Found::Ended(end));
         }
-        lease
-            .timing
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .watcher_joined();
-        lease.wake.notify_one();
+        let counted = self
+            .watches
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |open| {
+                (open < MAX_WATCHES).then_some(open + 1)
+            });
+        if counted.is_err() {
+            return Err(Found::TooManyWatches { max: MAX_WATCHES });
+        }
+        lease.timing().watcher_joined();
         Ok(Watching {
             states: lease.state.subscribe(),
             fencing_token: lease.fencing_token,
             lease,
+            open: Arc::clone(&self.watches),
         })
     }
 
     /// Dapr's unlock: releases the lease `owner` holds on `name` through this sidecar.
-    pub async fn unlock_owned(&self, name: &str, owner: &str) -> Unlock {
+    pub async fn unlock_owned(self: &Arc<Self>, name: &str, owner: &str) -> Unlock {
         let (mine, others) = {
             let table = self.table();
             let held: Vec<&Arc<Lease>> = table
                 .leases
                 .values()
+                .map(|e| &e.lease)
                 .filter(|l| l.name == name && l.ended().is_none())
                 .collect();
             let mine = held
@@ -711,7 +1033,7 @@ impl<E: LockEngine> Locks<E> {
 
     /// Refuses new acquisitions, cancels the waiting ones and releases every lease; returns
     /// once all are released.
-    pub async fn shutdown(&self) {
+    pub async fn shutdown(self: &Arc<Self>) {
         self.closing.cancel();
         let mut released = 0;
         loop {
@@ -719,19 +1041,23 @@ impl<E: LockEngine> Locks<E> {
             let idle = self.idle.notified();
             tokio::pin!(idle);
             idle.as_mut().enable();
-            let held: Vec<LeaseId> = self
-                .table()
-                .leases
-                .values()
-                .filter(|l| l.ended().is_none() && !l.stop.is_cancelled())
-                .map(|l| l.id)
-                .collect();
-            for id in held {
+            let (to_stop, quiet) = {
+                let table = self.table();
+                let to_stop: Vec<(LeaseId, bool)> = table
+                    .leases
+                    .values()
+                    .filter(|e| !matches!(e.phase, Phase::Ended { .. }))
+                    .filter(|e| e.lease.stop_reason().is_none())
+                    .map(|e| (e.lease.id, e.lease.ended().is_none()))
+                    .collect();
+                (to_stop, table.quiet())
+            };
+            for (id, held) in to_stop {
                 self.stop(id, End::Shutdown);
-                released += 1;
+                released += usize::from(held);
             }
-            // Every lease ended and every waiting acquisition answered.
-            if self.table().in_use == 0 {
+            // Every lease done with the nodes and every waiting acquisition answered.
+            if quiet {
                 break;
             }
             idle.await;
@@ -755,39 +1081,36 @@ impl<E: LockEngine> Locks<E> {
         self.table()
             .leases
             .values()
-            .filter(|l| l.ended().is_none())
+            .filter(|e| e.lease.ended().is_none())
             .count()
     }
-}
 
-/// Sleeps until `at` on the boot clock; before `cheap_until`, on Tokio's timer instead, in
-/// one slice that ends there at the latest (the caller decides again when it ends). Most
-/// request locks are released within milliseconds, before they would need a boot-clock
-/// timer, and one costs a timer descriptor and its registration (five system calls): a wait
-/// armed and dropped took 7.7 µs on it against 1.5 µs on Tokio's timer (debug build, 2
-/// cores), and those 6 µs are 6 % of the 100 µs a request lock's HTTP hop over the library
-/// path may cost. A suspend during the slice delays that decision by at most the slice; the
-/// deadlines stay [`Deadline`]s, only this first slice is a relative Tokio sleep.
-async fn sleep_cheaply_until(at: Deadline, cheap_until: Deadline) {
-    let now = Deadline::now();
-    if now < cheap_until {
-        tokio::time::sleep(at.min(cheap_until).saturating_duration_since(now)).await;
-    } else {
-        clock::sleep_until_deadline(at).await;
+    /// Everything that counts against the bound now: leases held, ending or remembered, and
+    /// acquisitions in progress.
+    pub fn counted(&self) -> usize {
+        let table = self.table();
+        table.leases.len() + table.acquiring
     }
 }
 
-/// Drops idle slots when their time comes, while any is idle and the service lives.
-async fn sweep_idle<E: LockEngine>(locks: Weak<Locks<E>>) {
+/// The timer task: sleeps on the boot clock until the earliest wake-up of any lease or idle
+/// slot, gives them their turn, and sleeps again; woken earlier when something is due
+/// earlier. Ends with the service.
+async fn run_timer<E: LockEngine>(locks: Weak<Locks<E>>, earlier: Arc<Notify>) {
     loop {
+        // Registered before the table is read, so a wake-up set meanwhile cannot slip past.
+        let notified = earlier.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
         let next = match locks.upgrade() {
-            Some(locks) => locks.drop_idle(Deadline::now()),
-            None => None,
+            Some(locks) => locks.on_time(Deadline::now()),
+            None => return,
         };
-        let Some(next) = next else {
-            return;
-        };
-        clock::sleep_until_deadline(next).await;
+        tokio::select! {
+            biased;
+            _ = notified => {}
+            _ = Clock::Boot.sleep_until_some(next) => {}
+        }
     }
 }
 
@@ -824,29 +1147,34 @@ pub struct Watching {
     /// The lease's fencing token.
     pub fencing_token: u64,
     lease: Arc<Lease>,
+    /// The count of open watches, this one included.
+    open: Arc<AtomicUsize>,
 }
 
 impl Drop for Watching {
     fn drop(&mut self) {
-        self.lease
-            .timing
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .watcher_left(Deadline::now());
-        self.lease.wake.notify_one();
+        // The release moves to a ttl from now: later than the lease's next wake-up (a
+        // renewal within a third of the ttl), which decides again.
+        self.lease.timing().watcher_left(Deadline::now());
+        self.open.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
-/// A request's (then its lease's) share of the bound and of its name's slot; given back when
-/// dropped, whichever way the request or lease ends.
+/// A request's share of the bounds and of its name's slot; given back when dropped,
+/// whichever way the request ends, unless a lease took it over.
 struct Claim<E: LockEngine> {
     locks: Arc<Locks<E>>,
     key: SlotKey,
+    waits: bool,
+    /// A lease has the share now (see [`Locks::hold`]).
+    taken_over: bool,
 }
 
 impl<E: LockEngine> Drop for Claim<E> {
     fn drop(&mut self) {
-        self.locks.give_back(&self.key);
+        if !self.taken_over {
+            self.locks.give_back(&self.key, self.waits);
+        }
     }
 }
 
@@ -990,9 +1318,10 @@ mod tests {
         cycle(&locks, "once").await;
         until(|| nodes.dropped.load(Ordering::SeqCst) == 1).await;
         assert!(locks.table().slots.is_empty());
-        assert!(
-            !locks.table().sweeping,
-            "the sweeping task ends with the last idle name"
+        assert_eq!(
+            locks.table().timer_at,
+            None,
+            "nothing is due once the last idle name is gone"
         );
         // The name opens again when it is wanted again, and is dropped again.
         cycle(&locks, "once").await;
@@ -1067,7 +1396,7 @@ mod tests {
             }
         });
         // The waiter has its turn (it holds a claim) before the release.
-        until(|| locks.table().in_use == 2).await;
+        until(|| locks.counted() == 2).await;
         locks.release("hot", first.lease).await.unwrap();
         let second = tokio::time::timeout(Duration::from_secs(5), waiter)
             .await
@@ -1140,6 +1469,132 @@ mod tests {
         })
         .await;
         assert_eq!(releasing.await.unwrap(), Ok(()));
+    }
+
+    fn service_of(nodes: &Arc<Nodes>, max: usize) -> Arc<Locks<Engine>> {
+        let metrics = Metrics::new("t", &[], None).app_locks().clone();
+        Locks::new(Engine(Arc::clone(nodes)), max, metrics)
+    }
+
+    #[tokio::test]
+    async fn a_held_lease_costs_no_task_while_it_waits() {
+        let nodes = Arc::new(Nodes::default());
+        let locks = service_of(&nodes, 2_000);
+        let tasks = || {
+            tokio::runtime::Handle::current()
+                .metrics()
+                .num_alive_tasks()
+        };
+        let ttl = Duration::from_secs(30);
+        locks
+            .acquire("first", ttl, Duration::ZERO, None)
+            .await
+            .unwrap();
+        let before = tasks();
+        for i in 0..1_000 {
+            locks
+                .acquire(&format!("order-{i}"), ttl, Duration::ZERO, None)
+                .await
+                .unwrap();
+        }
+        assert_eq!(locks.held(), 1_001);
+        assert_eq!(tasks(), before, "one timer task for all, none per lease");
+        assert_eq!(locks.table().wakes.len(), 1_001, "one wake-up each");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ended_leases_count_against_the_bound_until_forgotten() {
+        let nodes = Arc::new(Nodes::default());
+        let locks = service_of(&nodes, 2);
+        let short = Duration::from_millis(200);
+        let a = locks
+            .acquire("a", short, Duration::ZERO, None)
+            .await
+            .unwrap();
+        locks
+            .acquire("b", short, Duration::ZERO, None)
+            .await
+            .unwrap();
+        // Nobody keeps them alive: abandoned after their ttl, and remembered.
+        until(|| locks.held() == 0 && nodes.held.lock().unwrap().is_empty()).await;
+        assert_eq!(locks.counted(), 2);
+        let refused = locks.acquire("c", short, Duration::ZERO, None).await;
+        assert_eq!(refused.unwrap_err(), Refused::TooMany { max: 2 });
+        // The app hears how its lease ended; then it is forgotten, and there is room again.
+        assert_eq!(
+            locks.release("a", a.lease).await,
+            Err(Found::Ended(End::Abandoned))
+        );
+        assert_eq!(locks.counted(), 1);
+        locks
+            .acquire("c", short, Duration::ZERO, None)
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dapr_lock_that_expires_is_not_remembered() {
+        let nodes = Arc::new(Nodes::default());
+        let locks = service_of(&nodes, 1);
+        let short = Duration::from_millis(200);
+        let owner = || Some("app-1".to_owned());
+        locks
+            .acquire("a", short, Duration::ZERO, owner())
+            .await
+            .unwrap();
+        until(|| locks.counted() == 0).await;
+        locks
+            .acquire("b", short, Duration::ZERO, owner())
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn waits_and_watches_have_bounds_of_their_own() {
+        let nodes = Arc::new(Nodes::default());
+        let locks = service_of(&nodes, 1_000);
+        let ttl = Duration::from_secs(30);
+        let held = locks
+            .acquire("hot", ttl, Duration::ZERO, None)
+            .await
+            .unwrap();
+        let mut waiters = Vec::new();
+        for _ in 0..MAX_WAITING {
+            let locks = Arc::clone(&locks);
+            waiters.push(tokio::spawn(async move {
+                locks
+                    .acquire("hot", ttl, Duration::from_secs(60), None)
+                    .await
+            }));
+        }
+        until(|| locks.table().waiting == MAX_WAITING).await;
+        let refused = locks
+            .acquire("cold", ttl, Duration::from_secs(1), None)
+            .await;
+        assert_eq!(
+            refused.unwrap_err(),
+            Refused::TooManyWaiting { max: MAX_WAITING }
+        );
+        // A request without a wait, and a release, still go through.
+        let other = locks
+            .acquire("cold", ttl, Duration::ZERO, None)
+            .await
+            .unwrap();
+        locks.release("cold", other.lease).await.unwrap();
+
+        let mut watching: Vec<_> = (0..MAX_WATCHES)
+            .map(|_| locks.watch("hot", held.lease).unwrap())
+            .collect();
+        assert!(matches!(
+            locks.watch("hot", held.lease),
+            Err(Found::TooManyWatches { .. })
+        ));
+        watching.pop();
+        assert!(locks.watch("hot", held.lease).is_ok());
+        for waiter in waiters {
+            waiter.abort();
+        }
+        until(|| locks.table().waiting == 0).await;
     }
 
     /// Waits (with a deadline) until `done`.

@@ -249,8 +249,9 @@ struct Inner {
     /// How much later (ms) each round of a wait starts: a candidate that defers to a
     /// preferred one (see `candidacy`); 0 for everyone else.
     handicap_ms: AtomicU64,
-    /// What the nodes push (see [`push`]).
-    pushes: broadcast::Sender<push::Push>,
+    /// What the nodes push (see [`push`]); made when first listened to or waited on (see
+    /// [`Inner::pushes`]).
+    pushes: std::sync::OnceLock<broadcast::Sender<push::Push>>,
     /// How many waiters the lock had when last counted (see `standby`), announced with an
     /// acquisition: older versions spread their rounds by it (this one takes counts only
     /// from the nodes).
@@ -331,7 +332,7 @@ impl Redlock {
                 watching_releases: watch::channel(vec![false; nodes.len()]).0,
                 nodes,
                 batches,
-                pushes: broadcast::channel(1024).0,
+                pushes: std::sync::OnceLock::new(),
                 waiters_seen: AtomicU64::new(0),
                 last_announcement: std::sync::Mutex::new(None),
                 listening: std::sync::Once::new(),

@@ -198,7 +198,7 @@ pub(super) async fn listen(inner: Weak<Inner>, index: usize) {
         let messages = strong.nodes[index]
             .pushes(&announcements, optional, dropped, connect_timeout)
             .await;
-        let pushes = strong.pushes.clone();
+        let pushes = strong.pushes().clone();
         let subscribed = strong.subscribed.clone();
         let mut changed = strong.watching_releases.subscribe();
         let observer = strong.observer.clone();
@@ -251,7 +251,20 @@ pub(super) async fn listen(inner: Weak<Inner>, index: usize) {
     }
 }
 
+/// How many pushes a waiter may fall behind before it reads the nodes instead
+/// (`RecvError::Lagged`). Pushes of one name are few (an acquisition or a release per node),
+/// and the channel's slots are allocated with it (about 100 bytes each), so a long queue
+/// would cost every name waited on more than its waiters do.
+pub(super) const PUSH_QUEUE: usize = 64;
+
 impl Inner {
+    /// The channel this lock's pushes are handed to its waiters on, made the first time
+    /// (a lock nobody waits on, a held request lock for one, never pays for its slots).
+    pub(super) fn pushes(&self) -> &tokio::sync::broadcast::Sender<Push> {
+        self.pushes
+            .get_or_init(|| tokio::sync::broadcast::channel(PUSH_QUEUE).0)
+    }
+
     /// The subscribers of node `index`'s release channel `channel` (0 when it does not answer).
     async fn release_watchers(&self, index: usize, channel: &str) -> u64 {
         self.nodes[index]

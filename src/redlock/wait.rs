@@ -84,7 +84,7 @@ impl Redlock {
         self.listen_for_releases();
         let cfg = &self.inner.cfg;
         let mut waiting = Waiting {
-            pushes: self.inner.pushes.subscribe(),
+            pushes: self.inner.pushes().subscribe(),
             standby: Standby::new(
                 self.inner.nodes.len(),
                 quorum(self.inner.nodes.len()),
