@@ -50,6 +50,7 @@
 
 mod acquire;
 mod children;
+mod fence;
 mod holder;
 pub mod outcome;
 mod report;

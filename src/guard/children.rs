@@ -5,17 +5,20 @@
 //! `REDLOCK_REDIS` may carry passwords inline, `REDLOCK_REDIS_PASSWORD` is one), plus
 //! `REDLOCK_LOCK`, `REDLOCK_FENCING_TOKEN` and `REDLOCK_HOLDER`.
 
+use std::collections::VecDeque;
 use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::time::Duration;
 
+use tokio::io::unix::AsyncFd;
 use tokio::io::AsyncReadExt;
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::{debug, warn};
 
-use super::supervisor::{self, Fence};
+use super::fence::{Fence, FenceCell};
+use super::supervisor::{self, Line};
 use super::tree;
 use crate::clock::Deadline;
 use crate::config::GuardConfig;
@@ -23,13 +26,29 @@ use crate::config::GuardConfig;
 /// The prefix of guard's own settings, none of which CMD inherits.
 const PRIVATE_PREFIX: &str = "REDLOCK_";
 
-/// CMD's process group (CMD leads it), and the pipe on which the supervisor gets its fence.
+/// CMD's process group (CMD leads it), the fence guard publishes to its helpers, and what
+/// they report.
 pub struct CmdGroup {
     pgid: i32,
-    /// Non-blocking: a write never waits for the supervisor.
-    fence: std::fs::File,
-    /// The fence last handed over.
-    fenced: Fence,
+    /// CMD's parent.
+    supervisor: i32,
+    fence: FenceCell,
+    /// The write ends of the helpers' doorbells, non-blocking: a ring never waits.
+    doorbells: [std::fs::File; 2],
+    /// The helpers' report pipe, after the start line.
+    reports: Reports,
+    /// CMD as a pidfd: readable once CMD has exited, whether or not its parent (the
+    /// supervisor, which reaps it) runs. `None` before Linux 5.3.
+    cmd_exit: Option<AsyncFd<OwnedFd>>,
+}
+
+/// What [`CmdGroup::watch`] saw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Seen {
+    /// A helper reported signalling CMD at the fence.
+    Fenced,
+    /// CMD has exited (its parent may not have reaped it yet).
+    CmdGone,
 }
 
 impl CmdGroup {
@@ -40,25 +59,133 @@ impl CmdGroup {
         unsafe { libc::kill(-self.pgid, sig) };
     }
 
-    /// Hands the supervisor new SIGTERM and SIGKILL points (it signals CMD at them on its
-    /// own); false if it could not take them at once (it is gone, or not reading).
-    pub fn fence(&mut self, term_at: Deadline, kill_at: Deadline) -> bool {
+    /// Publishes new SIGTERM and SIGKILL points to both helpers (they signal CMD at them on
+    /// their own) and wakes them. Never waits.
+    pub fn fence(&mut self, term_at: Deadline, kill_at: Deadline) {
         let fence = Fence::at(term_at, kill_at);
-        if fence == self.fenced {
-            return true;
+        if Fence::decode(fence.encode()) == self.fence.load() {
+            return;
         }
-        // One line, shorter than PIPE_BUF: written whole or not at all.
-        let sent = (&self.fence).write_all(fence.encode().as_bytes()).is_ok();
-        if sent {
-            self.fenced = fence;
+        self.fence.store(fence);
+        for doorbell in &self.doorbells {
+            // A full doorbell already has a wake-up queued.
+            let _ = (&*doorbell).write(b"!");
         }
-        sent
+    }
+
+    /// Whether the supervisor is there to send CMD the SIGTERM it is due (not stopped, not
+    /// dead): if not, guard sends it itself.
+    pub fn supervisor_running(&self) -> bool {
+        tree::stat(self.supervisor)
+            .is_some_and(|(state, _)| !matches!(state, 'T' | 't' | 'Z' | 'X'))
+    }
+
+    /// Waits until a helper reports that it signalled CMD at the fence (guard's own thread
+    /// was late), if `fenced`, or until CMD has exited, if `gone`; each is seen once (then,
+    /// and without either, this waits forever).
+    pub async fn watch(&mut self, fenced: bool, gone: bool) -> Seen {
+        let cmd_exit = self.cmd_exit.as_ref();
+        tokio::select! {
+            _ = self.reports.fenced(), if fenced => Seen::Fenced,
+            Ok(_) = async { cmd_exit.expect("polled only when set").readable().await }, if gone && cmd_exit.is_some() => Seen::CmdGone,
+            else => std::future::pending().await,
+        }
+    }
+
+    /// CMD's exit code (128+S if signal S ended it) while it is a zombie the supervisor has
+    /// not reaped, or else the supervisor's (CMD's code, passed on) while it is a zombie the
+    /// watchdog has not reaped: what guard reports when a stopped helper cannot.
+    pub fn cmd_exit_code(&self) -> Option<i32> {
+        tree::exit_code(self.pgid).or_else(|| tree::exit_code(self.supervisor))
+    }
+
+    /// Whether a helper has reported signalling CMD at the fence, reading what is in the pipe
+    /// without waiting.
+    pub fn fenced_now(&mut self) -> bool {
+        self.reports.fenced_now()
     }
 }
 
-/// guard's children: the supervisor (and through it CMD), and orphans re-parented here.
+/// The helpers' report pipe.
+struct Reports {
+    pipe: Option<tokio::net::unix::pipe::Receiver>,
+    /// A line not complete yet.
+    partial: Vec<u8>,
+    /// Lines read and not yet asked for.
+    lines: VecDeque<Line>,
+    /// A helper reported signalling CMD at the fence.
+    fenced: bool,
+}
+
+impl Reports {
+    fn new(pipe: tokio::net::unix::pipe::Receiver) -> Reports {
+        Reports {
+            pipe: Some(pipe),
+            partial: Vec::new(),
+            lines: VecDeque::new(),
+            fenced: false,
+        }
+    }
+
+    /// Takes in `bytes` read from the pipe.
+    fn take(&mut self, bytes: &[u8]) {
+        self.partial.extend_from_slice(bytes);
+        while let Some(end) = self.partial.iter().position(|&b| b == b'\n') {
+            let text: Vec<u8> = self.partial.drain(..=end).collect();
+            if let Some(line) = Line::parse(&String::from_utf8_lossy(&text)) {
+                self.fenced |= matches!(line, Line::Fenced(_));
+                self.lines.push_back(line);
+            }
+        }
+    }
+
+    /// The next line, waiting for it; `None` at end-of-file (both helpers gone).
+    async fn next(&mut self) -> Option<Line> {
+        let mut buf = [0u8; 256];
+        loop {
+            if let Some(line) = self.lines.pop_front() {
+                return Some(line);
+            }
+            let read = match self.pipe.as_mut() {
+                Some(pipe) => pipe.read(&mut buf).await,
+                None => return None,
+            };
+            match read {
+                Ok(n) if n > 0 => self.take(&buf[..n]),
+                _ => self.pipe = None,
+            }
+        }
+    }
+
+    async fn fenced(&mut self) {
+        while !self.fenced {
+            if self.next().await.is_none() {
+                break;
+            }
+        }
+        std::future::pending::<()>().await
+    }
+
+    fn fenced_now(&mut self) -> bool {
+        let mut buf = [0u8; 256];
+        while let Some(pipe) = &self.pipe {
+            match pipe.try_read(&mut buf) {
+                Ok(n) if n > 0 => {
+                    self.take(&buf[..n]);
+                }
+                Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => break,
+                _ => self.pipe = None,
+            }
+        }
+        self.fenced
+    }
+}
+
+/// guard's children: the watchdog (and through it the supervisor and CMD), and orphans
+/// re-parented here.
 pub struct Children {
     sigchld: Option<tokio::signal::unix::Signal>,
+    /// guard's own child: the watchdog.
     supervisor: Option<i32>,
 }
 
@@ -74,8 +201,9 @@ impl Children {
         }
     }
 
-    /// Starts the supervisor, which starts CMD with SIGTERM and SIGKILL due at `term_at` and
-    /// `kill_at` (moved later by [`CmdGroup::fence`]); returns CMD's process group.
+    /// Starts the watchdog, which starts the supervisor, which starts CMD, with SIGTERM and
+    /// SIGKILL due at `term_at` and `kill_at` (moved by [`CmdGroup::fence`]); returns CMD's
+    /// process group.
     pub async fn start(
         &mut self,
         cfg: &GuardConfig,
@@ -83,19 +211,35 @@ impl Children {
         identity: &str,
         (term_at, kill_at): (Deadline, Deadline),
     ) -> std::io::Result<CmdGroup> {
-        let (read, write) = pipe()?;
-        // The supervisor's fence: the first one is in the pipe before it starts.
-        let (fence_read, fence_write) = pipe()?;
-        let fenced = Fence::at(term_at, kill_at);
-        let mut fence = std::fs::File::from(fence_write);
-        fence.write_all(fenced.encode().as_bytes())?;
-        set_nonblocking(&fence)?;
-        // Above the descriptors they go to, so that moving one cannot overwrite the other.
-        let report_fd = dup_above(&write, supervisor::FENCE_FD)?;
-        let fence_fd = dup_above(&fence_read, supervisor::FENCE_FD)?;
-        drop(fence_read);
+        // The fence is in place before any helper starts.
+        let fence = FenceCell::create(Fence::at(term_at, kill_at))?;
+        let (report_read, report_write) = pipe()?;
+        let (watchdog_bell, watchdog_ring) = pipe()?;
+        let (supervisor_bell, supervisor_ring) = pipe()?;
+        let doorbells = [
+            std::fs::File::from(watchdog_ring),
+            std::fs::File::from(supervisor_ring),
+        ];
+        for doorbell in &doorbells {
+            set_nonblocking(doorbell)?;
+        }
+        // Above the descriptors they go to, so that moving one cannot overwrite another.
+        let top = supervisor::NEXT_DOORBELL_FD;
+        let moved = [
+            (dup_above(&report_write, top)?, supervisor::REPORT_FD),
+            (dup_above(&watchdog_bell, top)?, supervisor::DOORBELL_FD),
+            (
+                dup_above(&fence.as_fd().try_clone_to_owned()?, top)?,
+                supervisor::FENCE_FD,
+            ),
+            (
+                dup_above(&supervisor_bell, top)?,
+                supervisor::NEXT_DOORBELL_FD,
+            ),
+        ];
+        drop((report_write, watchdog_bell, supervisor_bell));
         let mut command = std::process::Command::new("/proc/self/exe");
-        // The supervisor passes its environment on to CMD.
+        // The helpers pass their environment on to CMD.
         for (name, _) in std::env::vars_os() {
             if name.as_bytes().starts_with(PRIVATE_PREFIX.as_bytes()) {
                 command.env_remove(name);
@@ -113,19 +257,19 @@ impl Children {
             // A group of its own: a SIGKILL to guard's process group (or to CMD's) leaves it
             // alive to clean up.
             .process_group(0);
-        let (report_raw, fence_raw) = (report_fd.as_raw_fd(), fence_fd.as_raw_fd());
+        let raw: Vec<(i32, i32)> = moved.iter().map(|(fd, to)| (fd.as_raw_fd(), *to)).collect();
         // SAFETY: getpid, getppid, dup2, prctl and _exit are async-signal-safe, as pre_exec
         // requires.
         let parent = unsafe { libc::getpid() };
         unsafe {
             command.pre_exec(move || {
                 // dup2 leaves the new descriptors open across exec.
-                if libc::dup2(report_raw, supervisor::REPORT_FD) < 0
-                    || libc::dup2(fence_raw, supervisor::FENCE_FD) < 0
-                {
-                    return Err(std::io::Error::last_os_error());
+                for &(from, to) in &raw {
+                    if libc::dup2(from, to) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
                 }
-                // guard's death, even by SIGKILL, reaches the supervisor as SIGTERM.
+                // guard's death, even by SIGKILL, reaches the watchdog as SIGTERM.
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -138,31 +282,46 @@ impl Children {
         // Its failure is guard's, not CMD's: never reported as "CMD not found" (127).
         let child = command.spawn().map_err(|err| {
             std::io::Error::other(format!(
-                "cannot start the supervisor from /proc/self/exe (is /proc mounted?): {err}"
+                "cannot start the watchdog from /proc/self/exe (is /proc mounted?): {err}"
             ))
         })?;
         self.supervisor = Some(child.id() as i32);
         // Reaped through `supervisor_exit`, never through std's handle.
         drop(child);
-        drop((write, report_fd, fence_fd));
-        let mut report = String::new();
-        tokio::net::unix::pipe::Receiver::from_owned_fd(read)?
-            .read_to_string(&mut report)
-            .await?;
-        let mut words = report.split_whitespace();
-        match (
-            words.next(),
-            words.next().and_then(|w| w.parse::<i32>().ok()),
-        ) {
-            (Some("started"), Some(pid)) => Ok(CmdGroup {
-                pgid: pid,
-                fence,
-                fenced,
-            }),
-            (Some("error"), Some(errno)) => Err(std::io::Error::from_raw_os_error(errno)),
-            _ => Err(std::io::Error::other(
-                "the supervisor ended before starting CMD",
-            )),
+        drop(moved);
+        let mut reports = Reports::new(tokio::net::unix::pipe::Receiver::from_owned_fd(
+            report_read,
+        )?);
+        loop {
+            match reports.next().await {
+                Some(Line::Started { cmd, supervisor }) => {
+                    return Ok(CmdGroup {
+                        pgid: cmd,
+                        supervisor,
+                        fence,
+                        doorbells,
+                        reports,
+                        cmd_exit: pidfd(cmd),
+                    })
+                }
+                Some(Line::CmdError(errno)) => {
+                    return Err(std::io::Error::from_raw_os_error(errno))
+                }
+                Some(Line::HelperError(errno)) => {
+                    return Err(std::io::Error::other(format!(
+                        "the supervisor could not be set up: {}",
+                        std::io::Error::from_raw_os_error(errno)
+                    )))
+                }
+                // A helper fenced before CMD was reported (guard was that late): CMD's start
+                // line, or the end, follows.
+                Some(Line::Fenced(_)) => {}
+                None => {
+                    return Err(std::io::Error::other(
+                        "the supervisor ended before starting CMD",
+                    ))
+                }
+            }
         }
     }
 
@@ -199,6 +358,12 @@ impl Children {
         supervisor_code
     }
 
+    /// SIGKILLs every process below guard now (CMD's tree and the helpers), once, without
+    /// waiting: the kill at the fence's SIGKILL point.
+    pub fn kill_below(&self) {
+        tree::kill_descendants(std::process::id() as i32);
+    }
+
     /// SIGKILLs every process below guard and reaps it (bounded: a process stuck in
     /// the kernel is left after about a second, with a warning).
     pub async fn kill_all_below(&mut self) {
@@ -212,6 +377,18 @@ impl Children {
         }
         warn!("processes of CMD's tree survived SIGKILL for a second");
     }
+}
+
+/// `pid` as a pidfd registered with the runtime; `None` where the kernel has none.
+fn pidfd(pid: i32) -> Option<AsyncFd<OwnedFd>> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor (or -1).
+    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if raw < 0 {
+        return None;
+    }
+    // SAFETY: a new descriptor, owned by nobody else; owned by the AsyncFd, so it stays open
+    // while registered.
+    unsafe { AsyncFd::register(OwnedFd::from_raw_fd(raw as i32)).ok() }
 }
 
 /// A pipe whose ends are closed on exec.

@@ -9,17 +9,21 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use super::children::{Children, CmdGroup};
+use super::children::{Children, CmdGroup, Seen};
 use super::outcome::{Kind, Outcome};
 use super::report::Report;
 use super::schedule::{self, Action, Limits, State, Why, RENEW_FAILED, SUPERSEDED};
 use super::signals::Signals;
-use super::{EXIT_LOST, EXIT_MAX_HOLD, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND};
+use super::{EXIT_LOST, EXIT_MAX_HOLD, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_UNREACHABLE};
 use crate::clock::{Clock, Deadline};
-use crate::config::GuardConfig;
+use crate::config::{GuardConfig, Slot};
 use crate::leadership::{LeadershipRx, LeadershipTx, Role};
 use crate::lease::{self, HoldEnd};
 use crate::redlock::{Lease, Redlock};
+
+/// How long guard waits for its helpers to end after CMD has exited before it kills them:
+/// running, they end within milliseconds.
+const HELPERS_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Runs CMD under `lease` until it is done; returns the run's outcome. `leadership` is the
 /// channel the renewals publish on, and the loop reads.
@@ -82,14 +86,20 @@ pub async fn run_cmd(
     let mut ended: Option<HoldEnd> = None;
     let mut exit_code = None;
     let mut watching = true;
+    // `--slot`: CMD finished with 0 but its record did not reach a quorum.
+    let mut unrecorded = false;
+    // When guard stops waiting for the helpers to end, once CMD is seen gone (its pidfd).
+    let mut helpers_due: Option<Deadline> = None;
+    // CMD's code as read from /proc when guard killed the helpers instead.
+    let mut helpers_killed: Option<Option<i32>> = None;
     loop {
         // Whatever just happened may have moved a deadline: read the tenure as published
         // now, and ask the schedule again.
         if let Role::Leader(term) = &rx.borrow_and_update().role {
             state.published(term.step_down_at);
         }
-        // The supervisor signals CMD at these points on its own, should this thread stall.
-        let fenced = hand_over_fence(&mut cmd, &state);
+        // The helpers signal CMD at these points on their own, should this thread stall.
+        hand_over_fence(&mut cmd, &state);
         let now = Deadline::now();
         let (action, wake) = schedule::next(&state, now);
         match action {
@@ -104,20 +114,22 @@ pub async fn run_cmd(
                     Why::Lost(_) => warn!(lock = %lock, "stopping CMD: the lock was lost"),
                 }
                 state.terminated(why, now);
-                if !hand_over_fence(&mut cmd, &state) {
+                hand_over_fence(&mut cmd, &state);
+                // The supervisor sends it at the fence; stopped or gone, it cannot.
+                if !cmd.supervisor_running() {
                     cmd.signal(libc::SIGTERM);
                 }
                 continue;
             }
             Action::Kill => {
+                // First, before any log line: every process below guard, the helpers
+                // included (they hold the same point, but may be stopped).
+                children.kill_below();
+                state.killed();
                 if state.lost() == Some(SUPERSEDED) {
                     warn!(lock = %lock, "the lock is someone else's: SIGKILL to CMD at once");
                 } else {
                     warn!("CMD still running; sending SIGKILL");
-                }
-                state.killed();
-                if !fenced {
-                    cmd.signal(libc::SIGKILL);
                 }
                 continue;
             }
@@ -130,17 +142,37 @@ pub async fn run_cmd(
         }
         tokio::select! {
             code = children.supervisor_exit(), if state.cmd_running() => {
-                // The supervisor killed what CMD left behind; if it was itself killed, orphans
-                // of CMD's tree were re-parented to guard: nothing of CMD's may run on after
-                // the release.
+                // The helpers killed what CMD left behind; if they were themselves killed,
+                // orphans of CMD's tree were re-parented to guard: nothing of CMD's may run on
+                // after the release.
                 children.kill_all_below().await;
+                // Killed by guard, the helpers could not pass CMD's code on.
+                let code = helpers_killed.flatten().unwrap_or(code);
+                // A helper that stopped CMD at the fence said so before CMD's exit.
+                if cmd.fenced_now() {
+                    fenced_by_helper(&mut state, report, lock);
+                }
                 info!(exit_code = code, "CMD exited");
                 state.cmd_exited();
                 exit_code = Some(code);
                 // At once, under the lock: before --min-hold, which a kill could cut short.
-                if let Some(slot) = cfg.slot.as_ref().filter(|_| completed(code, &state, &ended)) {
-                    super::slot::record(cfg, slot, redlock, &held).await;
+                if let Some(slot) = cfg.slot.as_ref().filter(|_| finished(code, &state)) {
+                    unrecorded = !record_slot(cfg, slot, redlock, &held, &ended).await;
                 }
+            }
+            seen = cmd.watch(state.stopped_for().is_none(), helpers_due.is_none()), if state.cmd_running() => {
+                match seen {
+                    Seen::Fenced => fenced_by_helper(&mut state, report, lock),
+                    Seen::CmdGone => helpers_due = Some(Deadline::now() + HELPERS_GRACE),
+                }
+            }
+            _ = Clock::Boot.sleep_until_some(helpers_due), if state.cmd_running() && helpers_killed.is_none() => {
+                // CMD has exited and the helpers have not: one of them is stopped (or hung).
+                // Nothing of CMD's may run on, nor the lock be held for it. Its code, from the
+                // zombie a stopped helper has not reaped, first.
+                helpers_killed = Some(cmd.cmd_exit_code());
+                children.kill_below();
+                warn!("CMD exited but guard's helper processes did not end (stopped?); killed them");
             }
             sig = signals.recv() => {
                 if state.cmd_running() {
@@ -216,23 +248,61 @@ pub async fn run_cmd(
                     .await;
             }
             info!(lock = %lock, exit_code = code, "CMD finished");
+            if unrecorded {
+                let slot = cfg.slot.as_ref().map_or("", |slot| slot.id.as_str());
+                report
+                    .event(
+                        "SlotNotRecorded",
+                        &format!("slot {slot} of lock {lock} ran (fencing token {token}) but its record reached too few nodes; a later run of the slot may run it again"),
+                        true,
+                    )
+                    .await;
+                return held(Kind::Unrecorded, EXIT_UNREACHABLE);
+            }
             held(Kind::Ran, code)
         }
     }
 }
 
-/// Whether CMD's exit `code` ends a run that counts as done for `--slot`: 0, CMD not
-/// stopped by guard (a loss, `--max-hold`), and renewals not lost.
-fn completed(code: i32, state: &State, ended: &Option<HoldEnd>) -> bool {
-    code == 0 && state.stopped_for().is_none() && !matches!(ended, Some(HoldEnd::Lost(..)))
+/// Whether CMD's exit `code` ends a run that counts as done for `--slot`: 0, and CMD not
+/// stopped by guard (a loss, `--max-hold`) nor by a helper at the fence.
+fn finished(code: i32, state: &State) -> bool {
+    code == 0 && state.stopped_for().is_none()
 }
 
-/// Hands the supervisor the SIGTERM and SIGKILL points as they stand; false if it could not
-/// take them (guard then signals CMD itself, as a fallback).
-fn hand_over_fence(cmd: &mut CmdGroup, state: &State) -> bool {
-    match schedule::fence(state) {
-        Some((term_at, kill_at)) => cmd.fence(term_at, kill_at),
-        None => true,
+/// Records that `slot` ran, unless the renewals were lost before CMD's exit was seen (the
+/// lock cannot be shown to have held to the end); whether a quorum has the record.
+async fn record_slot(
+    cfg: &GuardConfig,
+    slot: &Slot,
+    redlock: &Redlock,
+    held: &Lease,
+    ended: &Option<HoldEnd>,
+) -> bool {
+    if matches!(ended, Some(HoldEnd::Lost(..))) {
+        warn!(lock = %cfg.redlock.lock, slot = %slot.id, "the lock was lost before CMD's exit was seen: the slot is not recorded, and a later run of this slot may run it again");
+        return false;
+    }
+    super::slot::record(cfg, slot, redlock, held).await
+}
+
+/// A helper signalled CMD at the fence before guard's own thread did (it was stopped or
+/// blocked past the SIGTERM point): CMD is being stopped, and the run is told as such.
+fn fenced_by_helper(state: &mut State, report: &mut Report, lock: &str) {
+    if state.stopped_for().is_some() {
+        return;
+    }
+    state.fenced(Deadline::now());
+    if state.stopped_for() == Some(Why::Lost(RENEW_FAILED)) {
+        report.lock_lost(RENEW_FAILED);
+    }
+    warn!(lock = %lock, "guard's supervisor signalled CMD at the fence: guard did not renew the lock in time");
+}
+
+/// Publishes the SIGTERM and SIGKILL points as they stand to the helpers.
+fn hand_over_fence(cmd: &mut CmdGroup, state: &State) {
+    if let Some((term_at, kill_at)) = schedule::fence(state) {
+        cmd.fence(term_at, kill_at);
     }
 }
 

@@ -24,6 +24,10 @@ pub enum Kind {
     NotStarted,
     /// `--slot`: the slot had already run, CMD was not started (exit 0).
     AlreadyRan,
+    /// `--slot`: CMD exited 0 but the record that the slot ran reached fewer than a quorum of
+    /// nodes (or the lock was lost before CMD's exit was seen): a later run of the slot may
+    /// run it again (exit 69).
+    Unrecorded,
 }
 
 impl Kind {
@@ -37,6 +41,7 @@ impl Kind {
             Kind::MaxHold => "max-hold",
             Kind::NotStarted => "not-started",
             Kind::AlreadyRan => "already-ran",
+            Kind::Unrecorded => "unrecorded",
         }
     }
 }

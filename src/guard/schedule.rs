@@ -15,9 +15,11 @@
 //! - **Renewals ended on their own** (the tenure was lost): SIGTERM at once, SIGKILL
 //!   `kill_grace` later but never after the step-down point; a superseded tenure (a quorum
 //!   shows another holder or no key) gets SIGKILL at once.
-//! - **The supervisor holds the same deadlines.** [`fence`] gives the SIGTERM and SIGKILL
-//!   points as they stand; the holder hands them to the supervisor after every event, and the
-//!   supervisor signals CMD at them on its own, whatever guard's thread is doing.
+//! - **The helpers hold the same deadlines.** [`fence`] gives the SIGTERM and SIGKILL points
+//!   as they stand; the holder publishes them to the helper processes after every event, and
+//!   they signal CMD at them on their own, whatever guard's thread is doing. When one of them
+//!   did so first (guard's thread was late), CMD is being stopped from then on ([`State::fenced`]),
+//!   for the reason guard would have given.
 //! - **After CMD exited**, the lock is released once `--min-hold` has passed since CMD started;
 //!   at once if guard was stopping CMD, if a signal came (forwarded to CMD, or during the
 //!   hold), or if renewals have ended.
@@ -121,6 +123,26 @@ impl State {
     /// [`Action::Terminate`] was carried out at `now`.
     pub fn terminated(&mut self, why: Why, now: Deadline) {
         self.stopping.get_or_insert((why, now));
+    }
+
+    /// A helper signalled CMD at the fence on its own, guard's thread having been late to
+    /// (stopped, blocked): CMD is being stopped since `now` for the reason the schedule gives
+    /// then: the loss if renewals ended, `--max-hold` if it has passed, else renewals that did
+    /// not keep the lock in time.
+    pub fn fenced(&mut self, now: Deadline) {
+        if self.stopping.is_some() || self.exited {
+            return;
+        }
+        let max_hold_passed = self
+            .limits
+            .max_hold
+            .is_some_and(|max| now >= self.started + max);
+        let why = match self.lost {
+            Some(reason) => Why::Lost(reason),
+            None if max_hold_passed => Why::MaxHold,
+            None => Why::Lost(RENEW_FAILED),
+        };
+        self.stopping = Some((why, now));
     }
 
     /// [`Action::Kill`] was carried out.
@@ -478,6 +500,43 @@ mod tests {
         );
         job.renew(7.5);
         assert_eq!(job.next(7.6), (Action::Wait, Some(job.at(8.9))));
+    }
+
+    #[test]
+    fn a_fence_carried_out_by_a_helper_stops_cmd_for_the_reason_guard_would_give() {
+        // guard was stopped past the SIGTERM point: the lock was not kept in time.
+        let mut job = Job::new(30.0, None);
+        job.state.fenced(job.at(7.5));
+        assert_eq!(job.state.stopped_for(), Some(Why::Lost(RENEW_FAILED)));
+        assert_eq!(
+            job.next(7.6),
+            (Action::Wait, Some(job.at(STEP_DOWN))),
+            "SIGKILL by the step-down point"
+        );
+        job.state.cmd_exited();
+        assert_eq!(
+            job.run(7.7),
+            vec![Action::Release],
+            "no --min-hold after a stop"
+        );
+        // Renewals that ended first give their reason; --max-hold passed gives its own.
+        let mut job = Job::new(0.0, None);
+        job.state.renewals_ended(Some("expired"), job.at(STEP_DOWN));
+        job.state.fenced(job.at(5.0));
+        assert_eq!(job.state.stopped_for(), Some(Why::Lost("expired")));
+        let mut job = Job::new(0.0, Some(5.0));
+        job.state.fenced(job.at(5.5));
+        assert_eq!(job.state.stopped_for(), Some(Why::MaxHold));
+        assert_eq!(job.run(5.5), vec![Action::StopRenewing]);
+        // A stop guard decided itself stands, and after CMD's exit nothing changes.
+        let mut job = Job::new(0.0, Some(5.0));
+        job.run(5.0);
+        job.state.fenced(job.at(6.0));
+        assert_eq!(job.state.stopped_for(), Some(Why::MaxHold));
+        let mut job = Job::new(0.0, None);
+        job.state.cmd_exited();
+        job.state.fenced(job.at(9.0));
+        assert_eq!(job.state.stopped_for(), None);
     }
 
     #[test]

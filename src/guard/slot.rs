@@ -110,16 +110,18 @@ fn read_until(lease: &Lease, cfg: &GuardConfig) -> Deadline {
     lease.acquired_at + cfg.renewal.interval
 }
 
-/// Records that `slot` ran under `lease` (CMD exited 0); logs whether a quorum has it.
-pub async fn record(cfg: &GuardConfig, slot: &Slot, redlock: &Redlock, lease: &Lease) {
+/// Records that `slot` ran under `lease` (CMD exited 0); whether a quorum has it (logged).
+pub async fn record(cfg: &GuardConfig, slot: &Slot, redlock: &Redlock, lease: &Lease) -> bool {
     let lock = &cfg.redlock.lock;
     let written = redlock.record_slot(lease, &slot.id, slot.retention).await;
     let nodes = cfg.redlock.nodes.len();
-    if written >= quorum(nodes) {
+    let recorded = written >= quorum(nodes);
+    if recorded {
         info!(lock = %lock, slot = %slot.id, fencing_token = lease.fencing_token, nodes = written, "recorded that the slot ran");
     } else {
         warn!(lock = %lock, slot = %slot.id, nodes = written, needed = quorum(nodes), "the slot's record reached too few nodes; a later run of this slot may run it again");
     }
+    recorded
 }
 
 #[cfg(test)]

@@ -1,44 +1,68 @@
-//! The process between guard and CMD: it outlives guard just long enough to kill CMD's tree.
+//! The two helper processes between guard and CMD, which kill CMD's whole tree by the
+//! fence's SIGKILL point whatever guard is doing, and at once when guard dies.
 //!
-//! A SIGKILLed guard cannot act, and the kernel's parent-death signal reaches only a direct
-//! child, not CMD's own children. So guard starts this small process (its own binary, the
-//! hidden `supervise` subcommand), and this process starts CMD. It needs no privileges
-//! (a PID namespace would need `CAP_SYS_ADMIN` or user namespaces, which container
-//! runtimes usually deny; `cgroup.kill` needs a delegated cgroup).
+//! ```text
+//! guard ── watchdog ── supervisor ── CMD ── CMD's tree (setsid, double forks included)
+//! ```
 //!
-//! ## Behaviour
-//! - It is a child subreaper: a process of CMD's tree whose parent dies is re-parented
-//!   here (not to PID 1), so it is still found below this process, and it is reaped.
-//! - guard's death (parent-death signal SIGTERM, and this process' parent is no longer
-//!   guard) → SIGKILL to every process below it, reap them, exit.
-//! - CMD exits → SIGKILL to whatever CMD left behind (its whole tree, also processes that
-//!   left its process group), reap, exit with CMD's code (128+S if signal S killed it).
-//! - **It fences CMD on its own.** guard hands it the points at which CMD must get SIGTERM
-//!   and SIGKILL ([`Fence`], on [`FENCE_FD`]: the first before CMD starts, a new one after
-//!   every renewal or decision). It signals CMD's process group at those points on
-//!   `CLOCK_BOOTTIME` (the lease's clock, counting host suspends), and at the SIGKILL point
-//!   kills CMD's whole tree, whatever guard is doing: a guard blocked on a full stderr pipe,
-//!   a hung file read or SIGSTOP cannot keep CMD running past the step-down point. Each
-//!   signal is sent once; nothing on this path logs, reads a file or waits on guard.
-//! - It reports CMD's pid, or why CMD could not start, to guard on [`REPORT_FD`].
-//! - It has a process group of its own, neither guard's nor CMD's: guard signals CMD's
-//!   group (forwarded signals, SIGTERM/SIGKILL when stopping CMD) without touching this
-//!   process, and a SIGKILL to guard's whole group (a terminal, a process manager) leaves
-//!   it alive to clean up. Signals sent to it are ignored unless they mean guard has died.
-//! - CMD itself gets SIGKILL if this process dies (parent-death signal).
+//! A SIGKILLed or SIGSTOPped process cannot act, and the kernel's parent-death signal reaches
+//! only a direct child, not CMD's own children. So there are three processes that can each
+//! kill CMD's whole tree on their own, and any one of them is enough: whichever two of guard,
+//! the watchdog and the supervisor are stopped or killed (in any mix), the third is still
+//! running, and it is an ancestor of every process of CMD's tree. That holds because all
+//! three are child subreapers: a process whose parent dies is re-parented to the nearest
+//! living one of them above it (a stopped one counts as living), never past a running one to
+//! PID 1. Both helpers are guard's own binary (the hidden `supervise` subcommand), need no
+//! privileges (a PID namespace would need `CAP_SYS_ADMIN` or user namespaces, `cgroup.kill` a
+//! delegated cgroup), and need `/proc`.
+//!
+//! ## Behaviour (both helpers)
+//! - **The fence.** guard publishes when CMD must get SIGTERM and SIGKILL ([`super::fence`]:
+//!   a shared word on [`FENCE_FD`], a doorbell pipe on [`DOORBELL_FD`]; the first fence is in
+//!   place before the watchdog starts, a new one after every renewal or decision). Each helper
+//!   reads it on every wake and keeps a `CLOCK_BOOTTIME` timer on it (the lease's clock,
+//!   counting host suspends). At the SIGKILL point it kills every process below itself,
+//!   whatever guard is doing: a guard blocked on a full stderr pipe, a hung file read or
+//!   SIGSTOP cannot keep CMD running past the step-down point. The supervisor also sends
+//!   SIGTERM to CMD's process group at the SIGTERM point; the watchdog holds only the SIGKILL
+//!   point. Each signal is sent once.
+//! - **guard's death** (the doorbell's end-of-file, which only guard's exit causes, or the
+//!   parent-death signal for the watchdog) → SIGKILL to every process below, reap, exit.
+//! - **The process below dies** (the supervisor for the watchdog, CMD for the supervisor) →
+//!   SIGKILL to whatever is left below (CMD's tree, also processes that left its process
+//!   group), reap, exit with its code (CMD's code, or 128+S if signal S killed it).
+//! - **Nothing on the kill path blocks**: no logging, no file but `/proc`, no waiting on guard;
+//!   reports to guard ([`REPORT_FD`]: CMD's pid, or why it could not start; a line before each
+//!   signal sent at the fence, so that guard can say why CMD ended) are non-blocking writes of
+//!   a few bytes.
+//! - Each helper has a process group of its own, neither guard's nor CMD's: guard signals
+//!   CMD's group without touching them, and a SIGKILL to guard's whole group (a terminal, a
+//!   process manager) leaves them to clean up. Signals sent to them are ignored unless they
+//!   mean their parent has died.
+//! - CMD gets SIGKILL if the supervisor dies, and the supervisor SIGTERM if the watchdog dies
+//!   (parent-death signals).
+//!
+//! The watchdog is told apart by the descriptor it alone gets ([`NEXT_DOORBELL_FD`]: the
+//! supervisor's doorbell, which it hands on).
 
-use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::io::Write;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::time::Duration;
 
+use super::fence::{Fence, FenceCell};
 use super::tree;
-use crate::clock::{self, BootTimer, Deadline};
+use crate::clock::{self, BootTimer};
 
-/// The descriptor on which the supervisor reports to guard: `started PID` or `error ERRNO`.
+/// Where a helper reports to guard ([`Line`]s); shared by both helpers.
 pub const REPORT_FD: i32 = 3;
-/// The descriptor on which guard sends the supervisor [`Fence`]s, one per line.
-pub const FENCE_FD: i32 = 4;
+/// The read end of this helper's doorbell: a byte when the fence moved, end-of-file when
+/// guard is gone.
+pub const DOORBELL_FD: i32 = 4;
+/// The shared fence word ([`FenceCell`]).
+pub const FENCE_FD: i32 = 5;
+/// The watchdog's only: the supervisor's doorbell, handed on as its [`DOORBELL_FD`].
+pub const NEXT_DOORBELL_FD: i32 = 6;
 
 /// Signals this process waits for instead of handling them asynchronously.
 const WATCHED: [i32; 5] = [
@@ -49,61 +73,74 @@ const WATCHED: [i32; 5] = [
     libc::SIGQUIT,
 ];
 
-/// When CMD must get SIGTERM and SIGKILL, as `CLOCK_BOOTTIME` readings ([`clock::boottime`]),
-/// the same in guard and here. On the wire: `TERM_NS KILL_NS\n`, short enough for one
-/// atomic pipe write.
+/// What a helper tells guard, one line each, short enough for one atomic pipe write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Fence {
-    pub term_at: Duration,
-    pub kill_at: Duration,
+pub enum Line {
+    /// The supervisor started CMD: `started CMD_PID SUPERVISOR_PID`.
+    Started { cmd: i32, supervisor: i32 },
+    /// CMD could not be started: `error ERRNO`.
+    CmdError(i32),
+    /// A helper could not be set up: `failed ERRNO`.
+    HelperError(i32),
+    /// A helper is about to send `signal` to CMD at the fence: `fenced SIGNAL`.
+    Fenced(i32),
 }
 
-impl Fence {
-    /// The fence for SIGTERM at `term_at` and SIGKILL at `kill_at`.
-    pub fn at(term_at: Deadline, kill_at: Deadline) -> Fence {
-        Fence {
-            term_at: term_at.boottime(),
-            kill_at: kill_at.boottime(),
+impl Line {
+    pub fn encode(&self) -> String {
+        match self {
+            Line::Started { cmd, supervisor } => format!("started {cmd} {supervisor}\n"),
+            Line::CmdError(errno) => format!("error {errno}\n"),
+            Line::HelperError(errno) => format!("failed {errno}\n"),
+            Line::Fenced(signal) => format!("fenced {signal}\n"),
         }
     }
 
-    /// The line guard writes.
-    pub fn encode(&self) -> String {
-        format!("{} {}\n", self.term_at.as_nanos(), self.kill_at.as_nanos())
-    }
-
-    /// The last complete fence in `text` (lines as [`Fence::encode`] writes them); anything
-    /// else is ignored.
-    pub fn last_in(text: &str) -> Option<Fence> {
-        text.lines().rev().find_map(|line| {
-            let mut words = line.split(' ');
-            let mut nanos = || -> Option<Duration> {
-                let ns: u64 = words.next()?.parse().ok()?;
-                Some(Duration::from_nanos(ns))
-            };
-            let fence = Fence {
-                term_at: nanos()?,
-                kill_at: nanos()?,
-            };
-            words.next().is_none().then_some(fence)
-        })
+    /// The line `text` (without its newline), if it is one.
+    pub fn parse(text: &str) -> Option<Line> {
+        let mut words = text.split_whitespace();
+        let word = words.next()?;
+        let mut number = || words.next()?.parse::<i32>().ok();
+        let line = match word {
+            "started" => Line::Started {
+                cmd: number()?,
+                supervisor: number()?,
+            },
+            "error" => Line::CmdError(number()?),
+            "failed" => Line::HelperError(number()?),
+            "fenced" => Line::Fenced(number()?),
+            _ => return None,
+        };
+        words.next().is_none().then_some(line)
     }
 }
 
-/// What the supervisor has done to CMD of its own accord.
+/// Which helper this process is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    /// guard's child; below it, the supervisor.
+    Watchdog,
+    /// CMD's parent.
+    Supervisor,
+}
+
+/// What the helper has done to CMD at the fence.
 #[derive(Default)]
 struct Fenced {
     terminated: bool,
     killed: bool,
 }
 
-/// Runs `command` for guard (pid `parent`) and returns the code to exit with.
+/// Runs a helper for `parent` (guard for the watchdog, the watchdog for the supervisor) and
+/// returns the code to exit with.
 pub fn supervise(parent: i32, command: &[String]) -> i32 {
-    // SAFETY: fcntl on a descriptor number; an invalid one just fails. CMD must not inherit it.
-    let report_open = unsafe { libc::fcntl(REPORT_FD, libc::F_SETFD, libc::FD_CLOEXEC) } == 0;
-    // SAFETY: the descriptor is open (checked above) and owned by nobody else in this process.
-    let mut report = report_open.then(|| unsafe { std::fs::File::from_raw_fd(REPORT_FD) });
-    let mut fences = FenceReader::open();
+    let mut report = inherit(REPORT_FD).map(std::fs::File::from);
+    if let Some(file) = &report {
+        let _ = set_nonblocking(file.as_raw_fd());
+    }
+    let doorbell = inherit(DOORBELL_FD).map(Doorbell::new);
+    let fence = inherit(FENCE_FD).and_then(|fd| FenceCell::open(fd).ok());
+    let next_doorbell = inherit(NEXT_DOORBELL_FD).filter(is_fifo);
     let watched = block(&WATCHED);
     if let Err(err) = tree::become_subreaper() {
         eprintln!("redlock-sidecar: cannot become a child subreaper: {err}");
@@ -111,40 +148,79 @@ pub fn supervise(parent: i32, command: &[String]) -> i32 {
     if parent_gone(parent) {
         return 1;
     }
-    // guard writes the first fence before starting this process: no CMD without one.
-    let Some(mut fence) = fences.as_mut().and_then(FenceReader::read) else {
-        send(&mut report, &format!("error {}", libc::EINVAL));
+    // guard publishes the first fence before starting the watchdog: no CMD without one.
+    let (Some(fence), Some(mut doorbell)) = (fence, doorbell) else {
+        send(&mut report, Line::HelperError(libc::EINVAL));
         return 1;
     };
-    let child = match spawn(command) {
-        Ok(child) => child,
-        Err(err) => {
-            send(
-                &mut report,
-                &format!("error {}", err.raw_os_error().unwrap_or(0)),
-            );
-            return if err.kind() == std::io::ErrorKind::NotFound {
-                127
-            } else {
-                126
-            };
-        }
+    let (below, role) = match next_doorbell {
+        Some(next) => match spawn_supervisor(command, &next) {
+            Ok(pid) => (pid, Role::Watchdog),
+            Err(err) => {
+                send(
+                    &mut report,
+                    Line::HelperError(err.raw_os_error().unwrap_or(libc::EIO)),
+                );
+                return 1;
+            }
+        },
+        None => match spawn_cmd(command) {
+            Ok(pid) => {
+                // SAFETY: getpid has no preconditions.
+                let supervisor = unsafe { libc::getpid() };
+                send(
+                    &mut report,
+                    Line::Started {
+                        cmd: pid,
+                        supervisor,
+                    },
+                );
+                (pid, Role::Supervisor)
+            }
+            Err(err) => {
+                send(&mut report, Line::CmdError(err.raw_os_error().unwrap_or(0)));
+                return if err.kind() == std::io::ErrorKind::NotFound {
+                    127
+                } else {
+                    126
+                };
+            }
+        },
     };
-    let cmd = child.id() as i32;
-    // std's Child is not waited through: this process reaps everything itself.
-    drop(child);
-    send(&mut report, &format!("started {cmd}"));
-    drop(report);
-    let signals = SignalFd::new(&watched);
+    watch(
+        below,
+        role,
+        parent,
+        &fence,
+        &mut doorbell,
+        &mut report,
+        &watched,
+    )
+}
+
+/// Carries out the fence and waits for the process `below` (the supervisor or CMD), guard's
+/// death or the parent's; returns the code to exit with.
+fn watch(
+    below: i32,
+    role: Role,
+    parent: i32,
+    fence: &FenceCell,
+    doorbell: &mut Doorbell,
+    report: &mut Option<std::fs::File>,
+    watched: &libc::sigset_t,
+) -> i32 {
+    let signals = SignalFd::new(watched);
     let timer = BootTimer::new();
     let mut fenced = Fenced::default();
     loop {
-        if let Some(newer) = fences.as_mut().and_then(FenceReader::read) {
-            fence = newer;
-        }
-        let (due, next) = fence_due(&fence, &mut fenced, clock::boottime());
+        let (due, next) = fence_due(&fence.load(), &mut fenced, clock::boottime());
         for signal in due {
-            signal_cmd(cmd, signal);
+            if signal == libc::SIGTERM && role == Role::Watchdog {
+                continue;
+            }
+            // Before the signal: once the process below has exited, guard finds it.
+            send(report, Line::Fenced(signal));
+            signal_below(below, signal);
         }
         if let Some(timer) = &timer {
             // One-shot: once read, it is readable again only if armed again.
@@ -153,7 +229,6 @@ pub fn supervise(parent: i32, command: &[String]) -> i32 {
                 let _ = timer.arm(at);
             }
         }
-        let fence_fd = fences.as_ref().map(FenceReader::fd);
         let timeout = match (&timer, next) {
             (None, Some(at)) => Some(at.saturating_sub(clock::boottime())),
             _ => None,
@@ -161,22 +236,24 @@ pub fn supervise(parent: i32, command: &[String]) -> i32 {
         wait_readable(
             &[
                 signals.as_ref().map(SignalFd::fd),
-                fence_fd,
+                Some(doorbell.fd()),
                 timer.as_ref().map(BootTimer::as_raw_fd),
             ],
             timeout,
         );
-        if fences.as_ref().is_some_and(FenceReader::closed) {
-            // guard closed its end (it exited or died): the last fence stands.
-            fences = None;
+        if doorbell.drain() == Bell::Closed {
+            // Only guard holds the other end: it has exited or died, and it exits only after
+            // the watchdog did. Nothing below may outlive it.
+            tree::kill_and_reap_all();
+            return 128 + libc::SIGKILL;
         }
         let pending = match &signals {
             Some(signals) => signals.take(),
-            None => next_signal_now(&watched),
+            None => next_signal_now(watched),
         };
         for signal in pending {
             if signal == libc::SIGCHLD {
-                if let Some(code) = reap_until(cmd) {
+                if let Some(code) = reap_until(below) {
                     tree::kill_and_reap_all();
                     return code;
                 }
@@ -189,7 +266,7 @@ pub fn supervise(parent: i32, command: &[String]) -> i32 {
 }
 
 /// The signals `fence` calls for at `now` that were not sent yet (marked sent), and the next
-/// point to wake at, if any is left. A pure decision; [`supervise`] carries it out.
+/// point to wake at, if any is left. A pure decision; [`watch`] carries it out.
 fn fence_due(fence: &Fence, fenced: &mut Fenced, now: Duration) -> (Vec<i32>, Option<Duration>) {
     let mut due = Vec::new();
     if !fenced.terminated && now >= fence.term_at {
@@ -208,76 +285,91 @@ fn fence_due(fence: &Fence, fenced: &mut Fenced, now: Duration) -> (Vec<i32>, Op
     (due, next)
 }
 
-/// Sends `signal` to CMD's process group; SIGKILL also goes to every process below this one,
-/// those that left the group included.
-fn signal_cmd(cmd: i32, signal: i32) {
-    // SAFETY: kill(2) on CMD's process group; CMD is not reaped yet, so the group is ours.
-    unsafe { libc::kill(-cmd, signal) };
+/// Sends `signal` to the process group of `below` (CMD's, or the supervisor's own); SIGKILL
+/// also goes to every process below this one, those that left the group included.
+fn signal_below(below: i32, signal: i32) {
+    // SAFETY: kill(2) on the group `below` leads; it is not reaped yet, so the group is ours.
+    unsafe { libc::kill(-below, signal) };
     if signal == libc::SIGKILL {
         // SAFETY: getpid has no preconditions.
         tree::kill_descendants(unsafe { libc::getpid() });
     }
 }
 
-/// The read end of guard's fence pipe, non-blocking.
-struct FenceReader {
-    file: std::fs::File,
-    /// A line not complete yet.
-    partial: String,
-    eof: bool,
+/// Whether a doorbell is still open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Bell {
+    Open,
+    Closed,
 }
 
-impl FenceReader {
-    fn open() -> Option<FenceReader> {
-        // SAFETY: fcntl on a descriptor number; an invalid one just fails.
-        let flags = unsafe { libc::fcntl(FENCE_FD, libc::F_GETFL) };
-        if flags < 0 {
-            return None;
-        }
-        // SAFETY: as above; CMD must not inherit it, and reads must never block.
-        unsafe {
-            libc::fcntl(FENCE_FD, libc::F_SETFD, libc::FD_CLOEXEC);
-            libc::fcntl(FENCE_FD, libc::F_SETFL, flags | libc::O_NONBLOCK);
-        }
-        Some(FenceReader {
-            // SAFETY: the descriptor is open (checked above) and owned by nobody else here.
-            file: unsafe { std::fs::File::from_raw_fd(FENCE_FD) },
-            partial: String::new(),
-            eof: false,
-        })
+/// The read end of guard's doorbell for this helper, non-blocking.
+struct Doorbell {
+    fd: OwnedFd,
+    closed: bool,
+}
+
+impl Doorbell {
+    fn new(fd: OwnedFd) -> Doorbell {
+        let _ = set_nonblocking(fd.as_raw_fd());
+        Doorbell { fd, closed: false }
     }
 
-    /// The newest complete fence written since the last call, without waiting.
-    fn read(&mut self) -> Option<Fence> {
-        let mut buf = [0u8; 4096];
-        loop {
-            match self.file.read(&mut buf) {
-                Ok(0) => {
-                    self.eof = true;
-                    break;
-                }
-                Ok(n) => self.partial.push_str(&String::from_utf8_lossy(&buf[..n])),
-                Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => break,
+    /// Takes every ring without waiting; `Closed` once guard's end is closed.
+    fn drain(&mut self) -> Bell {
+        let mut buf = [0u8; 256];
+        while !self.closed {
+            // SAFETY: read into a local buffer of its length; the descriptor is ours.
+            let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            match n {
+                0 => self.closed = true,
+                n if n > 0 => {}
+                _ if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) => {}
+                _ => break,
             }
         }
-        let complete = self.partial.rfind('\n')? + 1;
-        let fence = Fence::last_in(&self.partial[..complete]);
-        self.partial.drain(..complete);
-        fence
-    }
-
-    fn closed(&self) -> bool {
-        self.eof
+        if self.closed {
+            Bell::Closed
+        } else {
+            Bell::Open
+        }
     }
 
     fn fd(&self) -> i32 {
-        self.file.as_raw_fd()
+        self.fd.as_raw_fd()
     }
 }
 
-/// The watched signals as a readable descriptor, so one `poll` waits for signals, fences and
-/// the timer alike.
+/// Takes the descriptor `fd` this process inherited, if it is open; it is closed on exec
+/// from now on (what is handed on below is handed on explicitly).
+fn inherit(fd: i32) -> Option<OwnedFd> {
+    // SAFETY: fcntl on a descriptor number; an invalid one just fails.
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
+        return None;
+    }
+    // SAFETY: open (checked above), and owned by nobody else in this process.
+    Some(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn is_fifo(fd: &OwnedFd) -> bool {
+    // SAFETY: fstat writes the local stat buffer.
+    let mut stat = unsafe { std::mem::zeroed::<libc::stat>() };
+    (unsafe { libc::fstat(fd.as_raw_fd(), &mut stat) } == 0)
+        && (stat.st_mode & libc::S_IFMT) == libc::S_IFIFO
+}
+
+fn set_nonblocking(fd: i32) -> std::io::Result<()> {
+    // SAFETY: fcntl on a descriptor this process holds.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The watched signals as a readable descriptor, so one `poll` waits for signals, the
+/// doorbell and the timer alike.
 struct SignalFd(std::fs::File);
 
 impl SignalFd {
@@ -339,8 +431,49 @@ fn wait_readable(fds: &[Option<i32>], timeout: Option<Duration>) {
     };
 }
 
+/// Starts the supervisor below the watchdog: this binary again, in a process group of its
+/// own, with the report pipe and the fence, and `next` as its doorbell.
+fn spawn_supervisor(command: &[String], next: &OwnedFd) -> std::io::Result<i32> {
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() };
+    let mut supervisor = std::process::Command::new("/proc/self/exe");
+    supervisor
+        .arg("supervise")
+        .arg("--parent")
+        .arg(me.to_string())
+        .arg("--")
+        .args(command)
+        .process_group(0);
+    let next = next.as_raw_fd();
+    // SAFETY: fcntl, dup2, prctl, getppid and _exit are async-signal-safe, as pre_exec
+    // requires. They change the child's descriptors only.
+    unsafe {
+        supervisor.pre_exec(move || {
+            // The report pipe and the fence stay open across exec; the doorbell moves to its
+            // number (dup2 leaves the copy open across exec); NEXT_DOORBELL_FD is closed on it.
+            if libc::fcntl(REPORT_FD, libc::F_SETFD, 0) != 0
+                || libc::fcntl(FENCE_FD, libc::F_SETFD, 0) != 0
+                || libc::dup2(next, DOORBELL_FD) < 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The watchdog's death, even by SIGKILL, reaches the supervisor as SIGTERM.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != me {
+                libc::_exit(128 + libc::SIGKILL);
+            }
+            Ok(())
+        });
+    }
+    let child = supervisor.spawn()?;
+    // std's Child is not waited through: this process reaps everything itself.
+    Ok(child.id() as i32)
+}
+
 /// Starts CMD in its own process group; it dies with this process.
-fn spawn(command: &[String]) -> std::io::Result<std::process::Child> {
+fn spawn_cmd(command: &[String]) -> std::io::Result<i32> {
     let mut cmd = std::process::Command::new(&command[0]);
     cmd.args(&command[1..]).process_group(0);
     // SAFETY: getpid, getppid, prctl, sigemptyset, pthread_sigmask and _exit are
@@ -361,18 +494,20 @@ fn spawn(command: &[String]) -> std::io::Result<std::process::Child> {
             Ok(())
         });
     }
-    cmd.spawn()
+    let child = cmd.spawn()?;
+    // std's Child is not waited through: this process reaps everything itself.
+    Ok(child.id() as i32)
 }
 
-/// Reaps every exited child; returns CMD's exit code once CMD is among them.
-fn reap_until(cmd: i32) -> Option<i32> {
-    let mut cmd_code = None;
-    tree::reap_exited(|pid, code| {
-        if pid == cmd {
-            cmd_code = Some(code);
+/// Reaps every exited child; returns the code of `below` once it is among them.
+fn reap_until(below: i32) -> Option<i32> {
+    let mut code = None;
+    tree::reap_exited(|pid, exit| {
+        if pid == below {
+            code = Some(exit);
         }
     });
-    cmd_code
+    code
 }
 
 fn parent_gone(parent: i32) -> bool {
@@ -380,13 +515,15 @@ fn parent_gone(parent: i32) -> bool {
     unsafe { libc::getppid() != parent }
 }
 
-fn send(report: &mut Option<std::fs::File>, line: &str) {
+/// Writes `line` to guard without waiting (a few bytes into a pipe with room for thousands).
+fn send(report: &mut Option<std::fs::File>, line: Line) {
     if let Some(file) = report {
-        let _ = writeln!(file, "{line}");
+        let _ = file.write_all(line.encode().as_bytes());
     }
 }
 
-/// Blocks `signals` for this thread (they queue until [`next_signal`] takes them).
+/// Blocks `signals` for this thread (they queue until [`SignalFd`] or [`next_signal_now`]
+/// takes them).
 fn block(signals: &[i32]) -> libc::sigset_t {
     // SAFETY: sigset operations on a local set; pthread_sigmask changes this thread only.
     unsafe {
@@ -426,20 +563,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_last_complete_fence_wins_and_garbage_is_ignored() {
-        let a = Fence {
-            term_at: Duration::from_secs(5),
-            kill_at: Duration::from_secs(7),
-        };
-        let b = Fence {
-            term_at: Duration::from_nanos(12_000_000_001),
-            kill_at: Duration::from_nanos(14_000_000_001),
-        };
-        assert_eq!(Fence::last_in(&a.encode()), Some(a));
-        assert_eq!(Fence::last_in(&(a.encode() + &b.encode())), Some(b));
-        assert_eq!(Fence::last_in(&(a.encode() + "1 2 3\nx y\n")), Some(a));
-        assert_eq!(Fence::last_in(""), None);
-        assert_eq!(Fence::last_in("-1 5\n"), None);
+    fn report_lines_read_back_and_anything_else_is_ignored() {
+        for line in [
+            Line::Started {
+                cmd: 12,
+                supervisor: 11,
+            },
+            Line::CmdError(libc::ENOENT),
+            Line::HelperError(libc::EINVAL),
+            Line::Fenced(libc::SIGKILL),
+        ] {
+            let text = line.encode();
+            assert!(text.ends_with('\n') && text.len() < 64, "{text:?}");
+            assert_eq!(Line::parse(text.trim_end()), Some(line));
+        }
+        for junk in ["", "started 12", "fenced x", "fenced 9 9", "hello 1"] {
+            assert_eq!(Line::parse(junk), None, "{junk:?}");
+        }
     }
 
     #[test]
@@ -456,11 +596,30 @@ mod tests {
         assert_eq!(due(at(11)), (vec![], Some(at(12))));
         assert_eq!(due(at(13)), (vec![libc::SIGKILL], None));
         assert_eq!(due(at(14)), (vec![], None));
-        // A fence that arrives late is carried out at once, both signals in order.
+        // A fence that is read late is carried out at once, both signals in order.
         let mut late = Fenced::default();
         assert_eq!(
             fence_due(&fence, &mut late, at(20)),
             (vec![libc::SIGTERM, libc::SIGKILL], None)
+        );
+    }
+
+    #[test]
+    fn a_fence_moved_later_before_its_points_moves_the_wake() {
+        let mut fenced = Fenced::default();
+        let at = Duration::from_secs;
+        let first = Fence {
+            term_at: at(10),
+            kill_at: at(12),
+        };
+        assert_eq!(fence_due(&first, &mut fenced, at(5)).1, Some(at(10)));
+        let renewed = Fence {
+            term_at: at(13),
+            kill_at: at(15),
+        };
+        assert_eq!(
+            fence_due(&renewed, &mut fenced, at(10)),
+            (vec![], Some(at(13)))
         );
     }
 }

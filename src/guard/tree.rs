@@ -6,6 +6,7 @@
 //! of parents reaches us" is CMD's whole tree.
 
 use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 /// Makes this process the reaper of orphans below it: a process whose parent dies is
 /// re-parented here instead of to PID 1, so it stays in the tree and gets reaped.
@@ -19,9 +20,14 @@ pub fn become_subreaper() -> std::io::Result<()> {
 
 /// Live (not zombie) processes below `root`, read from `/proc` at one moment.
 pub fn descendants(root: i32) -> Vec<i32> {
+    below(root).into_keys().collect()
+}
+
+/// Live processes below `root` with their parents, read from `/proc` at one moment.
+fn below(root: i32) -> HashMap<i32, i32> {
     let mut parent_of = HashMap::new();
     let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
+        return parent_of;
     };
     for entry in entries.flatten() {
         let Some(pid) = entry
@@ -37,7 +43,7 @@ pub fn descendants(root: i32) -> Vec<i32> {
             }
         }
     }
-    let below = |mut pid: i32| {
+    let is_below = |mut pid: i32| {
         // Bounded walk: a pid table changing under us must not loop forever.
         for _ in 0..parent_of.len() {
             match parent_of.get(&pid) {
@@ -49,21 +55,54 @@ pub fn descendants(root: i32) -> Vec<i32> {
         false
     };
     parent_of
-        .keys()
-        .copied()
-        .filter(|&pid| below(pid))
+        .iter()
+        .filter(|&(&pid, _)| is_below(pid))
+        .map(|(&pid, &ppid)| (pid, ppid))
         .collect()
 }
 
 /// SIGKILLs every live process below `root`; returns how many there were.
+///
+/// The caller need not be the one that reaps them (guard kills below its helpers, which
+/// reap): a pid read from `/proc` could be reaped and reused before the signal. So each one
+/// is opened as a pidfd, checked to be still below `root` (its parent is `root` or one of the
+/// tree), and signalled through that pidfd, which names that one process whatever happens to
+/// its pid. Without pidfds (Linux before 5.3), plain kill(2). Nothing here blocks: `/proc`
+/// reads and signals only.
 pub fn kill_descendants(root: i32) -> usize {
-    let pids = descendants(root);
-    for &pid in &pids {
-        // SAFETY: kill(2), no memory involved. A pid that exited since the scan is still
-        // our descendant's zombie (not reaped yet), so it cannot have been reused.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
+    let tree = below(root);
+    for &pid in tree.keys() {
+        kill_if_below(pid, root, &tree);
     }
-    pids.len()
+    tree.len()
+}
+
+fn kill_if_below(pid: i32, root: i32, tree: &HashMap<i32, i32>) {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor (or -1).
+    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if raw < 0 {
+        if std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
+            // SAFETY: kill(2), no memory involved.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        return; // ESRCH: gone already
+    }
+    // SAFETY: a new descriptor, owned by nobody else.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(raw as i32) };
+    let still_ours = stat(pid)
+        .is_some_and(|(state, ppid)| state != 'Z' && (ppid == root || tree.contains_key(&ppid)));
+    if still_ours {
+        // SAFETY: pidfd_send_signal on a descriptor we own; no siginfo.
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                pidfd.as_raw_fd(),
+                libc::SIGKILL,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+    }
 }
 
 /// Kills everything below this process and reaps it, until no child is left.
@@ -103,6 +142,23 @@ pub fn reap_exited(mut reaped: impl FnMut(i32, i32)) {
     }
 }
 
+/// The exit code of `pid` (128+S if signal S ended it) while it is a zombie, from
+/// `/proc/<pid>/stat` (field 52, the status `waitpid` would report; Linux 3.5 and later).
+pub fn exit_code(pid: i32) -> Option<i32> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name start at field 3 (the state).
+    let fields: Vec<&str> = text[text.rfind(')')? + 1..].split_whitespace().collect();
+    if fields.first()? != &"Z" {
+        return None;
+    }
+    let status: i32 = fields.get(52 - 3)?.parse().ok()?;
+    Some(if libc::WIFSIGNALED(status) {
+        128 + libc::WTERMSIG(status)
+    } else {
+        libc::WEXITSTATUS(status)
+    })
+}
+
 /// Scheduler state and parent pid of `pid`, from `/proc/<pid>/stat`.
 pub fn stat(pid: i32) -> Option<(char, i32)> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -116,6 +172,44 @@ pub fn stat(pid: i32) -> Option<(char, i32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_zombies_exit_code_is_read_until_it_is_reaped() {
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "exit 7"])
+            .spawn()
+            .expect("sh runs");
+        let pid = child.id() as i32;
+        let mut code = None;
+        for _ in 0..1000 {
+            code = exit_code(pid);
+            if code.is_some() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(code, Some(7));
+        child.wait().expect("reaped");
+        assert_eq!(exit_code(pid), None);
+    }
+
+    #[test]
+    fn a_process_no_longer_below_the_root_is_not_killed() {
+        // A process of ours, listed as if it were below another root: a reused pid.
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep runs");
+        let pid = child.id() as i32;
+        let stale = HashMap::from([(pid, 1)]);
+        kill_if_below(pid, 1, &stale);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(child.try_wait().expect("wait"), None, "still running");
+        // SAFETY: getpid has no preconditions.
+        let me = unsafe { libc::getpid() };
+        kill_if_below(pid, me, &HashMap::from([(pid, me)]));
+        assert!(child.wait().expect("reaped").code().is_none(), "killed");
+    }
 
     #[test]
     fn a_grandchild_is_a_descendant_and_is_killed() {
