@@ -818,9 +818,9 @@ for order in itertools.permutations(installs):
     for _, _, rbac in order:      # kubectl apply: an object of the same kind and name is replaced
         cluster.update(rbac)
     for name, account, _ in installs:
-        for verb in ("get", "patch"):
+        for verb in ("watch", "patch"):
             assert can(cluster, account, verb), f"after applying {[n for n, _, _ in order]}, {account} ({name}) cannot {verb} pods"
-print(f"{len(installs)} installations in one namespace, applied in every order: every ServiceAccount keeps get and patch on pods")
+print(f"{len(installs)} installations in one namespace, applied in every order: every ServiceAccount keeps watch and patch on pods")
 PY
   # No chart release can take a name of the Components.
   one_line_refusal 'the full name "redlock-sidecar-attach" .*starts with "redlock-sidecar-attach"' \
