@@ -12,11 +12,14 @@
 //!   timeouts or connection errors is not "unreachable": the engine retries both, also with
 //!   `--wait 0`, for up to one ttl past the wait.
 //! - `--slot ID`: a slot whose run already ended with CMD's exit 0 is skipped (exit 0,
-//!   outcome `already-ran`); a run whose CMD exits 0 records its slot. See `slot`.
-//! - Runs CMD without a shell in its own process group, below a small supervisor process
-//!   ([`supervisor`]), and renews the lock in the background. CMD's environment is guard's
-//!   without any `REDLOCK_*` variable (guard's own settings, among them the Redis URLs and
-//!   credentials), plus `REDLOCK_LOCK`, `REDLOCK_FENCING_TOKEN` and `REDLOCK_HOLDER`.
+//!   outcome `already-ran`); a run whose CMD exits 0 records its slot. A record that reached
+//!   fewer than a quorum (the slot may run again) ends the run with exit 69, outcome
+//!   `unrecorded`. See `slot`.
+//! - Runs CMD without a shell in its own process group, below two small helper processes
+//!   (guard → watchdog → supervisor → CMD, see [`supervisor`]), and renews the lock in the
+//!   background. CMD's environment is guard's without any `REDLOCK_*` variable (guard's own
+//!   settings, among them the Redis URLs and credentials), plus `REDLOCK_LOCK`,
+//!   `REDLOCK_FENCING_TOKEN` and `REDLOCK_HOLDER`.
 //! - **Self-fencing.** CMD's process group gets SIGTERM `--kill-grace` before the lease's
 //!   step-down point and SIGKILL at it, both before the lock's validity ends. The schedule
 //!   follows every renewal: each one publishes a later step-down point and moves both
@@ -25,12 +28,19 @@
 //!   the lease ran out during a renewal) get CMD SIGTERM at once, SIGKILL `--kill-grace` later
 //!   but never after the step-down point; a renewal that shows a quorum holding another
 //!   value or no key (the lease is superseded) gets CMD SIGTERM and SIGKILL at once. guard
-//!   then exits 76.
-//! - If guard itself dies (even by SIGKILL), the supervisor kills every process of
-//!   CMD's tree, including those that left CMD's process group. Both need `/proc`: the
-//!   supervisor is started from `/proc/self/exe`, the tree is read from `/proc`.
-//! - guard and the supervisor are child subreapers: orphans below them are reaped, so
-//!   guard can be a container's PID 1.
+//!   then exits 76, also when a helper stopped CMD at those points because guard's own thread
+//!   was late (stopped, blocked).
+//! - **The whole tree dies by the lock's expiry under any single or double fault** of guard
+//!   and its helpers (SIGSTOP or SIGKILL, any two of the three): guard and both helpers hold
+//!   the SIGKILL point, are child subreapers, and kill every process below them at it, so the
+//!   one still running is an ancestor of all of CMD's tree (processes that left its process
+//!   group or session included). A helper kills everything below it at once when guard dies.
+//!   What no process without privileges can do is in `docs/reference.md` (a triple fault, a
+//!   process that changed user, one stuck in the kernel). Needs `/proc`: the helpers are
+//!   started from `/proc/self/exe`, the tree is read from `/proc`.
+//! - Orphans below guard and its helpers are reaped, so guard can be a container's PID 1.
+//! - A stopped helper neither keeps the lock nor hides CMD's code: guard watches CMD itself
+//!   (a pidfd), and a helper that has not ended a second after CMD did is killed.
 //! - When CMD exits, whatever is left of its tree is killed, the lock is kept until
 //!   `--min-hold` has passed since CMD started (a signal, forwarded to CMD before or
 //!   received during the hold, cuts this short), then released;
@@ -44,9 +54,10 @@
 //!   so a scrape of a running job sees `redlock_guard_runs_total` and the lock metrics.
 //! - `--outcome-file`: one line at exit, see [`outcome`].
 //!
-//! Where: `acquire` takes the lock; `slot` checks and records `--slot`; `holder` starts CMD (`children`) and carries out
-//! `schedule`, the pure decision of what to do next and when; `report` counts and records
-//! how the run went.
+//! Where: `acquire` takes the lock; `slot` checks and records `--slot`; `holder` starts CMD
+//! (`children`, below the helpers of `supervisor`, which share guard's `fence` and read CMD's
+//! `tree`) and carries out `schedule`, the pure decision of what to do next and when;
+//! `report` counts and records how the run went.
 
 mod acquire;
 mod children;
@@ -71,7 +82,7 @@ use outcome::Outcome;
 use report::Report;
 use signals::Signals;
 
-/// Exit code: Redis quorum unreachable.
+/// Exit code: Redis quorum unreachable; also a `--slot` whose record reached too few nodes.
 pub const EXIT_UNREACHABLE: i32 = 69;
 /// Exit code: lock busy with `--on-busy fail`.
 pub const EXIT_BUSY: i32 = 75;

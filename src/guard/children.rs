@@ -1,5 +1,7 @@
-//! guard's side of its children: the supervisor it starts CMD under, CMD's process group,
-//! and orphans re-parented to guard (it is a child subreaper, e.g. as a container's PID 1).
+//! guard's side of its children: the helpers it starts CMD under (the watchdog, and below it
+//! the supervisor, see [`super::supervisor`]), the fence it publishes to them, what they
+//! report, CMD's process group, and orphans re-parented to guard (it is a child subreaper,
+//! e.g. as a container's PID 1).
 //!
 //! CMD's environment is guard's, without guard's own settings (every `REDLOCK_*` variable:
 //! `REDLOCK_REDIS` may carry passwords inline, `REDLOCK_REDIS_PASSWORD` is one), plus

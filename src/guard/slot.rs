@@ -11,8 +11,10 @@
 //! - When CMD exits 0 under the lock (not stopped for a loss or `--max-hold`, the renewals
 //!   not lost), the holder records the slot with its fencing token at once, before
 //!   `--min-hold` and the release. A failed, lost or killed run records nothing, so a retry
-//!   runs the slot. A record that reached fewer than a quorum is logged as a warning; a later
-//!   run of the slot may then run it again.
+//!   runs the slot. A record that reached fewer than a quorum (nodes cut off or refusing
+//!   writes as CMD exits), or none because the lock was lost before CMD's exit was seen: a
+//!   later run of the slot may run it again, so the run says so: a warning, a
+//!   `SlotNotRecorded` Event, outcome `unrecorded` and exit 69 (CMD's 0 is not passed on).
 
 use std::time::Duration;
 

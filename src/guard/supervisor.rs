@@ -17,7 +17,7 @@
 //! delegated cgroup), and need `/proc`.
 //!
 //! ## Behaviour (both helpers)
-//! - **The fence.** guard publishes when CMD must get SIGTERM and SIGKILL ([`super::fence`]:
+//! - **The fence.** guard publishes when CMD must get SIGTERM and SIGKILL (`guard::fence`:
 //!   a shared word on [`FENCE_FD`], a doorbell pipe on [`DOORBELL_FD`]; the first fence is in
 //!   place before the watchdog starts, a new one after every renewal or decision). Each helper
 //!   reads it on every wake and keeps a `CLOCK_BOOTTIME` timer on it (the lease's clock,
@@ -59,7 +59,7 @@ pub const REPORT_FD: i32 = 3;
 /// The read end of this helper's doorbell: a byte when the fence moved, end-of-file when
 /// guard is gone.
 pub const DOORBELL_FD: i32 = 4;
-/// The shared fence word ([`FenceCell`]).
+/// The shared fence word (`guard::fence::FenceCell`).
 pub const FENCE_FD: i32 = 5;
 /// The watchdog's only: the supervisor's doorbell, handed on as its [`DOORBELL_FD`].
 pub const NEXT_DOORBELL_FD: i32 = 6;
