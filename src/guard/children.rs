@@ -94,11 +94,15 @@ impl CmdGroup {
         }
     }
 
-    /// CMD's exit code (128+S if signal S ended it) while it is a zombie the supervisor has
-    /// not reaped, or else the supervisor's (CMD's code, passed on) while it is a zombie the
-    /// watchdog has not reaped: what guard reports when a stopped helper cannot.
-    pub fn cmd_exit_code(&self) -> Option<i32> {
-        tree::exit_code(self.pgid).or_else(|| tree::exit_code(self.supervisor))
+    /// CMD's exit code (128+S if signal S ended it), when the helpers may not pass it on:
+    /// as the supervisor reported it, or read from CMD's zombie the supervisor has not reaped
+    /// (stopped), or from the supervisor's zombie the watchdog has not reaped.
+    pub fn cmd_exit_code(&mut self) -> Option<i32> {
+        self.reports.fenced_now();
+        self.reports
+            .cmd_code
+            .or_else(|| tree::exit_code(self.pgid))
+            .or_else(|| tree::exit_code(self.supervisor))
     }
 
     /// Whether a helper has reported signalling CMD at the fence, reading what is in the pipe
@@ -117,6 +121,8 @@ struct Reports {
     lines: VecDeque<Line>,
     /// A helper reported signalling CMD at the fence.
     fenced: bool,
+    /// CMD's code, as the supervisor reported it when it reaped CMD.
+    cmd_code: Option<i32>,
 }
 
 impl Reports {
@@ -126,6 +132,7 @@ impl Reports {
             partial: Vec::new(),
             lines: VecDeque::new(),
             fenced: false,
+            cmd_code: None,
         }
     }
 
@@ -135,7 +142,11 @@ impl Reports {
         while let Some(end) = self.partial.iter().position(|&b| b == b'\n') {
             let text: Vec<u8> = self.partial.drain(..=end).collect();
             if let Some(line) = Line::parse(&String::from_utf8_lossy(&text)) {
-                self.fenced |= matches!(line, Line::Fenced(_));
+                match line {
+                    Line::Fenced(_) => self.fenced = true,
+                    Line::Exited(code) => self.cmd_code = Some(code),
+                    _ => {}
+                }
                 self.lines.push_back(line);
             }
         }
@@ -316,8 +327,8 @@ impl Children {
                     )))
                 }
                 // A helper fenced before CMD was reported (guard was that late): CMD's start
-                // line, or the end, follows.
-                Some(Line::Fenced(_)) => {}
+                // line, or the end, follows. (CMD's end cannot come before its start.)
+                Some(Line::Fenced(_) | Line::Exited(_)) => {}
                 None => {
                     return Err(std::io::Error::other(
                         "the supervisor ended before starting CMD",

@@ -147,7 +147,10 @@ pub async fn run_cmd(
                 // after the release.
                 children.kill_all_below().await;
                 // Killed by guard, the helpers could not pass CMD's code on.
-                let code = helpers_killed.flatten().unwrap_or(code);
+                let code = match helpers_killed {
+                    Some(read) => read.or_else(|| cmd.cmd_exit_code()).unwrap_or(code),
+                    None => code,
+                };
                 // A helper that stopped CMD at the fence said so before CMD's exit.
                 if cmd.fenced_now() {
                     fenced_by_helper(&mut state, report, lock);

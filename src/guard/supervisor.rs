@@ -33,8 +33,8 @@
 //!   group), reap, exit with its code (CMD's code, or 128+S if signal S killed it).
 //! - **Nothing on the kill path blocks**: no logging, no file but `/proc`, no waiting on guard;
 //!   reports to guard ([`REPORT_FD`]: CMD's pid, or why it could not start; a line before each
-//!   signal sent at the fence, so that guard can say why CMD ended) are non-blocking writes of
-//!   a few bytes.
+//!   signal sent at the fence, so that guard can say why CMD ended; CMD's code once reaped)
+//!   are non-blocking writes of a few bytes.
 //! - Each helper has a process group of its own, neither guard's nor CMD's: guard signals
 //!   CMD's group without touching them, and a SIGKILL to guard's whole group (a terminal, a
 //!   process manager) leaves them to clean up. Signals sent to them are ignored unless they
@@ -84,6 +84,8 @@ pub enum Line {
     HelperError(i32),
     /// A helper is about to send `signal` to CMD at the fence: `fenced SIGNAL`.
     Fenced(i32),
+    /// The supervisor reaped CMD, which ended with `code` (128+S for signal S): `exited CODE`.
+    Exited(i32),
 }
 
 impl Line {
@@ -93,6 +95,7 @@ impl Line {
             Line::CmdError(errno) => format!("error {errno}\n"),
             Line::HelperError(errno) => format!("failed {errno}\n"),
             Line::Fenced(signal) => format!("fenced {signal}\n"),
+            Line::Exited(code) => format!("exited {code}\n"),
         }
     }
 
@@ -109,6 +112,7 @@ impl Line {
             "error" => Line::CmdError(number()?),
             "failed" => Line::HelperError(number()?),
             "fenced" => Line::Fenced(number()?),
+            "exited" => Line::Exited(number()?),
             _ => return None,
         };
         words.next().is_none().then_some(line)
@@ -254,6 +258,10 @@ fn watch(
         for signal in pending {
             if signal == libc::SIGCHLD {
                 if let Some(code) = reap_until(below) {
+                    if role == Role::Supervisor {
+                        // guard has CMD's code even if the watchdog cannot pass it on.
+                        send(report, Line::Exited(code));
+                    }
                     tree::kill_and_reap_all();
                     return code;
                 }
@@ -572,6 +580,7 @@ mod tests {
             Line::CmdError(libc::ENOENT),
             Line::HelperError(libc::EINVAL),
             Line::Fenced(libc::SIGKILL),
+            Line::Exited(128 + libc::SIGTERM),
         ] {
             let text = line.encode();
             assert!(text.ends_with('\n') && text.len() < 64, "{text:?}");
