@@ -44,7 +44,8 @@ pub const EXIT_CODES: &str = "\
 Exit codes:
   0    success (guard: CMD exited 0, or the lock was busy with --on-busy skip)
   2    invalid options or configuration
-  69   Redis quorum unreachable
+  69   Redis quorum unreachable (guard --slot: also a run whose slot record reached
+       too few nodes, outcome unrecorded: a later run of the slot may run it again)
   71   the OS refused what the binary needs: no random source (getrandom denied and
        no /dev/urandom), or (run) no thread for the control listener
   74   install: the copy failed

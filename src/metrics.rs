@@ -23,7 +23,15 @@ pub const ACQUIRE_RESULTS: [&str; 5] = ["acquired", "busy", "no_quorum", "expire
 /// Why a held lock was given up (`redlock_lock_lost_total{reason}`).
 pub const LOST_REASONS: [&str; 4] = ["renew_failed", "expired", "paused", "superseded"];
 /// Outcomes of a guard run (`redlock_guard_runs_total{result}`).
-pub const GUARD_RESULTS: [&str; 5] = ["ran", "skipped", "already_ran", "lost", "failed"];
+/// `unrecorded` counts a run (already counted as `ran`) whose slot record reached too few nodes.
+pub const GUARD_RESULTS: [&str; 6] = [
+    "ran",
+    "skipped",
+    "already_ran",
+    "lost",
+    "failed",
+    "unrecorded",
+];
 
 /// Latency buckets from 100 µs to 5 s (node calls on loopback to slow WAN links).
 const LATENCY_BUCKETS: &[f64] = &[

@@ -260,6 +260,7 @@ pub async fn run_cmd(
                         true,
                     )
                     .await;
+                report.run("unrecorded");
                 return held(Kind::Unrecorded, EXIT_UNREACHABLE);
             }
             held(Kind::Ran, code)
