@@ -348,6 +348,11 @@ pub struct LocksArgs {
     /// The store name Dapr's lock API answers to (/v1.0-alpha1/lock/STORE).
     #[arg(long, env = "REDLOCK_LOCKS_DAPR_STORE", default_value = "redlock")]
     pub locks_dapr_store: String,
+    /// Loopback address of Dapr's gRPC API for Dapr's SDKs (dapr.proto.runtime.v1.Dapr:
+    /// TryLockAlpha1, UnlockAlpha1, GetMetadata), e.g. 127.0.0.1:50001, Dapr's own gRPC port;
+    /// off when not given (see docs/locks.md).
+    #[arg(long, env = "REDLOCK_DAPR_GRPC_LISTEN")]
+    pub dapr_grpc_listen: Option<SocketAddr>,
 }
 
 /// Most `--locks-max-leases`.
@@ -362,12 +367,20 @@ pub struct LocksConfig {
     pub max_leases: usize,
     /// `--locks-dapr-store`.
     pub dapr_store: String,
+    /// `--dapr-grpc-listen`: loopback, bound as its IPv4 address when IPv4-mapped.
+    pub dapr_grpc_listen: Option<SocketAddr>,
 }
 
 impl LocksArgs {
     /// The settings, `None` with `--locks off`; `lock` is the leadership lock's name.
     pub fn config(&self, lock: &str) -> Result<Option<LocksConfig>, ConfigError> {
         if self.locks == Switch::Off {
+            if self.dapr_grpc_listen.is_some() {
+                return Err(ConfigError::new(
+                    "--dapr-grpc-listen",
+                    "serves Dapr's lock API: it needs the request locks (--locks on)",
+                ));
+            }
             return Ok(None);
         }
         let word = |text: &str| {
@@ -404,10 +417,22 @@ impl LocksArgs {
                 "1 to 64 characters of A-Z a-z 0-9 - _ .",
             ));
         }
+        let dapr_grpc_listen = match self.dapr_grpc_listen {
+            Some(addr) if !is_loopback(addr.ip()) => {
+                return Err(ConfigError::new(
+                    "--dapr-grpc-listen",
+                    "must be a loopback address (e.g. 127.0.0.1:50001): its methods take and release locks",
+                ))
+            }
+            // Bound as its IPv4 address when IPv4-mapped, as --control-listen.
+            Some(addr) => Some(SocketAddr::new(addr.ip().to_canonical(), addr.port())),
+            None => None,
+        };
         Ok(Some(LocksConfig {
             prefix: self.locks_prefix.clone(),
             max_leases: self.locks_max_leases,
             dapr_store: self.locks_dapr_store.clone(),
+            dapr_grpc_listen,
         }))
     }
 }
@@ -856,6 +881,16 @@ impl RunArgs {
         );
         let app_check = self.app_check()?;
         let locks = self.locks.config(&redlock.lock)?;
+        if let Some(grpc) = locks.as_ref().and_then(|l| l.dapr_grpc_listen) {
+            if [control_listen, self.listen].contains(&grpc) {
+                return Err(ConfigError::new(
+                    "--dapr-grpc-listen",
+                    format!(
+                        "{grpc} is already --listen or --control-listen: give it a port of its own"
+                    ),
+                ));
+            }
+        }
         let kubernetes = crate::k8s::KubeSettings {
             mode: self.kubernetes,
             label_key: self.leader_label.clone(),
@@ -1409,6 +1444,33 @@ mod tests {
         assert_eq!(cfg.control_listen, "[::1]:9708".parse().unwrap());
         let err = run_config(&["--control-listen", "[::ffff:10.0.0.1]:9708"]).unwrap_err();
         assert_eq!(err.flag, "--control-listen");
+    }
+
+    #[test]
+    fn dapr_grpc_is_off_unless_given_and_then_on_a_loopback_port_of_its_own() {
+        let grpc = |args: &[&str]| {
+            run_config(args).map(|cfg| cfg.locks.and_then(|locks| locks.dapr_grpc_listen))
+        };
+        assert_eq!(grpc(&[]).unwrap(), None);
+        for (given, bound) in [
+            ("127.0.0.1:50001", "127.0.0.1:50001"),
+            ("[::1]:50001", "[::1]:50001"),
+            ("[::ffff:127.0.0.1]:50001", "127.0.0.1:50001"),
+        ] {
+            assert_eq!(
+                grpc(&["--dapr-grpc-listen", given]).unwrap(),
+                Some(bound.parse().unwrap())
+            );
+        }
+        for bad in [
+            &["--dapr-grpc-listen", "0.0.0.0:50001"][..],
+            &["--dapr-grpc-listen", "10.0.0.1:50001"],
+            &["--dapr-grpc-listen", "[::ffff:10.0.0.1]:50001"],
+            &["--dapr-grpc-listen", "127.0.0.1:9708"],
+            &["--dapr-grpc-listen", "127.0.0.1:50001", "--locks", "off"],
+        ] {
+            assert_eq!(grpc(bad).unwrap_err().flag, "--dapr-grpc-listen", "{bad:?}");
+        }
     }
 
     #[test]

@@ -55,6 +55,20 @@ pub async fn run(cfg: RunConfig) -> i32 {
             cfg.control_listen
         )),
     };
+    // Dapr's gRPC API, if asked for: bound now, beside the control listener, on its thread.
+    let dapr_grpc = cfg.locks.as_ref().and_then(|l| l.dapr_grpc_listen);
+    let dapr_grpc_listener = match dapr_grpc {
+        Some(addr) => {
+            let bound = control_thread.spawn(http::bind(addr)).await;
+            match bound.map_err(std::io::Error::other).and_then(|bound| bound) {
+                Ok(listener) => Some(listener),
+                Err(err) => crate::config::exit_invalid(&format!(
+                    "--dapr-grpc-listen: cannot bind {addr}: {err}"
+                )),
+            }
+        }
+        None => None,
+    };
     let kube_errors = k8s::errors_counter();
     let (redlock, metrics) = lease::instrumented_engine(&cfg.redlock, Some(kube_errors.clone()))
         .unwrap_or_else(|err| crate::config::exit_invalid(&err.to_string()));
@@ -120,15 +134,31 @@ pub async fn run(cfg: RunConfig) -> i32 {
             locks::Locks::new(engine, settings.max_leases, metrics.app_locks().clone())
         })
     });
+    let dapr_runtime = cfg.locks.as_ref().map(|settings| {
+        let (identity, store) = (&cfg.redlock.identity, &settings.dapr_store);
+        locks::dapr::Runtime::new(identity, store, dapr_grpc, rx.clone(), cancel.clone())
+    });
     let locks_routes = locks
         .as_ref()
         .zip(cfg.locks.as_ref())
-        .map(|(locks, settings)| {
+        .zip(dapr_runtime.clone())
+        .map(|((locks, settings), runtime)| {
             locks::router(locks::Api {
                 locks: Arc::clone(locks),
                 dapr_store: settings.dapr_store.clone(),
             })
+            .merge(locks::dapr::runtime_router(runtime))
         });
+    let dapr_grpc_task = dapr_grpc_listener.zip(locks.clone().zip(dapr_runtime)).map(
+        |(listener, (locks, runtime))| {
+            let api = locks::Api {
+                locks,
+                dapr_store: runtime.store.clone(),
+            };
+            let grpc = locks::dapr_grpc::DaprGrpc::new(api, runtime);
+            control_thread.spawn(locks::dapr_grpc::serve(listener, grpc, http_stop.clone()))
+        },
+    );
     let control = http::control_router(
         http::ControlState {
             leadership: rx.clone(),
@@ -182,6 +212,9 @@ pub async fn run(cfg: RunConfig) -> i32 {
     http_stop.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(1), http_task).await;
     let _ = tokio::time::timeout(Duration::from_secs(1), control_task).await;
+    if let Some(task) = dapr_grpc_task {
+        let _ = tokio::time::timeout(Duration::from_secs(1), task).await;
+    }
     drop(control_thread);
     0
 }

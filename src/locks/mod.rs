@@ -17,10 +17,12 @@
 //! | [`wakes`] | when each lease is next looked at: one table of wake-ups for all |
 //! | [`service`] | the lease table, its bounds, waiters, renewals and releases, shutdown |
 //! | [`routes`] | the `/v1/locks` routes |
-//! | [`dapr`] | Dapr's lock API |
+//! | [`dapr`] | Dapr's lock API, its metadata and health routes |
+//! | [`dapr_grpc`] | Dapr's gRPC API (`--dapr-grpc-listen`) |
 
 pub mod bounds;
 pub mod dapr;
+pub mod dapr_grpc;
 pub mod engine;
 pub mod idle;
 pub mod keepalive;
