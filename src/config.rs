@@ -350,9 +350,9 @@ pub struct LocksArgs {
     pub locks_dapr_store: String,
     /// Loopback address of Dapr's gRPC API for Dapr's SDKs (dapr.proto.runtime.v1.Dapr:
     /// TryLockAlpha1, UnlockAlpha1, GetMetadata), e.g. 127.0.0.1:50001, Dapr's own gRPC port;
-    /// off when not given (see docs/locks.md).
-    #[arg(long, env = "REDLOCK_DAPR_GRPC_LISTEN")]
-    pub dapr_grpc_listen: Option<SocketAddr>,
+    /// off when not given, empty or `off` (see docs/locks.md).
+    #[arg(long, env = "REDLOCK_DAPR_GRPC_LISTEN", value_name = "ADDR")]
+    pub dapr_grpc_listen: Option<String>,
 }
 
 /// Most `--locks-max-leases`.
@@ -374,8 +374,18 @@ pub struct LocksConfig {
 impl LocksArgs {
     /// The settings, `None` with `--locks off`; `lock` is the leadership lock's name.
     pub fn config(&self, lock: &str) -> Result<Option<LocksConfig>, ConfigError> {
+        // Empty (an unset value passed on by a template) or `off`: not served.
+        let dapr_grpc_listen = match self.dapr_grpc_listen.as_deref().map(str::trim) {
+            None | Some("" | "off") => None,
+            Some(text) => Some(text.parse::<SocketAddr>().map_err(|_| {
+                ConfigError::new(
+                    "--dapr-grpc-listen",
+                    format!("{text:?} is not an address such as 127.0.0.1:50001 (or off)"),
+                )
+            })?),
+        };
         if self.locks == Switch::Off {
-            if self.dapr_grpc_listen.is_some() {
+            if dapr_grpc_listen.is_some() {
                 return Err(ConfigError::new(
                     "--dapr-grpc-listen",
                     "serves Dapr's lock API: it needs the request locks (--locks on)",
@@ -417,7 +427,7 @@ impl LocksArgs {
                 "1 to 64 characters of A-Z a-z 0-9 - _ .",
             ));
         }
-        let dapr_grpc_listen = match self.dapr_grpc_listen {
+        let dapr_grpc_listen = match dapr_grpc_listen {
             Some(addr) if !is_loopback(addr.ip()) => {
                 return Err(ConfigError::new(
                     "--dapr-grpc-listen",
@@ -1452,6 +1462,12 @@ mod tests {
             run_config(args).map(|cfg| cfg.locks.and_then(|locks| locks.dapr_grpc_listen))
         };
         assert_eq!(grpc(&[]).unwrap(), None);
+        assert_eq!(grpc(&["--dapr-grpc-listen", ""]).unwrap(), None);
+        assert_eq!(grpc(&["--dapr-grpc-listen", "off"]).unwrap(), None);
+        assert_eq!(
+            grpc(&["--dapr-grpc-listen", "off", "--locks", "off"]).unwrap(),
+            None
+        );
         for (given, bound) in [
             ("127.0.0.1:50001", "127.0.0.1:50001"),
             ("[::1]:50001", "[::1]:50001"),
@@ -1468,6 +1484,8 @@ mod tests {
             &["--dapr-grpc-listen", "[::ffff:10.0.0.1]:50001"],
             &["--dapr-grpc-listen", "127.0.0.1:9708"],
             &["--dapr-grpc-listen", "127.0.0.1:50001", "--locks", "off"],
+            &["--dapr-grpc-listen", "localhost:50001"],
+            &["--dapr-grpc-listen", "50001"],
         ] {
             assert_eq!(grpc(bad).unwrap_err().flag, "--dapr-grpc-listen", "{bad:?}");
         }

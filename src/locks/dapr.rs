@@ -812,6 +812,38 @@ mod tests {
         assert_eq!(DaprError::Malformed("x".into()).info(), None);
     }
 
+    #[test]
+    fn the_health_checks_answer_from_the_first_quorum_until_the_shutdown() {
+        let (tx, rx) = tokio::sync::watch::channel(crate::leadership::Leadership::new("l", "me"));
+        let closing = CancellationToken::new();
+        let runtime = Runtime::new("me", "redlock", None, rx, closing.clone());
+        assert!(runtime.serving().is_err(), "no round reached a quorum yet");
+        tx.send_modify(|state| state.quorum_reachable = true);
+        assert_eq!(runtime.serving(), Ok(()));
+        // A quorum lost later: the lock calls say so, the health checks do not.
+        tx.send_modify(|state| state.quorum_reachable = false);
+        assert_eq!(runtime.serving(), Ok(()));
+        closing.cancel();
+        assert_eq!(runtime.serving(), Err("the sidecar is shutting down"));
+    }
+
+    #[test]
+    fn the_metadata_names_this_sidecar_and_its_store() {
+        let (_tx, rx) = tokio::sync::watch::channel(crate::leadership::Leadership::new("l", "me"));
+        let grpc = Some("127.0.0.1:50001".parse().unwrap());
+        let runtime = Runtime::new("pod-a", "locks", grpc, rx, CancellationToken::new());
+        let json = runtime.metadata_json();
+        assert_eq!(json["id"], "pod-a");
+        assert_eq!(json["runtimeVersion"], RUNTIME_VERSION);
+        assert!(RUNTIME_VERSION.starts_with("redlock-sidecar/"));
+        assert_eq!(json["components"][0]["name"], "locks");
+        assert_eq!(json["components"][0]["type"], "lock.redlock-sidecar");
+        assert_eq!(
+            json["extended"]["redlock-sidecar.grpc-listen"],
+            "127.0.0.1:50001"
+        );
+    }
+
     proptest! {
         /// Whatever a request holds, the checks answer (no panic), and a ttl comes out only
         /// for a request that Dapr's rules and this sidecar's bounds both take.

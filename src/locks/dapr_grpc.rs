@@ -18,10 +18,10 @@
 //! be reached from a shutdown.
 //!
 //! A message that does not decode as the method's request (bad protobuf, a string that is not
-//! UTF-8, a frame cut short, no message at all) answers INVALID_ARGUMENT, never a panic
-//! ([`Codec`], [`malformed_as_invalid_argument`]); a message over [`MAX_MESSAGE`] bytes
-//! OUT_OF_RANGE. A frame flagged compressed is refused as gRPC requires (INTERNAL, or
-//! UNIMPLEMENTED for an encoding: none is served).
+//! UTF-8, a frame cut short or with a flag that is neither 0 nor 1, no message at all) answers
+//! INVALID_ARGUMENT, never a panic ([`Codec`], [`malformed_as_invalid_argument`]); a message
+//! over [`MAX_MESSAGE`] bytes OUT_OF_RANGE. A frame flagged compressed is refused as gRPC
+//! requires (INTERNAL without a `grpc-encoding`, UNIMPLEMENTED with one: none is served).
 //!
 //! ## This pod only
 //! The port is loopback only (checked at start-up, as `--control-listen`). It speaks HTTP/2
@@ -422,8 +422,8 @@ async fn this_pod_only(request: Request, next: Next) -> Response {
     next.run(request).await
 }
 
-/// tonic's INTERNAL answers for a request body that is no whole message (none at all, or a
-/// frame cut short) become INVALID_ARGUMENT: the request, not the server, is at fault. No
+/// tonic's INTERNAL answers for a request body that is no whole message (none at all, a
+/// frame cut short, a frame flag that is neither 0 nor 1) become INVALID_ARGUMENT: the request, not the server, is at fault. No
 /// method of this module answers INTERNAL with these messages.
 pub async fn malformed_as_invalid_argument(request: Request, next: Next) -> Response {
     let response = next.run(request).await;
@@ -442,9 +442,12 @@ pub async fn malformed_as_invalid_argument(request: Request, next: Next) -> Resp
     }
 }
 
-/// tonic's messages for a request body that holds no whole message.
+/// tonic's messages for a request body that holds no whole message, or a frame whose
+/// compressed flag is neither 0 nor 1.
 fn is_framing_error(message: &str) -> bool {
-    message.starts_with("Missing request message") || message.starts_with("Unexpected EOF")
+    message.starts_with("Missing request message")
+        || message.starts_with("Unexpected EOF")
+        || message.contains("received message with invalid compression flag")
 }
 
 /// Serves `grpc` on `listener` until `shutdown` fires, within the bounds in the module doc;
