@@ -36,16 +36,28 @@
 //!
 //! ## Behaviour
 //! The port is meant for probes and scrapers next to the pod; the limits keep a slow or
-//! hostile client from holding it (HTTP/1.1 only):
-//! - At most [`MAX_CONNECTIONS`] connections are served at once; further ones wait in the
-//!   kernel's accept queue until one closes.
+//! hostile client from holding it, and nothing a client does before its request is complete
+//! holds anything another client needs (HTTP/1.1 only). The control listener has the same
+//! limits.
+//! - **Connections are accepted at once**, up to a cap per listener ([`connection_cap`]: at
+//!   most [`MAX_CONNECTIONS`], fewer where the open-files limit is low). At the cap, a new
+//!   connection takes the place of the one that has waited longest for a request head (idle
+//!   between requests, or sending its head slowly: it is closed); only connections with a
+//!   request in progress are never displaced. Probes (`/healthz`, `/readyz`, `/leader`) thus
+//!   answer however many slow or idle connections are open, with no queue before them.
 //! - A request's head must arrive within [`HEADER_READ_TIMEOUT`] of the connection opening
-//!   (or of the previous response, on a kept-alive connection), else the connection is
-//!   closed: this also bounds how long an idle kept-alive connection holds its slot.
-//! - At most [`MAX_WATCHERS`] `/leader/watch` streams at once; one more answers 503.
+//!   (or of the previous response, on a kept-alive connection), and fit in [`MAX_HEAD_BYTES`];
+//!   else the connection is closed (431 for a head too large). On the control listener, a
+//!   request's body must arrive within [`BODY_READ_TIMEOUT`] (else 408).
+//! - Long requests have bounds of their own, below the connection cap, so that they never
+//!   take every connection: at most [`MAX_WATCHERS`] `/leader/watch` streams at once (one more
+//!   answers 503); on the control listener, the request locks' waits and watch streams (see
+//!   `crate::locks::service::MAX_WAITING` and `MAX_WATCHES`, 429 past them).
 //! - A connection, event streams included, lives at most [`MAX_CONNECTION_AGE`]: then the
 //!   stream ends (an SSE client reconnects), the connection is closed after the response in
 //!   flight, and dropped if that takes more than [`CLOSE_GRACE`] (a client that stopped reading).
+//! - When `accept` fails for want of descriptors, the connection waiting longest for a head is
+//!   closed to make room.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -72,10 +84,19 @@ use crate::config::ReadyWhen;
 use crate::leadership::{Leadership, LeadershipRx};
 use crate::metrics::Metrics;
 
-/// Most connections served at once.
-pub const MAX_CONNECTIONS: usize = 64;
+/// Most connections open at once on one listener (see [`connection_cap`]).
+pub const MAX_CONNECTIONS: usize = 512;
+/// Fewest connections a listener takes, however low the open-files limit.
+pub const MIN_CONNECTIONS: usize = 64;
+/// Descriptors left to everything but the two listeners' connections (the nodes' connections,
+/// the Kubernetes client, the shared timer, logs) when the cap follows the open-files limit.
+pub const RESERVED_DESCRIPTORS: u64 = 128;
 /// Longest wait for a request's head.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest request head (hyper's read buffer): 431 past it.
+pub const MAX_HEAD_BYTES: usize = 16 * 1024;
+/// Longest wait for a request's body once its head arrived (control listener).
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// Most `/leader/watch` streams at once.
 pub const MAX_WATCHERS: usize = 16;
 /// Longest life of one connection (and of an event stream on it).
@@ -207,7 +228,43 @@ pub fn control_router(state: ControlState, locks: Option<Router>) -> Router {
             json_error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
         })
         .layer(DefaultBodyLimit::max(1024))
+        .layer(axum::middleware::from_fn(body_within_timeout))
         .layer(axum::middleware::from_fn(this_pod_only))
+}
+
+/// Reads a request's body (at most 1 KiB, as every control route takes) within
+/// [`BODY_READ_TIMEOUT`] before any route sees it: a client that sends its body slowly gets
+/// 408 instead of keeping its connection busy. Body-less requests pass as they are; so do
+/// bodies announced larger (the routes answer 413 without reading them).
+async fn body_within_timeout(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let announced = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    // Without a body, or with one announced too large (the routes refuse it unread).
+    if !has_body(request.headers()) || announced.is_some_and(|n| n > 1024) {
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    let read = axum::body::to_bytes(body, 1024);
+    match tokio::time::timeout(BODY_READ_TIMEOUT, read).await {
+        Ok(Ok(bytes)) => {
+            let request = axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes));
+            next.run(request).await
+        }
+        Ok(Err(_)) => json_error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request body larger than 1024 bytes",
+        ),
+        Err(_) => json_error(
+            StatusCode::REQUEST_TIMEOUT,
+            "the request body did not arrive in time",
+        ),
+    }
 }
 
 /// Why the control listener refuses a request before any route sees it: the answer's status
@@ -334,6 +391,214 @@ async fn this_pod_only(request: axum::extract::Request, next: axum::middleware::
     json_error(refusal.status, refusal.message)
 }
 
+/// How many connections one listener takes at once when the process may open
+/// `open_files` descriptors: half of what [`RESERVED_DESCRIPTORS`] leaves (two listeners), from
+/// [`MIN_CONNECTIONS`] to [`MAX_CONNECTIONS`].
+pub fn connection_cap(open_files: u64) -> usize {
+    let half = open_files.saturating_sub(RESERVED_DESCRIPTORS) / 2;
+    usize::try_from(half)
+        .unwrap_or(usize::MAX)
+        .clamp(MIN_CONNECTIONS, MAX_CONNECTIONS)
+}
+
+/// The soft open-files limit now (`run` raises it to the hard one at start).
+fn open_files_limit() -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit fills the rlimit we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return 1024;
+    }
+    if limit.rlim_cur == libc::RLIM_INFINITY {
+        return u64::MAX;
+    }
+    limit.rlim_cur
+}
+
+/// The open connections of one listener: which have a request in progress, and which has
+/// waited longest for a request head (the one a new connection displaces at the cap).
+struct Connections {
+    cap: usize,
+    open: std::sync::Mutex<Open>,
+    /// Notified when the last connection closes.
+    all_closed: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct Open {
+    /// Each open connection: requests in progress, when it began waiting for a head (an
+    /// ever-growing count, not a clock: only the order matters), and what closes it.
+    by_id: std::collections::HashMap<u64, OpenConnection>,
+    next: u64,
+}
+
+struct OpenConnection {
+    requests: usize,
+    waiting_since: u64,
+    displace: CancellationToken,
+}
+
+impl Connections {
+    fn new(cap: usize) -> Arc<Connections> {
+        Arc::new(Connections {
+            cap,
+            open: std::sync::Mutex::new(Open::default()),
+            all_closed: tokio::sync::Notify::new(),
+        })
+    }
+
+    fn open(&self) -> std::sync::MutexGuard<'_, Open> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes a new connection: at the cap, in place of the one waiting longest for a head;
+    /// `None` when every connection has a request in progress.
+    fn admit(self: &Arc<Self>) -> Option<Connection> {
+        let mut open = self.open();
+        if open.by_id.len() >= self.cap && !Connections::displace_one(&mut open) {
+            return None;
+        }
+        open.next += 1;
+        let id = open.next;
+        let displace = CancellationToken::new();
+        open.by_id.insert(
+            id,
+            OpenConnection {
+                requests: 0,
+                waiting_since: id,
+                displace: displace.clone(),
+            },
+        );
+        Some(Connection {
+            id,
+            connections: Arc::clone(self),
+            displaced: displace,
+            requests: std::sync::atomic::AtomicUsize::new(0),
+        })
+    }
+
+    /// Closes the connection that has waited longest for a request head; whether there was one.
+    fn displace_one(open: &mut Open) -> bool {
+        let oldest = open
+            .by_id
+            .iter()
+            .filter(|(_, c)| c.requests == 0)
+            .min_by_key(|(_, c)| c.waiting_since)
+            .map(|(id, _)| *id);
+        let Some(oldest) = oldest.and_then(|id| open.by_id.remove(&id)) else {
+            return false;
+        };
+        oldest.displace.cancel();
+        true
+    }
+
+    /// Closes the connection waiting longest for a head, to free its descriptor.
+    fn make_room(&self) -> bool {
+        Connections::displace_one(&mut self.open())
+    }
+
+    /// Returns once no connection is open.
+    async fn closed(&self) {
+        loop {
+            let closed = self.all_closed.notified();
+            tokio::pin!(closed);
+            closed.as_mut().enable();
+            if self.open().by_id.is_empty() {
+                return;
+            }
+            closed.await;
+        }
+    }
+}
+
+/// One accepted connection, counted until dropped.
+struct Connection {
+    id: u64,
+    connections: Arc<Connections>,
+    /// Fires when a new connection takes its place.
+    displaced: CancellationToken,
+    /// Requests in progress on it (also once displaced).
+    requests: std::sync::atomic::AtomicUsize,
+}
+
+impl Connection {
+    /// A request on it has arrived whole: it is in progress until the returned guard (held by
+    /// its response body) is dropped.
+    fn request(self: &Arc<Self>) -> InProgress {
+        self.requests
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if let Some(c) = self.connections.open().by_id.get_mut(&self.id) {
+            c.requests += 1;
+        }
+        InProgress(Arc::clone(self))
+    }
+
+    /// Whether a request is in progress on it.
+    fn busy(&self) -> bool {
+        self.requests.load(std::sync::atomic::Ordering::SeqCst) > 0
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        let mut open = self.connections.open();
+        open.by_id.remove(&self.id);
+        if open.by_id.is_empty() {
+            self.connections.all_closed.notify_waiters();
+        }
+    }
+}
+
+/// A request in progress, until its response has been written.
+struct InProgress(Arc<Connection>);
+
+impl Drop for InProgress {
+    fn drop(&mut self) {
+        let connection = &self.0;
+        connection
+            .requests
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        let mut open = connection.connections.open();
+        open.next += 1;
+        let now = open.next;
+        if let Some(c) = open.by_id.get_mut(&connection.id) {
+            c.requests = c.requests.saturating_sub(1);
+            if c.requests == 0 {
+                c.waiting_since = now;
+            }
+        }
+    }
+}
+
+/// A response body that keeps its request counted as in progress until it has been sent
+/// (an event stream: until it ends).
+struct Counted<B> {
+    body: B,
+    _request: InProgress,
+}
+
+impl<B: hyper::body::Body + Unpin> hyper::body::Body for Counted<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<B::Data>, B::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
 /// Serves `app` on `listener` until `shutdown` fires, within the limits in the module doc;
 /// then lets the open connections close (each within [`CLOSE_GRACE`]).
 pub async fn serve_router(
@@ -341,75 +606,95 @@ pub async fn serve_router(
     app: Router,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let connections = Connections::new(connection_cap(open_files_limit()));
     loop {
-        // A slot first: while all are taken, new connections wait in the accept queue.
-        let slot = tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => break,
-            slot = slots.clone().acquire_owned() => match slot {
-                Ok(slot) => slot,
-                Err(_) => break,
-            },
-        };
         let stream = tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
                 Err(err) => {
-                    accept_failed(err).await;
+                    accept_failed(err, &connections).await;
                     continue;
                 }
             },
         };
+        // Every connection has a request in progress, the streams and waits within their own
+        // bounds: this one is closed at once.
+        let Some(connection) = connections.admit() else {
+            continue;
+        };
         let ending = shutdown.child_token();
-        tokio::spawn(serve_connection(stream, app.clone(), ending, slot));
+        tokio::spawn(serve_connection(stream, app.clone(), ending, connection));
     }
-    // Every slot back means every connection has closed.
-    let _ = slots.acquire_many(MAX_CONNECTIONS as u32).await;
+    connections.closed().await;
     Ok(())
 }
 
-/// After a failed accept: at once for a connection that died in the queue; after a pause
-/// for anything else (e.g. out of file descriptors), so the loop does not spin.
-async fn accept_failed(err: std::io::Error) {
+/// After a failed accept: at once for a connection that died in the queue; out of
+/// descriptors, after closing the connection waiting longest for a head (or a pause if there
+/// is none); after a pause for anything else, so the loop does not spin.
+async fn accept_failed(err: std::io::Error, connections: &Connections) {
     use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
-    if !matches!(
+    if matches!(
         err.kind(),
         ConnectionAborted | ConnectionRefused | ConnectionReset
     ) {
-        warn!(error = %err, "admin endpoint cannot accept a connection");
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        return;
     }
+    let out_of_descriptors = matches!(err.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
+    if out_of_descriptors && connections.make_room() {
+        // Its task closes it on its next turn.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        return;
+    }
+    warn!(error = %err, "an HTTP listener cannot accept a connection");
+    tokio::time::sleep(Duration::from_secs(1)).await;
 }
 
-/// Serves one connection: HTTP/1.1 with the header timeout, closed at [`MAX_CONNECTION_AGE`]
-/// or when `ending` fires. The slot is given back when this returns.
+/// Serves one connection: HTTP/1.1 with the header timeout, closed at [`MAX_CONNECTION_AGE`],
+/// when `ending` fires, or at once when a new connection takes its place.
 async fn serve_connection(
     stream: TcpStream,
     app: Router,
     ending: CancellationToken,
-    _slot: OwnedSemaphorePermit,
+    connection: Connection,
 ) {
     // Small answers go out at once, not held back waiting for the client's ACK (Nagle).
     let _ = stream.set_nodelay(true);
     let tag = ConnectionEnding(ending.clone());
+    let connection = Arc::new(connection);
+    let counts = Arc::clone(&connection);
     let service = hyper::service::service_fn(move |mut request: Request<hyper::body::Incoming>| {
+        let in_progress = counts.request();
         request.extensions_mut().insert(tag.clone());
         let mut app = app.clone();
-        async move { tower_service::Service::call(&mut app, request).await }
+        async move {
+            let response = tower_service::Service::call(&mut app, request).await?;
+            Ok::<_, std::convert::Infallible>(response.map(|body| Counted {
+                body,
+                _request: in_progress,
+            }))
+        }
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_buf_size(MAX_HEAD_BYTES);
     let conn = builder.serve_connection(TokioIo::new(stream), service);
     tokio::pin!(conn);
     tokio::select! {
         _ = conn.as_mut() => return,
         _ = tokio::time::sleep(MAX_CONNECTION_AGE) => {}
         _ = ending.cancelled() => {}
+        _ = connection.displaced.cancelled() => {
+            // Waiting for a head: closed at once. (A request that arrived meanwhile is
+            // answered first.)
+            if !connection.busy() {
+                return;
+            }
+        }
     }
     // End this connection's event stream, finish the response in flight, then close.
     ending.cancel();
@@ -784,6 +1069,38 @@ mod tests {
             .expect("the server returns once its connections are closed")
             .unwrap()
             .unwrap();
+    }
+
+    #[test]
+    fn at_the_cap_the_connection_waiting_longest_for_a_head_makes_room() {
+        let connections = Connections::new(3);
+        let first = Arc::new(connections.admit().expect("room"));
+        let second = Arc::new(connections.admit().expect("room"));
+        let third = Arc::new(connections.admit().expect("room"));
+        // The first is serving a request; the second and third wait for one, the second
+        // the longest.
+        let request = first.request();
+        let fourth = Arc::new(connections.admit().expect("the second makes room"));
+        assert!(second.displaced.is_cancelled());
+        assert!(!first.displaced.is_cancelled() && !third.displaced.is_cancelled());
+        // A connection whose request was answered waits for its next head from then on: the
+        // third has waited longer.
+        drop(request);
+        let fifth = Arc::new(connections.admit().expect("the third makes room"));
+        assert!(third.displaced.is_cancelled());
+        assert!(!first.displaced.is_cancelled());
+        // With every connection serving a request, a new one is refused.
+        let _busy = [first.request(), fourth.request(), fifth.request()];
+        assert!(connections.admit().is_none());
+        drop((first, second, third, fourth, fifth));
+    }
+
+    #[test]
+    fn the_connection_cap_follows_the_open_files_limit() {
+        assert_eq!(connection_cap(1_024), 448);
+        assert_eq!(connection_cap(100), MIN_CONNECTIONS);
+        assert_eq!(connection_cap(1 << 20), MAX_CONNECTIONS);
+        assert_eq!(connection_cap(u64::MAX), MAX_CONNECTIONS);
     }
 
     #[test]

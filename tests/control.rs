@@ -277,7 +277,7 @@ async fn a_resign_answers_200_only_once_it_no_longer_leads_and_hold_0_is_refused
     assert_eq!(answer.status, 200, "{answer:?}");
     assert_eq!(
         json(&answer),
-        serde_json::json!({"resigned": true, "hold_ms": 1000})
+        serde_json::json!({"resigned": true, "hold_ms": 1000, "to": null})
     );
     let answered = Instant::now();
     let leader = a.leader().await.expect("a /leader body");
@@ -417,5 +417,175 @@ fn a_slot_retention_shorter_than_the_tenure_exits_2_naming_the_flag_and_the_boun
             line.contains("at least") && line.contains(&format!("({bound})")),
             "{extra:?}: {line}"
         );
+    }
+}
+
+/// The chart's probe timeout (`timeoutSeconds: 2`): what a probe, a resign's answer or a new
+/// lock request may take however the listeners are loaded.
+const ANSWER_WITHIN: Duration = Duration::from_secs(2);
+
+/// `n` clients that each send a request head one byte a second, never finishing it, and
+/// connect again whenever the server closes them (a slowloris attack); they stop when the
+/// returned handles are aborted.
+fn slowloris(addr: SocketAddr, n: usize) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..n)
+        .map(|_| {
+            tokio::spawn(async move {
+                loop {
+                    let Ok(mut stream) = TcpStream::connect(addr).await else {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    };
+                    let head = b"POST /v1/leader/resign HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ";
+                    if stream.write_all(head).await.is_err() {
+                        continue;
+                    }
+                    while stream.write_all(b"a").await.is_ok() {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+/// `method path` answered within [`ANSWER_WITHIN`]: the answer and how long it took.
+async fn in_time(addr: SocketAddr, method: &str, path: &str) -> (http::Response, Duration) {
+    let asked = Instant::now();
+    let answer = http::request(method, addr, path)
+        .await
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+    let took = asked.elapsed();
+    assert!(took < ANSWER_WITHIN, "{method} {path}: {took:?}");
+    (answer, took)
+}
+
+/// Under load: a probe, a new request lock and its release, and a resign all answer within
+/// [`ANSWER_WITHIN`] (each one's time is printed).
+async fn still_answers(a: &Sidecar, what: &str) {
+    let (health, probe) = in_time(a.addr, "GET", "/healthz").await;
+    assert_eq!(health.status, 200, "{health:?}");
+    let name = format!("fresh-{}", support::free_port());
+    let (taken, acquire) = in_time(a.control, "POST", &format!("/v1/locks/{name}")).await;
+    assert_eq!(taken.status, 200, "{taken:?}");
+    let lease = json(&taken)["lease"].as_str().unwrap().to_owned();
+    let (released, release) =
+        in_time(a.control, "DELETE", &format!("/v1/locks/{name}/{lease}")).await;
+    assert_eq!(released.status, 200, "{released:?}");
+    assert!(a.is_leader().await);
+    let (resigned, resign) = in_time(a.control, "POST", "/v1/leader/resign?hold=1s").await;
+    assert_eq!(resigned.status, 200, "{resigned:?}");
+    eprintln!(
+        "{what}: /healthz {probe:?}, acquire {acquire:?}, release {release:?}, resign {resign:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_300_slowloris_connections_on_each_listener_probes_locks_and_resign_answer_in_time() {
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let a = leader_of(&cluster);
+    support::leads(&[&a], 0, DEADLINE).await;
+    let mut slow = slowloris(a.control, 300);
+    slow.extend(slowloris(a.addr, 300));
+    // All connected and sending (64 of them held every slot of a listener before).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    still_answers(&a, "under 2 x 300 slowloris connections").await;
+    for task in &slow {
+        task.abort();
+    }
+}
+
+/// Opens `GET path` as an event stream and reads its status; the stream stays open.
+async fn open_stream(addr: SocketAddr, path: &str) -> (u16, TcpStream) {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while head.len() < 12 {
+        let n = tokio::time::timeout(ANSWER_WITHIN, stream.read(&mut buf))
+            .await
+            .expect("a response head in time")
+            .unwrap();
+        assert!(n > 0, "closed before a response head");
+        head.extend_from_slice(&buf[..n]);
+    }
+    let status = String::from_utf8_lossy(&head[9..12]).parse().unwrap();
+    (status, stream)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_streams_past_their_bound_answer_429_and_never_keep_resign_or_a_request_waiting() {
+    use redlock_sidecar::locks::service::MAX_WATCHES;
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let a = leader_of(&cluster);
+    support::leads(&[&a], 0, DEADLINE).await;
+    let held = http::request("POST", a.control, "/v1/locks/watched")
+        .await
+        .unwrap();
+    let lease = json(&held)["lease"].as_str().unwrap().to_owned();
+    let path = format!("/v1/locks/watched/{lease}/watch");
+    let mut streams = Vec::new();
+    for _ in 0..MAX_WATCHES {
+        let (status, stream) = open_stream(a.control, &path).await;
+        assert_eq!(status, 200);
+        streams.push(stream);
+    }
+    let asked = Instant::now();
+    let (status, _) = open_stream(a.control, &path).await;
+    assert_eq!(status, 429, "past {MAX_WATCHES} streams");
+    assert!(asked.elapsed() < ANSWER_WITHIN);
+    still_answers(&a, &format!("with {MAX_WATCHES} watch streams open")).await;
+    // A stream that closes makes room for another.
+    drop(streams.pop());
+    support::wait_until_async(DEADLINE, "a watch place is free again", || async {
+        open_stream(a.control, &path).await.0 == 200
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_past_their_bound_answer_429_and_never_keep_resign_or_a_request_waiting() {
+    use redlock_sidecar::locks::service::MAX_WAITING;
+    let cluster = tokio::task::block_in_place(ready_cluster);
+    let a = leader_of(&cluster);
+    support::leads(&[&a], 0, DEADLINE).await;
+    let held = http::request("POST", a.control, "/v1/locks/hot?ttl=30s")
+        .await
+        .unwrap();
+    assert_eq!(held.status, 200, "{held:?}");
+    // Each waits on its own connection for a name held here.
+    let waiting: Vec<_> = (0..MAX_WAITING)
+        .map(|_| {
+            let control = a.control;
+            tokio::spawn(async move {
+                let mut stream = TcpStream::connect(control).await.unwrap();
+                let request =
+                    format!("POST /v1/locks/hot?wait=60s HTTP/1.1\r\nHost: {control}\r\n\r\n");
+                stream.write_all(request.as_bytes()).await.unwrap();
+                let mut answer = [0u8; 64];
+                let _ = stream.read(&mut answer).await;
+            })
+        })
+        .collect();
+    support::wait_until_async(DEADLINE, "every acquisition waits", || async {
+        a.metric("redlock_app_lock_waiting", "").await >= MAX_WAITING as f64
+    })
+    .await;
+    let (refused, took) = in_time(a.control, "POST", "/v1/locks/other?wait=5s").await;
+    assert_eq!(refused.status, 429, "{refused:?}");
+    assert!(
+        json(&refused)["error"]
+            .as_str()
+            .unwrap()
+            .contains("waiting"),
+        "{refused:?}"
+    );
+    eprintln!("a wait past {MAX_WAITING} waiting: 429 in {took:?}");
+    still_answers(&a, &format!("with {MAX_WAITING} acquisitions waiting")).await;
+    for task in &waiting {
+        task.abort();
     }
 }
