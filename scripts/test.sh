@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # All tests: formatting, lints, unit and integration tests (real redis-server processes and
 # the real binary), then the Kubernetes/observability checks (helm, kubernetes-validate,
-# Grafana schema, promtool, a real Prometheus scraping real sidecars, the static binary in a
-# busybox-only chroot).
+# Grafana schema, promtool, a real Prometheus scraping real sidecars, Dapr's official SDKs
+# against the binary, the static binary in a busybox-only chroot).
 #   scripts/test.sh          everything
 #   scripts/test.sh --rust   only fmt, clippy and the Rust tests
 set -euo pipefail
@@ -40,6 +40,8 @@ if [ "${1:-}" != "--rust" ]; then
   bash scripts/ci-k8s.sh
   step "End to end: Prometheus scrapes real sidecars; every panel and alert query evaluates"
   bash scripts/e2e-prometheus.sh
+  step "Dapr's SDKs unchanged (JavaScript over HTTP and gRPC, Python over gRPC) against the binary"
+  bash scripts/dapr-sdks.sh
   step "Static binary: guard in a chroot with only busybox"
   if ! wait "${static_build}"; then
     cat "${static_log}"
