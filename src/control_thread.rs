@@ -10,8 +10,10 @@
 //!   the main runtime, whatever load the apps put on the request-lock API.
 //!
 //! Everything the control listener serves runs here: its routes, the request-lock service
-//! with its lease tasks, and the connections of their engine (they are dialled from here, so
-//! this thread's reactor drives them).
+//! (its one timer task, and a task for each lease only while it renews or releases), and the
+//! connections of their engine (they are dialled from here, so this thread's reactor drives
+//! them). Its timers cost no descriptor: they wait on the process' shared boot-clock timer
+//! (`crate::clock::shared`), whose thread wakes them here.
 
 use std::future::Future;
 use std::thread::JoinHandle;
