@@ -32,7 +32,7 @@
 //! processes of this pod.
 //!
 //! ## Behaviour
-//! Bounded like the control listener ([`crate::http`]): at most [`MAX_CONNECTIONS`]
+//! Bounds of its own (the timeouts are the control listener's): at most [`MAX_CONNECTIONS`]
 //! connections at once (more wait in the kernel's accept queue), the first bytes of a
 //! connection within [`HEADER_READ_TIMEOUT`], a connection lives at most
 //! [`MAX_CONNECTION_AGE`] (then `GOAWAY`, dropped after [`CLOSE_GRACE`]), at most
@@ -383,7 +383,7 @@ fn grpc_response(status: Status) -> Response {
 }
 
 /// The routes: each served method to the generated server, everything else UNIMPLEMENTED,
-/// behind [`this_pod_only`] and [`malformed_as_invalid_argument`].
+/// behind the `:authority` check and [`malformed_as_invalid_argument`].
 pub fn router<E: LockEngine>(grpc: DaprGrpc<E>) -> axum::Router {
     let server = DaprServer::new(grpc).max_decoding_message_size(MAX_MESSAGE);
     let mut router = axum::Router::new();
