@@ -19,7 +19,8 @@
 //! `REDLOCK_SOAK=N` makes the `soak` test run N handoffs under random faults
 //! (`REDLOCK_SOAK_SEED=S` replays one run); see `scripts/soak.sh` and `docs/reliability.md`.
 //!
-//! One file per scenario (kills, pauses, restarts, partitions, latency, strikes, soak, liveness),
+//! One file per scenario (kills, pauses, restarts, partitions, latency, strikes, soak, liveness,
+//! requests: request locks through two sidecars),
 //! beside the contenders they share (library, guards, runs), the cluster set-up and the report.
 
 #[path = "../support/mod.rs"]
@@ -80,6 +81,7 @@ mod liveness;
 mod partitions;
 mod pauses;
 mod report;
+mod requests;
 mod restarts;
 mod runs;
 mod selftest;

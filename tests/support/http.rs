@@ -43,6 +43,33 @@ pub async fn request(method: &str, addr: SocketAddr, path: &str) -> Result<Respo
     request_with_body(method, addr, path, None).await
 }
 
+/// [`request`] with a whole-request timeout of its own instead of [`TIMEOUT`]: for requests
+/// that wait on purpose (a lock acquisition with a `wait`) or must give up sooner.
+pub async fn request_within(
+    method: &str,
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+) -> Result<Response, String> {
+    let run = async {
+        let mut conn = Conn::open(addr, method, path, None, &[]).await?;
+        let (status, headers) = conn.read_head().await?;
+        let body = conn.read_body(&headers).await?;
+        Ok(Response {
+            status,
+            headers,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        })
+    };
+    tokio::time::timeout(timeout, run)
+        .await
+        .unwrap_or_else(|_| {
+            Err(format!(
+                "{method} http://{addr}{path}: timed out after {timeout:?}"
+            ))
+        })
+}
+
 /// `body` is `(content_type, text)`.
 pub async fn request_with_body(
     method: &str,
