@@ -342,7 +342,7 @@ pub struct LocksArgs {
     /// of the namespace, so names do not pile up); --lock may not start with PREFIX:.
     #[arg(long, env = "REDLOCK_LOCKS_PREFIX", default_value = "app")]
     pub locks_prefix: String,
-    /// Most request-lock leases held plus acquisitions waiting at once; past it, 429.
+    /// Most request-lock leases at once: held, waiting, ending (a lost lease keeping its promise) and remembered (an ended lease, for a minute); past it, 429 at once.
     #[arg(long, env = "REDLOCK_LOCKS_MAX_LEASES", default_value_t = 1000)]
     pub locks_max_leases: usize,
     /// The store name Dapr's lock API answers to (/v1.0-alpha1/lock/STORE).

@@ -450,31 +450,20 @@ impl Node {
         key: &str,
         timeout: Duration,
     ) -> Result<Option<(String, Duration)>, NodeError> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut retried = false;
-        loop {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let (mut conn, _, id) = self.connection_quiet(left).await?;
-            let mut pipe = redis::pipe();
-            pipe.cmd("GET").arg(key).cmd("PTTL").arg(key);
-            let read = pipe.query_async::<(Option<String>, i64)>(&mut conn);
-            match tokio::time::timeout_at(deadline, read).await {
-                Ok(Ok((Some(value), pttl))) => {
-                    // −1: no expiry (not a key of ours); −2: gone between the two commands.
-                    return Ok(match u64::try_from(pttl) {
-                        Ok(ms) => Some((value, Duration::from_millis(ms))),
-                        Err(_) if pttl == -1 => Some((value, NO_EXPIRY)),
-                        Err(_) => None,
-                    });
-                }
-                Ok(Ok((None, _))) => return Ok(None),
-                Ok(Err(e)) => match self.failed(id, &e, &mut retried) {
-                    None => continue,
-                    Some(err) => return Err(err),
-                },
-                Err(_) => return Err(NodeError::timeout(timeout)),
-            }
-        }
+        let mut pipe = redis::pipe();
+        pipe.cmd("GET").arg(key).cmd("PTTL").arg(key);
+        let read = self
+            .query_pipeline::<(Option<String>, i64)>(&pipe, timeout)
+            .await?;
+        Ok(match read {
+            // −1: no expiry (not a key of ours); −2: gone between the two commands.
+            (Some(value), pttl) => match u64::try_from(pttl) {
+                Ok(ms) => Some((value, Duration::from_millis(ms))),
+                Err(_) if pttl == -1 => Some((value, NO_EXPIRY)),
+                Err(_) => None,
+            },
+            (None, _) => None,
+        })
     }
 }
 
