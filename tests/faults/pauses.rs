@@ -59,9 +59,12 @@ pub(crate) async fn a_holder_paused_past_its_ttl_is_caught_by_fencing() {
                 })
                 .expect("the holder's guard is running");
             assert!(stopped);
-            // The whole pod stops: guard's supervisor too, which would otherwise kill CMD at
-            // the step-down point (as it must when only guard is stuck).
+            // The whole pod stops: guard's helpers too (guard → watchdog → supervisor → CMD),
+            // which would otherwise kill CMD at the step-down point (as they must when only
+            // guard is stuck).
             let supervisor = support::proc_parent(cmd_pid).expect("CMD's supervisor");
+            let watchdog = support::proc_parent(supervisor).expect("guard's watchdog");
+            assert!(support::send_signal(watchdog, libc::SIGSTOP));
             assert!(support::send_signal(supervisor, libc::SIGSTOP));
             signal_group(cmd_pid, libc::SIGSTOP);
             // Paused holders keep their lock until it expires; then someone else gets it.
@@ -94,6 +97,7 @@ pub(crate) async fn a_holder_paused_past_its_ttl_is_caught_by_fencing() {
             );
             // Then its supervisor and guard wake, find the lock lost, and make sure CMD is gone.
             support::send_signal(supervisor, libc::SIGCONT);
+            support::send_signal(watchdog, libc::SIGCONT);
             guards.with_run(&who, |slot| {
                 let run = slot.current.as_mut().expect("current run");
                 run.proc.sigcont();
