@@ -31,18 +31,19 @@ fn loopback() -> SocketAddr {
 
 impl Sidecar {
     async fn start(name: &str, cluster: &RedisCluster, extra: &[&str]) -> Sidecar {
+        Sidecar::start_on(name, &cluster.urls_joined(), extra).await
+    }
+
+    /// [`Sidecar::start`] on the nodes at `redis` (comma-separated URLs, e.g. proxies).
+    async fn start_on(name: &str, redis: &str, extra: &[&str]) -> Sidecar {
         let (admin, control) = (loopback(), loopback());
-        let (listen, control_listen, redis) = (
-            admin.to_string(),
-            control.to_string(),
-            cluster.urls_joined(),
-        );
+        let (listen, control_listen) = (admin.to_string(), control.to_string());
         let mut args = vec![
             "run",
             "--lock",
             "leader",
             "--redis",
-            &redis,
+            redis,
             "--node-set",
             support::TEST_NODE_SET,
             "--ttl",
@@ -1521,44 +1522,7 @@ async fn a_lost_lease_frees_nothing_before_the_validity_its_client_was_given() {
     }
     proxies[2].refuse(true);
     let urls: Vec<String> = proxies.iter().map(support::FaultProxy::url).collect();
-    let (admin, control) = (loopback(), loopback());
-    let (listen, control_listen, redis) = (admin.to_string(), control.to_string(), urls.join(","));
-    let holder = Sidecar {
-        proc: Proc::spawn(
-            &[
-                "run",
-                "--lock",
-                "leader",
-                "--redis",
-                &redis,
-                "--node-set",
-                support::TEST_NODE_SET,
-                "--ttl",
-                "2s",
-                "--node-timeout",
-                "100ms",
-                "--retry-delay",
-                "50ms",
-                "--listen",
-                &listen,
-                "--control-listen",
-                &control_listen,
-                "--identity",
-                "holder",
-                "--kubernetes",
-                "off",
-            ],
-            &[("REDLOCK_LOG", "info")],
-        ),
-        admin,
-        control,
-    };
-    support::wait_until_async(DEADLINE, "the holder's control listener serves", || async {
-        call(holder.control, "GET", "/nope", None, Duration::from_secs(2))
-            .await
-            .is_ok_and(|r| r.status == 404)
-    })
-    .await;
+    let holder = Sidecar::start_on("holder", &urls.join(","), &[]).await;
     let waiter = Sidecar::start("waiter", &cluster, &[]).await;
     let answer = holder.post("/v1/locks/cut-off?ttl=1s").await;
     let lease = answer.lease();
