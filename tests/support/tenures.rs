@@ -108,7 +108,10 @@ pub fn log_times(log: &str) -> LogTimes {
         } else if line.contains("stepped down") || line.contains("released the lock") {
             times.stepped_down.entry(token).or_insert(at);
         }
-        if line.contains("released the lock") {
+        // On SIGTERM the app is stopped first, and the claim ends as the release begins: a
+        // standby may take the lock once a quorum deleted the key, before the release's last
+        // node (a slow one) answers and "released the lock" is logged.
+        if line.contains("released the lock") || line.contains("stepped down for shutdown") {
             times.released.entry(token).or_insert(at);
         }
     }
