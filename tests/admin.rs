@@ -181,31 +181,6 @@ async fn at_the_cap_a_new_connection_takes_the_place_of_the_longest_silent_one()
     );
 }
 
-/// `n` clients that each send a request head one byte a second, never finishing it, and
-/// connect again whenever the server closes them (a slowloris attack); they stop when the
-/// returned handles are aborted.
-pub fn slowloris(addr: SocketAddr, n: usize) -> Vec<tokio::task::JoinHandle<()>> {
-    (0..n)
-        .map(|_| {
-            tokio::spawn(async move {
-                loop {
-                    let Ok(mut stream) = TcpStream::connect(addr).await else {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    };
-                    let head = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ";
-                    if stream.write_all(head).await.is_err() {
-                        continue;
-                    }
-                    while stream.write_all(b"a").await.is_ok() {
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                    }
-                }
-            })
-        })
-        .collect()
-}
-
 /// The chart's probe timeout (`timeoutSeconds: 2`).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -228,7 +203,11 @@ pub async fn probe_six_times(addr: SocketAddr, path: &str) -> Vec<Option<(u16, D
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_answer_within_their_timeout_under_300_slowloris_connections() {
     let (_proc, addr) = sidecar().await;
-    let slow = slowloris(addr, 300);
+    let slow = support::http::slowloris(
+        addr,
+        300,
+        b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ",
+    );
     // All connected and sending (they were 0 of 6 within 2 s when 64 of them held every slot).
     tokio::time::sleep(Duration::from_secs(2)).await;
     let healthz = probe_six_times(addr, "/healthz").await;

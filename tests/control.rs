@@ -423,31 +423,8 @@ fn a_slot_retention_shorter_than_the_tenure_exits_2_naming_the_flag_and_the_boun
 /// The chart's probe timeout (`timeoutSeconds: 2`): what a probe, a resign's answer or a new
 /// lock request may take however the listeners are loaded.
 const ANSWER_WITHIN: Duration = Duration::from_secs(2);
-
-/// `n` clients that each send a request head one byte a second, never finishing it, and
-/// connect again whenever the server closes them (a slowloris attack); they stop when the
-/// returned handles are aborted.
-fn slowloris(addr: SocketAddr, n: usize) -> Vec<tokio::task::JoinHandle<()>> {
-    (0..n)
-        .map(|_| {
-            tokio::spawn(async move {
-                loop {
-                    let Ok(mut stream) = TcpStream::connect(addr).await else {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    };
-                    let head = b"POST /v1/leader/resign HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ";
-                    if stream.write_all(head).await.is_err() {
-                        continue;
-                    }
-                    while stream.write_all(b"a").await.is_ok() {
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                    }
-                }
-            })
-        })
-        .collect()
-}
+/// What a slow client sends, a byte a second after this, never finishing the head.
+const SLOW_HEAD: &[u8] = b"POST /v1/leader/resign HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ";
 
 /// `method path` answered within [`ANSWER_WITHIN`]: the answer and how long it took.
 async fn in_time(addr: SocketAddr, method: &str, path: &str) -> (http::Response, Duration) {
@@ -485,8 +462,8 @@ async fn under_300_slowloris_connections_on_each_listener_probes_locks_and_resig
     let cluster = tokio::task::block_in_place(ready_cluster);
     let a = leader_of(&cluster);
     support::leads(&[&a], 0, DEADLINE).await;
-    let mut slow = slowloris(a.control, 300);
-    slow.extend(slowloris(a.addr, 300));
+    let mut slow = support::http::slowloris(a.control, 300, SLOW_HEAD);
+    slow.extend(support::http::slowloris(a.addr, 300, SLOW_HEAD));
     // All connected and sending (64 of them held every slot of a listener before).
     tokio::time::sleep(Duration::from_secs(2)).await;
     still_answers(&a, "under 2 x 300 slowloris connections").await;

@@ -373,3 +373,31 @@ impl SseParser {
         }
     }
 }
+
+/// `n` clients that each send `head` and then one more byte a second, never finishing the
+/// request head, and connect again whenever the server closes them (a slowloris attack);
+/// they stop when the returned handles are aborted.
+pub fn slowloris(
+    addr: SocketAddr,
+    n: usize,
+    head: &'static [u8],
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..n)
+        .map(|_| {
+            tokio::spawn(async move {
+                loop {
+                    let Ok(mut stream) = TcpStream::connect(addr).await else {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    };
+                    if stream.write_all(head).await.is_err() {
+                        continue;
+                    }
+                    while stream.write_all(b"a").await.is_ok() {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+            })
+        })
+        .collect()
+}
