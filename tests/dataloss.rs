@@ -987,6 +987,68 @@ async fn a_release_after_a_node_restart_leaves_no_record_to_keep_contenders_out(
     q.stop().await;
 }
 
+/// P leads; frozen through it (so that none of its renewals can record the new servers), it
+/// sees `restarted` nodes restart empty (new run ids), and is killed: its record on the other
+/// nodes still names the servers as they were. Q, started then behind its own proxies, knows
+/// only the new servers. Q must lead once P's key has expired and the restarted nodes have
+/// kept their data for ttl + drift, plus a round or two: P's record predates the restarted
+/// servers, so it keeps nobody out (before, it did for its whole life, four ttls).
+async fn a_holder_killed_through_a_restart_leaves_no_record_to_keep_contenders_out(
+    restarted: &[usize],
+) {
+    let mut cluster = cluster();
+    block_in_place(|| cluster.backdate_epochs(TTL));
+    let fingerprints = [("REDLOCK_NODE_SET", "")];
+    let mut watch = Watch::new();
+    let mut p = Contender::start("p", &cluster.addrs(), &[], &[], &fingerprints).await;
+    watch.add(&p);
+    watch
+        .next_tenure(SystemTime::UNIX_EPOCH, Some("p"), "p leads", &[&p])
+        .await;
+    const RECORD: &str = "redlock:{dataloss}:nodes";
+    let old_set = block_in_place(|| cluster.node(0).command(&["GET", RECORD]));
+    assert_ne!(old_set, "(nil)", "p's record stands beside its key");
+    p.proc.sigstop();
+    let stopped = SystemTime::now();
+    block_in_place(|| {
+        for &node in restarted {
+            cluster.node_mut(node).restart();
+        }
+    });
+    let restarted_at = SystemTime::now();
+    p.proc.sigkill();
+    watch.keep_log("p".to_owned(), p.proc.stderr_text());
+    let q = Contender::start("q", &cluster.addrs(), &[], &[], &fingerprints).await;
+    watch.add(&q);
+    let next = watch
+        .next_tenure(stopped, Some("q"), "q takes over", &[&q])
+        .await;
+    let took = ms_between(restarted_at, next.claimed_after);
+    let young_wait = TTL + redlock_sidecar::redlock::drift(TTL);
+    let bound = (young_wait + Duration::from_millis(1_500)).as_secs_f64() * 1e3;
+    let record_life = (TTL * redlock_sidecar::redlock::RECORD_LIFE).as_secs_f64() * 1e3;
+    assert!(
+        took <= bound,
+        "q led {took:.0} ms after the restart (bound {bound:.0} ms; p's record lives \
+         {record_life:.0} ms)"
+    );
+    let set = block_in_place(|| cluster.node(0).command(&["GET", RECORD]));
+    assert_ne!(set, old_set, "q's record replaced p's");
+    let tenures = watch.finish(&[&q]).await;
+    assert_eq!(tenures.len(), 2, "p, then q: {tenures:?}");
+    q.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_killed_through_a_node_restart_keeps_nobody_out() {
+    a_holder_killed_through_a_restart_leaves_no_record_to_keep_contenders_out(&[2]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_killed_through_a_majority_restart_keeps_nobody_out() {
+    a_holder_killed_through_a_restart_leaves_no_record_to_keep_contenders_out(&[1, 2]).await;
+}
+
 /// How long ago `at` was.
 fn since(at: SystemTime) -> Duration {
     SystemTime::now().duration_since(at).unwrap_or_default()

@@ -45,6 +45,7 @@ impl Redlock {
         let fingerprint = node_set.fingerprint.clone();
         let start = Deadline::now();
         let since = SystemTime::now();
+        let (stale_set, stale_after) = self.stale_record_args(start);
         let mut answers = self.fan_out::<RawAcquireReply>(
             Op::Acquire,
             Order::MayWrite,
@@ -55,6 +56,8 @@ impl Redlock {
                 candidate.to_string(),
                 self.inner.retention_ms(),
                 fingerprint.clone(),
+                stale_set,
+                stale_after,
             ],
         );
         let params = AcquireParams {
@@ -68,6 +71,17 @@ impl Redlock {
         };
         let mut round = AcquireRound::new(self.inner.nodes.len(), params, start);
         let step = self.run_round(&mut round, &mut answers).await;
+        // A lost round leaves the next one its leave to replace a stale record; any other
+        // outcome ends it.
+        let stale = match step {
+            AcquireStep::Lost { .. } => round.stale_record(),
+            _ => None,
+        };
+        *self
+            .inner
+            .stale_record
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = stale.map(|stale| (stale, Deadline::now()));
         let valid = round.validity();
         self.inner
             .fence_seen
@@ -121,6 +135,23 @@ impl Redlock {
         };
         self.announce_acquired(&lease);
         Ok(lease)
+    }
+
+    /// The acquire script's leave to replace another set's record that the last round judged
+    /// stale: its fingerprint and the age (ms) it must still exceed at `now`, or nothing.
+    fn stale_record_args(&self, now: Deadline) -> (String, String) {
+        let stale = self
+            .inner
+            .stale_record
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match &*stale {
+            Some((stale, judged)) => {
+                let after = stale.after + now.saturating_duration_since(*judged);
+                (stale.set.clone(), after.as_millis().to_string())
+            }
+            None => (String::new(), "0".to_owned()),
+        }
     }
 
     /// The token of a won round: the stored candidate, or a raise above every counter seen.

@@ -242,6 +242,9 @@ struct Inner {
     uncounted: Vec<std::sync::atomic::AtomicBool>,
     /// When a node-set conflict was last logged.
     conflict_logged_at: std::sync::Mutex<Option<clock::Deadline>>,
+    /// Another set's record the last round judged stale, and when (see
+    /// `round::acquire::StaleRecord`): the next round may replace it.
+    stale_record: std::sync::Mutex<Option<(round::StaleRecord, clock::Deadline)>>,
     /// The highest fencing counter seen, so the next candidate token starts above it.
     fence_seen: AtomicU64,
     /// The longest ttl (ms) any node's max-ttl register ever reported for this lock.
@@ -323,6 +326,7 @@ impl Redlock {
                 node_set_key: format!("redlock:{{{name}}}:nodes"),
                 refreshed_key: format!("redlock:{{{name}}}:refreshed"),
                 conflict_logged_at: std::sync::Mutex::new(None),
+                stale_record: std::sync::Mutex::new(None),
                 fence_seen: AtomicU64::new(0),
                 max_ttl_seen: AtomicU64::new(0),
                 handicap_ms: AtomicU64::new(0),

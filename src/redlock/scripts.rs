@@ -10,7 +10,7 @@
 //!
 //! Arguments, in this order wherever a script takes them: value, ttl in ms, fencing token,
 //! fence retention in ms, node-set fingerprint, and (`EXTEND`) `1` when the renewal asks for the
-//! data-age proof. The node's database index is always appended
+//! data-age proof, or (`ACQUIRE`) a stale record that may be replaced and its least age. The node's database index is always appended
 //! as the last argument (`ARGV[#ARGV]`) by the connection.
 
 /// Lua that reads the lock's keys and the node's epoch marker in one `MGET`: `KEYS[i]` is
@@ -188,7 +188,7 @@ macro_rules! record_node_set {
             "local keep = ",
             record_life!(),
             r#" * math.max(tonumber(ARGV[2]), max_ttl_before)
-redis.call('SET', KEYS[5], ARGV[5], 'PX', keep)
+redis.call('SET', KEYS[5], ARGV[5] .. '@' .. keep, 'PX', keep)
 "#
         )
     };
@@ -200,23 +200,35 @@ redis.call('SET', KEYS[5], ARGV[5], 'PX', keep)
 /// A held key is answered with its holder and remaining ttl, and the node-set record, without
 /// any proof (a standby's round costs no `INFO`). A free key whose node-set record belongs to
 /// another node set is not granted (`granted` −1): contenders on different servers must not
-/// both lead (see `votes`, rule 7).
+/// both lead (see `votes`, rule 7), unless it is the record ARGV[6] names and is at least
+/// ARGV[7] ms old: one the contender judged, in an earlier round, to predate a restart of its
+/// servers (`votes::NodeSet::explains`); then it is replaced (the grant answers with the
+/// record it replaced). A record is stored as
+/// `fingerprint@life_ms`, so that its age (life − `PTTL`) can be told; it is answered with
+/// that age (−1 when it is ours, or has no life).
 ///
 /// The lock key is not re-read when missing: `SET NX` refuses a key of another type, and the
 /// `GET` after it then fails as a read would have.
 ///
 /// Returns `{granted, fence, epoch_age_ms, max_ttl_ms, candidate_stored, holder_value,
-/// holder_pttl, node_set}`, where `fence` is the counter and `max_ttl_ms` the register before
+/// holder_pttl, node_set, node_set_age_ms}`, where `fence` is the counter and `max_ttl_ms` the register before
 /// this call; `epoch_age_ms` is −1 when no proof was made, −2 when the node cannot give one.
 pub const ACQUIRE: &str = concat!(
     read_keys!("2"),
     r#"
-local node_set = keys[5] or ''
-if keys[1] then
-  return {0, fence, -1, max_ttl_before, 0, keys[1], redis.call('PTTL', KEYS[1]), node_set}
+local record = keys[5] or ''
+local foreign = record ~= '' and string.match(record, '^[^@]*') ~= ARGV[5]
+local record_age = -1
+if foreign then
+  local life = tonumber(string.match(record, '@(%d+)$') or '')
+  if life then record_age = life - redis.call('PTTL', KEYS[5]) end
 end
-if node_set ~= '' and node_set ~= ARGV[5] then
-  return {-1, fence, -1, max_ttl_before, 0, '', 0, node_set}
+if keys[1] then
+  return {0, fence, -1, max_ttl_before, 0, keys[1], redis.call('PTTL', KEYS[1]), record, record_age}
+end
+if foreign and not (ARGV[6] ~= '' and string.match(record, '^[^@]*') == ARGV[6]
+    and record_age >= tonumber(ARGV[7])) then
+  return {-1, fence, -1, max_ttl_before, 0, '', 0, record, record_age}
 end
 local age
 "#,
@@ -230,7 +242,7 @@ end
     record_ttl!(),
     record_node_set!(),
     r#"
-return {1, fence, age, max_ttl_before, stored, '', 0, node_set}
+return {1, fence, age, max_ttl_before, stored, '', 0, record, record_age}
 "#
 );
 
@@ -287,9 +299,10 @@ if ours and ARGV[6] ~= '1' then
             record_life!(),
             r#" * ttl)
   end
-  redis.call('SET', KEYS[5], ARGV[5], 'PX', "#,
+  local keep = "#,
             record_life!(),
-            r#" * math.max(register, ttl))
+            r#" * math.max(register, ttl)
+  redis.call('SET', KEYS[5], ARGV[5] .. '@' .. keep, 'PX', keep)
   local life = math.min(("#,
             record_life!(),
             r#" - 1) * ttl, redis.call('PTTL', KEYS[3]) - ttl)
@@ -409,7 +422,8 @@ if value == ARGV[1] then
   redis.call('DEL', KEYS[1])
   deleted = 1
 end
-if (deleted == 1 or not value) and redis.call('GET', KEYS[5]) == ARGV[2] then
+if (deleted == 1 or not value)
+    and string.match(redis.call('GET', KEYS[5]) or '', '^[^@]*') == ARGV[2] then
   redis.call('DEL', KEYS[5])
 end
 return deleted

@@ -49,7 +49,12 @@
 //!    the round counts from the next round on. So two contenders with one fingerprint count
 //!    grants only from the same servers, out of the same number of nodes, and their quorums
 //!    intersect, whatever placeholders their fingerprints hold. `--node-set` names the set
-//!    instead, for what cannot be seen from the nodes; then rule 7 counts nothing out. Limit:
+//!    instead, for what cannot be seen from the nodes; then rule 7 counts nothing out.
+//!    A restart changes a server's identity, so the record of a holder that died before it
+//!    saw the restart names the server as it was: beside a free key, a record whose every
+//!    difference from our set is a server of ours that came up after it was written is stale
+//!    ([`NodeSet::explains`]), and the next round replaces it (see `round::acquire`, rule 10).
+//!    Limit:
 //!    the name is what the connection showed when it was made, so a proxy that re-dials
 //!    another server under a kept connection keeps the old name until the connection is
 //!    remade (rule 2 still restarts that node's data age).
@@ -190,22 +195,54 @@ pub fn judge(
 /// same text for every contender, so those that cannot see the same node still agree.
 pub const UNKNOWN_SERVER: &str = "?";
 
-/// The fingerprint of a node set: FNV-1a (64 bits, hex) of the sorted server identities
-/// ([`server_identity`], [`UNKNOWN_SERVER`] for `None`). Lists that name the same servers
-/// in any order and under any address agree; lists that differ in a server, or in how many
-/// nodes they hold, do not.
+/// The fingerprint of a node set: the sorted list of its servers, each named by
+/// [`server_tag`] ([`UNKNOWN_SERVER`] for `None`), joined by commas. Lists that name the same
+/// servers in any order and under any address agree; lists that differ in a server, or in
+/// how many nodes they hold, do not. A list rather than one hash, so that a contender can tell
+/// which servers another set's record names that its own does not (see
+/// [`NodeSet::explains`]).
 pub fn node_set_fingerprint(servers: &[Option<String>]) -> String {
-    let mut names: Vec<&str> = servers
+    let mut tags: Vec<String> = servers
         .iter()
-        .map(|server| server.as_deref().unwrap_or(UNKNOWN_SERVER))
+        .map(|server| {
+            server
+                .as_deref()
+                .map_or_else(|| UNKNOWN_SERVER.to_owned(), server_tag)
+        })
         .collect();
-    names.sort_unstable();
+    tags.sort_unstable();
+    tags.join(",")
+}
+
+/// A server's name in a node-set fingerprint: FNV-1a (64 bits) of its identity
+/// ([`server_identity`]), the first 8 hex digits: short, because every renewal carries the
+/// fingerprint, and a collision among the few servers of two sets only hides a difference.
+pub fn server_tag(identity: &str) -> String {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in names.join(",").bytes() {
+    for byte in identity.bytes() {
         hash ^= u64::from(byte);
         hash = hash.wrapping_mul(0x0100_0000_01b3);
     }
-    format!("{hash:016x}")
+    format!("{:08x}", hash >> 32)
+}
+
+/// How a node-set record that names other servers than ours is judged (see
+/// [`NodeSet::explains`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordVerdict {
+    /// Every server it names that we do not is stood in for by one of ours that came up
+    /// after the record was written: a restart the record's writer did not live to see. The
+    /// record may be replaced; `after` is the age our newest such server showed (plus the
+    /// margin), which the record must still exceed when it is replaced.
+    Restarted {
+        /// The age, on the node's clock, the record must exceed.
+        after: Duration,
+    },
+    /// Another set: contenders on different servers must not both lead.
+    OtherSet,
+    /// Cannot tell yet: a server of ours that the record does not name showed no data age
+    /// in this round (its key was held, or it did not answer).
+    Unknown,
 }
 
 /// The node set one round or renewal records beside the lock (rule 7).
@@ -255,6 +292,60 @@ impl NodeSet {
             None => Err(NotCounted::never(
                 "the node's server was not known when the round began; it counts from the next round".to_owned(),
             )),
+        }
+    }
+
+    /// Judges a record of another set (`theirs`, a fingerprint, written `their_age` ago on
+    /// its node's clock), given the data age each of our nodes proved in this round (`ages`,
+    /// by node index). A restarted server changes its identity, so the record of a holder that
+    /// crashed before it saw the restart names the server as it was, and would keep every
+    /// contender out for as long as the record lives. Such a record names as many servers as
+    /// ours, and every server of ours that it does not name came up after it was written (by
+    /// more than the drift of the record's age, for the nodes' clock rates):
+    /// [`RecordVerdict::Restarted`].
+    ///
+    /// Why that is safe: a record whose writer still holds the lock names the servers its
+    /// key stands on; where its key stands we are refused anyway, and a node of ours that the
+    /// record does not name and that came up after the record cannot hold that key. A set
+    /// that differs in a server older than the record is another set, as before.
+    pub fn explains(
+        &self,
+        theirs: &str,
+        their_age: Option<Duration>,
+        ages: &[Option<Duration>],
+    ) -> RecordVerdict {
+        let (Some(servers), Some(their_age)) = (&self.servers, their_age) else {
+            return RecordVerdict::OtherSet;
+        };
+        let margin = drift(their_age);
+        let mut named: Vec<&str> = theirs.split(',').collect();
+        if named.len() != servers.len() {
+            return RecordVerdict::OtherSet;
+        }
+        let mut newest = Duration::ZERO;
+        let mut unknown = false;
+        for (index, server) in servers.iter().enumerate() {
+            let tag = server
+                .as_deref()
+                .map_or_else(|| UNKNOWN_SERVER.to_owned(), server_tag);
+            if let Some(at) = named.iter().position(|t| *t == tag) {
+                named.swap_remove(at);
+                continue;
+            }
+            if server.is_none() {
+                return RecordVerdict::OtherSet;
+            }
+            match ages.get(index).copied().flatten() {
+                Some(age) if age + margin < their_age => newest = newest.max(age),
+                Some(_) => return RecordVerdict::OtherSet,
+                None => unknown = true,
+            }
+        }
+        if unknown {
+            return RecordVerdict::Unknown;
+        }
+        RecordVerdict::Restarted {
+            after: newest + margin,
         }
     }
 }
@@ -416,9 +507,60 @@ mod tests {
         assert_ne!(abc, fp(&["a/0", "b/0"]), "fewer nodes");
         assert_ne!(abc, fp(&["a/0", "b/0", "?"]), "a node not known yet");
         assert_eq!(fp(&["a/0", "?", "?"]), fp(&["?", "a/0", "?"]));
-        assert_eq!(abc.len(), 16);
+        assert_eq!(abc.split(',').count(), 3, "{abc}");
+        assert!(abc.split(',').all(|tag| tag.len() == 8), "{abc}");
         assert_eq!(server_identity("run", 2).as_deref(), Some("run/2"));
         assert_eq!(server_identity("", 0), None);
+    }
+
+    #[test]
+    fn a_record_is_explained_only_by_servers_of_ours_that_came_up_after_it() {
+        let ms = Duration::from_millis;
+        let theirs = node_set_fingerprint(&servers(&["a/0", "b/0", "c/0"]));
+        let ours = NodeSet::of_servers(servers(&["a/0", "b/0", "c2/0"]));
+        let young = [Some(ms(60_000)), None, Some(ms(900))];
+        assert_eq!(
+            ours.explains(&theirs, Some(ms(5_000)), &young),
+            RecordVerdict::Restarted { after: ms(952) },
+        );
+        // c2 came up before the record was written (or within the margin): another set.
+        let old = [None, None, Some(ms(4_950))];
+        assert_eq!(
+            ours.explains(&theirs, Some(ms(5_000)), &old),
+            RecordVerdict::OtherSet
+        );
+        // No age seen for c2 in this round: cannot tell yet.
+        assert_eq!(
+            ours.explains(&theirs, Some(ms(5_000)), &[None, None, None]),
+            RecordVerdict::Unknown
+        );
+        // A majority restarted: both stand-ins must be younger than the record.
+        let majority = NodeSet::of_servers(servers(&["a/0", "b2/0", "c2/0"]));
+        let ages = [None, Some(ms(100)), Some(ms(300))];
+        assert_eq!(
+            majority.explains(&theirs, Some(ms(5_000)), &ages),
+            RecordVerdict::Restarted { after: ms(352) },
+        );
+        // Another number of nodes, an unknown age of the record, a node of ours never
+        // reached, or a named set: another set.
+        let four = node_set_fingerprint(&servers(&["a/0", "b/0", "c/0", "d/0"]));
+        assert_eq!(
+            ours.explains(&four, Some(ms(5_000)), &young),
+            RecordVerdict::OtherSet
+        );
+        assert_eq!(
+            ours.explains(&theirs, None, &young),
+            RecordVerdict::OtherSet
+        );
+        let unreached = NodeSet::of_servers(servers(&["a/0", "b/0", "?"]));
+        assert_eq!(
+            unreached.explains(&theirs, Some(ms(5_000)), &young),
+            RecordVerdict::OtherSet
+        );
+        assert_eq!(
+            NodeSet::named("blue").explains(&theirs, Some(ms(5_000)), &young),
+            RecordVerdict::OtherSet
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! machine of the engine and asking it what to do next. When the engine's signatures change,
 //! this file is the one to adapt.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use redlock_sidecar::clock::Deadline;
@@ -86,9 +86,31 @@ fn node_set(list: &[(usize, Option<u8>)]) -> NodeSet {
     )
 }
 
-/// The fingerprint the engine records for `list`, as a number.
+/// The fingerprints met so far: a model state keeps a fingerprint as its index here.
+static FINGERPRINTS: LazyLock<Mutex<Vec<String>>> = LazyLock::new(|| Mutex::new(Vec::new()));
+
+/// The number that stands for `fingerprint` in model states.
+fn intern(fingerprint: &str) -> u64 {
+    let mut all = FINGERPRINTS.lock().unwrap_or_else(|e| e.into_inner());
+    let index = all
+        .iter()
+        .position(|f| f == fingerprint)
+        .unwrap_or_else(|| {
+            all.push(fingerprint.to_owned());
+            all.len() - 1
+        });
+    u64::try_from(index).expect("few fingerprints")
+}
+
+/// The fingerprint number `set` stands for.
+fn fingerprint_of(set: u64) -> String {
+    let all = FINGERPRINTS.lock().unwrap_or_else(|e| e.into_inner());
+    all[usize::try_from(set).expect("an index")].clone()
+}
+
+/// The fingerprint the engine records for `list`, as a number (see [`intern`]).
 pub fn fingerprint(list: &[(usize, Option<u8>)]) -> u64 {
-    u64::from_str_radix(&node_set(list).fingerprint, 16).expect("a hex fingerprint")
+    intern(&node_set(list).fingerprint)
 }
 
 /// The facts every model node's connection shows: a run id, and no eviction.
@@ -121,18 +143,24 @@ pub enum AcquireAns {
     /// out.
     NoAnswer,
     /// Our key was set: the data age proven, whether the candidate token was stored, the run
-    /// id the answer's connection shows, and whether the node carried a node-set record.
+    /// id the answer's connection shows, whether the node carried a node-set record, and the
+    /// other set's record it replaced (judged stale by an earlier round), if any.
     Granted {
         age: Age,
         stored: bool,
         server: u8,
         recorded: bool,
+        replaced: Option<u64>,
         longest: u8,
     },
-    /// Another value holds the key; `foreign`: another set's record stands beside it.
-    Held { foreign: bool, longest: u8 },
-    /// No grant under another set's live record.
-    Conflict { longest: u8 },
+    /// Another value holds the key; `foreign`: another set's record stands beside it, and its
+    /// age on the node's clock.
+    Held {
+        foreign: Option<(u64, u8)>,
+        longest: u8,
+    },
+    /// No grant under another set's live record (its fingerprint and age).
+    Conflict { set: u64, age: u8, longest: u8 },
 }
 
 impl AcquireAns {
@@ -141,7 +169,7 @@ impl AcquireAns {
             AcquireAns::NoAnswer => 0,
             AcquireAns::Granted { longest, .. }
             | AcquireAns::Held { longest, .. }
-            | AcquireAns::Conflict { longest } => longest,
+            | AcquireAns::Conflict { longest, .. } => longest,
         }
     }
 }
@@ -180,14 +208,21 @@ pub enum AcquireNext {
     /// Read the register again at these positions of the list (those not being read yet),
     /// and listen.
     Recheck(Vec<usize>),
-    /// Lost: clean up at these positions of the list.
-    Lost(Vec<usize>),
+    /// Lost: clean up at these positions of the list; another set's record judged stale
+    /// (its fingerprint, and the age in whole ticks it must still exceed), which the next
+    /// round may replace.
+    Lost(Vec<usize>, Option<(u64, u8)>),
     /// Won without validity left: clean up everywhere.
     TooShort,
     /// Won with this token.
     Lead(u16),
     /// Won, but the fence must be raised above this.
     Raise(u16),
+}
+
+/// Another set's record as an answer shows it: its fingerprint and age.
+fn record(set: u64, age: u8) -> (String, Option<Duration>) {
+    (fingerprint_of(set), Some(ms(age)))
 }
 
 /// Feeds `answers` (position in the list, answer) to a fresh acquire round of the engine, then
@@ -224,7 +259,7 @@ pub fn acquire_next(
     };
     let mut round = AcquireRound::new(view.list.len(), params, at(view.start));
     for (index, ans) in &answers {
-        let (status, age, stored, run, node_set) = match *ans {
+        let (status, age, stored, run, (node_set, node_set_age)) = match *ans {
             AcquireAns::NoAnswer => {
                 round.handle(*index, Err(no_answer()));
                 continue;
@@ -234,31 +269,32 @@ pub fn acquire_next(
                 stored,
                 server,
                 recorded,
+                replaced,
                 ..
             } => (
                 AcquireStatus::Granted,
                 age,
                 stored,
                 server,
-                if recorded { own.clone() } else { String::new() },
+                match replaced {
+                    Some(set) => record(set, 0),
+                    None if recorded => (own.clone(), None),
+                    None => (String::new(), None),
+                },
             ),
             AcquireAns::Held { foreign, .. } => (
                 AcquireStatus::Held,
                 Age::Ancient,
                 false,
                 0,
-                if foreign {
-                    "foreign".to_owned()
-                } else {
-                    String::new()
-                },
+                foreign.map_or((String::new(), None), |(set, age)| record(set, age)),
             ),
-            AcquireAns::Conflict { .. } => (
+            AcquireAns::Conflict { set, age, .. } => (
                 AcquireStatus::OtherNodeSet,
                 Age::Ancient,
                 false,
                 0,
-                "foreign".to_owned(),
+                record(set, age),
             ),
         };
         let reply = AcquireReply {
@@ -272,6 +308,7 @@ pub fn acquire_next(
             holder_value: "holder:1".to_owned(),
             holder_pttl: None,
             node_set,
+            node_set_age,
         };
         let conn = Connection {
             facts: FACTS.clone(),
@@ -291,7 +328,13 @@ pub fn acquire_next(
     match round.poll(at(now)) {
         AcquireStep::Listen => AcquireNext::Listen,
         AcquireStep::Recheck(nodes) => AcquireNext::Recheck(nodes),
-        AcquireStep::Lost { clean_up, .. } => AcquireNext::Lost(clean_up),
+        AcquireStep::Lost { clean_up, .. } => {
+            let stale = round.stale_record().map(|stale| {
+                let after = stale.after.as_nanos().div_ceil(1_000_000);
+                (intern(&stale.set), u8::try_from(after).unwrap_or(u8::MAX))
+            });
+            AcquireNext::Lost(clean_up, stale)
+        }
         AcquireStep::TooShort { .. } => AcquireNext::TooShort,
         AcquireStep::Won(TokenPlan::Stored(t)) => AcquireNext::Lead(token(t)),
         AcquireStep::Won(TokenPlan::RaiseAbove(t)) => AcquireNext::Raise(token(t)),
@@ -466,6 +509,7 @@ mod tests {
             stored: true,
             server,
             recorded: true,
+            replaced: None,
             longest: 6,
         };
         // Two old grants win at once.
@@ -499,7 +543,7 @@ mod tests {
         );
         assert_eq!(
             acquire_next(&view, &all_in, &[read(12, 2)], 2),
-            AcquireNext::Lost(vec![0, 1, 2]),
+            AcquireNext::Lost(vec![0, 1, 2], None),
             "a longer ttl's register: the young grants do not count"
         );
         assert_eq!(
@@ -514,7 +558,7 @@ mod tests {
         ];
         assert_eq!(
             acquire_next(&view, &too_young, &[], 1),
-            AcquireNext::Lost(vec![0, 1, 2])
+            AcquireNext::Lost(vec![0, 1, 2], None)
         );
         // A grant from a restarted server does not count.
         let restarted = [
@@ -523,14 +567,14 @@ mod tests {
             (
                 2,
                 AcquireAns::Held {
-                    foreign: false,
+                    foreign: None,
                     longest: 6,
                 },
             ),
         ];
         assert_eq!(
             acquire_next(&view, &restarted, &[], 1),
-            AcquireNext::Lost(vec![0, 1])
+            AcquireNext::Lost(vec![0, 1], None)
         );
     }
 }

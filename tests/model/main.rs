@@ -16,6 +16,7 @@ const EXCLUSION: &str = "mutual exclusion";
 const TOKENS: &str = "token order";
 const HANDOFF: &str = "a handoff";
 const TENURE: &str = "a tenure";
+const STALE_REPLACED: &str = "a stale record replaced";
 
 /// Exploration stops here (a run that reaches it is not exhaustive, and `holds` fails), so
 /// that a model grown by mistake cannot take the machine's memory.
@@ -84,6 +85,37 @@ fn mixed_ttls() -> Config {
         horizon: 11,
         ..two_clients()
     }
+}
+
+/// Both clients list the same three nodes; one node may restart empty (a new server) while
+/// client 0 holds, and client 0 may pause (so that it never records the new server, as a
+/// holder that crashes does): client 1, once it knows the new server, finds client 0's record
+/// naming the old one. Client 1 has three rounds, client 0 one.
+fn restart_during_a_tenure() -> Config {
+    let mut cfg = Config {
+        faults: vec![Fault::Restart],
+        pauses: 1,
+        ..two_clients()
+    };
+    cfg.clients[0].attempts = 1;
+    cfg.clients[1].attempts = 3;
+    cfg
+}
+
+/// The same, smaller: client 0's record (naming the servers before any restart) is live on
+/// every node from the start, as a holder that died left it; one node may restart; client 0
+/// contends once, client 1 three times, and client 1 has not reached node 2 yet (it learns
+/// that server, restarted or not, from its first round).
+fn record_left_before_a_restart() -> Config {
+    let mut cfg = Config {
+        faults: vec![Fault::Restart],
+        records_at_start: Some(0),
+        ..two_clients()
+    };
+    cfg.clients[0].attempts = 1;
+    cfg.clients[1].attempts = 3;
+    cfg.clients[1].unreached = vec![2];
+    cfg
 }
 
 /// Client 1 is configured with a node set that shares two of client 0's three nodes.
@@ -195,7 +227,7 @@ fn report(label: &str, cfg: Config, started: Instant, checker: impl Checker<Conf
             ))
     );
     Run {
-        seen: [TENURE, HANDOFF]
+        seen: [TENURE, HANDOFF, STALE_REPLACED]
             .into_iter()
             .filter(|name| checker.discovery(name).is_some())
             .collect(),
@@ -303,6 +335,28 @@ fn the_rules_hold_for_a_mismatched_node_set_while_the_other_sets_records_live() 
         ..mismatched_sets()
     };
     holds("mismatched node sets, records live", cfg, TENURE);
+}
+
+/// A record that names a server as it was before a restart is judged stale by a contender
+/// that knows the new server, and replaced (the property is seen), without two holders.
+#[test]
+fn the_rules_hold_when_a_record_left_before_a_restart_goes_stale() {
+    holds(
+        "a record left before a restart",
+        record_left_before_a_restart(),
+        STALE_REPLACED,
+    );
+}
+
+/// The same with the holder live when the node restarts (it may pause through it).
+#[test]
+#[ignore = "long: scripts/model-check.sh"]
+fn long_the_rules_hold_when_a_node_restarts_during_a_tenure_and_the_holders_record_goes_stale() {
+    holds(
+        "a restart during a tenure",
+        restart_during_a_tenure(),
+        STALE_REPLACED,
+    );
 }
 
 #[test]

@@ -207,8 +207,9 @@ pub struct Data {
     pub fence: u16,
     /// The max-ttl register: (longest ttl written, real tick at which it is gone).
     pub register: Option<(u8, u8)>,
-    /// The node-set record: (fingerprint, real tick at which it is gone).
-    pub record: Option<(u64, u8)>,
+    /// The node-set record: (fingerprint, real tick at which it is gone, real tick at which
+    /// it was written).
+    pub record: Option<(u64, u8, u8)>,
     /// The refresh marker: (the fingerprint it holds, real tick at which it is gone).
     pub refreshed: Option<(u64, u8)>,
     pub marker: Option<Marker>,
@@ -222,7 +223,7 @@ impl Data {
         if self.register.is_some_and(|(_, at)| at <= now) {
             self.register = None;
         }
-        if self.record.is_some_and(|(_, at)| at <= now) {
+        if self.record.is_some_and(|(_, at, _)| at <= now) {
             self.record = None;
         }
         if self.refreshed.is_some_and(|(_, at)| at <= now) {
@@ -244,11 +245,14 @@ pub struct Node {
 /// A request on its way to a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
-    /// `set`: the fingerprint the round records (the scripts' `ARGV`), as in every op below.
+    /// `set`: the fingerprint the round records (the scripts' `ARGV`), as in every op below;
+    /// `stale`: another set's record an earlier round judged stale, which may be replaced where
+    /// it is at least this old (ticks of the node's clock).
     Acquire {
         nonce: u8,
         cand: u16,
         set: u64,
+        stale: Option<(u64, u8)>,
     },
     /// `won`: the round was won, so a late "missing" calls for a restore.
     Extend {
@@ -327,15 +331,20 @@ pub enum Ans {
         stored: bool,
         server: u8,
         recorded: bool,
+        /// Another set's record it replaced (on the round's word that it was stale).
+        replaced: Option<u64>,
         longest: u8,
     },
-    /// Acquire or extend: another value holds the key (`foreign`: beside another set's record).
+    /// Acquire or extend: another value holds the key (`foreign`: beside another set's record,
+    /// and its age).
     Held {
-        foreign: bool,
+        foreign: Option<(u64, u8)>,
         longest: u8,
     },
-    /// Acquire: no grant under a live foreign node-set record.
+    /// Acquire: no grant under a live foreign node-set record (its fingerprint and age).
     Conflict {
+        set: u64,
+        age: u8,
         longest: u8,
     },
     /// Extend: our key, extended.
@@ -425,6 +434,10 @@ pub struct Client {
     pub conns: [Option<Conn>; MAX_NODES],
     /// The app may act in `[since, until)` (real ticks): the tenure as the app sees it.
     pub window: Option<(u8, u8)>,
+    /// Another set's record the last acquire round judged stale: its fingerprint, the age
+    /// it had to exceed then, and the tick of that round's end (the engine's
+    /// `Redlock::stale_record`).
+    pub stale: Option<(u64, u8, u8)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -445,6 +458,8 @@ pub struct State {
     pub token_regressed: bool,
     /// A tenure followed another client's (a handoff happened).
     pub handoff: bool,
+    /// A grant replaced another set's record judged stale.
+    pub stale_replaced: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -499,7 +514,7 @@ impl Model for Config {
             for n in &self.clients[c].nodes {
                 let gone = self.node_expiry(0, LIFE * ttl);
                 nodes[*n].data.register = Some((ttl, gone));
-                nodes[*n].data.record = Some((set, gone));
+                nodes[*n].data.record = Some((set, gone, 0));
             }
         }
         let client = Client {
@@ -513,6 +528,7 @@ impl Model for Config {
             seen_ttl: 0,
             conns: [None; MAX_NODES],
             window: None,
+            stale: None,
         };
         let mut clients = [client; MAX_CLIENTS];
         for (c, cfg) in self.clients.iter().enumerate() {
@@ -533,6 +549,7 @@ impl Model for Config {
             last_tenure: None,
             token_regressed: false,
             handoff: false,
+            stale_replaced: false,
         }]
     }
 
@@ -600,6 +617,10 @@ impl Model for Config {
                 // connects unknown nodes first; the model lets that fail).
                 let servers = self.servers(&s, c);
                 let set = self.fingerprint(c, &servers);
+                let now = s.now;
+                let stale = s.clients[c]
+                    .stale
+                    .map(|(stale, after, judged)| (stale, after.saturating_add(now - judged)));
                 s.clients[c].phase = Phase::Acquire {
                     start: s.now,
                     nonce,
@@ -609,7 +630,14 @@ impl Model for Config {
                     answers: self.round(c),
                     reads: [None; MAX_NODES],
                 };
-                self.send_all(&mut s, c, |_| Some(Op::Acquire { nonce, cand, set }));
+                self.send_all(&mut s, c, |_| {
+                    Some(Op::Acquire {
+                        nonce,
+                        cand,
+                        set,
+                        stale,
+                    })
+                });
             }
             Action::Defer(c, n) => {
                 s.opening = false;
@@ -674,6 +702,7 @@ impl Model for Config {
             Property::always("token order", |_, s: &State| !s.token_regressed),
             Property::sometimes("a tenure", |_, s: &State| s.last_tenure.is_some()),
             Property::sometimes("a handoff", |_, s: &State| s.handoff),
+            Property::sometimes("a stale record replaced", |_, s: &State| s.stale_replaced),
         ]
     }
 

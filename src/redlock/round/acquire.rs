@@ -9,7 +9,7 @@
 //!    ttl in use), its fencing counter (the next candidate starts above it) and its node-set
 //!    record (another set's live record: the round refuses to lead).
 //! 3. A key held by another value is a vote against (`HeldBy`).
-//! 4. A grant under another set's record (`-1`) is not counted.
+//! 4. A grant under another set's record (`-1`) is not counted (see rule 10).
 //! 5. A grant is judged (`votes`): same server as an earlier node, eviction, data age, and the
 //!    server the round's node set named. A grant from a node whose data age is below the
 //!    settled age (`votes::settled_data_age`) is judged only once every node has answered
@@ -29,6 +29,14 @@
 //! 9. A won round leads only with validity left (`ttl − elapsed − drift`) and a token: the
 //!    candidate if a quorum of counted grants stored it, else a raise above every counter
 //!    seen (see [`super::fence`]).
+//! 10. Another set's record is judged once every node has answered: beside a held key, or
+//!     naming a server of ours that is older than the record, it is a conflict (the round
+//!     refuses to lead); beside a free key, where every server of ours that it does not name
+//!     came up after it was written (`votes::NodeSet::explains`: a restart its writer did not
+//!     live to see), it is stale. A round that saw stale records, or whose grants replaced one
+//!     (the acquire script does, on the next round's word, see [`StaleRecord`]), leads only if
+//!     every node answered; one that cannot tell (a new server of ours showed no age) does not
+//!     lead, and it is not a conflict.
 
 use std::time::Duration;
 
@@ -36,7 +44,7 @@ use super::super::error::{Tally, Vote};
 use super::super::fencing::MAX_TOKEN;
 use super::super::timing::quorum;
 use super::super::transport::{NodeError, NodeErrorKind};
-use super::super::votes::{self, DataAge, NodeSet, NotCounted, Proof};
+use super::super::votes::{self, DataAge, NodeSet, NotCounted, Proof, RecordVerdict};
 pub use super::answer::{identity_of, AcquireReply, AcquireStatus, RawAcquireReply};
 use super::answer::{most_common_holder, Seen};
 use super::{Connection, NodeAnswer, Rules};
@@ -120,6 +128,30 @@ pub enum TokenPlan {
     RaiseAbove(u64),
 }
 
+/// Another set's record that a round judged to predate a restart of our servers (see
+/// `votes::NodeSet::explains`): the next round may replace it where it is still at least
+/// `after` old (plus the time since this round), as the acquire script checks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StaleRecord {
+    /// Its fingerprint.
+    pub set: String,
+    /// The age it must exceed, as of the end of the round that judged it.
+    pub after: Duration,
+}
+
+/// What a round makes of the other sets' records it saw (rule 10).
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Records {
+    /// None seen, and none replaced.
+    Clear,
+    /// Every one predates a restart of our servers; the round may lead.
+    Stale(Option<StaleRecord>),
+    /// Cannot tell: the round does not lead, and it is not a conflict.
+    Unsure,
+    /// Another set's record (beside a held key, or naming a server of ours that is not new).
+    Conflict(String),
+}
+
 /// Why a round was lost.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Lost {
@@ -197,6 +229,8 @@ pub struct AcquireRound {
     silent: Vec<usize>,
     /// Per node: how long until a grant that does not count yet would.
     ready_in: Vec<Option<Duration>>,
+    /// Per node: the data age its grant proved in this round.
+    ages: Vec<Option<Duration>>,
     /// A counted grant came from a node without a node-set record.
     unrecorded: bool,
     stage: Stage,
@@ -221,6 +255,7 @@ impl AcquireRound {
             pending: Vec::new(),
             silent: Vec::new(),
             ready_in: vec![None; nodes],
+            ages: vec![None; nodes],
             unrecorded: false,
             stage: Stage::Counting,
             granted: 0,
@@ -391,11 +426,13 @@ impl AcquireRound {
             Stage::HearingAll if !heard_all => return AcquireStep::Listen,
             _ => {}
         }
-        let refused = self.params.rules.node_set_conflict && self.seen.foreign_node_set.is_some();
+        let records_seen = self.params.rules.node_set_conflict
+            && (!self.seen.foreign.is_empty() || self.seen.replaced);
+        if (!self.quorum_granted || records_seen) && !heard_all {
+            return AcquireStep::Listen;
+        }
+        let refused = matches!(self.records(), Records::Unsure | Records::Conflict(_));
         if !self.quorum_granted || refused {
-            if !heard_all {
-                return AcquireStep::Listen;
-            }
             // Our key may stand wherever a node did not answer "held by someone else".
             let clean_up = (0..self.nodes())
                 .filter(|i| !matches!(self.tally.votes[*i], Some(Vote::HeldBy(_))))
@@ -432,6 +469,60 @@ impl AcquireRound {
         }
     }
 
+    /// The other sets' records this round saw (rule 10), once every node has answered: each
+    /// beside a free key and explained by a restart of our servers (`votes::NodeSet::explains`)
+    /// is stale; one beside a held key, or naming a server of ours that is not new, is a
+    /// conflict. Stale records, and grants that replaced one, let the round lead only if every
+    /// node answered: a node not heard may hold the writer's key.
+    fn records(&self) -> Records {
+        if !self.params.rules.node_set_conflict
+            || (self.seen.foreign.is_empty() && !self.seen.replaced)
+        {
+            return Records::Clear;
+        }
+        let mut stale: Option<StaleRecord> = None;
+        let mut unsure = false;
+        for record in &self.seen.foreign {
+            if record.held {
+                return Records::Conflict(record.set.clone());
+            }
+            match self
+                .params
+                .node_set
+                .explains(&record.set, record.age, &self.ages)
+            {
+                RecordVerdict::OtherSet => return Records::Conflict(record.set.clone()),
+                RecordVerdict::Unknown => unsure = true,
+                RecordVerdict::Restarted { after } => {
+                    if stale.as_ref().is_none_or(|s| s.after < after) {
+                        stale = Some(StaleRecord {
+                            set: record.set.clone(),
+                            after,
+                        });
+                    }
+                }
+            }
+        }
+        let all_answered = self
+            .tally
+            .votes
+            .iter()
+            .all(|v| matches!(v, Some(v) if !matches!(v, Vote::Failed(_))));
+        if unsure || !all_answered {
+            Records::Unsure
+        } else {
+            Records::Stale(stale)
+        }
+    }
+
+    /// Another set's record this round judged stale, which the next round may replace.
+    pub fn stale_record(&self) -> Option<StaleRecord> {
+        match self.records() {
+            Records::Stale(stale) => stale,
+            _ => None,
+        }
+    }
+
     /// Every vote so far, by node index.
     pub fn votes(&self) -> &[Option<Vote>] {
         &self.tally.votes
@@ -465,6 +556,11 @@ impl AcquireRound {
         if let Some(holder) = self.seen.add(&reply, &own) {
             return Judged::vote(Vote::HeldBy(holder));
         }
+        if reply.status == AcquireStatus::Granted {
+            if let DataAge::Proven(age) = reply.proof.data_age {
+                self.ages[index] = Some(age);
+            }
+        }
         if reply.status == AcquireStatus::OtherNodeSet {
             return Judged::vote(Vote::NotCounted(
                 "another contender of this lock lists other Redis nodes".to_owned(),
@@ -485,7 +581,7 @@ impl AcquireRound {
                 stored: reply.candidate_stored,
                 pending: (!settled).then_some((conn, proof)),
                 ready_in: None,
-                unrecorded: reply.node_set.is_empty(),
+                unrecorded: reply.node_set != own,
             },
             Err(NotCounted { why, ready_in }) => Judged {
                 ready_in,
@@ -527,15 +623,11 @@ impl AcquireRound {
         let votes = self.tally.votes.clone();
         let n = votes.len();
         let needed = quorum(n);
-        if let Some(theirs) = &self.seen.foreign_node_set {
-            if self.params.rules.node_set_conflict {
-                return RoundLost {
-                    why: Lost::NodeSetConflict {
-                        theirs: theirs.clone(),
-                    },
-                    votes,
-                };
-            }
+        if let Records::Conflict(theirs) = self.records() {
+            return RoundLost {
+                why: Lost::NodeSetConflict { theirs },
+                votes,
+            };
         }
         let holder = most_common_holder(&votes);
         let answered = votes
@@ -560,6 +652,10 @@ impl AcquireRound {
                 holder_ttl: self.seen.holder_ttl,
                 holder_fence: self.seen.fence,
             }
+        } else if self.records() != Records::Clear {
+            // Nodes refused under a record judged stale, or one that cannot be judged yet:
+            // the next round (with leave to replace it) may win.
+            Lost::Contended
         } else {
             Lost::QuorumUnreachable { needed }
         };

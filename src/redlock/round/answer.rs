@@ -7,8 +7,8 @@ use super::super::error::Vote;
 use super::super::votes::{DataAge, Proof};
 
 /// The acquire script's reply as it comes off the wire: `{granted, fence, epoch_age_ms,
-/// max_ttl_ms, candidate_stored, holder_value, holder_pttl, node_set}`.
-pub type RawAcquireReply = (i64, u64, i64, u64, i64, String, i64, String);
+/// max_ttl_ms, candidate_stored, holder_value, holder_pttl, node_set, node_set_age_ms}`.
+pub type RawAcquireReply = (i64, u64, i64, u64, i64, String, i64, String, i64);
 
 /// What a node did with our `SET NX`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,14 +36,22 @@ pub struct AcquireReply {
     pub holder_value: String,
     /// The holder's key's remaining time, when held and it has an expiry.
     pub holder_pttl: Option<Duration>,
-    /// The node-set record the node carried before this call (empty: none).
+    /// The fingerprint in the node-set record the node carried before this call (empty: none,
+    /// or another set's that this call replaced).
     pub node_set: String,
+    /// How long ago another set's record was written, on the node's clock (`None`: ours, or
+    /// written without its life, by an earlier version).
+    pub node_set_age: Option<Duration>,
 }
 
 impl AcquireReply {
     /// Parses the script's reply.
     pub fn parse(raw: RawAcquireReply) -> AcquireReply {
-        let (granted, fence, age, max_ttl, stored, holder_value, pttl, node_set) = raw;
+        let (granted, fence, age, max_ttl, stored, holder_value, pttl, record, record_age) = raw;
+        let node_set = record
+            .split_once('@')
+            .map_or(record.as_str(), |(set, _)| set)
+            .to_owned();
         AcquireReply {
             status: match granted {
                 0 => AcquireStatus::Held,
@@ -59,6 +67,7 @@ impl AcquireReply {
             holder_value,
             holder_pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
             node_set,
+            node_set_age: u64::try_from(record_age).ok().map(Duration::from_millis),
         }
     }
 }
@@ -72,8 +81,21 @@ pub(super) struct Seen {
     pub(super) holder_ttl: Option<Duration>,
     /// Other holders' lock values and on how many nodes each was seen.
     holders: Vec<(String, usize)>,
-    /// A live node-set record of another node list, if any answer showed one.
-    pub(super) foreign_node_set: Option<String>,
+    /// Live node-set records of other node lists: (fingerprint, age, beside a held key).
+    pub(super) foreign: Vec<ForeignRecord>,
+    /// A grant replaced another set's record judged stale in an earlier round.
+    pub(super) replaced: bool,
+}
+
+/// Another node set's record, as one answer showed it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct ForeignRecord {
+    /// Its fingerprint.
+    pub(super) set: String,
+    /// How long ago it was written (`None`: not told).
+    pub(super) age: Option<Duration>,
+    /// It stood beside a key another contender holds.
+    pub(super) held: bool,
 }
 
 impl Seen {
@@ -81,7 +103,15 @@ impl Seen {
     pub(super) fn add(&mut self, reply: &AcquireReply, own_node_set: &str) -> Option<String> {
         self.fence = self.fence.max(reply.fence);
         if !reply.node_set.is_empty() && reply.node_set != own_node_set {
-            self.foreign_node_set = Some(reply.node_set.clone());
+            if reply.status == AcquireStatus::Granted {
+                self.replaced = true;
+            } else {
+                self.foreign.push(ForeignRecord {
+                    set: reply.node_set.clone(),
+                    age: reply.node_set_age,
+                    held: reply.status == AcquireStatus::Held,
+                });
+            }
         }
         if reply.status != AcquireStatus::Held {
             return None;

@@ -31,7 +31,8 @@ use super::timing;
 use super::transport::NodeFacts;
 
 pub use acquire::{
-    AcquireParams, AcquireReply, AcquireRound, AcquireStep, Lost, RoundLost, TokenPlan, Validity,
+    AcquireParams, AcquireReply, AcquireRound, AcquireStep, Lost, RoundLost, StaleRecord,
+    TokenPlan, Validity,
 };
 pub use extend::{ExtendReply, ExtendRound, ExtendStep};
 pub use fence::{FenceRaise, RaiseStep};

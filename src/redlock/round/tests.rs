@@ -40,11 +40,15 @@ fn node_set() -> NodeSet {
 }
 
 fn round_with(rules: Rules) -> AcquireRound {
+    round_on(node_set(), rules)
+}
+
+fn round_on(node_set: NodeSet, rules: Rules) -> AcquireRound {
     let params = AcquireParams {
         ttl: TTL,
         longest_ttl: TTL,
         candidate: CANDIDATE,
-        node_set: node_set(),
+        node_set,
         allow_evicting: false,
         recheck_for: RECHECK_FOR,
         rules,
@@ -72,6 +76,7 @@ fn reply(status: AcquireStatus, age: Duration) -> AcquireReply {
         holder_value: String::new(),
         holder_pttl: None,
         node_set: node_set().fingerprint,
+        node_set_age: None,
     }
 }
 
@@ -309,6 +314,99 @@ fn another_node_sets_record_makes_a_won_round_refuse_to_lead() {
             theirs: "theirs".into()
         }
     );
+}
+
+/// Node 2 restarted (`run2b`) after the holder wrote its record (naming `run2`) and died: our
+/// round (on `run0`, `run1`, `run2b`), with node 2's grant `young` and the record 30 s old.
+fn after_a_restart(holder_key: bool, third: Option<Duration>) -> AcquireRound {
+    let ours = NodeSet::of_servers(vec![
+        Some(server(0)),
+        Some(server(1)),
+        Some("run2b/0".into()),
+    ]);
+    let mut round = round_on(ours, Rules::ALL);
+    let mut stale = if holder_key {
+        held_by("crashed")
+    } else {
+        reply(AcquireStatus::OtherNodeSet, OLD)
+    };
+    stale.node_set = node_set().fingerprint;
+    stale.node_set_age = Some(Duration::from_secs(30));
+    round.handle(0, answer(0, stale.clone()));
+    round.handle(1, answer(1, stale));
+    let mut restarted = conn(2);
+    restarted.server = Some("run2b/0".into());
+    let young = match third {
+        Some(age) => Ok(NodeAnswer {
+            reply: grant(age),
+            conn: restarted,
+        }),
+        None => timeout(),
+    };
+    round.handle(2, young);
+    round
+}
+
+fn lost_why(round: &AcquireRound) -> Lost {
+    match round.poll(at(5)) {
+        AcquireStep::Lost { lost, .. } => lost.why,
+        step => panic!("lost, not {step:?}"),
+    }
+}
+
+#[test]
+fn a_record_written_before_a_restart_of_our_servers_is_stale_and_may_be_replaced_next_round() {
+    let round = after_a_restart(false, Some(Duration::from_secs(1)));
+    assert_eq!(lost_why(&round), Lost::Contended, "no conflict: retry");
+    let stale = round.stale_record().expect("judged stale");
+    assert_eq!(stale.set, node_set().fingerprint);
+    assert_eq!(
+        stale.after,
+        Duration::from_secs(1) + crate::redlock::drift(Duration::from_secs(30))
+    );
+}
+
+#[test]
+fn a_record_naming_a_server_ours_replaced_before_it_was_written_is_a_conflict() {
+    let round = after_a_restart(false, Some(Duration::from_secs(40)));
+    assert!(matches!(lost_why(&round), Lost::NodeSetConflict { .. }));
+    assert_eq!(round.stale_record(), None);
+}
+
+#[test]
+fn a_stale_looking_record_beside_a_held_key_is_a_conflict() {
+    let round = after_a_restart(true, Some(Duration::from_secs(1)));
+    assert!(matches!(lost_why(&round), Lost::NodeSetConflict { .. }));
+    assert_eq!(round.stale_record(), None);
+}
+
+#[test]
+fn a_record_that_cannot_be_judged_is_neither_stale_nor_a_conflict() {
+    // The new server did not answer: its age is not known.
+    let round = after_a_restart(false, None);
+    assert!(!matches!(lost_why(&round), Lost::NodeSetConflict { .. }));
+    assert_eq!(round.stale_record(), None);
+}
+
+#[test]
+fn grants_that_replaced_a_stale_record_lead_only_once_every_node_answered() {
+    let replaced = || {
+        let mut grant = grant(OLD);
+        grant.node_set = "a record judged stale".into();
+        grant
+    };
+    let mut round = round();
+    round.handle(0, answer(0, replaced()));
+    round.handle(1, answer(1, replaced()));
+    assert_eq!(round.poll(at(1)), AcquireStep::Listen, "hears every node");
+    round.handle(2, answer(2, grant(OLD)));
+    assert!(matches!(round.poll(at(2)), AcquireStep::Won(_)));
+
+    let mut round = round_with(Rules::ALL);
+    round.handle(0, answer(0, replaced()));
+    round.handle(1, answer(1, replaced()));
+    round.handle(2, timeout());
+    assert!(matches!(round.poll(at(2)), AcquireStep::Lost { .. }));
 }
 
 #[test]

@@ -132,19 +132,25 @@ impl Config {
                 stored,
                 server,
                 recorded,
+                replaced,
                 ..
             } => Ans::Granted {
                 age,
                 stored,
                 server,
                 recorded,
+                replaced,
                 longest: known,
             },
             Ans::Held { foreign, .. } => Ans::Held {
                 foreign,
                 longest: known,
             },
-            Ans::Conflict { .. } => Ans::Conflict { longest: known },
+            Ans::Conflict { set, age, .. } => Ans::Conflict {
+                set,
+                age,
+                longest: known,
+            },
             ans => ans,
         };
         let phase = &mut s.clients[c].phase;
@@ -363,16 +369,18 @@ impl Config {
                 stored,
                 server,
                 recorded,
+                replaced,
                 longest,
             } => Some(AcquireAns::Granted {
                 age,
                 stored,
                 server,
                 recorded,
+                replaced,
                 longest,
             }),
             Ans::Held { foreign, longest } => Some(AcquireAns::Held { foreign, longest }),
-            Ans::Conflict { longest } => Some(AcquireAns::Conflict { longest }),
+            Ans::Conflict { set, age, longest } => Some(AcquireAns::Conflict { set, age, longest }),
             _ => None,
         });
         let reads: Vec<RegisterRead> = self
@@ -396,19 +404,27 @@ impl Config {
                     }
                 }
             }
-            AcquireNext::Lost(clean_up) => {
+            AcquireNext::Lost(clean_up, stale) => {
                 // Once every request is done, our key goes wherever the round says it may stand.
                 if Self::idle_wire(&s.clients[c]) {
                     s.clients[c].phase = Phase::Idle;
+                    s.clients[c].stale = stale.map(|(set, after)| (set, after, s.now));
                     let nodes: Vec<usize> = clean_up.iter().map(|i| self.node_at(c, *i)).collect();
                     self.send_all(s, c, |n| {
                         nodes.contains(&n).then_some(Op::Cleanup { nonce, set })
                     });
                 }
             }
-            AcquireNext::TooShort => s.clients[c].phase = Phase::Cleanup { nonce, set },
-            AcquireNext::Lead(token) => self.lead(s, c, start, nonce, token, set),
+            AcquireNext::TooShort => {
+                s.clients[c].stale = None;
+                s.clients[c].phase = Phase::Cleanup { nonce, set };
+            }
+            AcquireNext::Lead(token) => {
+                s.clients[c].stale = None;
+                self.lead(s, c, start, nonce, token, set);
+            }
             AcquireNext::Raise(above) => {
+                s.clients[c].stale = None;
                 let token = self.next_token(s, c, above);
                 s.clients[c].phase = Phase::Raise {
                     start,

@@ -115,12 +115,20 @@ impl Config {
         };
         if self.rules.fingerprint {
             let longest = node.data.register.map_or(ttl, |(v, _)| v.max(ttl));
-            node.data.record = Some((set, self.node_expiry(now, LIFE * longest)));
+            node.data.record = Some((set, self.node_expiry(now, LIFE * longest), now));
         }
     }
 
-    pub(super) fn foreign_record(&self, node: &Node, ours: u64) -> bool {
-        self.rules.fingerprint && node.data.record.is_some_and(|(set, _)| set != ours)
+    /// Another set's record on `node`, if any: its fingerprint, and its age on the node's
+    /// clock (what the acquire script reads as its life less its `PTTL`).
+    pub(super) fn foreign_record(&self, node: &Node, ours: u64, now: u8) -> Option<(u64, u8)> {
+        if !self.rules.fingerprint {
+            return None;
+        }
+        node.data
+            .record
+            .filter(|(set, _, _)| *set != ours)
+            .map(|(set, _, written)| (set, self.node_measures(now - written)))
     }
 
     /// Executes `op` from `client` on node `n`; the reply if the op has one.
@@ -142,8 +150,8 @@ impl Config {
         let server = conn.id.run;
         let ttl = self.clients[client].ttl;
         let foreign = match op {
-            Op::Acquire { set, .. } => self.foreign_record(&s.nodes[n], set),
-            _ => false,
+            Op::Acquire { set, .. } => self.foreign_record(&s.nodes[n], set, now),
+            _ => None,
         };
         let node = &mut s.nodes[n];
         let ours = |node: &Node, nonce: u8| {
@@ -152,7 +160,12 @@ impl Config {
                 .is_some_and(|k| k.client == client as u8 && k.nonce == nonce)
         };
         match op {
-            Op::Acquire { nonce, cand, set } => {
+            Op::Acquire {
+                nonce,
+                cand,
+                set,
+                stale,
+            } => {
                 let at = At {
                     client,
                     now,
@@ -160,7 +173,17 @@ impl Config {
                     lineage,
                     server,
                 };
-                Some(self.acquire_on(node, at, (nonce, cand, set), foreign))
+                let reply = self.acquire_on(node, at, (nonce, cand, set), foreign, stale);
+                if matches!(
+                    reply.ans,
+                    Ans::Granted {
+                        replaced: Some(_),
+                        ..
+                    }
+                ) {
+                    s.stale_replaced = true;
+                }
+                Some(reply)
             }
             // Our key stands: the renewal refreshes the register and the record only when the
             // refresh marker does not hold our fingerprint, and neither proves nor writes the
@@ -212,7 +235,7 @@ impl Config {
                     Ans::Extended
                 } else if node.data.key.is_some() {
                     Ans::Held {
-                        foreign: false,
+                        foreign: None,
                         longest: 0,
                     }
                 } else {
@@ -266,7 +289,7 @@ impl Config {
                     node.data.key = None;
                 }
                 // Where no key is left, the round's own record goes too.
-                if node.data.key.is_none() && node.data.record.is_some_and(|(r, _)| r == set) {
+                if node.data.key.is_none() && node.data.record.is_some_and(|(r, _, _)| r == set) {
                     node.data.record = None;
                 }
                 None
@@ -274,14 +297,16 @@ impl Config {
         }
     }
 
-    /// The acquire script on `node`: `SET NX` unless held or under a foreign record, with the
-    /// data-age proof, the fence and the register as they were.
+    /// The acquire script on `node`: `SET NX` unless held or under a foreign record (unless
+    /// it is the `stale` one, old enough), with the data-age proof, the fence and the
+    /// register as they were.
     fn acquire_on(
         &self,
         node: &mut Node,
         at: At,
         (nonce, cand, set): (u8, u16, u64),
-        foreign: bool,
+        foreign: Option<(u64, u8)>,
+        stale: Option<(u64, u8)>,
     ) -> Reply {
         let At {
             client,
@@ -299,8 +324,14 @@ impl Config {
                 foreign,
                 longest: 0,
             }
-        } else if foreign {
-            Ans::Conflict { longest: 0 }
+        } else if let Some((theirs, age)) = foreign.filter(|(theirs, age)| {
+            !stale.is_some_and(|(stale, after)| stale == *theirs && *age >= after)
+        }) {
+            Ans::Conflict {
+                set: theirs,
+                age,
+                longest: 0,
+            }
         } else {
             node.data.key = Some(Key {
                 client: client as u8,
@@ -317,6 +348,7 @@ impl Config {
                 stored,
                 server,
                 recorded,
+                replaced: foreign.map(|(theirs, _)| theirs),
                 longest: 0,
             }
         };

@@ -25,8 +25,8 @@ impl Config {
             if let Some((v, at)) = d.register {
                 write!(line, " reg={v}<{at}")?;
             }
-            if let Some((set, at)) = d.record {
-                write!(line, " rec={:04x}<{at}", set & 0xffff)?;
+            if let Some((set, at, written)) = d.record {
+                write!(line, " rec=#{set}@{written}<{at}")?;
             }
             match d.marker {
                 Some(m) => write!(
