@@ -321,7 +321,11 @@ fn library_lock(shared: &Engine, urls: &[String], lock: &str) -> Redlock {
 fn service(urls: &[String], identity: &str) -> (Arc<Locks<RedlockEngine>>, AppLockMetrics) {
     let cfg = support::engine_config(urls, "bench-service", identity, TTL);
     let metrics = Metrics::new(identity, &[], None).app_locks().clone();
-    let locks = Locks::new(RedlockEngine::new(cfg, "svc"), 1024, metrics.clone());
+    let locks = Locks::new(
+        RedlockEngine::standalone(cfg, "svc").expect("an engine"),
+        1024,
+        metrics.clone(),
+    );
     (locks, metrics)
 }
 

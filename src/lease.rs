@@ -337,16 +337,35 @@ pub async fn release(redlock: &Redlock, lease: &Lease) {
     info!(lock = %redlock.config().lock, fencing_token = lease.fencing_token, nodes = released, "released the lock");
 }
 
-/// The engine for `cfg`, reporting to a fresh metrics registry (which also carries the
-/// Kubernetes error family, when given).
+/// The lock `cfg` names on connections of its own (guard's one lock), reporting to a fresh
+/// metrics registry (which also carries the Kubernetes error family, when given).
 pub fn instrumented_engine(
     cfg: &crate::redlock::RedlockConfig,
     kube_errors: Option<prometheus::IntCounterVec>,
 ) -> Result<(Redlock, std::sync::Arc<Metrics>), crate::redlock::ConfigError> {
-    let labels: Vec<String> = cfg.nodes.iter().map(|n| n.label().to_owned()).collect();
-    let metrics = Metrics::new(&cfg.lock, &labels, kube_errors);
+    let metrics = metrics_for(cfg, kube_errors);
     let redlock = Redlock::new(cfg.clone(), metrics.clone())?;
     Ok((redlock, metrics))
+}
+
+/// [`instrumented_engine`] on the connections of `engine`, shared with every other lock of
+/// the process (`run`'s leadership beside the request locks), renewing on its own.
+pub fn instrumented_lock_on(
+    engine: &crate::redlock::Engine,
+    cfg: &crate::redlock::RedlockConfig,
+    kube_errors: Option<prometheus::IntCounterVec>,
+) -> Result<(Redlock, std::sync::Arc<Metrics>), crate::redlock::ConfigError> {
+    let metrics = metrics_for(cfg, kube_errors);
+    let redlock = Redlock::on_unbatched(engine, cfg.clone(), metrics.clone())?;
+    Ok((redlock, metrics))
+}
+
+fn metrics_for(
+    cfg: &crate::redlock::RedlockConfig,
+    kube_errors: Option<prometheus::IntCounterVec>,
+) -> std::sync::Arc<Metrics> {
+    let labels: Vec<String> = cfg.nodes.iter().map(|n| n.label().to_owned()).collect();
+    Metrics::new(&cfg.lock, &labels, kube_errors)
 }
 
 /// A fresh leadership channel for `redlock`'s lock and identity.

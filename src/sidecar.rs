@@ -70,8 +70,15 @@ pub async fn run(cfg: RunConfig) -> i32 {
         None => None,
     };
     let kube_errors = k8s::errors_counter();
-    let (redlock, metrics) = lease::instrumented_engine(&cfg.redlock, Some(kube_errors.clone()))
+    // One engine for every lock of the process: the leadership lock and the request locks
+    // share its connections (see `redlock::Engine`). Connected first (bounded by the connect
+    // timeout), so that the nodes' mode is known and the leadership lock takes the shared set.
+    let engine = crate::redlock::Engine::new(&cfg.redlock)
         .unwrap_or_else(|err| crate::config::exit_invalid(&err.to_string()));
+    engine.connect(cfg.redlock.connect_timeout).await;
+    let (redlock, metrics) =
+        lease::instrumented_lock_on(&engine, &cfg.redlock, Some(kube_errors.clone()))
+            .unwrap_or_else(|err| crate::config::exit_invalid(&err.to_string()));
     metrics.set_timing(
         cfg.redlock.ttl,
         cfg.renewal.interval,
@@ -130,7 +137,12 @@ pub async fn run(cfg: RunConfig) -> i32 {
     }
     let locks = cfg.locks.as_ref().map(|settings| {
         control_thread.enter(|| {
-            let engine = locks::RedlockEngine::new(cfg.redlock.clone(), &settings.prefix);
+            let engine = locks::RedlockEngine::new(
+                engine.clone(),
+                cfg.redlock.clone(),
+                &settings.prefix,
+                metrics.clone(),
+            );
             locks::Locks::new(engine, settings.max_leases, metrics.app_locks().clone())
         })
     });

@@ -768,7 +768,7 @@ mod in_process {
         let cfg = support::engine_config(&nodes, "leader", "prop", Duration::from_secs(2));
         let metrics = redlock_sidecar::metrics::Metrics::new("leader", &nodes, None);
         let service = Locks::new(
-            RedlockEngine::new(cfg, "app"),
+            RedlockEngine::standalone(cfg, "app").expect("an engine"),
             4,
             metrics.app_locks().clone(),
         );

@@ -100,6 +100,19 @@ impl Sidecar {
             .unwrap()
     }
 
+    /// Acquire calls counted in the per-node metrics, every node together.
+    async fn node_acquires(&self) -> f64 {
+        let text = call(self.admin, "GET", "/metrics", None, DEADLINE)
+            .await
+            .unwrap()
+            .body;
+        text.lines()
+            .filter(|l| l.starts_with("redlock_node_request_duration_seconds_count"))
+            .filter(|l| l.contains("op=\"acquire\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
     async fn metric(&self, name: &str) -> f64 {
         let text = call(self.admin, "GET", "/metrics", None, DEADLINE)
             .await
@@ -110,6 +123,44 @@ impl Sidecar {
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum()
     }
+}
+
+/// The sidecar's connections on `node`: every client but the one asking.
+fn sidecar_connections(node: &support::RedisNode) -> Vec<String> {
+    node.command(&["CLIENT", "LIST"])
+        .lines()
+        .filter(|line| !line.contains("cmd=client|list"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// One engine per process: the leadership lock and every request lock share one connection
+/// per node (it carries the pushes too), and the request locks' calls show in the per-node
+/// metrics beside the leadership lock's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leadership_lock_and_request_locks_share_one_connection_per_node() {
+    let cluster = ready_cluster();
+    let sidecar = Sidecar::start("a", &cluster, &[]).await;
+    support::wait_until_async(DEADLINE, "the sidecar leads", || async {
+        sidecar.metric("redlock_is_leader").await == 1.0
+    })
+    .await;
+    let before = sidecar.node_acquires().await;
+    for name in ["a", "b", "c", "d", "e"] {
+        sidecar
+            .post(&format!("/v1/locks/job-{name}?ttl=2s"))
+            .await
+            .lease();
+    }
+    for node in cluster.iter() {
+        let connections = sidecar_connections(node);
+        assert_eq!(connections.len(), 1, "one connection: {connections:#?}");
+    }
+    let after = sidecar.node_acquires().await;
+    assert!(
+        after >= before + 5.0 * 3.0,
+        "each node's calls of the five request locks are counted: {before} -> {after}"
+    );
 }
 
 fn ready_cluster() -> RedisCluster {
@@ -953,7 +1004,7 @@ async fn after_shutdown_an_apps_next_call_learns_its_lease_was_released() {
     cfg.node_set = Some(support::TEST_NODE_SET.to_owned());
     let metrics = redlock_sidecar::metrics::Metrics::new("leader", &nodes, None);
     let service = Locks::new(
-        RedlockEngine::new(cfg, "app"),
+        RedlockEngine::standalone(cfg, "app").expect("an engine"),
         10,
         metrics.app_locks().clone(),
     );
@@ -971,7 +1022,7 @@ async fn after_shutdown_an_apps_next_call_learns_its_lease_was_released() {
     let mut other_cfg = support::engine_config(&nodes, "leader", "other", Duration::from_secs(2));
     other_cfg.node_set = Some(support::TEST_NODE_SET.to_owned());
     let other = Locks::new(
-        RedlockEngine::new(other_cfg, "app"),
+        RedlockEngine::standalone(other_cfg, "app").expect("an engine"),
         10,
         metrics.app_locks().clone(),
     );
@@ -1097,7 +1148,7 @@ mod no_input_panics {
                 let nodes = vec!["redis://127.0.0.1:1".to_owned()];
                 let cfg = support::engine_config(&nodes, "leader", "prop", Duration::from_secs(2));
                 let metrics = redlock_sidecar::metrics::Metrics::new("leader", &nodes, None);
-                let service = Locks::new(RedlockEngine::new(cfg, "app"), 4, metrics.app_locks().clone());
+                let service = Locks::new(RedlockEngine::standalone(cfg, "app").expect("an engine"), 4, metrics.app_locks().clone());
                 let locks = locks::router(locks::Api { locks: service, dapr_store: "redlock".to_owned() });
                 // The whole control router, as the sidecar serves it.
                 let (_leadership_tx, leadership) = tokio::sync::watch::channel(

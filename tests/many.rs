@@ -33,7 +33,7 @@ fn service(cluster: &RedisCluster, identity: &str) -> Arc<Locks<RedlockEngine>> 
     cfg.retry_max = Duration::from_secs(5);
     let metrics = Metrics::new("leader", &urls, None);
     Locks::new(
-        RedlockEngine::new(cfg, "app"),
+        RedlockEngine::standalone(cfg, "app").expect("an engine"),
         10_000,
         metrics.app_locks().clone(),
     )

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::{self, Deadline};
 use crate::redlock::round::retry::backoff_delay;
-use crate::redlock::{self, LockError, NoObserver, Redlock, RedlockConfig};
+use crate::redlock::{self, LockError, Observer, Redlock, RedlockConfig};
 
 /// Why an acquisition ended without a lease.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,22 +92,43 @@ pub trait LockEngine: Send + Sync + 'static {
 }
 
 /// One [`Redlock`] per name, built from the sidecar's own nodes and identity, all on the
-/// connections of one shared [`redlock::Engine`].
+/// connections of the process' one [`redlock::Engine`] (the leadership lock's too), renewing
+/// in its batches.
 pub struct RedlockEngine {
     base: RedlockConfig,
     prefix: String,
-    /// `None` only if the nodes cannot be prepared; then each name reports why on open.
-    shared: Option<redlock::Engine>,
+    shared: redlock::Engine,
+    /// The nodes' health, as the request locks' rounds see it (see [`NodeHealth`]).
+    observer: Arc<dyn Observer>,
 }
 
 impl RedlockEngine {
-    /// Request locks on `base`'s nodes, as `base`'s identity, in the namespace `prefix`.
-    pub fn new(base: RedlockConfig, prefix: &str) -> RedlockEngine {
+    /// Request locks on `shared`, `base`'s nodes, as `base`'s identity, in the namespace
+    /// `prefix`; what their calls and votes say of each node goes to `nodes`.
+    pub fn new(
+        shared: redlock::Engine,
+        base: RedlockConfig,
+        prefix: &str,
+        nodes: Arc<dyn Observer>,
+    ) -> RedlockEngine {
         RedlockEngine {
-            shared: redlock::Engine::new(&base).ok(),
+            shared,
             base,
             prefix: prefix.to_owned(),
+            observer: Arc::new(NodeHealth(nodes)),
         }
+    }
+
+    /// Request locks on an engine of their own, reporting nothing: for a process whose only
+    /// locks they are (tests, embedding).
+    pub fn standalone(base: RedlockConfig, prefix: &str) -> Result<RedlockEngine, String> {
+        let shared = redlock::Engine::new(&base).map_err(|e| e.to_string())?;
+        Ok(RedlockEngine::new(
+            shared,
+            base,
+            prefix,
+            Arc::new(redlock::NoObserver),
+        ))
     }
 
     /// The engine's lock name for the request lock `name`.
@@ -130,13 +151,31 @@ impl LockEngine for RedlockEngine {
         // One counter per hash slot for the whole namespace: a lock per order id must not
         // leave a counter per order on every node for the retention.
         cfg.fence_namespace = Some(self.prefix.clone());
-        // Its metrics would mix with the leadership lock's node gauges: none for now.
-        let redlock = match &self.shared {
-            Some(shared) => Redlock::on(shared, cfg, Arc::new(NoObserver)),
-            None => Redlock::new(cfg, Arc::new(NoObserver)),
-        };
+        let redlock = Redlock::on(&self.shared, cfg, self.observer.clone());
         let redlock = redlock.map_err(|e| e.reason)?;
         Ok(RedlockName { redlock })
+    }
+}
+
+/// What a request lock reports: only what its calls and votes say of each node (latency,
+/// errors, whether its vote counts), which is the same node whichever lock asked. What is
+/// the lock's own (node-set conflicts, standby reads, waiters) would be read as the
+/// leadership lock's, so it stays out.
+struct NodeHealth(Arc<dyn Observer>);
+
+impl Observer for NodeHealth {
+    fn node_call(
+        &self,
+        index: usize,
+        op: redlock::Op,
+        elapsed: Duration,
+        result: Result<(), redlock::NodeErrorKind>,
+    ) {
+        self.0.node_call(index, op, elapsed, result);
+    }
+
+    fn node_counted(&self, index: usize, counted: bool) {
+        self.0.node_counted(index, counted);
     }
 }
 

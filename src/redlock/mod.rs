@@ -293,11 +293,32 @@ impl Redlock {
     }
 
     /// [`Redlock::new`] on the connections of `engine`, shared with every other lock built
-    /// on it (see [`Engine`]); `cfg.nodes` must be the engine's.
+    /// on it (see [`Engine`]), renewing in the engine's batches; `cfg.nodes` must be the
+    /// engine's.
     pub fn on(
         engine: &Engine,
         cfg: RedlockConfig,
         observer: Arc<dyn Observer>,
+    ) -> Result<Redlock, ConfigError> {
+        Redlock::on_engine(engine, cfg, observer, true)
+    }
+
+    /// [`Redlock::on`], renewing on its own rather than in the engine's batches: a leadership
+    /// lock's renewal goes out when it is due, never held back for others' (its step-down
+    /// deadline is its own).
+    pub fn on_unbatched(
+        engine: &Engine,
+        cfg: RedlockConfig,
+        observer: Arc<dyn Observer>,
+    ) -> Result<Redlock, ConfigError> {
+        Redlock::on_engine(engine, cfg, observer, false)
+    }
+
+    fn on_engine(
+        engine: &Engine,
+        cfg: RedlockConfig,
+        observer: Arc<dyn Observer>,
+        batched: bool,
     ) -> Result<Redlock, ConfigError> {
         cfg.validate()?;
         if !engine.serves(&cfg.nodes) {
@@ -307,7 +328,12 @@ impl Redlock {
             ));
         }
         let (nodes, batches) = engine.nodes_for(pool::slot_of(&cfg.lock))?;
-        Ok(Redlock::with_nodes(cfg, observer, nodes, Some(batches)))
+        Ok(Redlock::with_nodes(
+            cfg,
+            observer,
+            nodes,
+            batched.then_some(batches),
+        ))
     }
 
     fn with_nodes(

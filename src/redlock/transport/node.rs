@@ -60,6 +60,8 @@ pub struct Node {
     /// Routes what the node's RESP3 connections push to the streams that subscribed (see
     /// `hub`).
     pub(super) hub: Arc<super::hub::Hub>,
+    /// The runtime the node was made on, which drives its connections (see [`Node::spawn`]).
+    runtime: Option<tokio::runtime::Handle>,
     pub(super) stop: CancellationToken,
     pub(super) _stop_on_drop: DropGuard,
 }
@@ -89,9 +91,24 @@ impl Node {
             following: AtomicBool::new(false),
             seeds: Arc::default(),
             hub: Arc::default(),
+            runtime: tokio::runtime::Handle::try_current().ok(),
             _stop_on_drop: stop.clone().drop_guard(),
             stop,
         })
+    }
+
+    /// Runs `task` (a connection being made, and so the connection's own driver; a watch of
+    /// the node) on the runtime the node was made on, wherever the call that needs it runs: a
+    /// node shared by locks on other threads (see `pool::Engine`) keeps its I/O on the one
+    /// runtime of its owner.
+    fn spawn<F>(&self, task: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        match &self.runtime {
+            Some(runtime) => drop(runtime.spawn(task)),
+            None => drop(tokio::spawn(task)),
+        }
     }
 
     /// The name of the master, if this node is a Sentinel group.
@@ -218,7 +235,7 @@ impl Node {
         };
         let connect = reach(dial, spec, settings, seeds, tag);
         let connect_timeout = settings.connect_timeout;
-        tokio::spawn(async move {
+        self.spawn(async move {
             let next = match tokio::time::timeout(connect_timeout, connect).await {
                 Ok(Ok((conn, facts))) => {
                     *server.lock().unwrap_or_else(|e| e.into_inner()) =
@@ -255,7 +272,7 @@ impl Node {
             group
                 .clone()
                 .follow(self.settings.connect_timeout, self.stop.clone(), switched);
-        tokio::spawn(follow);
+        self.spawn(follow);
     }
 
     /// Reads the eviction policy of connection `id` again in the background (one refresh at a
@@ -266,7 +283,7 @@ impl Node {
         }
         let (link, refreshing) = (self.link.clone(), self.refreshing.clone());
         let timeout = self.settings.connect_timeout;
-        tokio::spawn(async move {
+        self.spawn(async move {
             let mut info = redis::cmd("INFO");
             info.arg("memory");
             let read = info.query_async::<String>(&mut conn);
