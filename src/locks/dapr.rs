@@ -54,9 +54,9 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use super::api::Api;
 use super::bounds;
 use super::engine::LockEngine;
-use super::routes::Api;
 use super::service::{Refused, Unlock};
 use crate::clock::Deadline;
 use crate::leadership::LeadershipRx;

@@ -68,9 +68,9 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 use tonic::{Code, Status};
 use tower::ServiceExt;
 
+use super::api::Api;
 use super::dapr::{self, DaprError, Runtime, TryLocked};
 use super::engine::LockEngine;
-use super::routes::Api;
 use crate::clock::Deadline;
 use crate::http::{CLOSE_GRACE, HEADER_READ_TIMEOUT, MAX_CONNECTION_AGE};
 

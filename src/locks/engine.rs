@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::{self, Deadline};
-use crate::redlock::round::retry::backoff_delay;
+use crate::redlock::timing::backoff_delay;
 use crate::redlock::{self, LockError, Observer, Redlock, RedlockConfig};
 
 /// Why an acquisition ended without a lease.

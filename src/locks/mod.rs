@@ -9,6 +9,7 @@
 //!
 //! | file | concern |
 //! |---|---|
+//! | [`api`] | what the lock routes share (HTTP and gRPC) |
 //! | [`bounds`] | what a request may ask: names, ttls, waits |
 //! | [`lease_id`] | lease ids: 128 random bits |
 //! | [`keepalive`] | when a lease is renewed, released or lost: a pure decision |
@@ -20,6 +21,7 @@
 //! | [`dapr`] | Dapr's lock API, its metadata and health routes |
 //! | [`dapr_grpc`] | Dapr's gRPC API (`--dapr-grpc-listen`) |
 
+pub mod api;
 pub mod bounds;
 pub mod dapr;
 pub mod dapr_grpc;
@@ -31,6 +33,7 @@ pub mod routes;
 pub mod service;
 pub mod wakes;
 
+pub use api::Api;
 pub use engine::{LockEngine, RedlockEngine};
-pub use routes::{router, Api};
+pub use routes::router;
 pub use service::Locks;

@@ -22,24 +22,17 @@ use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use serde_json::json;
 
+use super::api::Api;
 use super::bounds;
 use super::engine::LockEngine;
 use super::lease_id::LeaseId;
-use super::service::{End, Found, Granted, LeaseState, Locks, Refused};
+use super::service::{End, Found, Granted, LeaseState, Refused};
 #[cfg(doc)]
 use super::service::{MAX_WAITING, MAX_WATCHES};
 use crate::clock::Deadline;
 
 /// Largest request body, in bytes (a Dapr request with the longest name and owner fits).
 pub const MAX_BODY: usize = 1024;
-
-/// What the lock routes share.
-pub struct Api<E: LockEngine> {
-    /// The lease table.
-    pub locks: Arc<Locks<E>>,
-    /// The store name Dapr requests must name.
-    pub dapr_store: String,
-}
 
 /// The request-lock routes (merged into the control router).
 pub fn router<E: LockEngine>(api: Api<E>) -> Router {

@@ -146,7 +146,7 @@ impl RedlockConfig {
             ));
         }
         // Bounded before any rule below computes with them.
-        timing::check_bounds(self)?;
+        check_bounds(self)?;
         self.validate_durations()
     }
 
@@ -206,3 +206,33 @@ impl RedlockConfig {
 /// Default of [`RedlockConfig::fence_retention`]: a day, so client clocks would have to be
 /// off by a day for the Unix-ms floor to fail once a counter is gone.
 pub const DEFAULT_FENCE_RETENTION: Duration = Duration::from_secs(24 * 3600);
+
+/// Checks every duration of `cfg` against its bound in `timing`, before any rule computes with
+/// them (the command line checks the same bounds as it parses; this covers library users).
+fn check_bounds(cfg: &RedlockConfig) -> Result<(), ConfigError> {
+    let bounds = [
+        ("--ttl", cfg.ttl, timing::MAX_TTL),
+        (
+            "--max-ttl",
+            cfg.max_ttl.unwrap_or_default(),
+            timing::MAX_TTL,
+        ),
+        ("--node-timeout", cfg.node_timeout, timing::MAX_NODE_TIMEOUT),
+        (
+            "--connect-timeout",
+            cfg.connect_timeout,
+            timing::MAX_CONNECT_TIMEOUT,
+        ),
+        ("--retry-delay", cfg.retry_delay, timing::MAX_RETRY_DELAY),
+        ("retry_max", cfg.retry_max, timing::MAX_RETRY_DELAY),
+        (
+            "--fence-retention",
+            cfg.fence_retention,
+            timing::MAX_FENCE_RETENTION,
+        ),
+    ];
+    for (flag, value, max) in bounds {
+        timing::at_most(value, max).map_err(|reason| ConfigError::new(flag, reason))?;
+    }
+    Ok(())
+}

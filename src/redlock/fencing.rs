@@ -77,9 +77,7 @@ pub fn counter_key(name: &str, namespace: Option<&str>) -> String {
     }
 }
 
-/// The largest token: Lua compares counters as doubles, exact below 2^53. A node reporting
-/// a higher counter is answering garbage (see `acquire`), and no token is minted above it.
-pub const MAX_TOKEN: u64 = (1 << 53) - 1;
+pub use super::round::fence::{token_above, MAX_TOKEN};
 
 impl Redlock {
     /// The next token to propose above `highest` (see [`next_token`]).
@@ -156,12 +154,6 @@ pub fn wall_ms(skew_ms: i64) -> u64 {
 /// this client's clock (tests only; 0 in production).
 pub fn next_token(highest: u64, skew_ms: i64) -> u64 {
     token_above(highest, wall_ms(skew_ms))
-}
-
-/// The token to propose above `highest` when the wall clock reads `wall_ms` (Unix ms): above
-/// every counter seen, at least the wall clock, and below 2^53.
-pub fn token_above(highest: u64, wall_ms: u64) -> u64 {
-    highest.saturating_add(1).max(wall_ms).min(MAX_TOKEN)
 }
 
 #[cfg(test)]

@@ -48,32 +48,6 @@ pub fn at_most(value: Duration, max: Duration) -> Result<(), String> {
     }
 }
 
-/// Checks every duration of `cfg` against its bound above, before any rule computes with
-/// them (the command line checks the same bounds as it parses; this covers library users).
-pub fn check_bounds(cfg: &super::RedlockConfig) -> Result<(), super::ConfigError> {
-    let bounds = [
-        ("--ttl", cfg.ttl, MAX_TTL),
-        ("--max-ttl", cfg.max_ttl.unwrap_or_default(), MAX_TTL),
-        ("--node-timeout", cfg.node_timeout, MAX_NODE_TIMEOUT),
-        (
-            "--connect-timeout",
-            cfg.connect_timeout,
-            MAX_CONNECT_TIMEOUT,
-        ),
-        ("--retry-delay", cfg.retry_delay, MAX_RETRY_DELAY),
-        ("retry_max", cfg.retry_max, MAX_RETRY_DELAY),
-        (
-            "--fence-retention",
-            cfg.fence_retention,
-            MAX_FENCE_RETENTION,
-        ),
-    ];
-    for (flag, value, max) in bounds {
-        at_most(value, max).map_err(|reason| super::ConfigError::new(flag, reason))?;
-    }
-    Ok(())
-}
-
 /// How long after its start an acquire round reads again the max-ttl register of a node that
 /// did not answer in time, before it counts young nodes' grants without it (`round::acquire`,
 /// rule 5): long enough for a connection to be set up (`connect_timeout`) or a slow node to
@@ -117,11 +91,19 @@ pub fn renewed_until(previous: Deadline, start: Deadline, valid: Duration) -> De
     (start + valid).max(previous)
 }
 
-/// A random delay before retry `attempt` (0-based): uniform in `[cap/2, cap]` where
-/// `cap = min(base × 2^attempt, max)`. Random so that contenders spread out; growing so
-/// that a struggling fleet is not hammered; bounded so that a waiter still notices.
+/// A random delay before retry `attempt` (0-based): [`backoff_delay`] with a fresh draw.
 pub fn retry_delay(base: Duration, max: Duration, attempt: u32) -> Duration {
-    super::round::retry::backoff_delay(base, max, attempt, rand::rng().random_range(0.0..=1.0))
+    backoff_delay(base, max, attempt, rand::rng().random_range(0.0..=1.0))
+}
+
+/// The delay before retry `attempt` (0-based) for a uniform `draw` in `[0, 1]`: in
+/// `[cap/2, cap]` where `cap = min(base × 2^attempt, max)`. Random so that contenders spread
+/// out; growing so that a struggling fleet is not hammered; bounded so that a waiter still
+/// notices.
+pub fn backoff_delay(base: Duration, max: Duration, attempt: u32, draw: f64) -> Duration {
+    let cap = base.saturating_mul(1u32 << attempt.min(16)).min(max);
+    let half = cap / 2;
+    half + half.mul_f64(draw.clamp(0.0, 1.0))
 }
 
 #[cfg(test)]
@@ -200,7 +182,7 @@ mod tests {
         use super::super::{Credentials, NodeSpec, RedlockConfig};
         let node = NodeSpec::parse(0, "redis://127.0.0.1:1", &Credentials::default()).unwrap();
         let cfg = || RedlockConfig::new("l", "me", vec![node.clone()]);
-        assert!(check_bounds(&cfg()).is_ok(), "the defaults are in bounds");
+        assert!(cfg().validate().is_ok(), "the defaults are in bounds");
         let huge = Duration::from_secs(u64::MAX);
         type Set = fn(&mut RedlockConfig, Duration);
         let cases: [(&str, Set); 7] = [

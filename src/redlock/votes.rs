@@ -63,7 +63,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::round::acquire::judge_vote;
 use super::round::{Connection, Rules};
 use super::timing::{drift, MAX_TTL};
 pub use super::transport::server_identity;
@@ -350,7 +349,39 @@ impl NodeSet {
     }
 }
 
-/// For rule 5 (one server, one vote; judged in `round::acquire::judge_vote`): the label of a
+/// Whether a grant on `conn` with `proof` counts when the longest ttl in use is `longest`
+/// (`votes` rules 1, 4, 5): the connection must show a run id of its own, and the node keep
+/// its keys and prove its data age.
+pub fn judge_vote(
+    conn: &Connection,
+    proof: Proof,
+    longest: Duration,
+    allow_evicting: bool,
+    rules: Rules,
+) -> Result<(), NotCounted> {
+    if conn.facts.run_id.is_empty() {
+        return Err(NotCounted {
+            why: "the node's INFO shows no run_id: a restart or failover could not be told apart"
+                .to_owned(),
+            ready_in: None,
+        });
+    }
+    if let Some(other) = &conn.same_server_as {
+        return Err(NotCounted {
+            why: format!("same server as node {other}: one server is one vote"),
+            ready_in: None,
+        });
+    }
+    match judge(&conn.facts, proof, longest, allow_evicting) {
+        // Only the data age is short: without the rule, it counts.
+        Err(NotCounted {
+            ready_in: Some(_), ..
+        }) if !rules.data_age => Ok(()),
+        verdict => verdict,
+    }
+}
+
+/// For rule 5 (one server, one vote; judged in [`judge_vote`]): the label of a
 /// node listed before node `index` of `nodes` whose connection reaches the server with
 /// `run_id`, if any (one server under two names).
 pub fn same_server_as<N: VoteNode>(nodes: &[N], index: usize, run_id: &str) -> Option<String> {
@@ -362,7 +393,7 @@ pub fn same_server_as<N: VoteNode>(nodes: &[N], index: usize, run_id: &str) -> O
 
 impl Redlock {
     /// Whether node `index`'s grant counts, given what it proved in its answer (see
-    /// the module docs and `round::acquire::judge_vote`). Judged on every answer that carries
+    /// the module docs and [`judge_vote`]). Judged on every answer that carries
     /// a proof, not only grants, so that the health every node reports stays current on
     /// leaders and followers alike.
     pub(super) fn judge(

@@ -41,12 +41,12 @@
 use std::time::Duration;
 
 use super::super::error::{Tally, Vote};
-use super::super::fencing::MAX_TOKEN;
 use super::super::timing::quorum;
 use super::super::transport::{NodeError, NodeErrorKind};
-use super::super::votes::{self, DataAge, NodeSet, NotCounted, Proof, RecordVerdict};
+use super::super::votes::{self, judge_vote, DataAge, NodeSet, NotCounted, Proof, RecordVerdict};
 pub use super::answer::{identity_of, AcquireReply, AcquireStatus, RawAcquireReply};
 use super::answer::{most_common_holder, Seen};
+use super::fence::MAX_TOKEN;
 use super::{Connection, NodeAnswer, Rules};
 use crate::clock::Deadline;
 
@@ -687,36 +687,4 @@ impl Validity {
 /// node that answered an error (auth, protocol, another) has said all it will.
 fn may_answer(err: &NodeError) -> bool {
     matches!(err.kind, NodeErrorKind::Timeout | NodeErrorKind::Connection)
-}
-
-/// Whether a grant on `conn` with `proof` counts when the longest ttl in use is `longest`
-/// (`votes` rules 1, 4, 5): the connection must show a run id of its own, and the node keep
-/// its keys and prove its data age.
-pub fn judge_vote(
-    conn: &Connection,
-    proof: Proof,
-    longest: Duration,
-    allow_evicting: bool,
-    rules: Rules,
-) -> Result<(), NotCounted> {
-    if conn.facts.run_id.is_empty() {
-        return Err(NotCounted {
-            why: "the node's INFO shows no run_id: a restart or failover could not be told apart"
-                .to_owned(),
-            ready_in: None,
-        });
-    }
-    if let Some(other) = &conn.same_server_as {
-        return Err(NotCounted {
-            why: format!("same server as node {other}: one server is one vote"),
-            ready_in: None,
-        });
-    }
-    match votes::judge(&conn.facts, proof, longest, allow_evicting) {
-        // Only the data age is short: without the rule, it counts.
-        Err(NotCounted {
-            ready_in: Some(_), ..
-        }) if !rules.data_age => Ok(()),
-        verdict => verdict,
-    }
 }

@@ -6,8 +6,17 @@
 //! attempt proposes a token above the highest answer, at most [`RAISE_ATTEMPTS`] times.
 
 use super::super::error::{Tally, Vote};
-use super::super::fencing::{token_above, MAX_TOKEN};
 use super::super::transport::{NodeError, NodeErrorKind};
+
+/// The largest token: Lua compares counters as doubles, exact below 2^53. A node reporting
+/// a higher counter is answering garbage (see `acquire`), and no token is minted above it.
+pub const MAX_TOKEN: u64 = (1 << 53) - 1;
+
+/// The token to propose above `highest` when the wall clock reads `wall_ms` (Unix ms): above
+/// every counter seen, at least the wall clock, and below 2^53.
+pub fn token_above(highest: u64, wall_ms: u64) -> u64 {
+    highest.saturating_add(1).max(wall_ms).min(MAX_TOKEN)
+}
 
 /// Raise rounds before an acquisition gives up (each one starts above every counter the
 /// previous one saw, so only a fleet minting in a tight loop needs more).

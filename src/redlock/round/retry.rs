@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::super::error::{LockError, Vote, Votes};
-use super::super::timing::{drift, CLOCK_DRIFT_FLOOR};
+use super::super::timing::{backoff_delay, drift, CLOCK_DRIFT_FLOOR};
 use super::super::transport::NodeErrorKind;
 use crate::clock::Deadline;
 
@@ -66,16 +66,6 @@ impl Backoff {
     pub fn reset(&mut self) {
         self.attempt = 0;
     }
-}
-
-/// The delay before retry `attempt` (0-based) for a uniform `draw` in `[0, 1]`: in
-/// `[cap/2, cap]` where `cap = min(base × 2^attempt, max)`. Random so that contenders spread
-/// out; growing so that a struggling fleet is not hammered; bounded so that a waiter still
-/// notices.
-pub fn backoff_delay(base: Duration, max: Duration, attempt: u32, draw: f64) -> Duration {
-    let cap = base.saturating_mul(1u32 << attempt.min(16)).min(max);
-    let half = cap / 2;
-    half + half.mul_f64(draw.clamp(0.0, 1.0))
 }
 
 #[cfg(test)]
