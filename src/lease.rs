@@ -4,6 +4,8 @@
 //! - Waits for the lock (see `redlock::standby`); every round, every read of the nodes that
 //!   shows a holder on a quorum, and every pushed release or acquisition refreshes the
 //!   follower's view of the holder, stamped with when it was learnt.
+//! - The lease's timing is the lease machine's (`redlock::tenure`, with [`policy`]); this loop
+//!   only waits, renews and reports what happened.
 //! - While holding, extends every renew interval. A failed extend is retried quickly;
 //!   leadership is given up at `valid_until − safety margin` at the latest, before the key
 //!   can expire on any node. Losing is never fatal: the loop steps down, lets the lost
@@ -39,6 +41,7 @@ use crate::clock::{self, Deadline};
 use crate::config::Renewal;
 use crate::leadership::{HolderView, Leadership, LeadershipTx, Role, Term};
 use crate::metrics::Metrics;
+use crate::redlock::tenure::{Event, Failure, Policy, RenewFrom, Step, Tenure};
 use crate::redlock::{HolderSeen, Lease, LockError, Redlock};
 
 /// Why [`hold`] returned.
@@ -50,19 +53,24 @@ pub enum HoldEnd {
     Lost(&'static str, Lease),
 }
 
-/// A wake-up this much later than scheduled means the process was paused or starved.
-fn pause_threshold(renewal: &Renewal) -> Duration {
-    (renewal.interval / 2).max(Duration::from_millis(100))
+/// The leadership lock's timing, for the lease machine (`redlock::tenure`): renew every
+/// `--renew-interval` from the round's start; retry a failed renewal after an eighth of it
+/// (20–500 ms); step down `--safety-margin` before the validity ends; a wake-up half an
+/// interval late (at least 100 ms) means the process was paused or starved.
+pub fn policy(renewal: &Renewal) -> Policy {
+    Policy {
+        renew_every: renewal.interval,
+        renew_from: RenewFrom::Start,
+        retry_after: (renewal.interval / 8)
+            .clamp(Duration::from_millis(20), Duration::from_millis(500)),
+        step_down_before: renewal.safety_margin,
+        pause_after: Some((renewal.interval / 2).max(Duration::from_millis(100))),
+    }
 }
 
-/// Delay before retrying a failed extend.
-fn fast_retry(renewal: &Renewal) -> Duration {
-    (renewal.interval / 8).clamp(Duration::from_millis(20), Duration::from_millis(500))
-}
-
-/// The moment to stop claiming a lease.
+/// The moment to stop claiming a lease (the lease machine's: see `redlock::tenure`).
 pub fn step_down_at(lease: &Lease, renewal: &Renewal) -> Deadline {
-    (lease.valid_until - renewal.safety_margin).max(lease.acquired_at)
+    Tenure::new(policy(renewal), lease.acquired_at, lease.valid_until).step_down_at()
 }
 
 /// Publishes `lease` as this process' tenure.
@@ -165,48 +173,59 @@ pub async fn hold(
     cancel: &CancellationToken,
 ) -> HoldEnd {
     publish_leader(tx, &lease, &renewal);
-    let mut next = Deadline::now() + renewal.interval;
+    // The first renewal counts from the start of the round that won, as later ones count
+    // from theirs.
+    let mut tenure = Tenure::new(policy(&renewal), lease.acquired_at, lease.valid_until);
     loop {
-        let deadline = step_down_at(&lease, &renewal);
-        let wake = next.min(deadline);
+        let wake = tenure.poll_timeout();
         tokio::select! {
             biased;
             _ = cancel.cancelled() => return HoldEnd::Cancelled(lease),
             _ = clock::sleep_until_deadline(wake) => {}
         }
         let now = Deadline::now();
-        let lag = now.saturating_duration_since(wake);
-        metrics.renew_lag(lag);
-        let suspect = lag > pause_threshold(&renewal);
-        if now >= deadline {
-            return HoldEnd::Lost(if suspect { "paused" } else { "expired" }, lease);
+        metrics.renew_lag(now.saturating_duration_since(wake));
+        tenure.handle(Event::Woke {
+            at: now,
+            scheduled: wake,
+        });
+        match tenure.poll(now) {
+            Step::StepDown(why) => return HoldEnd::Lost(why.as_str(), lease),
+            Step::WaitUntil(_) => continue,
+            Step::Renew => {}
         }
         let started = Deadline::now();
         let result = redlock.extend(&lease).await;
-        metrics.renewal(
-            result.is_ok(),
-            Deadline::now().saturating_duration_since(started),
-        );
-        match result {
+        let ended = Deadline::now();
+        metrics.renewal(result.is_ok(), ended.saturating_duration_since(started));
+        let failure = match result {
             Ok(renewed) => {
                 lease = renewed;
+                tenure.handle(Event::Renewed {
+                    started,
+                    ended,
+                    valid_until: lease.valid_until,
+                });
                 publish_leader(tx, &lease, &renewal);
-                next = started + renewal.interval;
-            }
-            Err(err) if suspect => {
-                warn!(lock = %redlock.config().lock, lag = ?lag, error = %err, "woke up late and could not prove the lock is still held");
-                return HoldEnd::Lost("paused", lease);
-            }
-            Err(LockError::Expired { .. }) => return HoldEnd::Lost("expired", lease),
-            Err(err @ LockError::Superseded { .. }) => {
-                warn!(lock = %redlock.config().lock, error = %err, "a quorum shows the lock is no longer ours");
-                return HoldEnd::Lost("superseded", lease);
+                continue;
             }
             Err(err) => {
-                warn!(lock = %redlock.config().lock, error = %err, "renewal failed; retrying");
-                next = Deadline::now() + fast_retry(&renewal);
+                let failure = match err {
+                    LockError::Expired { .. } => Failure::Expired,
+                    LockError::Superseded { .. } => Failure::Superseded,
+                    _ => Failure::Retry,
+                };
+                if tenure.suspect() {
+                    warn!(lock = %redlock.config().lock, error = %err, "woke up late and could not prove the lock is still held");
+                } else if failure == Failure::Superseded {
+                    warn!(lock = %redlock.config().lock, error = %err, "a quorum shows the lock is no longer ours");
+                } else if failure == Failure::Retry {
+                    warn!(lock = %redlock.config().lock, error = %err, "renewal failed; retrying");
+                }
+                failure
             }
-        }
+        };
+        tenure.handle(Event::RenewFailed { at: ended, failure });
     }
 }
 

@@ -50,6 +50,7 @@ pub mod round;
 mod scripts;
 mod slot;
 pub mod standby;
+pub mod tenure;
 pub mod timing;
 pub mod transport;
 pub mod votes;
