@@ -1,5 +1,7 @@
 //! When a held lease is renewed, released or declared lost: a pure decision over
-//! (state, now), carried out by the lease's task.
+//! (state, now), carried out by the lease's task. The lease's life is the lease machine's
+//! (`redlock::tenure`, with the policy below); what is the app's (keepalives, watch streams)
+//! is decided here.
 //!
 //! ## Rules
 //! - **Renew** every ttl/3 after the last acquisition or renewal; after a failed renewal,
@@ -16,6 +18,7 @@
 use std::time::Duration;
 
 use crate::clock::Deadline;
+use crate::redlock::tenure::{self, Event, Failure, Policy, RenewFrom, Tenure};
 
 /// Renew this fraction of the ttl after the last renewal.
 const RENEW_DIVISOR: u32 = 3;
@@ -37,12 +40,24 @@ pub enum Step {
     WaitUntil(Deadline),
 }
 
+/// A request lease's timing for the lease machine: renew every ttl/3 from the end of the
+/// last renewal (leases renewed in one batch stay in step), retry every ttl/10, say `lost`
+/// ttl/5 before the validity ends; no pause suspicion (the app hears `lost` by the clock).
+pub fn policy(ttl: Duration) -> Policy {
+    Policy {
+        renew_every: ttl / RENEW_DIVISOR,
+        renew_from: RenewFrom::End,
+        retry_after: ttl / RETRY_DIVISOR,
+        step_down_before: ttl / LOST_NOTICE_DIVISOR,
+        pause_after: None,
+    }
+}
+
 /// A held lease's timing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Keepalive {
     ttl: Duration,
-    valid_until: Deadline,
-    renew_at: Deadline,
+    tenure: Tenure,
     kept_alive_until: Deadline,
     watchers: usize,
 }
@@ -52,8 +67,7 @@ impl Keepalive {
     pub fn new(ttl: Duration, now: Deadline, valid_until: Deadline) -> Keepalive {
         Keepalive {
             ttl,
-            valid_until,
-            renew_at: now + ttl / RENEW_DIVISOR,
+            tenure: Tenure::new(policy(ttl), now, valid_until),
             kept_alive_until: now + ttl,
             watchers: 0,
         }
@@ -65,28 +79,23 @@ impl Keepalive {
         if abandon_at.is_some_and(|at| now >= at) {
             return Step::Release;
         }
-        if now >= self.lost_at() {
-            return Step::Lost;
+        match self.tenure.poll(now) {
+            tenure::Step::StepDown(_) => Step::Lost,
+            tenure::Step::Renew => Step::Renew,
+            tenure::Step::WaitUntil(wake) => {
+                Step::WaitUntil(abandon_at.map_or(wake, |at| at.min(wake)))
+            }
         }
-        if now >= self.renew_at {
-            return Step::Renew;
-        }
-        let wake = [Some(self.renew_at), Some(self.lost_at()), abandon_at]
-            .into_iter()
-            .flatten()
-            .min()
-            .unwrap_or(self.renew_at);
-        Step::WaitUntil(wake)
     }
 
     /// When `lost` is said unless a renewal moves the validity on.
     pub fn lost_at(&self) -> Deadline {
-        self.valid_until - self.ttl / LOST_NOTICE_DIVISOR
+        self.tenure.step_down_at()
     }
 
     /// The validity as last proven.
     pub fn valid_until(&self) -> Deadline {
-        self.valid_until
+        self.tenure.valid_until()
     }
 
     /// The app kept the lease alive at `now`.
@@ -105,15 +114,22 @@ impl Keepalive {
         self.kept_alive(now);
     }
 
-    /// A renewal started at `now` proved the lock until `valid_until` (never moved earlier).
+    /// A renewal that ended at `now` proved the lock until `valid_until` (never moved
+    /// earlier).
     pub fn renewed(&mut self, now: Deadline, valid_until: Deadline) {
-        self.valid_until = self.valid_until.max(valid_until);
-        self.renew_at = now + self.ttl / RENEW_DIVISOR;
+        self.tenure.handle(Event::Renewed {
+            started: now,
+            ended: now,
+            valid_until,
+        });
     }
 
     /// A renewal failed at `now` without losing the lock for good.
     pub fn renew_failed(&mut self, now: Deadline) {
-        self.renew_at = now + self.ttl / RETRY_DIVISOR;
+        self.tenure.handle(Event::RenewFailed {
+            at: now,
+            failure: Failure::Retry,
+        });
     }
 }
 
