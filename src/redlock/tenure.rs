@@ -22,6 +22,8 @@
 
 use std::time::Duration;
 
+use super::round::extend::renewed_end;
+use super::round::Rules;
 use crate::clock::Deadline;
 
 /// From when the next renewal is counted.
@@ -124,6 +126,9 @@ pub enum Step {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Tenure {
     policy: Policy,
+    /// All on but in the protocol model (`longest_promise`: a renewal never moves the
+    /// validity earlier).
+    rules: Rules,
     acquired: Deadline,
     valid_until: Deadline,
     next_renew: Deadline,
@@ -135,14 +140,32 @@ impl Tenure {
     /// A lease won by a round that started at `acquired`, valid until `valid_until`; its first
     /// renewal is `renew_every` after `acquired`.
     pub fn new(policy: Policy, acquired: Deadline, valid_until: Deadline) -> Tenure {
+        Tenure::resume(policy, acquired, valid_until, acquired + policy.renew_every)
+    }
+
+    /// A tenure as a holder that stores only its instants keeps it (the protocol model, whose
+    /// states must stay small): acquired at `acquired`, valid until `valid_until`, next
+    /// renewal at `next_renew`, neither suspect nor ended.
+    pub fn resume(
+        policy: Policy,
+        acquired: Deadline,
+        valid_until: Deadline,
+        next_renew: Deadline,
+    ) -> Tenure {
         Tenure {
             policy,
+            rules: Rules::ALL,
             acquired,
             valid_until,
-            next_renew: acquired + policy.renew_every,
+            next_renew,
             suspect: false,
             ended: None,
         }
+    }
+
+    /// The same under `rules` (the model switches rules off to show why each is there).
+    pub fn under(self, rules: Rules) -> Tenure {
+        Tenure { rules, ..self }
     }
 
     /// Takes `event` into account.
@@ -159,7 +182,7 @@ impl Tenure {
                 ended,
                 valid_until,
             } => {
-                self.valid_until = self.valid_until.max(valid_until);
+                self.valid_until = renewed_end(self.rules, self.valid_until, valid_until);
                 let from = match self.policy.renew_from {
                     RenewFrom::Start => started,
                     RenewFrom::End => ended,

@@ -11,10 +11,13 @@ use std::time::Duration;
 use redlock_sidecar::clock::Deadline;
 use redlock_sidecar::redlock::fencing::token_above;
 use redlock_sidecar::redlock::round::acquire::AcquireStatus;
-use redlock_sidecar::redlock::round::extend::{renewed_end, ExtendStatus};
+use redlock_sidecar::redlock::round::extend::ExtendStatus;
 use redlock_sidecar::redlock::round::{
     AcquireParams, AcquireReply, AcquireRound, AcquireStep, Connection, ExtendReply, ExtendRound,
     ExtendStep, FenceRaise, NodeAnswer, RaiseStep, Rules, TokenPlan,
+};
+use redlock_sidecar::redlock::tenure::{
+    Event, Failure, Policy, RenewFrom, Step as TenureStep, Tenure,
 };
 use redlock_sidecar::redlock::votes::{self, DataAge, NodeSet, Proof, EPOCH_LIFETIME_MS};
 use redlock_sidecar::redlock::{timing, NodeError, NodeErrorKind, NodeFacts};
@@ -462,10 +465,85 @@ pub fn extend_next(
     }
 }
 
-/// The end of validity after a renewal that proved `proven` of a lease promised until
-/// `previous` (the engine's `round::extend::renewed_end`: the longest promise).
-pub fn renewed_end_ticks(rules: Rules, previous: u8, proven: u8) -> u8 {
-    ticks(renewed_end(rules, at(previous), at(proven)))
+// ---------------------------------------------------------------------------------------
+// The lease machine
+// ---------------------------------------------------------------------------------------
+
+/// A model client's tenure: the instants the model keeps (ticks), and its timing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Held {
+    pub ttl: u8,
+    pub safety_margin: u8,
+    pub acquired: u8,
+    pub end: u8,
+    pub next_renew: u8,
+}
+
+/// What the lease machine says a model client does next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HoldNext {
+    Renew,
+    StepDown,
+    Wait,
+}
+
+/// The model's timing for the engine's lease machine: renew every third of the ttl (at
+/// least a tick) from the round's start, retry a tick after a failure, step down the safety
+/// margin before the end; no pause suspicion (a paused client does not act at all).
+fn policy(held: Held) -> Policy {
+    Policy {
+        renew_every: ms((held.ttl / 3).max(1)),
+        renew_from: RenewFrom::Start,
+        retry_after: ms(1),
+        step_down_before: ms(held.safety_margin),
+        pause_after: None,
+    }
+}
+
+fn tenure(rules: Rules, held: Held) -> Tenure {
+    Tenure::resume(
+        policy(held),
+        at(held.acquired),
+        at(held.end),
+        at(held.next_renew),
+    )
+    .under(rules)
+}
+
+/// The first renewal of a tenure won by a round that started at `held.acquired`.
+pub fn first_renewal(held: Held) -> u8 {
+    ticks(Tenure::new(policy(held), at(held.acquired), at(held.end)).next_renew())
+}
+
+/// What the lease machine says at `now`.
+pub fn hold_next(rules: Rules, held: Held, now: u8) -> HoldNext {
+    match tenure(rules, held).poll(at(now)) {
+        TenureStep::Renew => HoldNext::Renew,
+        TenureStep::StepDown(_) => HoldNext::StepDown,
+        TenureStep::WaitUntil(_) => HoldNext::Wait,
+    }
+}
+
+/// A renewal round that started at `started` proved `proven` at `now`: the new end and
+/// next renewal.
+pub fn renewed(rules: Rules, held: Held, started: u8, now: u8, proven: u8) -> (u8, u8) {
+    let mut t = tenure(rules, held);
+    t.handle(Event::Renewed {
+        started: at(started),
+        ended: at(now),
+        valid_until: at(proven),
+    });
+    (ticks(t.valid_until()), ticks(t.next_renew()))
+}
+
+/// A renewal short of a quorum at `now`: the next renewal.
+pub fn renewal_failed(rules: Rules, held: Held, now: u8) -> u8 {
+    let mut t = tenure(rules, held);
+    t.handle(Event::RenewFailed {
+        at: at(now),
+        failure: Failure::Retry,
+    });
+    ticks(t.next_renew())
 }
 
 #[cfg(test)]

@@ -40,7 +40,8 @@ mod nodes;
 mod trace;
 
 use crate::engine::{
-    self, AcquireAns, AcquireNext, AcquireView, Age, ExtendAns, ExtendNext, RaiseNext, RegisterRead,
+    self, AcquireAns, AcquireNext, AcquireView, Age, ExtendAns, ExtendNext, Held, HoldNext,
+    RaiseNext, RegisterRead,
 };
 
 /// How many ttls the max-ttl register and the node-set record live: the engine's own.

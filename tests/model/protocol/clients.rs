@@ -240,6 +240,7 @@ impl Config {
                 None => (now, end),
             });
         }
+        let next_renew = self.cap(engine::first_renewal(self.held(c, start, end, 0)));
         let client = &mut s.clients[c];
         client.seen_fence = client.seen_fence.max(token);
         client.phase = Phase::Hold {
@@ -247,7 +248,7 @@ impl Config {
             token,
             acquired: start,
             end,
-            next_renew: self.cap(start + (ttl / 3).max(1)),
+            next_renew,
             extend: None,
         };
     }
@@ -306,10 +307,11 @@ impl Config {
                 next_renew,
                 extend: None,
             } => {
-                let step_down = end.saturating_sub(self.safety_margin).max(acquired);
-                if now >= step_down {
+                let held = self.held(c, acquired, end, next_renew);
+                let next = engine::hold_next(self.rules.engine, held, now);
+                if next == HoldNext::StepDown {
                     s.clients[c].phase = Phase::Lost { nonce, end };
-                } else if now >= next_renew && Self::idle_wire(&s.clients[c]) {
+                } else if next == HoldNext::Renew && Self::idle_wire(&s.clients[c]) {
                     // A renewal records the node set as the client knows it now.
                     let set = self.fingerprint(c, &self.servers(s, c));
                     let answers = self.round(c);
@@ -489,8 +491,8 @@ impl Config {
             token,
             acquired,
             end,
+            next_renew,
             extend: Some((started, answers, set)),
-            ..
         } = s.clients[c].phase
         else {
             return;
@@ -510,17 +512,21 @@ impl Config {
             ExtendNext::Listen => {}
             ExtendNext::Gone => s.clients[c].phase = Phase::Lost { nonce, end },
             ExtendNext::Lost => {
+                let held = self.held(c, acquired, end, next_renew);
+                let retry = self.cap(engine::renewal_failed(rules, held, now));
                 if let Phase::Hold {
                     extend, next_renew, ..
                 } = &mut s.clients[c].phase
                 {
                     *extend = None;
-                    *next_renew = now + 1; // fast retry
+                    *next_renew = retry;
                 }
             }
             ExtendNext::Renewed { proven, restore } => {
                 // The client's clock runs slow: what it proved ends a little later in real time.
                 let new_end = self.cap_end(proven.saturating_add(self.client_clock_slow));
+                let held = self.held(c, acquired, end, next_renew);
+                let (end, next_renew) = engine::renewed(rules, held, started, now, new_end);
                 let client = &mut s.clients[c];
                 if let Some((_, until)) = &mut client.window {
                     *until = (*until).max(new_end);
@@ -534,8 +540,8 @@ impl Config {
                     nonce,
                     token,
                     acquired,
-                    end: engine::renewed_end_ticks(rules, end, new_end),
-                    next_renew: self.cap(started + (ttl / 3).max(1)),
+                    end: self.cap_end(end),
+                    next_renew: self.cap(next_renew),
                     extend: None,
                 };
                 // Nodes that lost our key get it back, now the quorum is proven.
@@ -546,6 +552,17 @@ impl Config {
                         .then_some(Op::Restore { nonce, token, set })
                 });
             }
+        }
+    }
+
+    /// Client `c`'s tenure as the engine's lease machine sees it.
+    fn held(&self, c: usize, acquired: u8, end: u8, next_renew: u8) -> Held {
+        Held {
+            ttl: self.clients[c].ttl,
+            safety_margin: self.safety_margin,
+            acquired,
+            end,
+            next_renew,
         }
     }
 
