@@ -16,7 +16,7 @@ use rand::rngs::OsRng;
 use rand::TryRngCore;
 
 /// Exit code when no random source is readable.
-pub const EXIT_NO_RANDOM_SOURCE: i32 = crate::config::EXIT_OS_ERROR;
+pub const EXIT_NO_RANDOM_SOURCE: i32 = crate::exit::OS_ERROR;
 
 /// The random source could not be read.
 #[derive(Debug, thiserror::Error)]

@@ -82,18 +82,11 @@ use outcome::Outcome;
 use report::Report;
 use signals::Signals;
 
-/// Exit code: Redis quorum unreachable; also a `--slot` whose record reached too few nodes.
-pub const EXIT_UNREACHABLE: i32 = 69;
-/// Exit code: lock busy with `--on-busy fail`.
-pub const EXIT_BUSY: i32 = 75;
-/// Exit code: the lock was lost while CMD ran; CMD was stopped.
-pub const EXIT_LOST: i32 = 76;
-/// Exit code: `--max-hold` reached; CMD was stopped.
-pub const EXIT_MAX_HOLD: i32 = 124;
-/// Exit code: CMD could not be executed.
-pub const EXIT_NOT_EXECUTABLE: i32 = 126;
-/// Exit code: CMD not found.
-pub const EXIT_NOT_FOUND: i32 = 127;
+pub use crate::exit::{
+    BUSY as EXIT_BUSY, LOST as EXIT_LOST, MAX_HOLD as EXIT_MAX_HOLD,
+    NOT_EXECUTABLE as EXIT_NOT_EXECUTABLE, NOT_FOUND as EXIT_NOT_FOUND,
+    UNREACHABLE as EXIT_UNREACHABLE,
+};
 
 /// Runs `cfg.command` under the lock; returns the process exit code.
 pub async fn guard(cfg: GuardConfig) -> i32 {

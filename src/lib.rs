@@ -11,6 +11,8 @@ pub mod config;
 pub mod control_thread;
 /// The OS random source, checked at start-up.
 pub mod entropy;
+/// Every exit code, in one table, and the one way to exit early.
+pub mod exit;
 /// `guard`: run a command only while the lock is held.
 pub mod guard;
 /// The admin HTTP endpoint: health, readiness, leader, events, metrics.

@@ -4,8 +4,7 @@ use redlock_sidecar::config::{self, Command, LogFormat};
 use redlock_sidecar::redlock::{NoObserver, Redlock};
 use redlock_sidecar::{entropy, guard, install, logging, ops, sidecar};
 
-/// `install` could not write the copy (sysexits' EX_IOERR).
-const EXIT_IO_ERROR: i32 = 74;
+use redlock_sidecar::exit::IO_ERROR as EXIT_IO_ERROR;
 
 fn main() {
     let cli = config::parse_or_exit();

@@ -34,7 +34,7 @@ impl Signals {
         tokio::spawn(async move {
             let name = self.next().await;
             warn!(signal = name, "second signal: exiting at once");
-            std::process::exit(130);
+            crate::exit::now(crate::exit::INTERRUPTED);
         });
     }
 

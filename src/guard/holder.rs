@@ -334,5 +334,5 @@ fn spawn_renewals(
 /// it, so guard stops as after a loss (CMD's tree dies with the supervisor).
 fn renewal_task_failed(err: &tokio::task::JoinError) -> HoldEnd {
     error!(error = %err, "the renewal task failed; the lock expires on its own");
-    std::process::exit(EXIT_LOST)
+    crate::exit::now(EXIT_LOST)
 }
