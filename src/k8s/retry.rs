@@ -18,6 +18,7 @@
 //!
 //! Whichever of the three rules is latest wins.
 
+use crate::redlock::timing;
 use std::time::Duration;
 
 use tracing::{debug, info, warn};
@@ -107,16 +108,9 @@ impl Retry {
     /// random number in `[0, 1)` (the jitter). Returns when the next attempt may start.
     pub fn failed(&mut self, now: Deadline, retry_after: Option<Duration>, draw: f64) -> Deadline {
         self.failures = self.failures.saturating_add(1);
-        let mut ceiling = self.policy.first;
-        for _ in 1..self.failures.min(64) {
-            if ceiling >= self.policy.cap {
-                break;
-            }
-            ceiling = ceiling.saturating_mul(self.policy.factor);
-        }
-        let ceiling = ceiling.min(self.policy.cap);
-        let half = ceiling / 2;
-        let backoff = half + half.mul_f64(draw.clamp(0.0, 1.0));
+        let (first, factor, cap) = (self.policy.first, self.policy.factor, self.policy.cap);
+        let ceiling = timing::backoff_ceiling(first, factor, cap, self.failures - 1);
+        let backoff = timing::equal_jitter(ceiling, draw);
         let asked = retry_after.map_or(Duration::ZERO, |d| d.min(MAX_RETRY_AFTER));
         self.not_before = Some(now + backoff.max(asked));
         self.next_at().unwrap_or(now)

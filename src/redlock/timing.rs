@@ -101,8 +101,24 @@ pub fn retry_delay(base: Duration, max: Duration, attempt: u32) -> Duration {
 /// out; growing so that a struggling fleet is not hammered; bounded so that a waiter still
 /// notices.
 pub fn backoff_delay(base: Duration, max: Duration, attempt: u32, draw: f64) -> Duration {
-    let cap = base.saturating_mul(1u32 << attempt.min(16)).min(max);
-    let half = cap / 2;
+    equal_jitter(backoff_ceiling(base, 2, max, attempt), draw)
+}
+
+/// The ceiling of backoff `attempt` (0-based): `first × factor^attempt`, at most `cap`.
+pub fn backoff_ceiling(first: Duration, factor: u32, cap: Duration, attempt: u32) -> Duration {
+    let mut ceiling = first;
+    for _ in 0..attempt.min(64) {
+        if ceiling >= cap {
+            break;
+        }
+        ceiling = ceiling.saturating_mul(factor);
+    }
+    ceiling.min(cap)
+}
+
+/// "Equal jitter": uniform in `[ceiling/2, ceiling]` for a uniform `draw` in `[0, 1]`.
+pub fn equal_jitter(ceiling: Duration, draw: f64) -> Duration {
+    let half = ceiling / 2;
     half + half.mul_f64(draw.clamp(0.0, 1.0))
 }
 
