@@ -31,8 +31,10 @@ workload, gate a CronJob and read the dashboard: [docs/kubernetes.md](../../docs
 ```sh
 kubectl create namespace redlock
 kubectl create secret generic redlock-redis -n redlock --from-literal=password="$(head -c 32 /dev/urandom | base64)"
-helm install redlock charts/redlock-sidecar -n redlock \\
-  --set image.repository=REGISTRY/redlock-sidecar --set redis.existingSecret=redlock-redis
+# A release (scripts/release.sh REGISTRY/PATH VERSION) pulled from its registry: its image is set.
+helm install redlock oci://REGISTRY/PATH/charts/redlock-sidecar --version VERSION -n redlock \\
+  --set redis.existingSecret=redlock-redis
+# (From the source tree: helm install redlock charts/redlock-sidecar ... --set image.repository=REGISTRY/redlock-sidecar)
 # The Redis nodes start one after another, each Ready once the sidecars count its votes (~70 s each):
 kubectl rollout status statefulset/redlock-redlock-sidecar-redis -n redlock --timeout=15m
 kubectl rollout status deployment/redlock-redlock-sidecar-example -n redlock --timeout=5m
@@ -51,10 +53,11 @@ default; NOTES say which spread is in force). In production set `redis.deploy.an
 (one Redis pod per Kubernetes node, so losing one costs one vote; it needs `redis.deploy.nodes`
 schedulable Kubernetes nodes), or give your own Redis nodes in `redis.urls`.
 
-Two values are required: `image.repository` (no image is published yet: build it for amd64 and
-arm64 from the repository's Dockerfile, see docs/kubernetes.md) and, with the bundled Redis,
-`redis.existingSecret` (the chart generates no password: one made while rendering would change on
-every render, and GitOps tools would rewrite it on every sync). Rendering twice gives the same
+With the bundled Redis, `redis.existingSecret` is required (the chart generates no password: one
+made while rendering would change on every render, and GitOps tools would rewrite it on every sync).
+A chart published by `scripts/release.sh` defaults to the image index it published with it, by
+digest (`image.repository`, `image.tag`, `image.digest`); the chart in the source tree names no
+image, so there `image.repository` is required too (see docs/kubernetes.md, "The image"). Rendering twice gives the same
 output, which CI checks for every values file in `ci/`.
 
 `values.schema.json` rejects unknown keys and wrong types; the templates also refuse

@@ -99,7 +99,7 @@ An image reference from {repository, tag, digest}: "repository:tag", or "reposit
 {{- end }}
 
 {{- define "redlock-sidecar.image" -}}
-{{- $repository := required "image.repository is required: no image is published yet; build it for amd64 and arm64 with the repository's Dockerfile (docs/kubernetes.md, \"The image\"), push it, and set image.repository (and image.digest)" .Values.image.repository }}
+{{- $repository := required "image.repository is required: this chart is the source tree's, which names no image; install a chart published by scripts/release.sh (it defaults to its image, by digest), or push an image for amd64 and arm64 (docs/kubernetes.md, \"The image\") and set image.repository (and image.digest)" .Values.image.repository }}
 {{- include "redlock-sidecar.imageRef" (dict "repository" $repository "tag" (default .Chart.AppVersion .Values.image.tag) "digest" .Values.image.digest) }}
 {{- end }}
 
