@@ -30,8 +30,9 @@ Standard library only (no container daemon, no base image, no download):
         deleted again. Any failure is one line on stderr naming the registry and what failed; exit 1.
 
     release-oci.py check --repo HOST/NAME --chart-repo HOST/NAME --version V [--plain-http]
-        Preflight: the registry answers, and neither the image tag V nor the chart version V exists
-        (a released version is never overwritten). Exit 1 with one line otherwise.
+        Preflight: the registry answers, neither the image tag V nor the chart version V exists
+        (a released version is never overwritten), and both repositories take pushes (a blob
+        upload started and cancelled). Exit 1 with one line otherwise.
 
 Credentials: none, HTTP basic or bearer tokens; user and password come from the first of
 $REGISTRY_AUTH_FILE, helm's registry config ($HELM_REGISTRY_CONFIG, else
@@ -209,7 +210,8 @@ def cmd_sbom(args):
         "relationships": relationships,
     }
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"{len(runtime)} packages linked, {len(build - runtime)} build-only", file=sys.stderr)
+    print(f"release: SBOM: {len(runtime)} packages linked into the binary, {len(build - runtime)} only building it",
+          file=sys.stderr)
 
 
 # --- Layout ----------------------------------------------------------------------------------
@@ -442,13 +444,17 @@ class Registry:
         raise AssertionError("unreachable")
 
 
-def explain(status, body):
+def explain(status, body, host=None):
+    """What a registry's refusal says; for 401/403, how to log in."""
     try:
         errors = json.loads(body).get("errors") or []
         text = "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors)
     except (ValueError, AttributeError):
         text = body.decode(errors="replace").strip().splitlines()[0] if body.strip() else ""
-    return f"HTTP {status}" + (f" ({text})" if text else "")
+    hint = ""
+    if host and status in (401, 403):
+        hint = f"; log in as a user who may push there (helm registry login {host})"
+    return f"HTTP {status}" + (f" ({text})" if text else "") + hint
 
 
 class Repo:
@@ -467,14 +473,23 @@ class Repo:
         status, headers, body = self.reg.request("POST", f"/v2/{self.name}/blobs/uploads/", self.push_scope, data=b"",
                                                  headers={"Content-Length": "0"})
         if status != 202:
-            raise Failure(f"{self.reg.host} refused to start the upload of blob {digest} to {self.ref}: {explain(status, body)}")
+            raise Failure(f"{self.reg.host} refused to start the upload of blob {digest} to {self.ref}: {explain(status, body, self.reg.host)}")
         location = urllib.parse.urljoin(self.reg.base + "/", headers["Location"])
         sep = "&" if "?" in location else "?"
         status, _, body = self.reg.request("PUT", None, self.push_scope, data=data, url=f"{location}{sep}digest={digest}",
                                            headers={"Content-Type": "application/octet-stream",
                                                     "Content-Length": str(len(data))})
         if status != 201:
-            raise Failure(f"{self.reg.host} refused blob {digest} in {self.ref}: {explain(status, body)}")
+            raise Failure(f"{self.reg.host} refused blob {digest} in {self.ref}: {explain(status, body, self.reg.host)}")
+
+    def probe_push(self):
+        """Starts a blob upload and cancels it: does the registry take pushes here, from us?"""
+        status, headers, body = self.reg.request("POST", f"/v2/{self.name}/blobs/uploads/", self.push_scope, data=b"",
+                                                 headers={"Content-Length": "0"})
+        if status != 202:
+            raise Failure(f"{self.reg.host} refuses pushes to {self.ref}: {explain(status, body, self.reg.host)}")
+        location = urllib.parse.urljoin(self.reg.base + "/", headers["Location"])
+        self.reg.request("DELETE", None, self.push_scope, url=location)
 
     def put_manifest(self, ref, data, media_type):
         status, _, body = self.reg.request("PUT", f"/v2/{self.name}/manifests/{ref}", self.push_scope, data=data,
@@ -488,20 +503,22 @@ class Repo:
                                                  headers={"Accept": MANIFEST_TYPES})
         if status == 404:
             return None
-        if status == 401 or status == 403:
+        if status in (401, 403):
             # Without push rights a registry may refuse even to look: ask for pull only.
             status, headers, body = self.reg.request("GET", f"/v2/{self.name}/manifests/{ref}",
                                                      f"repository:{self.name}:pull", headers={"Accept": MANIFEST_TYPES})
             if status == 404:
                 return None
+        if status in (401, 403):
+            raise Failure(f"{self.reg.host} refused to show {self.ref}:{ref}: {explain(status, body, self.reg.host)}")
         if status != 200:
-            raise Failure(f"{self.reg.host} did not say whether {self.ref}:{ref} exists: {explain(status, body)}")
+            raise Failure(f"{self.reg.host} did not say whether {self.ref}:{ref} exists: {explain(status, body, self.reg.host)}")
         return headers.get("Docker-Content-Digest") or sha256(body), headers.get("Content-Type"), body
 
     def delete(self, digest):
         status, _, body = self.reg.request("DELETE", f"/v2/{self.name}/manifests/{digest}", self.push_scope)
         if status not in (200, 202, 404):
-            raise Failure(f"{explain(status, body)}")
+            raise Failure(f"{explain(status, body, self.reg.host)}")
 
     def referrers_api(self, digest):
         status, headers, _ = self.reg.request("GET", f"/v2/{self.name}/referrers/{digest}", self.push_scope,
@@ -527,9 +544,12 @@ def cmd_check(args):
     reg = Registry(host, args.plain_http)
     try:
         ping(reg)
-        check_unpublished(Repo(reg, name), Repo(reg, split_repo(args.chart_repo)[1]), args.version)
+        image, chart = Repo(reg, name), Repo(reg, split_repo(args.chart_repo)[1])
+        check_unpublished(image, chart, args.version)
+        image.probe_push()
+        chart.probe_push()
     except Failure as exc:
-        die(str(exc))
+        die(f"{exc}; nothing was pushed")
 
 
 def cmd_publish(args):
@@ -559,7 +579,7 @@ def cmd_publish(args):
             for blob in [manifest["config"], *manifest["layers"]]:
                 image.push_blob(blob["digest"], layout.get(blob["digest"]))
             image.put_manifest(s["digest"], layout.get(s["digest"]), OCI_MANIFEST)
-        print(f"pushed {image.ref}@{index_digest} (untagged) and its SBOM", file=sys.stderr)
+        print(f"release: pushed {image.ref}@{index_digest} (untagged) and its SBOM", file=sys.stderr)
     except Failure as exc:
         die(f"{exc}; {nothing}")
 
@@ -570,7 +590,8 @@ def cmd_publish(args):
     if run.returncode != 0:
         last = (run.stderr.strip() or run.stdout.strip() or "no output").splitlines()[-1]
         die(f"{host} refused the chart (helm push to {chart_dir}: {last}); {nothing}")
-    print(run.stdout.strip() or run.stderr.strip(), file=sys.stderr)
+    for line in (run.stdout.strip() or run.stderr.strip()).splitlines():
+        print(f"release: helm push: {line}", file=sys.stderr)
 
     # 3. Tags, the image's VERSION last. On a failure, take back what was published.
     written = []
@@ -602,7 +623,7 @@ def cmd_publish(args):
         if kept:
             msg += "; COULD NOT DELETE, remove by hand: " + ", ".join(kept)
         die(msg)
-    print(f"tagged {image.ref}:{args.version}", file=sys.stderr)
+    print(f"release: tagged {image.ref}:{args.version}", file=sys.stderr)
 
 
 # --- Chart values ------------------------------------------------------------------------------

@@ -15,6 +15,7 @@
 #   5. the same VERSION again: refused, nothing changed
 #   6. a read-only registry refuses the push: one clear line, exit 1, no tag anywhere
 #   7. a registry that refuses only the last tag: the chart and referrers tag are deleted again
+#   8. a registry that wants credentials: refused without, published after `helm registry login`
 #
 # Not part of scripts/test.sh (CI runs it after it: .ci/run). Needs root to install skopeo, umoci,
 # docker-registry, the arm64 cross toolchain and qemu-user-static when missing; helm through
@@ -59,10 +60,10 @@ wait_until() { # wait_until WHAT COMMAND...: retry every 0.1 s for up to 20 s
   done
 }
 
-# start_registry NAME [readonly]: a registry on a free loopback port (plain HTTP, deletes
-# allowed); sets PORT.
+# start_registry NAME [readonly] [HTPASSWD]: a registry on a free loopback port (plain HTTP,
+# deletes allowed; with HTPASSWD, only its users may read or push); sets PORT.
 start_registry() {
-  local name="$1" readonly="${2:-false}"
+  local name="$1" readonly="${2:-false}" htpasswd="${3:-}"
   PORT="$(free_port)"
   mkdir -p "${WORK}/${name}"
   cat >"${WORK}/${name}/config.yml" <<EOF
@@ -74,9 +75,10 @@ storage:
   maintenance: {readonly: {enabled: ${readonly}}, uploadpurging: {enabled: false}}
 http: {addr: "127.0.0.1:${PORT}", secret: release-test}
 EOF
+  [ -z "${htpasswd}" ] || printf 'auth: {htpasswd: {realm: release-test, path: "%s"}}\n' "${htpasswd}" >>"${WORK}/${name}/config.yml"
   docker-registry serve "${WORK}/${name}/config.yml" >"${WORK}/${name}/log" 2>&1 &
   PIDS+=($!)
-  wait_until "registry ${name}" curl -sf "http://127.0.0.1:${PORT}/v2/"
+  wait_until "registry ${name}" curl -s -o /dev/null "http://127.0.0.1:${PORT}/v2/"
 }
 # tags REPO-PATH PORT: the repository's tags, one a line (none where it does not exist)
 tags() {
@@ -91,6 +93,11 @@ release() {
 one_line() { # one_line CODE PATTERN: exited CODE with exactly one line, matching PATTERN
   [ "${RC}" = "$1" ] || fail "exit ${RC}, not $1: ${ERR}"
   [ "$(printf '%s\n' "${ERR}" | grep -c .)" = 1 ] || fail "not one line: ${ERR}"
+  grep -qE -- "$2" <<<"${ERR}" || fail "unclear message (not /$2/): ${ERR}"
+}
+last_line() { # last_line CODE PATTERN: exited CODE, its last line (after the progress) matching PATTERN
+  [ "${RC}" = "$1" ] || fail "exit ${RC}, not $1: ${ERR}"
+  ERR="$(printf '%s\n' "${ERR}" | tail -n 1)"
   grep -qE -- "$2" <<<"${ERR}" || fail "unclear message (not /$2/): ${ERR}"
 }
 
@@ -222,7 +229,6 @@ assert "comment" in pkgs["protox"], "protox only builds the binary"
 assert not {"proptest", "stateright", "rslock"} & set(pkgs), "dev-dependencies in the SBOM"
 ids = {p["SPDXID"] for p in doc["packages"]}
 assert all(r["relatedSpdxElement"] in ids for r in doc["relationships"])
-print(len(doc["packages"]))
 PY
 pass "SBOM ${SBOM_DIGEST}: SPDX 2.3, subject the index, listed by the referrers tag ${REFS_TAG:0:16}…, same as ${DIST##*/}/redlock-sidecar-${VERSION}.spdx.json"
 
@@ -255,13 +261,13 @@ export RELEASE_AMD64_BIN="${DIST}/bin/redlock-sidecar-linux-amd64" RELEASE_ARM64
 cp "${RELEASE_AMD64_BIN}" "${RELEASE_ARM64_BIN}" "${WORK}/"
 export RELEASE_AMD64_BIN="${WORK}/redlock-sidecar-linux-amd64" RELEASE_ARM64_BIN="${WORK}/redlock-sidecar-linux-arm64"
 
-# --- 6. A registry that refuses every push (read-only) --------------------------------------------
+# --- 6. A registry that refuses every push (read-only): found before any build --------------------
 start_registry readonly true
 RO="${PORT}"
 release "127.0.0.1:${RO}/redlock" 0.0.1-refused
-one_line 1 "^release: 127\.0\.0\.1:${RO} refused .*nothing was tagged"
+one_line 1 "^release: 127\.0\.0\.1:${RO} refuses pushes to 127\.0\.0\.1:${RO}/redlock/redlock-sidecar: .*nothing was pushed"
 [ -z "$(tags redlock/redlock-sidecar "${RO}")$(tags redlock/charts/redlock-sidecar "${RO}")" ] || fail "the read-only registry has tags"
-pass "read-only registry: exit 1, '${ERR#release: }'; no tag"
+pass "read-only registry: exit 1 before any build, '${ERR#release: }'; no tag"
 
 # --- 7. A registry that refuses only the image's tag (the last write): the rest is taken back ------
 # A proxy in front of the main registry answers 403 to that one PUT and passes everything else.
@@ -302,13 +308,34 @@ PY
 PIDS+=($!)
 wait_until "the proxy" curl -sf "http://127.0.0.1:${PROXY}/v2/"
 release "127.0.0.1:${PROXY}/redlock" 0.0.2-tag-refused
-one_line 1 "refused the manifest 0\.0\.2-tag-refused .*DENIED.*deleted again: .*charts/redlock-sidecar:0\.0\.2-tag-refused"
+last_line 1 "^release: 127\.0\.0\.1:${PROXY} refused the manifest 0\.0\.2-tag-refused .*DENIED.*deleted again: .*charts/redlock-sidecar:0\.0\.2-tag-refused"
 grep -q 'COULD NOT DELETE' <<<"${ERR}" && fail "left something behind: ${ERR}"
 tags redlock/redlock-sidecar "${MAIN}" | grep -q '0\.0\.2' && fail "the image tag exists"
 tags redlock/charts/redlock-sidecar "${MAIN}" | grep -q '0\.0\.2' && fail "the chart was not deleted"
 [ "$(tags redlock/redlock-sidecar "${MAIN}"; tags redlock/charts/redlock-sidecar "${MAIN}")" = "${before}" ] \
   || fail "tags left behind: $(tags redlock/redlock-sidecar "${MAIN}"; tags redlock/charts/redlock-sidecar "${MAIN}")"
 helm show chart "${CHART/${MAIN}/${PROXY}}" --version 0.0.2-tag-refused --plain-http >/dev/null 2>&1 && fail "the chart can still be pulled"
-pass "the image's tag refused: exit 1, the chart and the referrers tag deleted again; only ${VERSION}'s tags remain"
+pass "the image's tag refused: exit 1, '${ERR#release: }'; only ${VERSION}'s tags remain"
+
+# --- 8. A registry that wants credentials: refused without, published after helm registry login ---
+if ! python3 -W ignore -c 'import crypt; print("ci:" + crypt.crypt("ci-secret", crypt.mksalt(crypt.METHOD_BLOWFISH)))' \
+  >"${WORK}/htpasswd" 2>/dev/null; then
+  command -v htpasswd >/dev/null || apt_install apache2-utils
+  htpasswd -Bbn ci ci-secret >"${WORK}/htpasswd"
+fi
+start_registry auth false "${WORK}/htpasswd"
+AUTH="${PORT}"
+release "127.0.0.1:${AUTH}/redlock" 0.0.3-auth
+one_line 1 "^release: 127\.0\.0\.1:${AUTH} refused to show .*HTTP 401.*helm registry login 127\.0\.0\.1:${AUTH}.*nothing was pushed"
+no_creds="${ERR#release: }"
+helm registry login "127.0.0.1:${AUTH}" --plain-http --username ci --password-stdin <<<"ci-secret" >/dev/null 2>&1 \
+  || fail "helm registry login failed"
+release "127.0.0.1:${AUTH}/redlock" 0.0.3-auth
+helm registry logout "127.0.0.1:${AUTH}" >/dev/null 2>&1 || true
+[ "${RC}" = 0 ] || fail "with credentials, release.sh exited ${RC}: $(tail -n 5 "${WORK}/release.err")"
+[ "$(curl -s -u ci:ci-secret "http://127.0.0.1:${AUTH}/v2/redlock/redlock-sidecar/tags/list" \
+  | python3 -c 'import json,sys; print(" ".join(sorted(t for t in json.load(sys.stdin)["tags"] if not t.startswith("sha256-"))))')" = 0.0.3-auth ] \
+  || fail "with credentials, the image tag is not there"
+pass "registry with credentials: without, exit 1, '${no_creds}'; after helm registry login, published"
 
 echo "release-test: ${PASSED} passed, 0 failed"
