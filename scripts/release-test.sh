@@ -19,8 +19,8 @@
 #
 # Not part of scripts/test.sh (CI runs it after it: .ci/run). Needs root to install skopeo, umoci,
 # docker-registry, the arm64 cross toolchain and qemu-user-static when missing; helm through
-# scripts/ci-tools.sh. With the amd64 static binary already built by scripts/test.sh it takes
-# about the arm64 build (5 minutes on two cores) and one more.
+# scripts/ci-tools.sh. With the amd64 static binary already built by scripts/test.sh (same
+# target directory), it takes the arm64 build (5-8 minutes on two cores) and about 40 s more.
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${REPO_ROOT}"
@@ -106,8 +106,10 @@ MAIN="${PORT}"
 REG="127.0.0.1:${MAIN}/redlock"
 
 # --- 1. Bad input: caught before any build --------------------------------------------------------
+release
+one_line 2 'REGISTRY\[/PATH\] and VERSION are missing'
 release "${REG}"
-one_line 2 'needs two arguments'
+one_line 2 'VERSION is missing'
 release "${REG}" 1.2
 one_line 2 "VERSION '1.2' is not a semantic version"
 release "${REG}" 1.2.3+build.4
@@ -121,7 +123,7 @@ one_line 2 "REGISTRY '127.0.0.1:${MAIN}/Redlock' is not HOST"
 CLOSED="$(free_port)"
 release "127.0.0.1:${CLOSED}/redlock" 1.2.3
 one_line 1 "127.0.0.1:${CLOSED} did not answer"
-pass "bad input: exit 2 naming the argument (count, semver, +build, v-prefix, scheme, upper case); a closed port: exit 1 before any build"
+pass "bad input: exit 2 naming the argument (both missing, VERSION missing, semver, +build, v-prefix, scheme, upper case); a closed port: exit 1 before any build"
 
 # --- 2. The release ---------------------------------------------------------------------------------
 start=${SECONDS}

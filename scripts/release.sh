@@ -17,7 +17,7 @@
 #   REGISTRY/PATH/charts/redlock-sidecar:VERSION      the chart (what `helm push` writes), whose
 #                                                     image defaults to the index above by digest
 #
-# and leaves the same in $(cargo_target_dir)/dist/VERSION/ (RELEASE_OUT to choose): oci/ (the OCI
+# and leaves the same in $(cargo_target_dir)/dist/VERSION/ (or RELEASE_OUT, new or empty): oci/ (the OCI
 # image layout, with the SBOM), redlock-sidecar-VERSION.tgz (the chart),
 # redlock-sidecar-VERSION.spdx.json, bin/redlock-sidecar-linux-{amd64,arm64}, release.txt.
 # Then `helm install NAME oci://REGISTRY/PATH/charts/redlock-sidecar --version VERSION` needs no
@@ -48,7 +48,12 @@ usage() {
   echo "release: $1 (usage: scripts/release.sh REGISTRY[/PATH] VERSION, e.g. registry.example.com/platform 0.1.0)" >&2
   exit 2
 }
-[ "$#" -eq 2 ] || usage "needs two arguments, got $#"
+case "$#" in
+  0) usage "REGISTRY[/PATH] and VERSION are missing" ;;
+  1) usage "VERSION is missing" ;;
+  2) ;;
+  *) usage "too many arguments ($#): REGISTRY[/PATH] and VERSION only" ;;
+esac
 REGISTRY="${1%/}" VERSION="$2"
 case "${REGISTRY}" in
   *://*) usage "REGISTRY '${REGISTRY}' has a scheme: give HOST[:PORT][/PATH]" ;;
@@ -62,6 +67,9 @@ esac
 [[ "${VERSION}" =~ ^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?$ ]] \
   || usage "VERSION '${VERSION}' is not a semantic version MAJOR.MINOR.PATCH[-PRERELEASE] (no leading 'v', no '+build')"
 [ "${#VERSION}" -le 128 ] || usage "VERSION is longer than a tag may be (128 characters)"
+if [ -n "${RELEASE_OUT:-}" ] && [ -e "${RELEASE_OUT}" ] && [ -n "$(ls -A "${RELEASE_OUT}")" ]; then
+  usage "RELEASE_OUT '${RELEASE_OUT}' is not empty"
+fi
 
 HOST="${REGISTRY%%/*}"
 IMAGE_REPO="${REGISTRY}/redlock-sidecar"
@@ -105,8 +113,12 @@ fi
 python3 scripts/release-oci.py check --repo "${IMAGE_REPO}" --chart-repo "${CHART_REPO}" \
   --version "${VERSION}" "${PLAIN[@]}"
 
-OUT="${RELEASE_OUT:-$(cargo_target_dir)/dist/${VERSION}}"
-rm -rf "${OUT}"
+if [ -n "${RELEASE_OUT:-}" ]; then
+  OUT="${RELEASE_OUT}"
+else
+  OUT="$(cargo_target_dir)/dist/${VERSION}"
+  rm -rf "${OUT}"
+fi
 mkdir -p "${OUT}/bin"
 WORK="$(mktemp -d)"
 trap 'rm -rf "${WORK}"' EXIT
