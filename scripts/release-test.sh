@@ -4,12 +4,13 @@
 # would use what it publishes:
 #
 #   1. bad arguments: exit 2 with one line naming the argument; an unreachable registry: exit 1
-#      before any build
+#      before any build (as for 5, 6 and 8's refusals)
 #   2. scripts/release.sh 127.0.0.1:PORT/redlock VERSION builds both binaries and publishes
 #   3. the index pulled back (skopeo): exactly linux/amd64 and linux/arm64; each platform's image
 #      copied out by platform, its digest the one the index names, unpacked (umoci), its config
-#      (user 65532, entrypoint, labels) checked, and its binary run: amd64 natively, arm64 under
-#      qemu-aarch64-static; the SBOM found through the referrers tag, its subject the index
+#      (user 65532, entrypoint, labels) and files checked, and its binary run: amd64 natively
+#      (chrooted into the image, as 65532), arm64 under qemu-aarch64-static; the SBOM found
+#      through the referrers tag, its subject the index
 #   4. the chart from oci://127.0.0.1:PORT/redlock/charts/redlock-sidecar, rendered with no image
 #      setting: every sidecar image is the pushed index by digest
 #   5. the same VERSION again: refused, nothing changed
@@ -17,8 +18,8 @@
 #   7. a registry that refuses only the last tag: the chart and referrers tag are deleted again
 #   8. a registry that wants credentials: refused without, published after `helm registry login`
 #
-# Not part of scripts/test.sh (CI runs it after it: .ci/run). Needs root to install skopeo, umoci,
-# docker-registry, the arm64 cross toolchain and qemu-user-static when missing; helm through
+# Not part of scripts/test.sh (CI runs it after it: .ci/run). Needs root (chroot; and to install skopeo, umoci,
+# docker-registry, the arm64 cross toolchain and qemu-user-static when missing); helm through
 # scripts/ci-tools.sh. With the amd64 static binary already built by scripts/test.sh (same
 # target directory), it takes the arm64 build (5-8 minutes on two cores) and about 40 s more.
 set -euo pipefail
@@ -181,8 +182,10 @@ PY
     || fail "${arch}: unexpected files: $(cd "${rootfs}" && find . -type f | sort | tr '\n' ' ')"
   grep -q '^nonroot:x:65532:65532:' "${rootfs}/etc/passwd" || fail "${arch}: no nonroot user"
   if [ "${arch}" = amd64 ]; then
-    said="$("${rootfs}/usr/local/bin/redlock-sidecar" --version)" || fail "the amd64 binary does not run"
-    how=natively
+    # Inside the image's own root, as its user: nothing but what the image holds.
+    said="$(chroot --userspec=65532:65532 "${rootfs}" /usr/local/bin/redlock-sidecar --version)" \
+      || fail "the amd64 binary does not run in the image's root"
+    how="natively, chrooted into the image as 65532"
   else
     said="$(qemu-aarch64-static "${rootfs}/usr/local/bin/redlock-sidecar" --version)" || fail "the arm64 binary does not run under qemu"
     how="under qemu-aarch64-static"
