@@ -217,7 +217,8 @@ pub const ACQUIRE: &str = concat!(
     read_keys!("2"),
     r#"
 local record = keys[5] or ''
-local foreign = record ~= '' and string.match(record, '^[^@]*') ~= ARGV[5]
+local record_set = string.match(record, '^[^@]*')
+local foreign = record ~= '' and record_set ~= ARGV[5]
 local record_age = -1
 if foreign then
   local life = tonumber(string.match(record, '@(%d+)$') or '')
@@ -226,7 +227,7 @@ end
 if keys[1] then
   return {0, fence, -1, max_ttl_before, 0, keys[1], redis.call('PTTL', KEYS[1]), record, record_age}
 end
-if foreign and not (ARGV[6] ~= '' and string.match(record, '^[^@]*') == ARGV[6]
+if foreign and not (ARGV[6] ~= '' and record_set == ARGV[6]
     and record_age >= tonumber(ARGV[7])) then
   return {-1, fence, -1, max_ttl_before, 0, '', 0, record, record_age}
 end
