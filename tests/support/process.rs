@@ -7,9 +7,13 @@ use std::time::{Duration, Instant};
 
 use super::{send_signal, wait_stopped_state, TempDir, POLL_EVERY};
 
-/// The binary cargo built for these integration tests.
+/// The binary under test: `REDLOCK_SIDECAR_BIN` when set (a release build, or a copy kept
+/// apart from the target directory for a long stress run), else the one cargo built for these
+/// integration tests.
 pub fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_redlock-sidecar"))
+    std::env::var_os("REDLOCK_SIDECAR_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_redlock-sidecar")))
 }
 
 /// A child process whose stdout/stderr go to files in its own temp dir. Drop kills and waits.
