@@ -12,7 +12,7 @@
 //!   everything it refreshes when due, as often as it is due at this cadence. The lease is
 //!   taken afresh before each phase (before the statistics are reset), so a phase of
 //!   `PROOF_EVERY` renewals holds exactly the mix a long tenure has: one renewal with the
-//!   data-age proof, about one in four with the register's refresh, the rest bare.
+//!   data-age proof, about one in nine with the register's refresh, the rest bare.
 //! - **classic renewal**: `if GET key == value then PEXPIRE key ttl` as one script, on a key
 //!   set afresh before each phase.
 //! - **acquire**: `Redlock::try_acquire` of a free lock (granted), then a bare `DEL` of the key.

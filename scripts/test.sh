@@ -14,18 +14,19 @@ ensure_redis --with-openssl
 ensure_postgres
 
 step() { printf '\n== %s\n' "$*"; }
-step "cargo fmt --check"
-cargo fmt --check
-step "cargo clippy --all-targets -- -D warnings"
-cargo clippy --all-targets --quiet -- -D warnings
+# --workspace: the sidecar and its lease core (core/), which has tests of its own.
+step "cargo fmt --all --check"
+cargo fmt --all --check
+step "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
 # nextest runs every test as its own process, several test binaries at once: the suite's
 # tests mostly wait on ttls, so this keeps the run well inside CI's budget.
 if cargo nextest --version >/dev/null 2>&1; then
-  step "cargo nextest run"
-  cargo nextest run --no-fail-fast --status-level fail --final-status-level slow
+  step "cargo nextest run --workspace"
+  cargo nextest run --workspace --no-fail-fast --status-level fail --final-status-level slow
 else
-  step "cargo test"
-  cargo test --quiet
+  step "cargo test --workspace"
+  cargo test --workspace --quiet
 fi
 
 if [ "${1:-}" != "--rust" ]; then

@@ -5,7 +5,7 @@
 //!   sent to the nodes and answered on this one thread, with its own reactor: no wake-up of
 //!   another worker thread between the steps. On two shared cores that took 30 to 70 µs
 //!   off the p50 of an acquire + release over HTTP (`cargo bench --bench locks`, see
-//!   docs/benchmarks.md).
+//!   docs/benchmarks-history.md).
 //! - **App traffic never delays the leadership lock.** Its renewals and its step-down stay on
 //!   the main runtime, whatever load the apps put on the request-lock API.
 //!

@@ -244,11 +244,15 @@ fn resolve_through(
 /// the module that defines it; only what a facade defines itself (and children that add
 /// methods to its types import back) keeps the facade out of the cycle check.
 fn crate_graph() -> (BTreeMap<String, BTreeSet<String>>, BTreeSet<String>) {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    graph_of_crate(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"))
+}
+
+/// [`crate_graph`] of the crate whose sources are under `src`.
+fn graph_of_crate(src: &Path) -> (BTreeMap<String, BTreeSet<String>>, BTreeSet<String>) {
     let mut files = Vec::new();
-    rust_files(&src, &mut files);
+    rust_files(src, &mut files);
     files.retain(|f| !f.ends_with("main.rs") && f.file_name().is_some_and(|n| n != "tests.rs"));
-    let modules: BTreeSet<String> = files.iter().map(|f| module_of(&src, f)).collect();
+    let modules: BTreeSet<String> = files.iter().map(|f| module_of(src, f)).collect();
     let facades: BTreeSet<String> = modules
         .iter()
         .filter(|m| *m == "lib" || modules.iter().any(|c| c.starts_with(&format!("{m}::"))))
@@ -256,7 +260,7 @@ fn crate_graph() -> (BTreeMap<String, BTreeSet<String>>, BTreeSet<String>) {
         .collect();
     let mut reexported = BTreeMap::new();
     for file in &files {
-        let module = module_of(&src, file);
+        let module = module_of(src, file);
         let is_mod_rs = file.file_name().is_some_and(|n| n == "mod.rs");
         let text = std::fs::read_to_string(file).expect("readable source");
         reexports(
@@ -269,7 +273,7 @@ fn crate_graph() -> (BTreeMap<String, BTreeSet<String>>, BTreeSet<String>) {
     }
     let mut graph = BTreeMap::new();
     for file in &files {
-        let module = module_of(&src, file);
+        let module = module_of(src, file);
         let segments: Vec<&str> = module.split("::").collect();
         let is_mod_rs = file.file_name().is_some_and(|n| n == "mod.rs");
         let text = std::fs::read_to_string(file).expect("readable source");
@@ -370,7 +374,7 @@ fn the_engine_has_no_import_cycle() {
 fn no_module_of_the_crate_is_in_an_import_cycle() {
     let (graph, facades) = crate_graph();
     assert!(
-        graph.contains_key("locks::dapr") && graph.contains_key("redlock::round::acquire"),
+        graph.contains_key("locks::dapr") && graph.contains_key("redlock::votes"),
         "the source was read: {:?}",
         graph.keys()
     );
@@ -380,6 +384,85 @@ fn no_module_of_the_crate_is_in_an_import_cycle() {
         None,
         "import graph: {graph:#?}"
     );
+}
+
+/// The lease core's crate directory (`core/`, a member of the workspace).
+fn lease_core() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("core")
+}
+
+#[test]
+fn no_module_of_the_lease_core_is_in_an_import_cycle() {
+    let (graph, facades) = graph_of_crate(&lease_core().join("src"));
+    assert!(
+        graph.contains_key("round::acquire") && graph.contains_key("tenure"),
+        "the source was read: {:?}",
+        graph.keys()
+    );
+    assert!(facades.contains("lib") && facades.contains("round"));
+    assert_eq!(
+        find_cycle(&graph, &facades),
+        None,
+        "import graph: {graph:#?}"
+    );
+}
+
+/// The crates the lease core may never depend on: a runtime, a Redis client, a Kubernetes
+/// client, an HTTP stack. The compiler then keeps every module of it free of I/O.
+const NOT_IN_THE_CORE: &[&str] = &[
+    "tokio",
+    "redis",
+    "kube",
+    "k8s-openapi",
+    "hyper",
+    "axum",
+    "tonic",
+    "futures",
+    "mio",
+];
+
+/// The names in the `[dependencies]`-like tables of a Cargo manifest.
+fn dependencies_of(manifest: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut in_deps = false;
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_deps = line.contains("dependencies");
+            // `[dependencies.name]`
+            if let Some(name) = line
+                .trim_matches(|c| c == '[' || c == ']')
+                .split_once("dependencies.")
+                .map(|(_, name)| name.to_owned())
+            {
+                names.push(name);
+                in_deps = false;
+            }
+        } else if in_deps && !line.starts_with('#') {
+            if let Some((name, _)) = line.split_once('=') {
+                names.push(name.trim().trim_matches('"').to_owned());
+            }
+        }
+    }
+    names
+}
+
+#[test]
+fn the_lease_core_depends_on_no_runtime_nor_client() {
+    let manifest =
+        std::fs::read_to_string(lease_core().join("Cargo.toml")).expect("core/Cargo.toml");
+    let deps = dependencies_of(&manifest);
+    assert!(
+        deps.contains(&"libc".to_owned()),
+        "the manifest was read: {deps:?}"
+    );
+    for dep in &deps {
+        assert!(
+            !NOT_IN_THE_CORE.iter().any(|banned| dep.starts_with(banned)),
+            "the lease core depends on {dep}"
+        );
+    }
+    let planted = "[dependencies]\nlibc = \"0.2\"\n\n[dependencies.tokio]\nversion = \"1\"\n";
+    assert_eq!(dependencies_of(planted), ["libc", "tokio"]);
 }
 
 #[test]

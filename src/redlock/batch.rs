@@ -36,7 +36,28 @@ static EXTEND_MANY: std::sync::LazyLock<Script> =
 /// other (about 10 µs each on a warm server), and the node timeout bounds one renewal.
 const PER_RENEWAL: Duration = Duration::from_micros(100);
 
-type Reply = Result<(RawExtendReply, Arc<NodeFacts>), NodeError>;
+/// The extend scripts' reply off the wire: read here, beside the client library,
+/// into the core's [`RawExtendReply`] for `ExtendReply::parse`. On the path nearly every
+/// renewal takes the reply is the max-ttl register alone, an integer (status 1, no proof).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct ExtendWire(pub RawExtendReply);
+
+impl redis::FromRedisValue for ExtendWire {
+    fn from_redis_value(v: redis::Value) -> Result<Self, redis::ParsingError> {
+        let raw = match v {
+            redis::Value::Int(register) => u64::try_from(register)
+                .map(|register| RawExtendReply(1, -1, register))
+                .map_err(|_| "a negative max-ttl register")?,
+            other => {
+                let (status, age, max_ttl) = <(i64, i64, u64)>::from_redis_value(other)?;
+                RawExtendReply(status, age, max_ttl)
+            }
+        };
+        Ok(ExtendWire(raw))
+    }
+}
+
+type Reply = Result<(ExtendWire, Arc<NodeFacts>), NodeError>;
 
 /// One lock's renewal waiting for its node's batch.
 struct Pending {
@@ -145,7 +166,7 @@ async fn send(nodes: Arc<[Node]>, index: usize, batch: Vec<Pending>) {
         .map(String::as_str)
         .collect();
     let answer = nodes[index]
-        .eval::<Vec<RawExtendReply>>(&EXTEND_MANY, &keys, &args, timeout)
+        .eval::<Vec<ExtendWire>>(&EXTEND_MANY, &keys, &args, timeout)
         .await;
     match answer {
         Ok((replies, facts)) if replies.len() == batch.len() => {
@@ -178,7 +199,7 @@ pub(super) async fn fan_out(
     batches: &Batches,
     args: &[String],
     left: Duration,
-) -> (Answers<RawExtendReply>, Deadline) {
+) -> (Answers<ExtendWire>, Deadline) {
     let asked = Deadline::now();
     let wait = hold(inner.cfg.ttl, left);
     let keys = inner.keys().map(str::to_owned);

@@ -46,15 +46,15 @@ pub(crate) mod finish;
 mod pool;
 pub mod push;
 mod renew;
-pub mod round;
 mod scripts;
 mod slot;
 pub mod standby;
-pub mod tenure;
 pub mod timing;
 pub mod transport;
 pub mod votes;
 mod wait;
+
+pub use redlock_core::{round, tenure};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};

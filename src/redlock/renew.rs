@@ -3,8 +3,7 @@
 
 use std::sync::Arc;
 
-use super::batch;
-use super::round::extend::RawExtendReply;
+use super::batch::{self, ExtendWire};
 use super::round::release::RawReleaseReply;
 use super::round::{ExtendReply, ExtendRound, ExtendStep, ReleaseTally, Rules};
 use super::votes::DataAge;
@@ -63,7 +62,7 @@ impl Redlock {
                 );
                 answers
             }
-            None => self.fan_out::<RawExtendReply>(Op::Extend, Order::Free, &EXTEND, args.clone()),
+            None => self.fan_out::<ExtendWire>(Op::Extend, Order::Free, &EXTEND, args.clone()),
         };
         let step = self.run_extend(&mut round, &mut answers).await;
         let (valid_until, restore) = match step {
@@ -107,7 +106,7 @@ impl Redlock {
     async fn run_extend(
         &self,
         round: &mut ExtendRound,
-        answers: &mut Answers<RawExtendReply>,
+        answers: &mut Answers<ExtendWire>,
     ) -> ExtendStep {
         let expiry =
             clock::sleep_until_deadline(round.poll_timeout().unwrap_or_else(Deadline::now));
@@ -137,10 +136,10 @@ impl Redlock {
         &self,
         round: &mut ExtendRound,
         index: usize,
-        answer: Result<(RawExtendReply, Arc<NodeFacts>), NodeError>,
+        answer: Result<(ExtendWire, Arc<NodeFacts>), NodeError>,
     ) -> Vote {
         let answer = answer.map(|(raw, facts)| {
-            let reply = ExtendReply::parse(raw);
+            let reply = ExtendReply::parse(raw.0);
             if reply.proof.data_age == DataAge::NotProven {
                 self.learn_max_ttl(reply.proof.max_ttl);
             } else {

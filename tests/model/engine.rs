@@ -8,19 +8,19 @@
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
-use redlock_sidecar::clock::Deadline;
-use redlock_sidecar::redlock::fencing::token_above;
-use redlock_sidecar::redlock::round::acquire::AcquireStatus;
-use redlock_sidecar::redlock::round::extend::ExtendStatus;
-use redlock_sidecar::redlock::round::{
+use redlock_core::clock::Deadline;
+use redlock_core::error::{NodeError, NodeErrorKind};
+use redlock_core::facts::NodeFacts;
+use redlock_core::round::acquire::AcquireStatus;
+use redlock_core::round::extend::ExtendStatus;
+use redlock_core::round::fence::token_above;
+use redlock_core::round::{
     AcquireParams, AcquireReply, AcquireRound, AcquireStep, Connection, ExtendReply, ExtendRound,
     ExtendStep, FenceRaise, NodeAnswer, RaiseStep, Rules, TokenPlan,
 };
-use redlock_sidecar::redlock::tenure::{
-    Event, Failure, Policy, RenewFrom, Step as TenureStep, Tenure,
-};
-use redlock_sidecar::redlock::votes::{self, DataAge, NodeSet, Proof, EPOCH_LIFETIME_MS};
-use redlock_sidecar::redlock::{timing, NodeError, NodeErrorKind, NodeFacts};
+use redlock_core::tenure::{Event, Failure, Policy, RenewFrom, Step as TenureStep, Tenure};
+use redlock_core::timing;
+use redlock_core::votes::{self, DataAge, NodeSet, Proof, EPOCH_LIFETIME_MS};
 
 /// A marker stamped before the model's time begins proves this much (beyond `MAX_TTL` + drift).
 const ANCIENT: Duration = Duration::from_secs(2 * timing::MAX_TTL.as_secs());

@@ -3,6 +3,10 @@
 //! requests, late answers, pauses and clock error; and, for each rule, the counterexample found
 //! without it. See docs/reliability.md, "The protocol model". The larger instances are
 //! `#[ignore]`d and run with `scripts/model-check.sh`.
+//!
+//! It drives the lease core's own machines and nothing else of the sidecar: every import is
+//! of `redlock_core` (the rounds, the vote rules, the tenure machine with the engine's renewal
+//! policy), so a change to them is a change to what is checked here.
 
 mod engine;
 mod protocol;

@@ -33,7 +33,7 @@
 
 use stateright::{Model, Property};
 
-use redlock_sidecar::redlock::round;
+use redlock_core::round;
 
 mod clients;
 mod nodes;
@@ -45,7 +45,7 @@ use crate::engine::{
 };
 
 /// How many ttls the max-ttl register and the node-set record live: the engine's own.
-const LIFE: u8 = redlock_sidecar::redlock::RECORD_LIFE as u8;
+const LIFE: u8 = redlock_core::timing::RECORD_LIFE as u8;
 
 /// Node slots a model may use.
 pub const MAX_NODES: usize = 4;

@@ -31,7 +31,7 @@ use redis::{FromRedisValue, RedisError, Script, Value};
 use tracing::debug;
 
 use super::dial::{open_at, ConnectSettings, PushTag};
-use super::error::{NodeError, NodeErrorKind};
+use super::error::{node_error, NodeError, NodeErrorKind};
 use super::facts::NodeFacts;
 use super::sentinel::addr_label;
 use super::spec::NodeSpec;
@@ -220,7 +220,7 @@ pub(super) async fn route(
         .arg("SLOTS")
         .query_async(&mut conn)
         .await
-        .map_err(|e| NodeError::from_redis(&e, spec.password_for_errors()))?;
+        .map_err(|e| node_error(&e, spec.password_for_errors()))?;
     let here = facts
         .address
         .rsplit_once(':')
@@ -290,7 +290,7 @@ async fn stamp_every_master(spec: NodeSpec, ranges: Vec<SlotRange>, settings: Co
                 stamped += invocation
                     .invoke_async::<i64>(&mut conn)
                     .await
-                    .map_err(|e| NodeError::from_redis(&e, spec.password_for_errors()))?
+                    .map_err(|e| node_error(&e, spec.password_for_errors()))?
                     .max(0);
             }
             Ok::<_, NodeError>(stamped)
@@ -314,7 +314,7 @@ pub(super) async fn ask<T: FromRedisValue>(
     args: &[&str],
     db: i64,
 ) -> Result<T, NodeError> {
-    let scrub = |e: RedisError| NodeError::from_redis(&e, spec.password_for_errors());
+    let scrub = |e: RedisError| node_error(&e, spec.password_for_errors());
     let target = err.redirect_node().and_then(|(addr, _)| {
         let (host, port) = addr.rsplit_once(':')?;
         Some((host.to_owned(), port.parse::<u16>().ok()?))

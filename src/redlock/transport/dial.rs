@@ -14,7 +14,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ProtocolVersion, PushInfo, RedisError};
 use tokio::sync::watch;
 
-use super::error::NodeError;
+use super::error::{node_error, NodeError};
 use super::facts::{read_facts, NodeFacts};
 use super::hub::Hub;
 use super::link::Link;
@@ -65,7 +65,7 @@ impl Dial {
         Ok(match &spec.sentinel {
             None => Dial::Direct(Box::new(
                 spec.client_for(&spec.info)
-                    .map_err(|e| NodeError::from_redis(&e, spec.password()))?,
+                    .map_err(|e| node_error(&e, spec.password()))?,
             )),
             Some(sentinel) => {
                 let clients = spec.sentinel_clients(sentinel)?;
@@ -94,7 +94,7 @@ impl Dial {
             Dial::Direct(_) => {
                 let client = spec
                     .client_for(&spec.info)
-                    .map_err(|e| NodeError::from_redis(&e, spec.password()))?;
+                    .map_err(|e| node_error(&e, spec.password()))?;
                 Ok((client, spec.label.clone()))
             }
             Dial::Sentinel(group) => {
@@ -109,7 +109,7 @@ impl Dial {
                 let info = spec.info_at(&host, port)?;
                 let client = spec
                     .client_for(&info)
-                    .map_err(|e| NodeError::from_redis(&e, spec.password()))?;
+                    .map_err(|e| node_error(&e, spec.password()))?;
                 Ok((client, sentinel::addr_label(&info)))
             }
         }
@@ -125,7 +125,7 @@ pub(super) async fn open(
     settings: ConnectSettings,
     push: Option<&PushTag>,
 ) -> Result<(MultiplexedConnection, NodeFacts), NodeError> {
-    let scrub = |e: RedisError| NodeError::from_redis(&e, spec.password());
+    let scrub = |e: RedisError| node_error(&e, spec.password());
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(settings.connect_timeout))
         .set_response_timeout(None);

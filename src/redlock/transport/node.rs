@@ -35,7 +35,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::cluster;
 use super::dial::{open, open_any, ConnectSettings, Dial, PushTag};
-use super::error::{NodeError, NodeErrorKind};
+use super::error::{node_error, NodeError, NodeErrorKind};
 use super::facts::{info_field, server_identity, NodeFacts, FACTS_MAX_AGE};
 use super::link::Link;
 use super::spec::NodeSpec;
@@ -333,7 +333,7 @@ impl Node {
             *retried = true;
             return None;
         }
-        Some(NodeError::from_redis(e, self.spec.password()))
+        Some(node_error(e, self.spec.password()))
     }
 
     /// Runs `script` with `keys` and `args`, bounded by `timeout` (connecting included).
@@ -406,7 +406,7 @@ impl Node {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => {
                 self.drop_if_broken(id, &e);
-                Err(NodeError::from_redis(&e, self.spec.password()))
+                Err(node_error(&e, self.spec.password()))
             }
             Err(_) => Err(NodeError::timeout(timeout)),
         }

@@ -16,7 +16,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use redis::RedisError;
 
-use super::error::NodeError;
+use super::error::{node_error, NodeError};
 use super::node::Node;
 
 pub use super::hub::Pushes;
@@ -46,7 +46,7 @@ impl Node {
             Ok(Ok(pushes)) => Ok(pushes),
             Ok(Err(e)) => {
                 self.drop_if_broken(id, &e);
-                Err(NodeError::from_redis(&e, self.spec.password()))
+                Err(node_error(&e, self.spec.password()))
             }
             Err(_) => Err(NodeError::timeout(timeout)),
         }
@@ -59,7 +59,7 @@ impl Node {
         optional: Option<&str>,
         timeout: Duration,
     ) -> Result<Pushes, NodeError> {
-        let scrub = |e: RedisError| NodeError::from_redis(&e, self.spec.password());
+        let scrub = |e: RedisError| node_error(&e, self.spec.password());
         let connect = async {
             let (client, _) = self.dial.client(&self.spec, timeout).await?;
             let mut pubsub = client.get_async_pubsub().await.map_err(scrub)?;

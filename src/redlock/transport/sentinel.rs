@@ -30,7 +30,7 @@ use redis::{AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, IntoC
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::error::{NodeError, NodeErrorKind};
+use super::error::{node_error, NodeError, NodeErrorKind};
 use crate::clock::{self, Deadline};
 
 /// The Sentinel port when the URL gives none.
@@ -240,7 +240,7 @@ struct Sentinels {
 
 impl Sentinels {
     fn error(&self, err: &redis::RedisError) -> NodeError {
-        NodeError::from_redis(err, self.password.as_deref())
+        node_error(err, self.password.as_deref())
     }
 }
 

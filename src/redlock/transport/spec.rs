@@ -14,7 +14,7 @@ use redis::{
     TlsCertificates,
 };
 
-use super::error::{ConfigError, NodeError, NodeErrorKind};
+use super::error::{node_error, ConfigError, NodeError, NodeErrorKind};
 use super::secrets::{ClientCert, SecretFiles};
 use super::sentinel::{self, SentinelUrl};
 
@@ -245,7 +245,7 @@ impl NodeSpec {
             .iter()
             .map(|info| self.client_for(info))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| NodeError::from_redis(&e, sentinel.password.as_deref()))
+            .map_err(|e| node_error(&e, sentinel.password.as_deref()))
     }
 
     /// The password to scrub from error texts.
@@ -278,7 +278,7 @@ impl NodeSpec {
     /// A client for the server at `host:port`, with this node's credentials and TLS settings.
     pub(super) fn client_at(&self, host: &str, port: u16) -> Result<Client, NodeError> {
         self.client_for(&self.info_at(host, port)?)
-            .map_err(|e| NodeError::from_redis(&e, self.password()))
+            .map_err(|e| node_error(&e, self.password()))
     }
 
     /// A client for the server `info` names, with this node's TLS settings.

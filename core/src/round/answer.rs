@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use super::super::error::Vote;
-use super::super::votes::{DataAge, Proof};
+use crate::error::Vote;
+use crate::votes::{DataAge, Proof};
 
 /// The acquire script's reply as it comes off the wire: `{granted, fence, epoch_age_ms,
 /// max_ttl_ms, candidate_stored, holder_value, holder_pttl, node_set, node_set_age_ms}`.

@@ -22,9 +22,9 @@
 
 use std::time::Duration;
 
-use super::round::extend::renewed_end;
-use super::round::Rules;
 use crate::clock::Deadline;
+use crate::round::extend::renewed_end;
+use crate::round::Rules;
 
 /// From when the next renewal is counted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -5,8 +5,8 @@
 //! The token is ours only if every answer of the deciding quorum was lower; else the next
 //! attempt proposes a token above the highest answer, at most [`RAISE_ATTEMPTS`] times.
 
-use super::super::error::{Tally, Vote};
-use super::super::transport::{NodeError, NodeErrorKind};
+use crate::error::{NodeError, NodeErrorKind};
+use crate::error::{Tally, Vote};
 
 /// The largest token: Lua compares counters as doubles, exact below 2^53. A node reporting
 /// a higher counter is answering garbage (see `acquire`), and no token is minted above it.

@@ -7,8 +7,8 @@ use super::acquire::{AcquireParams, AcquireStatus};
 use super::extend::ExtendStatus;
 use super::*;
 use crate::clock::Deadline;
-use crate::redlock::votes::{self, settled_data_age, DataAge, NodeSet, Proof};
-use crate::redlock::{NodeError, Vote};
+use crate::error::{NodeError, Vote};
+use crate::votes::{self, settled_data_age, DataAge, NodeSet, Proof};
 
 const TTL: Duration = Duration::from_secs(10);
 const RECHECK_FOR: Duration = Duration::from_millis(1_000);
@@ -113,7 +113,7 @@ fn a_quorum_of_counted_grants_wins_before_the_last_node_answers() {
         round.poll(at(2)),
         AcquireStep::Won(TokenPlan::Stored(CANDIDATE))
     );
-    let valid = crate::redlock::validity(TTL, Duration::from_millis(2)).unwrap();
+    let valid = crate::timing::validity(TTL, Duration::from_millis(2)).unwrap();
     assert_eq!(round.validity().at(at(2)), Ok(at(0) + valid));
 }
 
@@ -224,7 +224,7 @@ fn a_node_silent_for_the_whole_window_or_refusing_connections_is_taken_as_unreac
         "the case --max-ttl covers"
     );
     let broken = Err(NodeError {
-        kind: crate::redlock::NodeErrorKind::Connection,
+        kind: crate::error::NodeErrorKind::Connection,
         message: "connection reset".into(),
     });
     let mut round = young_grants_and_a_silent_node(broken.clone());
@@ -245,7 +245,7 @@ fn no_recheck_when_the_young_grants_cannot_win_or_the_silent_node_answered_an_er
     round.handle(2, timeout());
     assert!(matches!(round.poll(at(60)), AcquireStep::Lost { .. }));
     let denied = Err(NodeError {
-        kind: crate::redlock::NodeErrorKind::Auth,
+        kind: crate::error::NodeErrorKind::Auth,
         message: "WRONGPASS".into(),
     });
     let round = young_grants_and_a_silent_node(denied);
@@ -362,7 +362,7 @@ fn a_record_written_before_a_restart_of_our_servers_is_stale_and_may_be_replaced
     assert_eq!(stale.set, node_set().fingerprint);
     assert_eq!(
         stale.after,
-        Duration::from_secs(1) + crate::redlock::drift(Duration::from_secs(30))
+        Duration::from_secs(1) + crate::timing::drift(Duration::from_secs(30))
     );
 }
 
@@ -547,7 +547,7 @@ fn an_extend_won_on_a_quorum_renews_and_restores_where_our_key_was_lost() {
     round.handle(1, extended(ExtendStatus::Extended));
     round.handle(2, extended(ExtendStatus::Extended));
     let now = at(3_010);
-    let valid = crate::redlock::validity(TTL, Duration::from_millis(10)).unwrap();
+    let valid = crate::timing::validity(TTL, Duration::from_millis(10)).unwrap();
     assert_eq!(
         round.poll(now),
         ExtendStep::Renewed {

@@ -9,7 +9,7 @@
 //!
 //! Where a rule lives:
 //! - which answer counts as a vote (data age, lineage facts, one server one vote, the node
-//!   set a grant came from): [`acquire::AcquireRound`] judging with [`crate::redlock::votes`];
+//!   set a grant came from): [`acquire::AcquireRound`] judging with [`crate::votes`];
 //! - when an acquire round is decided, waits for young nodes, refuses a foreign node set,
 //!   cleans up, and which fencing token it mints: [`acquire`];
 //! - raising the fencing counter when the candidate token was not stored: [`fence`];
@@ -27,8 +27,8 @@ pub mod retry;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::timing;
-use super::transport::NodeFacts;
+use crate::facts::NodeFacts;
+use crate::timing;
 
 pub use acquire::{
     AcquireParams, AcquireReply, AcquireRound, AcquireStep, Lost, RoundLost, StaleRecord,

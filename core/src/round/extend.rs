@@ -14,12 +14,12 @@
 
 use std::time::Duration;
 
-use super::super::error::{Tally, Vote};
-use super::super::timing::{quorum, renewed_until};
-use super::super::transport::NodeError;
-use super::super::votes::{DataAge, Proof};
 use super::Rules;
 use crate::clock::Deadline;
+use crate::error::NodeError;
+use crate::error::{Tally, Vote};
+use crate::timing::{quorum, renewed_until};
+use crate::votes::{DataAge, Proof};
 
 /// The extend script's reply as it comes off the wire: `{status, epoch_age_ms, max_ttl_ms}`,
 /// or, on the path nearly every renewal takes (our key extended, no proof made), the max-ttl
@@ -27,20 +27,6 @@ use crate::clock::Deadline;
 /// the rest of that path's Lua.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RawExtendReply(pub i64, pub i64, pub u64);
-
-impl redis::FromRedisValue for RawExtendReply {
-    fn from_redis_value(v: redis::Value) -> Result<Self, redis::ParsingError> {
-        match v {
-            redis::Value::Int(register) => u64::try_from(register)
-                .map(|register| RawExtendReply(1, -1, register))
-                .map_err(|_| "a negative max-ttl register".into()),
-            other => {
-                let (status, age, max_ttl) = <(i64, i64, u64)>::from_redis_value(other)?;
-                Ok(RawExtendReply(status, age, max_ttl))
-            }
-        }
-    }
-}
 
 /// What a node did with our renewal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,6 +1,6 @@
 //! Release: the owner-checked delete on every node; nothing to decide but the count.
 
-use super::super::transport::NodeError;
+use crate::error::NodeError;
 
 /// The release script's reply: 1 if it deleted our key there.
 pub type RawReleaseReply = i64;

@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-use super::super::error::{LockError, Vote, Votes};
-use super::super::timing::{backoff_delay, drift, CLOCK_DRIFT_FLOOR};
-use super::super::transport::NodeErrorKind;
 use crate::clock::Deadline;
+use crate::error::NodeErrorKind;
+use crate::error::{LockError, Vote, Votes};
+use crate::timing::{backoff_delay, drift, CLOCK_DRIFT_FLOOR};
 
 /// Until when a wait with `deadline` retries after a round that failed with `err`; `next` is
 /// when the next round would start. Past the deadline, only rounds that said nothing about a
@@ -71,7 +71,7 @@ impl Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::redlock::NodeError;
+    use crate::error::NodeError;
 
     fn votes(failed: &[NodeErrorKind]) -> Votes {
         let mut votes = vec![("a:1".to_owned(), Vote::Granted)];

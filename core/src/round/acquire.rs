@@ -40,15 +40,15 @@
 
 use std::time::Duration;
 
-use super::super::error::{Tally, Vote};
-use super::super::timing::quorum;
-use super::super::transport::{NodeError, NodeErrorKind};
-use super::super::votes::{self, judge_vote, DataAge, NodeSet, NotCounted, Proof, RecordVerdict};
 pub use super::answer::{identity_of, AcquireReply, AcquireStatus, RawAcquireReply};
 use super::answer::{most_common_holder, Seen};
 use super::fence::MAX_TOKEN;
 use super::{Connection, NodeAnswer, Rules};
 use crate::clock::Deadline;
+use crate::error::{NodeError, NodeErrorKind};
+use crate::error::{Tally, Vote};
+use crate::timing::quorum;
+use crate::votes::{self, judge_vote, DataAge, NodeSet, NotCounted, Proof, RecordVerdict};
 
 /// One node's answer, judged.
 struct Judged {
