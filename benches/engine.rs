@@ -25,6 +25,10 @@
 //!   the node kept its data (`votes`, rule 2): the least a Redlock that keeps that rule can do.
 //! - **rslock**: `rslock::LockManager::lock` then `unlock` (no retries).
 
+// Tests and benchmarks use Tokio's and std's timers directly (clippy.toml keeps them
+// out of the sidecar's code).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::sync::{Arc, LazyLock};

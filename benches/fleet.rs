@@ -81,6 +81,10 @@
 //! - **Takeover after crash**: SIGKILL to the leader; from the moment its key has expired on a
 //!   quorum (`PTTL` read right after the kill) to the next announcement of another sidecar.
 
+// Tests and benchmarks use Tokio's and std's timers directly (clippy.toml keeps them
+// out of the sidecar's code).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::collections::BTreeMap;

@@ -63,6 +63,10 @@
 //! (each kind's p50 over the floor's, same run); `hot_handover_floor_lineage_p50_us` with the
 //! in-process services against it and what the sidecars add over those.
 
+// Tests and benchmarks use Tokio's and std's timers directly (clippy.toml keeps them
+// out of the sidecar's code).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};

@@ -20,6 +20,10 @@
 //! Prints a markdown table, then, last, one line per arrangement:
 //! `names=<K> counters=<own|namespace> settled_keys_per_node=<d> settled_bytes_per_node=<b>`.
 
+// Tests and benchmarks use Tokio's and std's timers directly (clippy.toml keeps them
+// out of the sidecar's code).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -30,6 +30,10 @@
 //! phase moves it far more).
 //! The `DEL`s count under `cmdstat_del`, not in these figures.
 
+// Tests and benchmarks use Tokio's and std's timers directly (clippy.toml keeps them
+// out of the sidecar's code).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::sync::{Arc, LazyLock};

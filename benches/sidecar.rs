@@ -14,6 +14,10 @@
 //!   `BENCH_KILLS` (5), `BENCH_STARTUPS` (10).
 //! - `BENCH_SIDECAR_LOGS=1` shows the sidecars' logs.
 
+// Tests and benchmarks use Tokio's and std's timers directly (clippy.toml keeps them
+// out of the sidecar's code).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 /// The engine's Lua scripts, only to name the SHA1s seen in `MONITOR`.

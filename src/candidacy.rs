@@ -554,7 +554,7 @@ mod tests {
         tx.send_modify(|c| c.resign(Duration::from_secs(3600), Deadline::now()));
         let waiting = until(&mut rx, &cancel, Candidacy::may_contend);
         tokio::pin!(waiting);
-        let early = tokio::time::timeout(Duration::from_millis(20), waiting.as_mut()).await;
+        let early = crate::clock::within(Duration::from_millis(20), waiting.as_mut()).await;
         assert!(early.is_err(), "still held");
         cancel.cancel();
         assert!(!waiting.await);

@@ -18,7 +18,7 @@
 //!   on Tokio's timer in slices of at most [`FALLBACK_SLICE`].
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::io::unix::AsyncFd;
 
@@ -42,7 +42,7 @@ pub async fn sleep_until_deadline(deadline: Deadline) {
         if left.is_zero() {
             return;
         }
-        tokio::time::sleep(left.min(FALLBACK_SLICE)).await;
+        pause(left.min(FALLBACK_SLICE)).await;
     }
 }
 
@@ -261,6 +261,7 @@ impl Clock {
     pub fn now(self) -> Deadline {
         match self {
             Clock::Boot => Deadline::now(),
+            #[allow(clippy::disallowed_methods)] // the test clock, paused in tests
             Clock::Tokio => Deadline::from_instant(tokio::time::Instant::now().into_std()),
         }
     }
@@ -271,6 +272,7 @@ impl Clock {
             Clock::Boot => sleep_until_deadline(deadline).await,
             Clock::Tokio => {
                 let at = tokio::time::Instant::from_std(deadline.to_instant());
+                #[allow(clippy::disallowed_methods)] // the test clock's own sleep
                 tokio::time::sleep_until(at).await
             }
         }
@@ -312,6 +314,72 @@ impl Clock {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("deadline passed")]
 pub struct DeadlinePassed;
+
+/// A pause of `duration` on Tokio's timer, for what no lock deadline depends on (a poll period,
+/// a spread among waiters, a grace before closing): cheap with many sleepers; a suspend only
+/// makes it longer. A lock deadline waits with [`sleep_until_deadline`].
+#[allow(clippy::disallowed_methods)] // the one place Tokio's relative sleep is made
+pub fn pause(duration: Duration) -> tokio::time::Sleep {
+    tokio::time::sleep(duration)
+}
+
+/// Runs `future` for at most `bound` on Tokio's timer: one call's own bound (a read, a
+/// connection, a grace), never a lock deadline, which is a [`Deadline`] and waits with
+/// [`timeout_at`].
+#[allow(clippy::disallowed_methods)] // the one place Tokio's relative timeout is made
+pub async fn within<F: std::future::Future>(
+    bound: Duration,
+    future: F,
+) -> Result<F::Output, tokio::time::error::Elapsed> {
+    tokio::time::timeout(bound, future).await
+}
+
+/// One call's own bound, fixed when the call starts and shared by its steps (a retry after a
+/// reconnect gets what is left), on Tokio's timer like [`within`].
+#[derive(Clone, Copy, Debug)]
+pub struct CallBound(tokio::time::Instant);
+
+impl CallBound {
+    /// A bound `duration` from now.
+    #[allow(clippy::disallowed_methods)] // Tokio's clock, for Tokio's timer
+    pub fn after(duration: Duration) -> CallBound {
+        CallBound(tokio::time::Instant::now() + duration)
+    }
+
+    /// What is left of the bound now (zero once it passed).
+    #[allow(clippy::disallowed_methods)] // Tokio's clock, for Tokio's timer
+    pub fn left(self) -> Duration {
+        self.0
+            .saturating_duration_since(tokio::time::Instant::now())
+    }
+
+    /// Runs `future` until the bound.
+    #[allow(clippy::disallowed_methods)] // the one place Tokio's timeout_at is made
+    pub async fn run<F: std::future::Future>(
+        self,
+        future: F,
+    ) -> Result<F::Output, tokio::time::error::Elapsed> {
+        tokio::time::timeout_at(self.0, future).await
+    }
+}
+
+/// Measures how long something took, for a metric or a log only (on `CLOCK_MONOTONIC`: never
+/// a deadline).
+#[derive(Clone, Copy, Debug)]
+pub struct Stopwatch(Instant);
+
+impl Stopwatch {
+    /// Started now.
+    #[allow(clippy::disallowed_methods)] // a latency, not a deadline
+    pub fn start() -> Stopwatch {
+        Stopwatch(Instant::now())
+    }
+
+    /// Time since the start.
+    pub fn elapsed(self) -> Duration {
+        self.0.elapsed()
+    }
+}
 
 /// Runs `future` until the clock reaches `deadline`, counting suspended time (Tokio's
 /// `timeout_at` would not: its clock stops while the host is suspended).

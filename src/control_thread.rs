@@ -97,7 +97,7 @@ mod tests {
         let _client = tokio::net::TcpStream::connect(addr)
             .await
             .expect("connects");
-        let thread = tokio::time::timeout(std::time::Duration::from_secs(10), served)
+        let thread = crate::clock::within(std::time::Duration::from_secs(10), served)
             .await
             .expect("served within the deadline")
             .expect("no panic");

@@ -79,7 +79,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use crate::candidacy::{presence, CandidacyTx};
-use crate::clock::Deadline;
+use crate::clock::{self, Deadline};
 use crate::config::ReadyWhen;
 use crate::leadership::{Leadership, LeadershipRx};
 use crate::metrics::Metrics;
@@ -251,7 +251,7 @@ async fn body_within_timeout(
     }
     let (parts, body) = request.into_parts();
     let read = axum::body::to_bytes(body, 1024);
-    match tokio::time::timeout(BODY_READ_TIMEOUT, read).await {
+    match clock::within(BODY_READ_TIMEOUT, read).await {
         Ok(Ok(bytes)) => {
             let request = axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes));
             next.run(request).await
@@ -645,11 +645,11 @@ async fn accept_failed(err: std::io::Error, connections: &Connections) {
     let out_of_descriptors = matches!(err.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
     if out_of_descriptors && connections.make_room() {
         // Its task closes it on its next turn.
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        clock::pause(Duration::from_millis(1)).await;
         return;
     }
     warn!(error = %err, "an HTTP listener cannot accept a connection");
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    clock::pause(Duration::from_secs(1)).await;
 }
 
 /// Serves one connection: HTTP/1.1 with the header timeout, closed at [`MAX_CONNECTION_AGE`],
@@ -686,7 +686,7 @@ async fn serve_connection(
     tokio::pin!(conn);
     tokio::select! {
         _ = conn.as_mut() => return,
-        _ = tokio::time::sleep(MAX_CONNECTION_AGE) => {}
+        _ = clock::pause(MAX_CONNECTION_AGE) => {}
         _ = ending.cancelled() => {}
         _ = connection.displaced.cancelled() => {
             // Waiting for a head: closed at once. (A request that arrived meanwhile is
@@ -699,7 +699,7 @@ async fn serve_connection(
     // End this connection's event stream, finish the response in flight, then close.
     ending.cancel();
     conn.as_mut().graceful_shutdown();
-    let _ = tokio::time::timeout(CLOSE_GRACE, conn).await;
+    let _ = clock::within(CLOSE_GRACE, conn).await;
 }
 
 /// Binds the admin address (before anything else starts, so a busy port fails fast).
@@ -795,7 +795,7 @@ async fn resign(State(state): State<ControlState>, RawQuery(query): RawQuery) ->
             .is_none_or(|t| t.fencing_token != token)
     });
     let stepped_down = matches!(
-        tokio::time::timeout(RESIGN_ANSWER_WITHIN, stepped_down).await,
+        clock::within(RESIGN_ANSWER_WITHIN, stepped_down).await,
         Ok(Ok(_))
     );
     if !stepped_down {
@@ -819,11 +819,11 @@ async fn name_successor(candidacy: &CandidacyTx, to: &str) -> Result<(), &'stati
     let mut changes = candidacy.subscribe();
     candidacy.send_modify(|c| c.hand_over_to(to));
     let announced = changes.wait_for(|c| c.successor_announced());
-    match tokio::time::timeout(RESIGN_ANSWER_WITHIN, announced).await {
+    match clock::within(RESIGN_ANSWER_WITHIN, announced).await {
         Ok(Ok(_)) => {}
         _ => return Err("the successor could not be announced on the nodes; still leading"),
     }
-    tokio::time::sleep(presence::PERIOD + SUCCESSOR_READ_SLACK).await;
+    clock::pause(presence::PERIOD + SUCCESSOR_READ_SLACK).await;
     Ok(())
 }
 
@@ -1035,7 +1035,7 @@ mod tests {
     async fn an_event_stream_ends_and_its_connection_closes_at_the_maximum_age() {
         let (addr, _tx, _server) = server(CancellationToken::new()).await;
         let opened = tokio::time::Instant::now();
-        let text = tokio::time::timeout(
+        let text = clock::within(
             MAX_CONNECTION_AGE + CLOSE_GRACE + Duration::from_secs(60),
             watch_until_closed(addr),
         )
@@ -1057,14 +1057,14 @@ mod tests {
         let shutdown = CancellationToken::new();
         let (addr, _tx, server) = server(shutdown.clone()).await;
         let stream = tokio::spawn(watch_until_closed(addr));
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        clock::pause(Duration::from_secs(1)).await;
         shutdown.cancel();
-        let text = tokio::time::timeout(Duration::from_secs(1), stream)
+        let text = clock::within(Duration::from_secs(1), stream)
             .await
             .expect("closed at once")
             .unwrap();
         assert!(text.ends_with("\r\n0\r\n\r\n"), "{text:?}");
-        tokio::time::timeout(Duration::from_secs(1), server)
+        clock::within(Duration::from_secs(1), server)
             .await
             .expect("the server returns once its connections are closed")
             .unwrap()

@@ -1,6 +1,10 @@
 //! redlock-sidecar: hold a Redlock (a lock on a quorum of independent Redis masters)
 //! for the app next to it, with fencing tokens, and publish who leads.
 
+// Unit tests may use Tokio's and std's timers directly (clippy.toml keeps them out of the
+// code itself).
+#![cfg_attr(test, allow(clippy::disallowed_methods))]
+
 /// Whether this sidecar stands for leadership: the app's readiness and hand-overs.
 pub mod candidacy;
 /// The clock of every timer and deadline (`Deadline`): monotonic, counting host suspends.

@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::candidacy::{presence, probe, Candidacy};
+use crate::clock;
 use crate::config::{AppProbe, RunConfig};
 use crate::control_thread::ControlThread;
 use crate::http::{self, AdminState};
@@ -198,7 +199,7 @@ pub async fn run(cfg: RunConfig) -> i32 {
 
     signals.first().await;
     cancel.cancel();
-    let drained = tokio::time::timeout(cfg.shutdown_timeout, async {
+    let drained = clock::within(cfg.shutdown_timeout, async {
         let leadership = async {
             let _ = lease_task.await;
             if let Some(kube_task) = kube_task {
@@ -222,10 +223,10 @@ pub async fn run(cfg: RunConfig) -> i32 {
         }
     }
     http_stop.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(1), http_task).await;
-    let _ = tokio::time::timeout(Duration::from_secs(1), control_task).await;
+    let _ = clock::within(Duration::from_secs(1), http_task).await;
+    let _ = clock::within(Duration::from_secs(1), control_task).await;
     if let Some(task) = dapr_grpc_task {
-        let _ = tokio::time::timeout(Duration::from_secs(1), task).await;
+        let _ = clock::within(Duration::from_secs(1), task).await;
     }
     drop(control_thread);
     0
@@ -291,6 +292,6 @@ async fn follow_credentials(
     let salt = redlock.config().lock.clone();
     loop {
         metrics.credentials(node.credentials_fingerprint(&salt).await.as_deref());
-        tokio::time::sleep(CREDENTIALS_EVERY).await;
+        clock::pause(CREDENTIALS_EVERY).await;
     }
 }

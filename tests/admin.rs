@@ -3,6 +3,10 @@
 //! Redis needed): it stays a follower and serves its endpoint, which is all these tests look
 //! at.
 
+// Tests and benchmarks use Tokio's and std's timers directly (clippy.toml keeps them
+// out of the sidecar's code).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::net::SocketAddr;

@@ -4,6 +4,10 @@
 //! and the control listener's resign route, through the real binary on real redis-server
 //! nodes.
 
+// Tests and benchmarks use Tokio's and std's timers directly (clippy.toml keeps them
+// out of the sidecar's code).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::net::SocketAddr;

@@ -3,6 +3,10 @@
 //! `--slot-retention`. Through the real binary, on real redis-server nodes where a leader or a
 //! lock is needed.
 
+// Tests and benchmarks use Tokio's and std's timers directly (clippy.toml keeps them
+// out of the sidecar's code).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::net::SocketAddr;

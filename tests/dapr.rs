@@ -7,6 +7,10 @@
 //!
 //! Dapr's own SDKs run against the binary in `scripts/dapr-sdks.sh`.
 
+// Tests and benchmarks use Tokio's and std's timers directly (clippy.toml keeps them
+// out of the sidecar's code).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::net::SocketAddr;

@@ -25,6 +25,10 @@
 //! off a node (so its key stands on exactly two of three), and moves a node's address to a
 //! replica for a failover.
 
+// Tests and benchmarks use Tokio's and std's timers directly (clippy.toml keeps them
+// out of the sidecar's code).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::net::SocketAddr;

@@ -1,6 +1,10 @@
 //! Fencing tokens against real redis-server processes: a randomized check of the guarantee
 //! `src/redlock/fencing.rs` states, and the bound on the keys a lock name leaves behind.
 
+// Tests and benchmarks use Tokio's and std's timers directly (clippy.toml keeps them
+// out of the sidecar's code).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::sync::Arc;

@@ -7,6 +7,10 @@
 //! REDLOCK_WRITE_DOCS=1 cargo test --test flags_doc
 //! ```
 
+// Tests and benchmarks use Tokio's and std's timers directly (clippy.toml keeps them
+// out of the sidecar's code).
+#![allow(clippy::disallowed_methods)]
+
 use std::fmt::Write as _;
 use std::path::PathBuf;
 

@@ -11,6 +11,10 @@
 //! One test runs the real lock loop against a real `redis-server` while the mocked API server
 //! refuses everything, to show that API failures never reach the lock.
 
+// Tests and benchmarks use Tokio's and std's timers directly (clippy.toml keeps them
+// out of the sidecar's code).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::collections::BTreeMap;

@@ -6,6 +6,10 @@
 //! the open-files limit containerd gives by default, never runs the sidecar out of
 //! descriptors.
 
+// Tests and benchmarks use Tokio's and std's timers directly (clippy.toml keeps them
+// out of the sidecar's code).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::net::SocketAddr;

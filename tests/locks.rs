@@ -2,6 +2,10 @@
 //! API, Dapr's lock API, bad input, and SIGTERM; plus a property test that no HTTP input
 //! panics the lock routes (in-process router, real engine on a closed port).
 
+// Tests and benchmarks use Tokio's and std's timers directly (clippy.toml keeps them
+// out of the sidecar's code).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::net::SocketAddr;

@@ -4,6 +4,10 @@
 //! real redis-server nodes. (The PostgreSQL and Redis recipes run in `tests/locks.rs`, with
 //! tokens from the sidecar's lock API.)
 
+// Tests and benchmarks use Tokio's and std's timers directly (clippy.toml keeps them
+// out of the sidecar's code).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::net::SocketAddr;

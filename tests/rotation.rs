@@ -4,6 +4,10 @@
 //! is dropped: the sidecar's next connections read the files again, and the lock keeps its
 //! quorum.
 
+// Tests and benchmarks use Tokio's and std's timers directly (clippy.toml keeps them
+// out of the sidecar's code).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::net::SocketAddr;

@@ -10,6 +10,10 @@
 //! what keeps a second holder out when the new master missed the key, and it is checked here
 //! against the marker itself.
 
+// Tests and benchmarks use Tokio's and std's timers directly (clippy.toml keeps them
+// out of the sidecar's code).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::time::{Duration, SystemTime};

@@ -1,6 +1,10 @@
 //! What a waiting standby costs and learns: real `redlock-sidecar run` processes next to a
 //! leader on real redis-server nodes.
 
+// Tests and benchmarks use Tokio's and std's timers directly (clippy.toml keeps them
+// out of the sidecar's code).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::time::{Duration, Instant};

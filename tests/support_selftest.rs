@@ -1,6 +1,10 @@
 //! Tests of the integration-test harness itself (`tests/support/`): each one fails if the
 //! helper it covers is broken.
 
+// Tests and benchmarks use Tokio's and std's timers directly (clippy.toml keeps them
+// out of the sidecar's code).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};

@@ -1,6 +1,10 @@
 //! The real node behind the vote layer's seam (`VoteNode`), against a real redis-server: what
 //! a fake node stands in for in the unit tests is what the real one does.
 
+// Tests and benchmarks use Tokio's and std's timers directly (clippy.toml keeps them
+// out of the sidecar's code).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::time::Duration;

@@ -2,6 +2,10 @@
 //! keeps its grants from counting for ttl + drift, evicting nodes never count unless
 //! allowed, and a holder steps down as soon as a quorum shows the lock is gone.
 
+// Tests and benchmarks use Tokio's and std's timers directly (clippy.toml keeps them
+// out of the sidecar's code).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::sync::Arc;

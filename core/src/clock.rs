@@ -21,6 +21,7 @@ use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 /// Process start on both clocks: the origin that maps `CLOCK_BOOTTIME` onto `Instant`.
+#[allow(clippy::disallowed_methods)] // the one read of the monotonic clock: the origin
 static ORIGIN: LazyLock<(Instant, Duration)> = LazyLock::new(|| (Instant::now(), boottime()));
 
 /// The `CLOCK_BOOTTIME` reading: the same in every process of the host, so a deadline on it

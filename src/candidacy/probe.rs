@@ -75,9 +75,7 @@ impl AppUrl {
 
 /// One probe: whether the app answered 2xx within `timeout`.
 pub async fn ready(url: &AppUrl, timeout: Duration) -> bool {
-    tokio::time::timeout(timeout, get(url))
-        .await
-        .unwrap_or(false)
+    clock::within(timeout, get(url)).await.unwrap_or(false)
 }
 
 async fn get(url: &AppUrl) -> bool {

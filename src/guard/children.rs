@@ -22,7 +22,7 @@ use tracing::{debug, warn};
 use super::fence::{Fence, FenceCell};
 use super::supervisor::{self, Line};
 use super::tree;
-use crate::clock::Deadline;
+use crate::clock::{self, Deadline};
 use crate::config::GuardConfig;
 
 /// The prefix of guard's own settings, none of which CMD inherits.
@@ -352,7 +352,7 @@ impl Children {
                     }
                 }
                 // Without a SIGCHLD handler, poll.
-                None => tokio::time::sleep(Duration::from_millis(50)).await,
+                None => clock::pause(Duration::from_millis(50)).await,
             }
         }
     }
@@ -386,7 +386,7 @@ impl Children {
             if tree::kill_descendants(me) == 0 {
                 return;
             }
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            clock::pause(Duration::from_millis(5)).await;
         }
         warn!("processes of CMD's tree survived SIGKILL for a second");
     }

@@ -71,7 +71,7 @@ use tower::ServiceExt;
 use super::api::Api;
 use super::dapr::{self, DaprError, Runtime, TryLocked};
 use super::engine::LockEngine;
-use crate::clock::Deadline;
+use crate::clock::{self, Deadline};
 use crate::http::{CLOSE_GRACE, HEADER_READ_TIMEOUT, MAX_CONNECTION_AGE};
 
 /// Dapr's messages and its service, compiled by `build.rs` from `proto/` (see
@@ -483,7 +483,7 @@ fn incoming(listener: TcpListener) -> impl Stream<Item = io::Result<Conn>> {
             }
             Err(err) => {
                 // Out of descriptors, say: do not spin on it.
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                clock::pause(Duration::from_millis(100)).await;
                 Err(err)
             }
         };
@@ -503,7 +503,7 @@ impl Conn {
     fn new(stream: TcpStream, slot: OwnedSemaphorePermit) -> Conn {
         Conn {
             stream,
-            first_bytes: Some(Box::pin(tokio::time::sleep(HEADER_READ_TIMEOUT))),
+            first_bytes: Some(Box::pin(clock::pause(HEADER_READ_TIMEOUT))),
             _slot: slot,
         }
     }

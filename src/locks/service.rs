@@ -53,7 +53,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::{oneshot, watch, Notify};
 use tokio_util::sync::CancellationToken;
@@ -397,7 +397,7 @@ impl<E: LockEngine> Locks<E> {
         owner: Option<String>,
     ) -> Result<Granted, Refused> {
         // A latency for the metrics only.
-        let asked = Instant::now();
+        let asked = clock::Stopwatch::start();
         let result = self.acquire_counted(name, ttl, wait, owner).await;
         let label = match &result {
             Ok(_) => "acquired",
@@ -984,7 +984,7 @@ impl<E: LockEngine> Locks<E> {
             return Err(Found::Ended(end));
         }
         self.stop(id, End::Released);
-        let _ = tokio::time::timeout(RELEASE_ANSWER_WITHIN, lease.settled.wait_for(true)).await;
+        let _ = clock::within(RELEASE_ANSWER_WITHIN, lease.settled.wait_for(true)).await;
         self.forget(id);
         Ok(())
     }
@@ -1470,7 +1470,7 @@ mod tests {
         // The waiter has its turn (it holds a claim) before the release.
         until(|| locks.counted() == 2).await;
         locks.release("hot", first.lease).await.unwrap();
-        let second = tokio::time::timeout(Duration::from_secs(5), waiter)
+        let second = clock::within(Duration::from_secs(5), waiter)
             .await
             .expect("handed over without waiting for the deadline")
             .unwrap()
@@ -1671,11 +1671,14 @@ mod tests {
 
     /// Waits (with a deadline) until `done`.
     async fn until(done: impl Fn() -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while !done() {
-            assert!(Instant::now() < deadline, "condition not reached in 5 s");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "condition not reached in 5 s"
+            );
             tokio::task::yield_now().await;
-            tokio::time::sleep(Duration::from_millis(1)).await;
+            clock::pause(Duration::from_millis(1)).await;
         }
     }
 }

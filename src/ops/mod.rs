@@ -16,13 +16,14 @@ mod verdict;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tracing::warn;
 
 pub use report::{Dialled, NodeReport, Standing};
 pub use verdict::{overall, Voter};
 
+use crate::clock;
 use crate::redlock::votes::required_data_age;
 use crate::redlock::{quorum, Access, NodeError, NodeErrorKind, Redlock};
 
@@ -35,7 +36,7 @@ pub async fn node_report(
 ) -> Result<NodeReport, NodeError> {
     let node = &redlock.nodes()[index];
     // A round trip to report, not a deadline.
-    let start = Instant::now();
+    let start = clock::Stopwatch::start();
     node.command::<String>(&redis::cmd("PING"), timeout).await?;
     let rtt = start.elapsed();
     let info: String = node.command(&redis::cmd("INFO"), timeout).await?;

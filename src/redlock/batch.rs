@@ -130,7 +130,7 @@ async fn send_batches(nodes: Weak<[Node]>, index: usize, queue: Arc<Queue>) {
                 return;
             }
             // Woken by the next renewal (or, rarely, checks again whether the nodes are gone).
-            let _ = tokio::time::timeout(Duration::from_secs(5), queue.changed.notified()).await;
+            let _ = clock::within(Duration::from_secs(5), queue.changed.notified()).await;
             continue;
         };
         tokio::select! {
@@ -224,7 +224,7 @@ pub(super) async fn fan_out(
             let call: BoxFuture<'static, (usize, Reply)> = Box::pin(async move {
                 // The batch's own bound, with room for a large batch.
                 let bound = wait + inner.cfg.node_timeout * 2 + Duration::from_secs(1);
-                let result = match (submitted, tokio::time::timeout(bound, answer).await) {
+                let result = match (submitted, clock::within(bound, answer).await) {
                     (Some(()), Ok(Ok(reply))) => reply,
                     _ => Err(NodeError::timeout(bound)),
                 };
@@ -239,7 +239,7 @@ pub(super) async fn fan_out(
         .collect();
     // Every batch goes by its send-by instant; one that says nothing leaves `asked`, which is
     // never later than any send.
-    let sent = tokio::time::timeout(
+    let sent = clock::within(
         wait + Duration::from_secs(1),
         futures_util::future::join_all(sent_at),
     )

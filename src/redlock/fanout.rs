@@ -2,7 +2,7 @@
 //! that may still write it on the same node.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
@@ -11,6 +11,7 @@ use redis::Script;
 
 use super::finish::FinishOnDrop;
 use super::{push, Inner, NodeError, NodeFacts, Op, Redlock, CLEANUP, EPOCH_KEY};
+use crate::clock;
 
 /// One node's answer to a script, with the facts of the connection it came on.
 pub(super) type Answer<T> = (usize, Result<(T, Arc<NodeFacts>), NodeError>);
@@ -113,7 +114,7 @@ impl Inner {
             return;
         }
         let mut writes = self.key_writes[index].subscribe();
-        let _ = tokio::time::timeout(self.cfg.node_timeout, writes.wait_for(|n| *n == 0)).await;
+        let _ = clock::within(self.cfg.node_timeout, writes.wait_for(|n| *n == 0)).await;
     }
 
     /// Runs `script`, a delete of our key, on node `index` once the node's writes have settled,
@@ -138,7 +139,7 @@ impl Inner {
                 .eval::<T>(script, &self.keys(), &args, bound)
                 .await
         });
-        match tokio::time::timeout(wait, call.run()).await {
+        match clock::within(wait, call.run()).await {
             Ok(answer) => answer,
             Err(_) => Err(NodeError::timeout(wait)),
         }
@@ -182,7 +183,7 @@ impl Redlock {
                 let write = (order == Order::MayWrite).then(|| KeyWrite::start(&inner, index));
                 let call: BoxFuture<'static, Answer<T>> = Box::pin(async move {
                     // The call's latency, for the metrics only: no deadline.
-                    let start = Instant::now();
+                    let start = clock::Stopwatch::start();
                     let result = if order == Order::AfterWrites {
                         inner.clone().delete_on::<T>(index, script, args).await
                     } else {
@@ -245,7 +246,7 @@ impl Redlock {
             .enumerate()
             .map(|(index, node)| async move {
                 // The read's latency, for the metrics only: no deadline.
-                let start = Instant::now();
+                let start = clock::Stopwatch::start();
                 let result = node.read_key(key, inner.cfg.node_timeout).await;
                 let outcome = result.as_ref().map(|_| ()).map_err(|e| e.kind);
                 inner

@@ -76,7 +76,7 @@ mod tests {
         })
         .run();
         // Started, then dropped while it waits (its caller went away).
-        let started = tokio::time::timeout(Duration::from_millis(20), run).await;
+        let started = crate::clock::within(Duration::from_millis(20), run).await;
         assert!(started.is_err(), "it waits for `go`");
         go.notify_one();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);

@@ -21,9 +21,10 @@
 //!
 //! [`scripts::RECORD_SLOT`]: super::scripts::RECORD_SLOT
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::{quorum, Lease, NodeError, Op, Redlock, RECORD_SLOT};
+use crate::clock;
 
 /// What the nodes say about a slot.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -83,7 +84,7 @@ impl Redlock {
             let (keys, args) = (&keys, &args);
             async move {
                 // The write's latency, for the metrics only: no deadline.
-                let start = Instant::now();
+                let start = clock::Stopwatch::start();
                 let result = node
                     .eval::<i64>(&RECORD_SLOT, keys, args, inner.cfg.node_timeout)
                     .await;

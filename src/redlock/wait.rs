@@ -27,7 +27,7 @@ use super::push::{Push, PushKind};
 use super::round::retry::{retry_until, Backoff};
 use super::standby::{Action, Announced, Standby, SPREAD_SLOT};
 use super::{quorum, Lease, LockError, Redlock, Vote};
-use crate::clock::{Clock, Deadline};
+use crate::clock::{self, Clock, Deadline};
 
 /// Subscribers of a lock's channels on one node (0: not counted).
 #[derive(Clone, Copy, Debug, Default)]
@@ -106,7 +106,7 @@ impl Redlock {
                 tokio::select! {
                     biased;
                     _ = cancel.cancelled() => return Err(LockError::Cancelled),
-                    _ = tokio::time::sleep(handicap) => {}
+                    _ = clock::pause(handicap) => {}
                 }
             }
             // A started round is never abandoned half-way: it is short (node timeout) and
@@ -227,7 +227,7 @@ impl Redlock {
         // A pause, not a deadline: on Tokio's timer, which is cheap with hundreds of waiters
         // (a timerfd per pause cost the 400-waiter test its holder's renewals); a suspend
         // only makes it longer.
-        let sleep = tokio::time::sleep(delay);
+        let sleep = clock::pause(delay);
         tokio::pin!(sleep);
         loop {
             tokio::select! {
@@ -237,7 +237,7 @@ impl Redlock {
                     // A release: retry after a pause that spreads the waiters out.
                     if let Ok(Push { kind: PushKind::Released(_), .. }) = push {
                         let spread = SPREAD_SLOT.mul_f64(rand::rng().random_range(0.0..=1.0));
-                        tokio::time::sleep(spread).await;
+                        clock::pause(spread).await;
                         break;
                     }
                     if let Err(broadcast::error::RecvError::Closed) = push {

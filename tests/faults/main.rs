@@ -23,6 +23,10 @@
 //! requests: request locks through two sidecars),
 //! beside the contenders they share (library, guards, runs), the cluster set-up and the report.
 
+// Tests and benchmarks use Tokio's and std's timers directly (clippy.toml keeps them
+// out of the sidecar's code).
+#![allow(clippy::disallowed_methods)]
+
 #[path = "../support/mod.rs"]
 mod support;
 

@@ -35,6 +35,7 @@ use super::error::{node_error, NodeError, NodeErrorKind};
 use super::facts::NodeFacts;
 use super::sentinel::addr_label;
 use super::spec::NodeSpec;
+use crate::clock;
 use crate::redlock::scripts;
 
 static STAMP_SLOTS: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::STAMP_SLOTS));
@@ -296,7 +297,7 @@ async fn stamp_every_master(spec: NodeSpec, ranges: Vec<SlotRange>, settings: Co
             Ok::<_, NodeError>(stamped)
         };
         let master = format!("{host}:{port}");
-        match tokio::time::timeout(settings.connect_timeout * 8, stamp).await {
+        match clock::within(settings.connect_timeout * 8, stamp).await {
             Ok(Ok(stamped)) => debug!(%master, stamped, "slot markers stamped"),
             Ok(Err(err)) => debug!(%master, error = %err, "slot markers not stamped"),
             Err(_) => debug!(%master, "slot markers not stamped in time"),

@@ -24,6 +24,7 @@ use redis::{FromRedisValue, PushInfo};
 use tokio::sync::{mpsc, watch};
 
 use super::link::Link;
+use crate::clock;
 
 /// Messages of the channels a waiter subscribed: `(channel, payload)`; the stream ends when
 /// the connection that carries them is gone.
@@ -205,7 +206,7 @@ impl Drop for RouteGuard {
         runtime.spawn(async move {
             // A lock that subscribes again at once (to take or drop a channel) keeps the rest
             // without a gap, as if it had never left.
-            tokio::time::sleep(UNSUBSCRIBE_AFTER).await;
+            clock::pause(UNSUBSCRIBE_AFTER).await;
             let _order = hub.commands.lock().await;
             let unused: Vec<String> = {
                 let routes = hub.routes();
@@ -217,7 +218,7 @@ impl Drop for RouteGuard {
             if !unused.is_empty() {
                 // Bounded: a hung node must not hold the next subscriber for long.
                 let unsubscribe = conn.unsubscribe(&unused);
-                let _ = tokio::time::timeout(std::time::Duration::from_secs(1), unsubscribe).await;
+                let _ = clock::within(std::time::Duration::from_secs(1), unsubscribe).await;
             }
         });
     }

@@ -39,7 +39,7 @@ use super::error::{node_error, NodeError, NodeErrorKind};
 use super::facts::{info_field, server_identity, NodeFacts, FACTS_MAX_AGE};
 use super::link::Link;
 use super::spec::NodeSpec;
-use crate::clock::Deadline;
+use crate::clock::{self, Deadline};
 
 /// A live node: its address and its self-reconnecting connection.
 pub struct Node {
@@ -190,7 +190,7 @@ impl Node {
             self.connect_in_background();
         }
         let mut link = self.link.subscribe();
-        let settled = tokio::time::timeout(
+        let settled = clock::within(
             timeout,
             link.wait_for(|link| !matches!(link, Link::Connecting)),
         )
@@ -236,7 +236,7 @@ impl Node {
         let connect = reach(dial, spec, settings, seeds, tag);
         let connect_timeout = settings.connect_timeout;
         self.spawn(async move {
-            let next = match tokio::time::timeout(connect_timeout, connect).await {
+            let next = match clock::within(connect_timeout, connect).await {
                 Ok(Ok((conn, facts))) => {
                     *server.lock().unwrap_or_else(|e| e.into_inner()) =
                         server_identity(&facts.run_id, db);
@@ -287,7 +287,7 @@ impl Node {
             let mut info = redis::cmd("INFO");
             info.arg("memory");
             let read = info.query_async::<String>(&mut conn);
-            if let Ok(Ok(memory)) = tokio::time::timeout(timeout, read).await {
+            if let Ok(Ok(memory)) = clock::within(timeout, read).await {
                 link.send_if_modified(|link| match link {
                     Link::Up(_, facts, current, read_at) if *current == id => {
                         *facts = Arc::new(NodeFacts {
@@ -348,10 +348,10 @@ impl Node {
         args: &[&str],
         timeout: Duration,
     ) -> Result<(T, Arc<NodeFacts>), NodeError> {
-        let deadline = tokio::time::Instant::now() + timeout;
+        let bound = clock::CallBound::after(timeout);
         let mut retried = false;
         loop {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let left = bound.left();
             let (mut conn, facts, id) = self.connection(left).await?;
             let slot_marker = facts
                 .cluster
@@ -365,11 +365,11 @@ impl Node {
                 invocation.arg(*arg);
             }
             invocation.arg(self.db());
-            match tokio::time::timeout_at(deadline, invocation.invoke_async(&mut conn)).await {
+            match bound.run(invocation.invoke_async(&mut conn)).await {
                 Ok(Ok(value)) => return Ok((value, facts)),
                 Ok(Err(e)) if e.code() == Some("ASK") => {
                     let asked = cluster::ask(&self.spec, &e, script, &keys, args, self.db());
-                    return match tokio::time::timeout_at(deadline, asked).await {
+                    return match bound.run(asked).await {
                         Ok(result) => result.map(|value| (value, facts)),
                         Err(_) => Err(NodeError::timeout(timeout)),
                     };
@@ -400,9 +400,9 @@ impl Node {
         cmd: &redis::Cmd,
         timeout: Duration,
     ) -> Result<T, NodeError> {
-        let deadline = tokio::time::Instant::now() + timeout;
+        let bound = clock::CallBound::after(timeout);
         let (mut conn, _, id) = self.connection(timeout).await?;
-        match tokio::time::timeout_at(deadline, cmd.query_async(&mut conn)).await {
+        match bound.run(cmd.query_async(&mut conn)).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => {
                 self.drop_if_broken(id, &e);
@@ -443,12 +443,12 @@ impl Node {
         pipe: &redis::Pipeline,
         timeout: Duration,
     ) -> Result<T, NodeError> {
-        let deadline = tokio::time::Instant::now() + timeout;
+        let bound = clock::CallBound::after(timeout);
         let mut retried = false;
         loop {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let left = bound.left();
             let (mut conn, _, id) = self.connection_quiet(left).await?;
-            match tokio::time::timeout_at(deadline, pipe.query_async::<T>(&mut conn)).await {
+            match bound.run(pipe.query_async::<T>(&mut conn)).await {
                 Ok(Ok(value)) => return Ok(value),
                 Ok(Err(e)) => match self.failed(id, &e, &mut retried) {
                     None => continue,

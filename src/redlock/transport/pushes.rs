@@ -18,6 +18,7 @@ use redis::RedisError;
 
 use super::error::{node_error, NodeError};
 use super::node::Node;
+use crate::clock;
 
 pub use super::hub::Pushes;
 
@@ -36,13 +37,13 @@ impl Node {
         timeout: Duration,
     ) -> Result<Pushes, NodeError> {
         // The call's own relative bound, on Tokio's timer (see `node`).
-        let deadline = tokio::time::Instant::now() + timeout;
+        let bound = clock::CallBound::after(timeout);
         let (conn, facts, id) = self.connection_quiet(timeout).await?;
         if !facts.push {
             return self.dedicated_pushes(channels, optional, timeout).await;
         }
         let subscribe = self.hub.subscribe(conn, id, channels, optional, &self.link);
-        match tokio::time::timeout_at(deadline, subscribe).await {
+        match bound.run(subscribe).await {
             Ok(Ok(pushes)) => Ok(pushes),
             Ok(Err(e)) => {
                 self.drop_if_broken(id, &e);
@@ -69,7 +70,7 @@ impl Node {
             }
             Ok(pubsub)
         };
-        let pubsub = match tokio::time::timeout(timeout, connect).await {
+        let pubsub = match clock::within(timeout, connect).await {
             Ok(result) => result?,
             Err(_) => return Err(NodeError::timeout(timeout)),
         };

@@ -23,7 +23,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use super::error::ConfigError;
-use crate::clock::Deadline;
+use crate::clock::{self, Deadline};
 
 /// Largest PEM file read (a CA bundle of a few hundred certificates fits).
 const MAX_PEM_BYTES: u64 = 4 << 20;
@@ -121,7 +121,7 @@ impl SecretFiles {
             }
             Ok::<_, ConfigError>(())
         };
-        match tokio::time::timeout(READ_TIMEOUT, all).await {
+        match clock::within(READ_TIMEOUT, all).await {
             Ok(done) => done?,
             Err(_) => return Err(self.timed_out(&reads, &contents)),
         }

@@ -367,7 +367,7 @@ impl Group {
                 },
             }
         };
-        match tokio::time::timeout(timeout, ask).await {
+        match clock::within(timeout, ask).await {
             Ok(answer) => answer,
             Err(_) => Err(NodeError {
                 kind: NodeErrorKind::Timeout,
@@ -390,7 +390,7 @@ impl Group {
             index %= self.url.sentinels.len().max(1);
             let watch = async {
                 let client = self.sentinels().clients[index].clone();
-                let pubsub = tokio::time::timeout(timeout, client.get_async_pubsub()).await;
+                let pubsub = clock::within(timeout, client.get_async_pubsub()).await;
                 let Ok(Ok(mut pubsub)) = pubsub else {
                     return false;
                 };
