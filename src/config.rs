@@ -36,7 +36,7 @@ use crate::redlock::timing::{
 };
 use crate::redlock::{drift, ConfigError, Credentials, NodeSpec, RedlockConfig};
 
-pub use crate::exit::{EXIT_CODES, OS_ERROR as EXIT_OS_ERROR};
+use crate::exit::EXIT_CODES;
 
 /// `--safety-margin` when the ttl leaves room for it.
 const DEFAULT_SAFETY_MARGIN: Duration = Duration::from_secs(1);

@@ -44,7 +44,7 @@ pub async fn run(cfg: RunConfig) -> i32 {
         Ok(thread) => thread,
         Err(err) => {
             eprintln!("redlock-sidecar: cannot start the control listener's thread: {err}");
-            return crate::config::EXIT_OS_ERROR;
+            return crate::exit::OS_ERROR;
         }
     };
     // Bound on its own thread (see `control_thread`), so that thread's reactor serves it.
@@ -229,7 +229,7 @@ pub async fn run(cfg: RunConfig) -> i32 {
         let _ = clock::within(Duration::from_secs(1), task).await;
     }
     drop(control_thread);
-    0
+    crate::exit::OK
 }
 
 /// Raises the soft `RLIMIT_NOFILE` to the hard limit; returns the limits now in force

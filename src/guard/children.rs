@@ -287,7 +287,7 @@ impl Children {
                     return Err(std::io::Error::last_os_error());
                 }
                 if libc::getppid() != parent {
-                    libc::_exit(128 + libc::SIGKILL);
+                    libc::_exit(crate::exit::killed_by(libc::SIGKILL));
                 }
                 Ok(())
             });

@@ -14,9 +14,9 @@ use super::outcome::{Kind, Outcome};
 use super::report::Report;
 use super::schedule::{self, Action, Limits, State, Why, RENEW_FAILED, SUPERSEDED};
 use super::signals::Signals;
-use super::{EXIT_LOST, EXIT_MAX_HOLD, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_UNREACHABLE};
 use crate::clock::{Clock, Deadline};
 use crate::config::{GuardConfig, Slot};
+use crate::exit;
 use crate::leadership::{LeadershipRx, LeadershipTx, Role};
 use crate::lease::{self, HoldEnd};
 use crate::redlock::{Lease, Redlock};
@@ -60,9 +60,9 @@ pub async fn run_cmd(
             lease::release(redlock, &lease).await;
             report.run("failed");
             let code = if err.kind() == std::io::ErrorKind::NotFound {
-                EXIT_NOT_FOUND
+                exit::NOT_FOUND
             } else {
-                EXIT_NOT_EXECUTABLE
+                exit::NOT_EXECUTABLE
             };
             return Outcome {
                 kind: Kind::NotStarted,
@@ -235,9 +235,9 @@ pub async fn run_cmd(
                     true,
                 )
                 .await;
-            held(Kind::Lost, EXIT_LOST)
+            held(Kind::Lost, exit::LOST)
         }
-        Some(Why::MaxHold) => held(Kind::MaxHold, EXIT_MAX_HOLD),
+        Some(Why::MaxHold) => held(Kind::MaxHold, exit::MAX_HOLD),
         None => {
             if matches!(ended, Some(HoldEnd::Lost(..))) {
                 warn!(lock = %lock, exit_code = code, "the lock was lost during --min-hold, after CMD finished; its exit code stands");
@@ -261,7 +261,7 @@ pub async fn run_cmd(
                     )
                     .await;
                 report.run("unrecorded");
-                return held(Kind::Unrecorded, EXIT_UNREACHABLE);
+                return held(Kind::Unrecorded, exit::UNREACHABLE);
             }
             held(Kind::Ran, code)
         }
@@ -334,5 +334,5 @@ fn spawn_renewals(
 /// it, so guard stops as after a loss (CMD's tree dies with the supervisor).
 fn renewal_task_failed(err: &tokio::task::JoinError) -> HoldEnd {
     error!(error = %err, "the renewal task failed; the lock expires on its own");
-    crate::exit::now(EXIT_LOST)
+    exit::now(exit::LOST)
 }

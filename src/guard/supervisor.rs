@@ -53,6 +53,7 @@ use std::time::Duration;
 use super::fence::{Fence, FenceCell};
 use super::tree;
 use crate::clock::{self, BootTimer};
+use crate::exit;
 
 /// Where a helper reports to guard ([`Line`]s); shared by both helpers.
 pub const REPORT_FD: i32 = 3;
@@ -150,12 +151,12 @@ pub fn supervise(parent: i32, command: &[String]) -> i32 {
         eprintln!("redlock-sidecar: cannot become a child subreaper: {err}");
     }
     if parent_gone(parent) {
-        return 1;
+        return exit::HELPER_FAILED;
     }
     // guard publishes the first fence before starting the watchdog: no CMD without one.
     let (Some(fence), Some(mut doorbell)) = (fence, doorbell) else {
         send(&mut report, Line::HelperError(libc::EINVAL));
-        return 1;
+        return exit::HELPER_FAILED;
     };
     let (below, role) = match next_doorbell {
         Some(next) => match spawn_supervisor(command, &next) {
@@ -165,7 +166,7 @@ pub fn supervise(parent: i32, command: &[String]) -> i32 {
                     &mut report,
                     Line::HelperError(err.raw_os_error().unwrap_or(libc::EIO)),
                 );
-                return 1;
+                return exit::HELPER_FAILED;
             }
         },
         None => match spawn_cmd(command) {
@@ -184,9 +185,9 @@ pub fn supervise(parent: i32, command: &[String]) -> i32 {
             Err(err) => {
                 send(&mut report, Line::CmdError(err.raw_os_error().unwrap_or(0)));
                 return if err.kind() == std::io::ErrorKind::NotFound {
-                    127
+                    exit::NOT_FOUND
                 } else {
-                    126
+                    exit::NOT_EXECUTABLE
                 };
             }
         },
@@ -249,7 +250,7 @@ fn watch(
             // Only guard holds the other end: it has exited or died, and it exits only after
             // the watchdog did. Nothing below may outlive it.
             tree::kill_and_reap_all();
-            return 128 + libc::SIGKILL;
+            return exit::killed_by(libc::SIGKILL);
         }
         let pending = match &signals {
             Some(signals) => signals.take(),
@@ -267,7 +268,7 @@ fn watch(
                 }
             } else if parent_gone(parent) {
                 tree::kill_and_reap_all();
-                return 128 + libc::SIGKILL;
+                return exit::killed_by(libc::SIGKILL);
             }
         }
     }
@@ -470,7 +471,7 @@ fn spawn_supervisor(command: &[String], next: &OwnedFd) -> std::io::Result<i32> 
                 return Err(std::io::Error::last_os_error());
             }
             if libc::getppid() != me {
-                libc::_exit(128 + libc::SIGKILL);
+                libc::_exit(exit::killed_by(libc::SIGKILL));
             }
             Ok(())
         });
@@ -497,7 +498,7 @@ fn spawn_cmd(command: &[String]) -> std::io::Result<i32> {
                 return Err(std::io::Error::last_os_error());
             }
             if libc::getppid() != me {
-                libc::_exit(128 + libc::SIGKILL);
+                libc::_exit(exit::killed_by(libc::SIGKILL));
             }
             Ok(())
         });
@@ -580,7 +581,7 @@ mod tests {
             Line::CmdError(libc::ENOENT),
             Line::HelperError(libc::EINVAL),
             Line::Fenced(libc::SIGKILL),
-            Line::Exited(128 + libc::SIGTERM),
+            Line::Exited(exit::killed_by(libc::SIGTERM)),
         ] {
             let text = line.encode();
             assert!(text.ends_with('\n') && text.len() < 64, "{text:?}");
