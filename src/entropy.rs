@@ -3,9 +3,8 @@
 //! Lock values, retry jitter and TLS all draw from it. rand's thread-local generator panics
 //! ("could not initialize ThreadRng") when its first seed cannot be read, e.g. a `getrandom`
 //! system call denied by seccomp in a binary that has no `/dev/urandom` to fall back on. Reading
-//! it here first turns that into one clear line and exit code
-//! ([`crate::exit::OS_ERROR`]) before
-//! anything connects.
+//! it here first turns that into one clear line and exit code [`crate::exit::OS_ERROR`]
+//! before anything connects.
 //!
 //! ## Limits
 //! The generator reseeds itself from the same source later (every 64 KiB of output) and rand
