@@ -225,18 +225,8 @@ async fn cycle(s: &Setup, client: Client) -> Result<(Duration, Duration, bool), 
                 }
             }
             let acquired = start.elapsed();
-            let dels = join_all(s.conns.iter().map(|c| {
-                let mut c = c.clone();
-                let (key, value) = (&s.floor_key, &value);
-                async move { CAD.key(key).arg(value).invoke_async::<i64>(&mut c).await }
-            }))
-            .await;
-            let total = start.elapsed();
-            let deleted = dels.iter().filter(|r| matches!(r, Ok(1))).count();
-            if granted < s.n {
-                return Err(format!("granted on {granted} of {} nodes", s.n));
-            }
-            Ok((acquired, total, deleted < s.n))
+            let deleted = delete_everywhere(s, &CAD, &value).await;
+            fanned_out(s, granted, deleted, acquired, start.elapsed())
         }
         Client::FloorRules => {
             let value = random_value();
@@ -268,24 +258,8 @@ async fn cycle(s: &Setup, client: Client) -> Result<(Duration, Duration, bool), 
             .await;
             let granted = sets.iter().filter(|r| matches!(r, Ok(1))).count();
             let acquired = start.elapsed();
-            let dels = join_all(s.conns.iter().map(|c| {
-                let mut c = c.clone();
-                let (key, value) = (k, &value);
-                async move {
-                    RULES_RELEASE
-                        .key(key)
-                        .arg(value)
-                        .invoke_async::<i64>(&mut c)
-                        .await
-                }
-            }))
-            .await;
-            let total = start.elapsed();
-            let deleted = dels.iter().filter(|r| matches!(r, Ok(1))).count();
-            if granted < s.n {
-                return Err(format!("granted on {granted} of {} nodes", s.n));
-            }
-            Ok((acquired, total, deleted < s.n))
+            let deleted = delete_everywhere(s, &RULES_RELEASE, &value).await;
+            fanned_out(s, granted, deleted, acquired, start.elapsed())
         }
         Client::Rslock => {
             let lock = s
@@ -298,6 +272,39 @@ async fn cycle(s: &Setup, client: Client) -> Result<(Duration, Duration, bool), 
             Ok((acquired, start.elapsed(), false))
         }
     }
+}
+
+/// Runs the compare-and-delete `release` of the floor key holding `value` on every node at
+/// once; how many nodes deleted it.
+async fn delete_everywhere(s: &Setup, release: &Script, value: &str) -> usize {
+    let dels = join_all(s.conns.iter().map(|c| {
+        let mut c = c.clone();
+        let key = &s.floor_key;
+        async move {
+            release
+                .key(key)
+                .arg(value)
+                .invoke_async::<i64>(&mut c)
+                .await
+        }
+    }))
+    .await;
+    dels.iter().filter(|r| matches!(r, Ok(1))).count()
+}
+
+/// A floor client's cycle: an error unless every node granted, else (acquire latency, cycle
+/// latency, whether the release missed a node).
+fn fanned_out(
+    s: &Setup,
+    granted: usize,
+    deleted: usize,
+    acquired: Duration,
+    total: Duration,
+) -> Result<(Duration, Duration, bool), String> {
+    if granted < s.n {
+        return Err(format!("granted on {granted} of {} nodes", s.n));
+    }
+    Ok((acquired, total, deleted < s.n))
 }
 
 /// Redis CPU (`INFO commandstats`, usec per call) of one acquire script and of one bare
