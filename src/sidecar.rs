@@ -435,7 +435,7 @@ async fn follow_credentials(
     redlock: crate::redlock::Redlock,
     metrics: Arc<crate::metrics::Metrics>,
 ) {
-    let Some(node) = redlock.nodes().first() else {
+    let Some(node) = redlock.nodes().first().and_then(|node| node.connection()) else {
         return;
     };
     let salt = redlock.config().lock.clone();

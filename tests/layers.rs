@@ -609,6 +609,14 @@ fn function_lengths(text: &str) -> Vec<(String, usize)> {
         let Some(after_fn) = signature.strip_prefix("fn ") else {
             continue;
         };
+        // A declaration without a body (a trait's) ends at a `;` before any `{`.
+        let opens = lines[start..]
+            .iter()
+            .map(|l| l.trim_end())
+            .find(|l| l.ends_with('{') || l.ends_with(';') || l.ends_with('}'));
+        if opens.is_some_and(|l| l.ends_with(';')) {
+            continue;
+        }
         let closing = format!("{}}}", " ".repeat(indent));
         if let Some(end) = lines[start..].iter().position(|l| *l == closing) {
             let name: String = after_fn
@@ -688,6 +696,9 @@ fn every_file_and_function_of_the_code_is_short() {
     let long = "pub(crate) async unsafe fn long() {\n".to_owned() + &"    x;\n".repeat(90) + "}\n";
     assert_eq!(function_lengths(&long), [("long".to_owned(), 92)]);
     assert_eq!(too_long("f.rs", &long), ["f.rs: fn long is 92 lines"]);
+    let declared =
+        "trait T {\n    fn f(&self)\n        -> u8;\n}\nimpl X {\n    fn g() {\n    }\n}\n";
+    assert_eq!(function_lengths(declared), [("g".to_owned(), 2)]);
     let big = "// x\n".repeat(MAX_FILE_LINES + 1);
     assert_eq!(too_long("f.rs", &big), ["f.rs: 601 lines"]);
 }

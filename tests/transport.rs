@@ -74,8 +74,12 @@ async fn a_real_node_runs_scripts_reads_keys_and_publishes_through_the_vote_laye
         .await
         .expect("subscribed");
     let listener = node_at(&server.url());
-    let reached = listener
-        .publish("lock:acquired", "v1 7", TIMEOUT)
+    let publish = redis::cmd("PUBLISH")
+        .arg("lock:acquired")
+        .arg("v1 7")
+        .clone();
+    let reached: u64 = listener
+        .command(&publish, TIMEOUT)
         .await
         .expect("published");
     assert_eq!(reached, 1, "the subscription is live");

@@ -24,6 +24,7 @@ pub use report::{Dialled, NodeReport, Standing};
 pub use verdict::{overall, Voter};
 
 use crate::clock;
+use crate::redlock::transport::VoteNode;
 use crate::redlock::votes::required_data_age;
 use crate::redlock::{quorum, Access, Node, NodeError, NodeErrorKind, Redlock};
 
@@ -44,8 +45,11 @@ pub async fn node_report(
         address: node
             .facts()
             .map_or_else(|| node.label().to_owned(), |f| f.address.clone()),
-        sentinel_group: node.sentinel_master().map(str::to_owned),
-        tls: node.is_tls(),
+        sentinel_group: node
+            .connection()
+            .and_then(Node::sentinel_master)
+            .map(str::to_owned),
+        tls: node.connection().is_some_and(Node::is_tls),
         cluster_slot: None,
     };
     let mut report = NodeReport::from_info(&info, rtt, dialled);
@@ -53,7 +57,7 @@ pub async fn node_report(
         return Ok(report);
     }
     if report.cluster {
-        report.dialled.cluster_slot = Some(node.slot());
+        report.dialled.cluster_slot = node.connection().map(Node::slot);
     }
     let epoch_key = node.epoch_key();
     let marker: Option<String> = node
@@ -150,7 +154,7 @@ pub async fn check(redlock: &Redlock) -> (String, bool) {
     let max_ttl = cfg.longest_ttl();
     let abstain = required_data_age(max_ttl);
     let mut voters = Vec::new();
-    for (node, report) in redlock.nodes().iter().zip(&reports) {
+    for (node, report) in redlock.nodes().iter().map(AsRef::as_ref).zip(&reports) {
         let voter = match report {
             Ok(r) => {
                 reachable += 1;
@@ -175,7 +179,7 @@ pub async fn check(redlock: &Redlock) -> (String, bool) {
                 Voter {
                     label: node.label().to_owned(),
                     standing: None,
-                    fails_over: node.sentinel_master().is_some(),
+                    fails_over: node.connection().and_then(Node::sentinel_master).is_some(),
                     unsafe_because: None,
                 }
             }
@@ -206,7 +210,7 @@ pub async fn check(redlock: &Redlock) -> (String, bool) {
 /// vote counts, its warnings; and the node as the verdict sees it.
 fn reachable_row(
     out: &mut String,
-    node: &Node,
+    node: &dyn VoteNode,
     r: &NodeReport,
     max_ttl: Duration,
     allow_evicting_nodes: bool,

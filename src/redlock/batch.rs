@@ -25,7 +25,7 @@ use redis::Script;
 use tokio::sync::{oneshot, Notify};
 
 use super::round::extend::RawExtendReply;
-use super::transport::{Node, NodeError, NodeErrorKind, NodeFacts};
+use super::transport::{NodeError, NodeErrorKind, NodeFacts, Voter};
 use super::{scripts, Answers, Inner, Op};
 use crate::clock::{self, Deadline};
 
@@ -80,7 +80,7 @@ struct Queue {
 
 /// The batches of one group of shared nodes (see `pool`), one queue per node.
 pub(super) struct Batches {
-    nodes: Weak<[Node]>,
+    nodes: Weak<[Voter]>,
     queues: Vec<Arc<Queue>>,
 }
 
@@ -91,7 +91,7 @@ pub fn hold(ttl: Duration, left: Duration) -> Duration {
 
 impl Batches {
     /// Batches for `nodes`.
-    pub(super) fn new(nodes: &Arc<[Node]>) -> Batches {
+    pub(super) fn new(nodes: &Arc<[Voter]>) -> Batches {
         Batches {
             nodes: Arc::downgrade(nodes),
             queues: (0..nodes.len()).map(|_| Arc::default()).collect(),
@@ -119,7 +119,7 @@ impl Batches {
 
 /// Sends node `index`'s batches for as long as its nodes live: each when its most urgent
 /// renewal's wait is over, with every renewal waiting then.
-async fn send_batches(nodes: Weak<[Node]>, index: usize, queue: Arc<Queue>) {
+async fn send_batches(nodes: Weak<[Voter]>, index: usize, queue: Arc<Queue>) {
     loop {
         let send_by = {
             let pending = queue.pending.lock().unwrap_or_else(|e| e.into_inner());
@@ -152,7 +152,7 @@ async fn send_batches(nodes: Weak<[Node]>, index: usize, queue: Arc<Queue>) {
 }
 
 /// One batch on node `index`: one script, its answers handed to each lock.
-async fn send(nodes: Arc<[Node]>, index: usize, batch: Vec<Pending>) {
+async fn send(nodes: Arc<[Voter]>, index: usize, batch: Vec<Pending>) {
     let timeout = batch.iter().map(|p| p.timeout).max().unwrap_or_default()
         + PER_RENEWAL.saturating_mul(u32::try_from(batch.len()).unwrap_or(u32::MAX));
     let keys: Vec<&str> = batch

@@ -49,6 +49,8 @@ mod renew;
 mod scripts;
 mod slot;
 pub mod standby;
+#[cfg(test)]
+mod tests;
 pub mod timing;
 pub mod transport;
 pub mod votes;
@@ -75,7 +77,7 @@ pub use timing::{drift, quorum, validity, RECORD_LIFE};
 pub use transport::{cluster, secrets, sentinel};
 pub use transport::{
     info_field, ClientCert, ConnectSettings, Credentials, Node, NodeError, NodeErrorKind,
-    NodeFacts, NodeSpec, EPOCH_KEY, FACTS_MAX_AGE,
+    NodeFacts, NodeSpec, Voter, EPOCH_KEY, FACTS_MAX_AGE,
 };
 use votes::NodeSet;
 pub use wait::HolderSeen;
@@ -236,7 +238,7 @@ struct Inner {
     /// `scripts`).
     refreshed_key: String,
     /// Shared with the other locks of an [`Engine`], or this lock's own.
-    nodes: Arc<[Node]>,
+    nodes: Arc<[Voter]>,
     /// On an [`Engine`]: the renewal batches shared with its other locks (see [`batch`]).
     batches: Option<Arc<batch::Batches>>,
     /// Per node: whether its last judged answer did not count (see [`PROOF_EVERY`]).
@@ -340,7 +342,7 @@ impl Redlock {
     fn with_nodes(
         cfg: RedlockConfig,
         observer: Arc<dyn Observer>,
-        nodes: Arc<[Node]>,
+        nodes: Arc<[Voter]>,
         batches: Option<Arc<batch::Batches>>,
     ) -> Redlock {
         let stop = CancellationToken::new();
@@ -380,7 +382,9 @@ impl Redlock {
     pub fn node_set(&self) -> NodeSet {
         match &self.inner.cfg.node_set {
             Some(name) => NodeSet::named(name),
-            None => NodeSet::of_servers(self.inner.nodes.iter().map(Node::server).collect()),
+            None => {
+                NodeSet::of_servers(self.inner.nodes.iter().map(|node| node.server()).collect())
+            }
         }
     }
 
@@ -419,7 +423,7 @@ impl Redlock {
     }
 
     /// The node connections, in configured order.
-    pub fn nodes(&self) -> &[Node] {
+    pub fn nodes(&self) -> &[Voter] {
         &self.inner.nodes
     }
 

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use super::batch::Batches;
-use super::transport::{cluster, ConnectSettings, Node, NodeSpec};
+use super::transport::{cluster, ConnectSettings, Node, NodeSpec, Voter};
 use super::{ConfigError, RedlockConfig};
 
 /// Nodes shared by many locks. Cheap to clone.
@@ -32,7 +32,7 @@ struct Shared {
     specs: Vec<NodeSpec>,
     settings: ConnectSettings,
     /// The group of every lock while no node is in cluster mode.
-    shared: Arc<[Node]>,
+    shared: Arc<[Voter]>,
     /// Its renewal batches.
     shared_batches: Arc<Batches>,
     /// Per node: whether it is a cluster (learnt from its connection's facts).
@@ -43,13 +43,14 @@ struct Shared {
 
 /// The nodes of one slot and their renewal batches, kept while a lock uses them.
 struct Group {
-    nodes: Weak<[Node]>,
+    nodes: Weak<[Voter]>,
     batches: Weak<Batches>,
 }
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Engine({:?})", self.inner.shared)
+        let labels: Vec<&str> = self.inner.shared.iter().map(|node| node.label()).collect();
+        write!(f, "Engine({labels:?})")
     }
 }
 
@@ -92,7 +93,7 @@ impl Engine {
     }
 
     /// The nodes a lock whose keys hash to `slot` uses, and their renewal batches.
-    pub(super) fn nodes_for(&self, slot: u16) -> Result<(Arc<[Node]>, Arc<Batches>), ConfigError> {
+    pub(super) fn nodes_for(&self, slot: u16) -> Result<(Arc<[Voter]>, Arc<Batches>), ConfigError> {
         let inner = &self.inner;
         let all_direct = {
             let mut known = inner.cluster.lock().unwrap_or_else(|e| e.into_inner());
@@ -153,10 +154,10 @@ pub(super) fn slot_of(name: &str) -> u16 {
 pub(super) fn nodes(
     specs: &[NodeSpec],
     settings: ConnectSettings,
-) -> Result<Arc<[Node]>, ConfigError> {
+) -> Result<Arc<[Voter]>, ConfigError> {
     specs
         .iter()
-        .map(|spec| Node::new(spec.clone(), settings))
+        .map(|spec| Node::new(spec.clone(), settings).map(|node| Arc::new(node) as Voter))
         .collect::<Result<Vec<_>, _>>()
         .map(Arc::from)
         .map_err(|e| ConfigError::new("--redis", e.to_string()))
@@ -164,7 +165,7 @@ pub(super) fn nodes(
 
 /// Connects to every node in the background (a per-node call is bounded by the node timeout,
 /// which may be shorter than a connection takes to establish).
-pub(super) fn warm_up(nodes: &Arc<[Node]>, timeout: Duration) {
+pub(super) fn warm_up(nodes: &Arc<[Voter]>, timeout: Duration) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };

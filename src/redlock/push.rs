@@ -196,7 +196,7 @@ pub(super) async fn listen(inner: Weak<Inner>, index: usize) {
         // A stream before this one on the same connection may have taken it.
         let dropped = (!watching).then_some(channels.released.as_str());
         let messages = strong.nodes[index]
-            .pushes(&announcements, optional, dropped, connect_timeout)
+            .subscribe(&announcements, optional, dropped, connect_timeout)
             .await;
         let pushes = strong.pushes().clone();
         let subscribed = strong.subscribed.clone();

@@ -10,13 +10,13 @@ use std::time::Duration;
 pub use redlock_core::votes::*;
 
 use super::round::{Connection, Rules};
-use super::transport::{NodeFacts, VoteNode};
+use super::transport::{NodeFacts, Voter};
 use super::Redlock;
 
 /// For rule 5 (one server, one vote; judged in [`judge_vote`]): the label of a
 /// node listed before node `index` of `nodes` whose connection reaches the server with
 /// `run_id`, if any (one server under two names).
-pub fn same_server_as<N: VoteNode>(nodes: &[N], index: usize, run_id: &str) -> Option<String> {
+pub fn same_server_as(nodes: &[Voter], index: usize, run_id: &str) -> Option<String> {
     nodes[..index.min(nodes.len())]
         .iter()
         .find(|other| other.facts().is_some_and(|f| f.run_id == run_id))
@@ -84,6 +84,7 @@ impl Redlock {
 mod tests {
     use super::*;
     use crate::redlock::transport::voter::fake::FakeNode;
+    use crate::redlock::transport::VoteNode;
 
     fn proof(age_ms: u64) -> Proof {
         Proof {
@@ -100,14 +101,15 @@ mod tests {
     #[test]
     fn one_server_under_two_names_is_one_vote_and_a_node_without_run_id_none() {
         let nodes = [
-            FakeNode::new("localhost:6379", "run-a"),
-            FakeNode::new("127.0.0.1:6379", "run-a"),
-            FakeNode::new("b:6379", "run-b"),
+            Arc::new(FakeNode::new("localhost:6379", "run-a")),
+            Arc::new(FakeNode::new("127.0.0.1:6379", "run-a")),
+            Arc::new(FakeNode::new("b:6379", "run-b")),
         ];
+        let voters: Vec<Voter> = nodes.iter().map(|node| node.clone() as Voter).collect();
         let judged = |i: usize, facts: NodeFacts| {
             let conn = Connection {
                 server: server_identity(&facts.run_id, 0),
-                same_server_as: same_server_as(&nodes, i, &facts.run_id),
+                same_server_as: same_server_as(&voters, i, &facts.run_id),
                 facts: Arc::new(facts),
             };
             judge_vote(

@@ -1,5 +1,5 @@
 //! The transport: everything below the votes. It reaches nodes, keeps one connection per node
-//! with its subscriptions, and offers the vote layer what it needs behind [`VoteNode`].
+//! with its subscriptions, and offers the engine what it needs behind [`VoteNode`].
 //!
 //! ## Layers (each imports only from those below it; `tests/layers.rs` checks it)
 //! 1. [`error`]: what can go wrong ([`ConfigError`], [`NodeError`]).
@@ -12,8 +12,8 @@
 //! 4. [`node`], [`pushes`], `hub`: one self-reconnecting connection per node, its facts, the
 //!    calls the engine makes, and the pushes that ride on it, routed by channel to every lock
 //!    that listens (one connection and one router per node, whatever the number of locks).
-//! 5. [`voter`]: the trait the vote layer sees a node through, so vote rules can be tested
-//!    with a fake node.
+//! 5. [`voter`]: the trait the engine holds every node through ([`Voter`]), so its rounds,
+//!    fan-out and vote rules can be tested on fake nodes.
 //!
 //! ## Time
 //! What outlives one call is a [`crate::clock::Deadline`] on `CLOCK_BOOTTIME` (the age of a
@@ -46,4 +46,4 @@ pub use node::Node;
 pub use pushes::Pushes;
 pub use secrets::{ClientCert, SecretFiles};
 pub use spec::{Credentials, NodeSpec};
-pub use voter::VoteNode;
+pub use voter::{VoteNode, Voter};

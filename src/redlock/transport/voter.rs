@@ -1,15 +1,18 @@
-//! The seam between the votes and the transport: what the vote layer asks of one node.
+//! The seam between the engine and the transport: what the engine asks of one node.
 //!
-//! Like tower's `Service`, it is the whole of what a caller may do with a node, so a rule
-//! written against it can be driven by a fake node in a unit test (no Redis, no clock). The
-//! real [`Node`] implements it; `fake::FakeNode` (tests only) answers from a script of replies.
+//! Like tower's `Service`, it is the whole of what the engine may do with a node, so the
+//! engine's fan-out, its rounds and the vote rules can be driven by a fake node in a unit test
+//! (no Redis, no clock). The real [`Node`] implements it; `fake::FakeNode` (tests only)
+//! answers from a script of replies. The trait is object-safe (answers are raw [`Value`]s,
+//! futures are boxed): the engine holds its nodes as [`Voter`]s, and the typed helpers on
+//! `dyn VoteNode` decode what they answer.
 //!
 //! Every call is bounded by the `timeout` it is given; every failure is a [`NodeError`].
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use redis::{FromRedisValue, Script, Value};
 
 use super::error::{NodeError, NodeErrorKind};
@@ -17,7 +20,10 @@ use super::facts::NodeFacts;
 use super::node::Node;
 use super::pushes::Pushes;
 
-/// One node, as the vote layer sees it.
+/// One node as the engine holds it (shared by every lock of an engine).
+pub type Voter = Arc<dyn VoteNode>;
+
+/// One node, as the engine sees it.
 pub trait VoteNode: Send + Sync {
     /// `host:port` (a Sentinel group: `MASTER@sentinels`), safe to log and to label votes.
     fn label(&self) -> &str;
@@ -38,51 +44,95 @@ pub trait VoteNode: Send + Sync {
     /// The key of the epoch marker this node's scripts use (per slot in cluster mode).
     fn epoch_key(&self) -> String;
 
+    /// The real connection behind this node, for what only it knows (how it was dialled,
+    /// the credentials it uses); `None` for a fake.
+    fn connection(&self) -> Option<&Node>;
+
     /// Connects if no connection is up; errors are left to the next call.
-    fn connect(&self, timeout: Duration) -> impl Future<Output = ()> + Send;
+    fn connect(&self, timeout: Duration) -> BoxFuture<'_, ()>;
 
     /// Runs `script` with `keys` and `args` (the database index appended as the last
     /// argument); the raw reply and the facts of the connection that carried it.
-    fn run_script(
-        &self,
-        script: &Script,
-        keys: &[&str],
-        args: &[&str],
+    fn run_script<'a>(
+        &'a self,
+        script: &'a Script,
+        keys: &'a [&'a str],
+        args: &'a [&'a str],
         timeout: Duration,
-    ) -> impl Future<Output = Result<(Value, Arc<NodeFacts>), NodeError>> + Send;
+    ) -> BoxFuture<'a, Result<(Value, Arc<NodeFacts>), NodeError>>;
+
+    /// Runs one plain command; its raw reply.
+    fn run_command<'a>(
+        &'a self,
+        cmd: &'a redis::Cmd,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Value, NodeError>>;
+
+    /// Runs `pipe` (one round trip; atomic if `pipe` is), without refreshing stale facts;
+    /// its raw reply.
+    fn run_pipeline<'a>(
+        &'a self,
+        pipe: &'a redis::Pipeline,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Value, NodeError>>;
 
     /// `key`'s value and remaining time (`GET` and `PTTL`), `None` if there is none.
-    fn read_key(
-        &self,
-        key: &str,
+    fn read_key<'a>(
+        &'a self,
+        key: &'a str,
         timeout: Duration,
-    ) -> impl Future<Output = Result<Option<(String, Duration)>, NodeError>> + Send;
-
-    /// Publishes `message` on `channel`; how many subscribers it reached.
-    fn publish(
-        &self,
-        channel: &str,
-        message: &str,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<u64, NodeError>> + Send;
+    ) -> BoxFuture<'a, Result<Option<(String, Duration)>, NodeError>>;
 
     /// Streams what `channels` carry (and `optional`, where the node allows it); `dropped` is
     /// a channel an earlier stream subscribed that this one does not want.
-    fn subscribe(
-        &self,
-        channels: &[&str],
-        optional: Option<&str>,
-        dropped: Option<&str>,
+    fn subscribe<'a>(
+        &'a self,
+        channels: &'a [&'a str],
+        optional: Option<&'a str>,
+        dropped: Option<&'a str>,
         timeout: Duration,
-    ) -> impl Future<Output = Result<Pushes, NodeError>> + Send;
+    ) -> BoxFuture<'a, Result<Pushes, NodeError>>;
 }
 
-/// A script's raw reply as `T`; a reply of another shape is a protocol error, never a panic.
+/// A raw reply as `T`; a reply of another shape is a protocol error, never a panic.
 pub fn decode<T: FromRedisValue>(reply: Value) -> Result<T, NodeError> {
     T::from_redis_value(reply).map_err(|e| NodeError {
         kind: NodeErrorKind::Protocol,
         message: e.to_string(),
     })
+}
+
+/// Typed forms of the raw calls.
+impl dyn VoteNode {
+    /// [`VoteNode::run_script`], its reply decoded as `T`.
+    pub async fn eval<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[&str],
+        args: &[&str],
+        timeout: Duration,
+    ) -> Result<(T, Arc<NodeFacts>), NodeError> {
+        let (reply, facts) = self.run_script(script, keys, args, timeout).await?;
+        Ok((decode(reply)?, facts))
+    }
+
+    /// [`VoteNode::run_command`], its reply decoded as `T`.
+    pub async fn command<T: FromRedisValue>(
+        &self,
+        cmd: &redis::Cmd,
+        timeout: Duration,
+    ) -> Result<T, NodeError> {
+        decode(self.run_command(cmd, timeout).await?)
+    }
+
+    /// [`VoteNode::run_pipeline`], its reply decoded as `T`.
+    pub async fn query_pipeline<T: FromRedisValue>(
+        &self,
+        pipe: &redis::Pipeline,
+        timeout: Duration,
+    ) -> Result<T, NodeError> {
+        decode(self.run_pipeline(pipe, timeout).await?)
+    }
 }
 
 impl VoteNode for Node {
@@ -110,46 +160,56 @@ impl VoteNode for Node {
         Node::epoch_key(self)
     }
 
-    fn connect(&self, timeout: Duration) -> impl Future<Output = ()> + Send {
-        Node::connect(self, timeout)
+    fn connection(&self) -> Option<&Node> {
+        Some(self)
     }
 
-    fn run_script(
-        &self,
-        script: &Script,
-        keys: &[&str],
-        args: &[&str],
-        timeout: Duration,
-    ) -> impl Future<Output = Result<(Value, Arc<NodeFacts>), NodeError>> + Send {
-        self.eval::<Value>(script, keys, args, timeout)
+    fn connect(&self, timeout: Duration) -> BoxFuture<'_, ()> {
+        Box::pin(Node::connect(self, timeout))
     }
 
-    fn read_key(
-        &self,
-        key: &str,
+    fn run_script<'a>(
+        &'a self,
+        script: &'a Script,
+        keys: &'a [&'a str],
+        args: &'a [&'a str],
         timeout: Duration,
-    ) -> impl Future<Output = Result<Option<(String, Duration)>, NodeError>> + Send {
-        Node::read_key(self, key, timeout)
+    ) -> BoxFuture<'a, Result<(Value, Arc<NodeFacts>), NodeError>> {
+        Box::pin(Node::eval::<Value>(self, script, keys, args, timeout))
     }
 
-    async fn publish(
-        &self,
-        channel: &str,
-        message: &str,
+    fn run_command<'a>(
+        &'a self,
+        cmd: &'a redis::Cmd,
         timeout: Duration,
-    ) -> Result<u64, NodeError> {
-        let publish = redis::cmd("PUBLISH").arg(channel).arg(message).clone();
-        self.command::<u64>(&publish, timeout).await
+    ) -> BoxFuture<'a, Result<Value, NodeError>> {
+        Box::pin(Node::command::<Value>(self, cmd, timeout))
     }
 
-    fn subscribe(
-        &self,
-        channels: &[&str],
-        optional: Option<&str>,
-        dropped: Option<&str>,
+    fn run_pipeline<'a>(
+        &'a self,
+        pipe: &'a redis::Pipeline,
         timeout: Duration,
-    ) -> impl Future<Output = Result<Pushes, NodeError>> + Send {
-        self.pushes(channels, optional, dropped, timeout)
+    ) -> BoxFuture<'a, Result<Value, NodeError>> {
+        Box::pin(Node::query_pipeline::<Value>(self, pipe, timeout))
+    }
+
+    fn read_key<'a>(
+        &'a self,
+        key: &'a str,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Option<(String, Duration)>, NodeError>> {
+        Box::pin(Node::read_key(self, key, timeout))
+    }
+
+    fn subscribe<'a>(
+        &'a self,
+        channels: &'a [&'a str],
+        optional: Option<&'a str>,
+        dropped: Option<&'a str>,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Pushes, NodeError>> {
+        Box::pin(self.pushes(channels, optional, dropped, timeout))
     }
 }
 
@@ -274,57 +334,89 @@ pub(crate) mod fake {
             EPOCH_KEY.to_owned()
         }
 
-        async fn connect(&self, _timeout: Duration) {
+        fn connection(&self) -> Option<&Node> {
+            None
+        }
+
+        fn connect(&self, _timeout: Duration) -> BoxFuture<'_, ()> {
             self.record(Call::Connect);
             if let Some(facts) = self.on_connect.lock().unwrap().take() {
                 *self.facts.lock().unwrap() = Some(Arc::new(facts));
             }
+            Box::pin(async {})
         }
 
-        async fn run_script(
-            &self,
-            _script: &Script,
-            keys: &[&str],
-            args: &[&str],
+        fn run_script<'a>(
+            &'a self,
+            _script: &'a Script,
+            keys: &'a [&'a str],
+            args: &'a [&'a str],
             timeout: Duration,
-        ) -> Result<(Value, Arc<NodeFacts>), NodeError> {
+        ) -> BoxFuture<'a, Result<(Value, Arc<NodeFacts>), NodeError>> {
             let owned = |items: &[&str]| items.iter().map(|s| (*s).to_owned()).collect();
             self.record(Call::Script(owned(keys), owned(args)));
-            let facts = self.facts().ok_or_else(|| NodeError::timeout(timeout))?;
-            let reply = self.replies.lock().unwrap().pop_front();
-            let reply = reply.unwrap_or_else(|| Err(NodeError::timeout(timeout)))?;
-            Ok((reply, facts))
+            let answer = self.facts().ok_or_else(|| NodeError::timeout(timeout));
+            let answer = answer.and_then(|facts| {
+                let reply = self.replies.lock().unwrap().pop_front();
+                Ok((
+                    reply.unwrap_or_else(|| Err(NodeError::timeout(timeout)))?,
+                    facts,
+                ))
+            });
+            Box::pin(async move { answer })
         }
 
-        async fn read_key(
-            &self,
-            key: &str,
+        fn run_command<'a>(
+            &'a self,
+            cmd: &'a redis::Cmd,
             timeout: Duration,
-        ) -> Result<Option<(String, Duration)>, NodeError> {
+        ) -> BoxFuture<'a, Result<Value, NodeError>> {
+            let words: Vec<String> = cmd
+                .args_iter()
+                .filter_map(|arg| match arg {
+                    redis::Arg::Simple(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+                    _ => None,
+                })
+                .collect();
+            let answer = match words.as_slice() {
+                [publish, channel, message] if publish == "PUBLISH" => {
+                    self.record(Call::Publish(channel.clone(), message.clone()));
+                    Ok(Value::Int(0))
+                }
+                [ping] if ping == "PING" => Ok(Value::SimpleString("PONG".into())),
+                _ => Err(NodeError::timeout(timeout)),
+            };
+            Box::pin(async move { answer })
+        }
+
+        fn run_pipeline<'a>(
+            &'a self,
+            _pipe: &'a redis::Pipeline,
+            timeout: Duration,
+        ) -> BoxFuture<'a, Result<Value, NodeError>> {
+            Box::pin(async move { Err(NodeError::timeout(timeout)) })
+        }
+
+        fn read_key<'a>(
+            &'a self,
+            key: &'a str,
+            timeout: Duration,
+        ) -> BoxFuture<'a, Result<Option<(String, Duration)>, NodeError>> {
             self.record(Call::Read(key.to_owned()));
-            if self.facts().is_none() {
-                return Err(NodeError::timeout(timeout));
-            }
-            Ok(self.keys.lock().unwrap().get(key).cloned())
+            let answer = match self.facts() {
+                None => Err(NodeError::timeout(timeout)),
+                Some(_) => Ok(self.keys.lock().unwrap().get(key).cloned()),
+            };
+            Box::pin(async move { answer })
         }
 
-        async fn publish(
-            &self,
-            channel: &str,
-            message: &str,
+        fn subscribe<'a>(
+            &'a self,
+            channels: &'a [&'a str],
+            _optional: Option<&'a str>,
+            _dropped: Option<&'a str>,
             _timeout: Duration,
-        ) -> Result<u64, NodeError> {
-            self.record(Call::Publish(channel.to_owned(), message.to_owned()));
-            Ok(0)
-        }
-
-        async fn subscribe(
-            &self,
-            channels: &[&str],
-            _optional: Option<&str>,
-            _dropped: Option<&str>,
-            _timeout: Duration,
-        ) -> Result<Pushes, NodeError> {
+        ) -> BoxFuture<'a, Result<Pushes, NodeError>> {
             let wanted: Vec<String> = channels.iter().map(|c| (*c).to_owned()).collect();
             self.record(Call::Subscribe(wanted.clone()));
             let messages: Vec<(String, String)> = self
@@ -335,7 +427,8 @@ pub(crate) mod fake {
                 .filter(|(channel, _)| wanted.contains(channel))
                 .cloned()
                 .collect();
-            Ok(futures_util::stream::iter(messages).boxed())
+            let stream: Pushes = futures_util::stream::iter(messages).boxed();
+            Box::pin(async move { Ok(stream) })
         }
     }
 }
