@@ -279,6 +279,10 @@ impl Redlock {
     /// Answers after a won round still carry counters (the next candidate starts above them)
     /// and tell whether their node's vote counts, so every node's report stays current.
     fn judge_late_answers(&self, mut round: AcquireRound, mut answers: Answers<RawAcquireReply>) {
+        // Every node answered already (always so with one node): no task to wake.
+        if answers.calls.is_empty() {
+            return;
+        }
         let this = self.clone();
         tokio::spawn(async move {
             while let Some((index, answer)) = answers.recv().await {
