@@ -248,6 +248,8 @@ impl Conn {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Path {
     Floor,
+    /// The floor with its `SET NX PX` in a script that also reads the lineage (rule 2).
+    FloorLineage,
     Rslock,
     Library,
     /// The sidecar's request-lock service in this process, without HTTP.
@@ -262,6 +264,7 @@ impl Path {
         match (self, hot) {
             (Path::Floor, false) => "floor (SET NX PX + CAD), many names",
             (Path::Floor, true) => "floor (SET NX PX + CAD), hot name",
+            (Path::FloorLineage, _) => "floor + lineage read in the SET's script, hot name",
             (Path::Rslock, false) => "rslock 0.10, many names",
             (Path::Rslock, true) => "rslock 0.10, hot name",
             (Path::Library, false) => "library, many names (one shared engine)",
@@ -275,9 +278,10 @@ impl Path {
     }
 }
 
-const PATHS: [(Path, bool); 11] = [
+const PATHS: [(Path, bool); 12] = [
     (Path::Floor, false),
     (Path::Floor, true),
+    (Path::FloorLineage, true),
     (Path::Rslock, false),
     (Path::Rslock, true),
     (Path::Library, false),
@@ -421,9 +425,9 @@ async fn delete_all(
     deleted.iter().filter(|r| matches!(r, Ok(1))).count()
 }
 
-async fn floor_cycle(conns: &[MultiplexedConnection], key: &str) {
+async fn floor_cycle(conns: &[MultiplexedConnection], key: &str, lineage: bool) {
     let value = random_value();
-    let granted = set_nx_all(conns, key, &value, false).await;
+    let granted = set_nx_all(conns, key, &value, lineage).await;
     assert!(granted.iter().all(|g| *g), "the floor is uncontended");
     let deleted = delete_all(conns, &CAD, key, &[&value]).await;
     assert_eq!(deleted, conns.len(), "the floor deletes its own keys");
@@ -532,7 +536,8 @@ fn cycle(rt: &tokio::runtime::Runtime, c: &mut Clients, path: Path, hot: bool) -
     };
     let start = Instant::now();
     match path {
-        Path::Floor => rt.block_on(floor_cycle(&c.conns, &format!("floor:{name}"))),
+        Path::Floor => rt.block_on(floor_cycle(&c.conns, &format!("floor:{name}"), false)),
+        Path::FloorLineage => rt.block_on(floor_cycle(&c.conns, &format!("floor:{name}"), true)),
         Path::Rslock => rt.block_on(async {
             let lock = c
                 .rslock
@@ -750,6 +755,24 @@ fn main() {
         }
         for (i, &(path, hot)) in PATHS.iter().enumerate() {
             print_row(path.label(hot), nodes, &rows[i]);
+        }
+        let cpu_per_cycle = |path, hot| {
+            let row = &rows[PATHS.iter().position(|&p| p == (path, hot)).unwrap()];
+            row.redis_cpu * 1e6 / (row.samples.len().max(1) * nodes) as f64
+        };
+        let (bare, lineage) = (
+            cpu_per_cycle(Path::Floor, true),
+            cpu_per_cycle(Path::FloorLineage, true),
+        );
+        for (kind, hot) in [("hot_name", true), ("many_names", false)] {
+            let library = cpu_per_cycle(Path::Library, hot);
+            goals.push(format!(
+                "redis_cpu_per_cycle_per_node n={nodes} library {kind} {library:.1} µs ÷ floor {bare:.1} µs = {:.2} (goal ≤ 1.3: {}); ÷ the floor + lineage read {lineage:.1} µs = {:.2}; that floor ÷ the bare floor {:.2}",
+                library / bare.max(1e-9),
+                met(library <= 1.3 * bare),
+                library / lineage.max(1e-9),
+                lineage / bare.max(1e-9)
+            ));
         }
         let mut announcements = Some(rt.block_on(floor_subscribe(&clients.urls)));
         let svc_holder = service(&clients.urls, "bench-holder").0;
