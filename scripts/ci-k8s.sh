@@ -377,7 +377,7 @@ template_guards() {
 check "template fails on shutdownTimeout >= grace period and bad combinations" template_guards
 
 timing_guards() {
-  # The rules of src/config.rs at render time: a value the sidecar would refuse (exit 2, a
+  # The rules of src/config/ at render time: a value the sidecar would refuse (exit 2, a
   # CrashLoop behind the native sidecar's startup gate) fails the render, naming the rule.
   helm template x "${CHART}" "${REQ[@]}" --set lock.ttl=1s >"${WORK}/ttl1s.yaml"
   refute grep -q REDLOCK_SAFETY_MARGIN "${WORK}/ttl1s.yaml"   # derived by the sidecar, as by the chart

@@ -3,8 +3,8 @@
 //! Lock values, retry jitter and TLS all draw from it. rand's thread-local generator panics
 //! ("could not initialize ThreadRng") when its first seed cannot be read, e.g. a `getrandom`
 //! system call denied by seccomp in a binary that has no `/dev/urandom` to fall back on. Reading
-//! it here first turns that into one clear line and exit code [`EXIT_NO_RANDOM_SOURCE`] before
-//! anything connects.
+//! it here first turns that into one clear line and exit code [`crate::exit::OS_ERROR`]
+//! before anything connects.
 //!
 //! ## Limits
 //! The generator reseeds itself from the same source later (every 64 KiB of output) and rand
@@ -14,9 +14,6 @@
 
 use rand::rngs::OsRng;
 use rand::TryRngCore;
-
-/// Exit code when no random source is readable.
-pub const EXIT_NO_RANDOM_SOURCE: i32 = crate::exit::OS_ERROR;
 
 /// The random source could not be read.
 #[derive(Debug, thiserror::Error)]

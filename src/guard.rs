@@ -82,12 +82,6 @@ use outcome::Outcome;
 use report::Report;
 use signals::Signals;
 
-pub use crate::exit::{
-    BUSY as EXIT_BUSY, LOST as EXIT_LOST, MAX_HOLD as EXIT_MAX_HOLD,
-    NOT_EXECUTABLE as EXIT_NOT_EXECUTABLE, NOT_FOUND as EXIT_NOT_FOUND,
-    UNREACHABLE as EXIT_UNREACHABLE,
-};
-
 /// Runs `cfg.command` under the lock; returns the process exit code.
 pub async fn guard(cfg: GuardConfig) -> i32 {
     // First, so that no signal from now on can kill guard with the lock left behind.

@@ -263,21 +263,11 @@ pub async fn run(
             Err(_) if cancel.is_cancelled() => return,
             Err(_) => continue,
         };
-        if !cancel.is_cancelled() && !candidacy.borrow().may_contend(Deadline::now()) {
-            info!(lock = %lock, fencing_token = lease.fencing_token, why = candidacy.borrow().why_not(Deadline::now()), "won the lock as this sidecar stopped contending; releasing it without leading");
-            release(&redlock, &lease).await;
+        if !may_lead_won(&redlock, &lease, &candidacy, &cancel).await {
+            if cancel.is_cancelled() {
+                return;
+            }
             continue;
-        }
-        if cancel.is_cancelled() {
-            // The signal came while the winning round was in flight: the process is going
-            // away, so it must never be seen leading. Give the lock back unpublished.
-            info!(
-                lock = %lock,
-                fencing_token = lease.fencing_token,
-                "won the lock after shutdown began; releasing it without leading"
-            );
-            release(&redlock, &lease).await;
-            return;
         }
         info!(
             lock = %lock,
@@ -288,42 +278,76 @@ pub async fn run(
         let unfit = cancel.child_token();
         let hold = hold(&redlock, lease, renewal, &tx, &metrics, &unfit);
         let held = while_fit(hold, &mut candidacy, &unfit, Candidacy::may_lead).await;
-        match held {
-            HoldEnd::Cancelled(lease) => {
-                publish_follower(&tx);
-                if cancel.is_cancelled() {
-                    info!(lock = %lock, fencing_token = lease.fencing_token, "stepped down for shutdown; releasing the lock");
-                } else {
-                    let why = candidacy.borrow().why_not(Deadline::now());
-                    warn!(lock = %lock, fencing_token = lease.fencing_token, why, "stepping down and releasing the lock at once");
-                }
-                release(&redlock, &lease).await;
-                if cancel.is_cancelled() {
-                    return;
-                }
-            }
-            HoldEnd::Lost(reason, lease) => {
-                publish_follower(&tx);
-                metrics.lock_lost(reason);
-                warn!(lock = %lock, fencing_token = lease.fencing_token, reason, "stepped down: lock lost");
-                // The app may still act on the validity its last answer reported: what we
-                // still hold keeps the lock from anyone else until then (a node of our last
-                // quorum that lost our key since does not vote before then either, see
-                // `redlock::votes`). A SIGTERM cuts the wait short, as it does a tenure: the
-                // app is stopped first.
-                tokio::select! {
-                    biased;
-                    _ = cancel.cancelled() => {}
-                    _ = clock::sleep_until_deadline(lease.valid_until) => {}
-                }
-                // Owner-checked, so harmless if someone else holds it now.
-                release(&redlock, &lease).await;
-                if cancel.is_cancelled() {
-                    return;
-                }
-            }
+        end_tenure(&redlock, held, &tx, &metrics, &candidacy, &cancel).await;
+        if cancel.is_cancelled() {
+            return;
         }
     }
+}
+
+/// Whether a lease the round just won may be led: not when shutdown began or the sidecar
+/// stopped contending while the round was in flight; it is then released unpublished (a
+/// process going away must never be seen leading).
+async fn may_lead_won(
+    redlock: &Redlock,
+    lease: &Lease,
+    candidacy: &CandidacyRx,
+    cancel: &CancellationToken,
+) -> bool {
+    let lock = &redlock.config().lock;
+    if cancel.is_cancelled() {
+        info!(
+            lock = %lock,
+            fencing_token = lease.fencing_token,
+            "won the lock after shutdown began; releasing it without leading"
+        );
+    } else if !candidacy.borrow().may_contend(Deadline::now()) {
+        info!(lock = %lock, fencing_token = lease.fencing_token, why = candidacy.borrow().why_not(Deadline::now()), "won the lock as this sidecar stopped contending; releasing it without leading");
+    } else {
+        return true;
+    }
+    release(redlock, lease).await;
+    false
+}
+
+/// Steps down after a tenure and releases the lock: at once when the tenure was cancelled
+/// (shutdown, or the app no longer fit to lead); after a loss, once the validity the app was
+/// told has passed (what we still hold keeps the lock from anyone else until then, and a
+/// node of our last quorum that lost our key since does not vote before then either, see
+/// `redlock::votes`), or at once when shutdown begins (the app is stopped first).
+async fn end_tenure(
+    redlock: &Redlock,
+    held: HoldEnd,
+    tx: &LeadershipTx,
+    metrics: &Metrics,
+    candidacy: &CandidacyRx,
+    cancel: &CancellationToken,
+) {
+    let lock = &redlock.config().lock;
+    publish_follower(tx);
+    let lease = match held {
+        HoldEnd::Cancelled(lease) => {
+            if cancel.is_cancelled() {
+                info!(lock = %lock, fencing_token = lease.fencing_token, "stepped down for shutdown; releasing the lock");
+            } else {
+                let why = candidacy.borrow().why_not(Deadline::now());
+                warn!(lock = %lock, fencing_token = lease.fencing_token, why, "stepping down and releasing the lock at once");
+            }
+            lease
+        }
+        HoldEnd::Lost(reason, lease) => {
+            metrics.lock_lost(reason);
+            warn!(lock = %lock, fencing_token = lease.fencing_token, reason, "stepped down: lock lost");
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => {}
+                _ = clock::sleep_until_deadline(lease.valid_until) => {}
+            }
+            lease
+        }
+    };
+    // Owner-checked, so harmless if someone else holds it now.
+    release(redlock, &lease).await;
 }
 
 /// Runs `work` to its end, cancelling `unfit` (which `work` must watch) as soon as `verdict`

@@ -2,16 +2,14 @@
 
 use redlock_sidecar::config::{self, Command, LogFormat};
 use redlock_sidecar::redlock::{NoObserver, Redlock};
-use redlock_sidecar::{entropy, guard, install, logging, ops, sidecar};
-
-use redlock_sidecar::exit::IO_ERROR as EXIT_IO_ERROR;
+use redlock_sidecar::{entropy, exit, guard, install, logging, ops, sidecar};
 
 fn main() {
     let cli = config::parse_or_exit();
     if !matches!(cli.command, Command::Install(_)) {
         if let Err(err) = entropy::check() {
             eprintln!("redlock-sidecar: {err}");
-            std::process::exit(entropy::EXIT_NO_RANDOM_SOURCE);
+            std::process::exit(exit::OS_ERROR);
         }
     }
     // Validate everything before anything connects: bad config exits 2 with one line.
@@ -51,14 +49,14 @@ fn main() {
             match install::install(&args.dir) {
                 Ok(path) => {
                     println!("installed {}", path.display());
-                    0
+                    exit::OK
                 }
                 Err(err) => {
                     eprintln!(
                         "redlock-sidecar: install into {}: {err}",
                         args.dir.display()
                     );
-                    EXIT_IO_ERROR
+                    exit::IO_ERROR
                 }
             }
         }
@@ -79,9 +77,9 @@ where
         let (table, ok) = command(redlock).await;
         print!("{table}");
         if ok {
-            0
+            exit::OK
         } else {
-            guard::EXIT_UNREACHABLE
+            exit::UNREACHABLE
         }
     })
 }

@@ -13,18 +13,22 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::candidacy::{presence, probe, Candidacy};
+use crate::candidacy::{presence, probe, Candidacy, CandidacyRx, CandidacyTx};
 use crate::clock;
 use crate::config::{AppProbe, RunConfig};
 use crate::control_thread::ControlThread;
 use crate::http::{self, AdminState};
 use crate::k8s::{self, Kube};
+use crate::leadership::LeadershipRx;
 use crate::lease;
 use crate::locks;
-use crate::redlock::drift;
+use crate::metrics::Metrics;
+use crate::redlock::{drift, Engine, Redlock};
 use crate::{ops, shutdown};
 
 /// Runs the sidecar until SIGTERM/SIGINT; returns the exit code.
@@ -44,10 +48,67 @@ pub async fn run(cfg: RunConfig) -> i32 {
         Ok(thread) => thread,
         Err(err) => {
             eprintln!("redlock-sidecar: cannot start the control listener's thread: {err}");
-            return crate::config::EXIT_OS_ERROR;
+            return crate::exit::OS_ERROR;
         }
     };
-    // Bound on its own thread (see `control_thread`), so that thread's reactor serves it.
+    let (control_listener, dapr_grpc_listener) = bind_control(&cfg, &control_thread).await;
+    let Connected {
+        engine,
+        redlock,
+        metrics,
+        kube,
+    } = connect(&cfg).await;
+    log_timing(&cfg);
+    tokio::spawn(ops::warn_about_nodes(redlock.clone()));
+
+    let (tx, rx) = lease::channel(&redlock);
+    let wiring = Wiring {
+        cfg: &cfg,
+        control_thread: &control_thread,
+        metrics: &metrics,
+        rx: &rx,
+        cancel: CancellationToken::new(),
+        http_stop: CancellationToken::new(),
+    };
+    info!(listen = %cfg.listen, lock = %cfg.redlock.lock, identity = %cfg.redlock.identity, nodes = cfg.redlock.nodes.len(), "redlock-sidecar running");
+    let http_task = wiring.serve_admin(listener);
+    let (candidacy_tx, candidacy_rx) = wiring.candidacy(&redlock, kube.as_ref());
+    let request_locks = wiring.request_locks(&engine, dapr_grpc_listener);
+    let control_task = wiring.serve_control(control_listener, candidacy_tx, request_locks.routes);
+    tokio::spawn(Arc::clone(&metrics).follow(rx.clone()));
+    let kube_task = kube.map(|kube| {
+        tokio::spawn(kube.observe(rx.clone(), wiring.cancel.clone(), cfg.shutdown_timeout))
+    });
+    let lease_task = tokio::spawn(lease::run(
+        redlock,
+        cfg.renewal,
+        tx,
+        Arc::clone(&metrics),
+        candidacy_rx,
+        wiring.cancel.clone(),
+    ));
+
+    signals.first().await;
+    let leadership = async {
+        let _ = lease_task.await;
+        if let Some(kube_task) = kube_task {
+            let _ = kube_task.await;
+        }
+    };
+    wiring.release(leadership, request_locks.locks).await;
+    wiring
+        .stop_listeners(http_task, control_task, request_locks.dapr_grpc_task)
+        .await;
+    drop(control_thread);
+    crate::exit::OK
+}
+
+/// Binds the control listener, and Dapr's gRPC API if asked for, on the control thread (see
+/// `control_thread`), so that its reactor serves them; exits 2 when one cannot be bound.
+async fn bind_control(
+    cfg: &RunConfig,
+    control_thread: &ControlThread,
+) -> (TcpListener, Option<TcpListener>) {
     let bound = control_thread.spawn(http::bind(cfg.control_listen)).await;
     let control_listener = match bound.map_err(std::io::Error::other).and_then(|bound| bound) {
         Ok(listener) => listener,
@@ -70,11 +131,25 @@ pub async fn run(cfg: RunConfig) -> i32 {
         }
         None => None,
     };
+    (control_listener, dapr_grpc_listener)
+}
+
+/// The engine on the nodes, the leadership lock on it with its metrics, and the Kubernetes
+/// client (if on).
+struct Connected {
+    engine: Engine,
+    redlock: Redlock,
+    metrics: Arc<Metrics>,
+    kube: Option<Kube>,
+}
+
+/// Connects to the nodes and to the Kubernetes API; exits 2 on a configuration they refuse.
+async fn connect(cfg: &RunConfig) -> Connected {
     let kube_errors = k8s::errors_counter();
     // One engine for every lock of the process: the leadership lock and the request locks
     // share its connections (see `redlock::Engine`). Connected first (bounded by the connect
     // timeout), so that the nodes' mode is known and the leadership lock takes the shared set.
-    let engine = crate::redlock::Engine::new(&cfg.redlock)
+    let engine = Engine::new(&cfg.redlock)
         .unwrap_or_else(|err| crate::config::exit_invalid(&err.to_string()));
     engine.connect(cfg.redlock.connect_timeout).await;
     let (redlock, metrics) =
@@ -90,146 +165,220 @@ pub async fn run(cfg: RunConfig) -> i32 {
         Ok(kube) => kube,
         Err(err) => crate::config::exit_invalid(&format!("--kubernetes: {err}")),
     };
-    log_timing(&cfg);
-    tokio::spawn(ops::warn_about_nodes(redlock.clone()));
-
-    let (tx, rx) = lease::channel(&redlock);
-    let cancel = CancellationToken::new();
-    let http_stop = CancellationToken::new();
-    let admin = AdminState {
-        leadership: rx.clone(),
-        metrics: metrics.clone(),
-        ready_when: cfg.ready_when,
-        shutdown: http_stop.clone(),
-    };
-    info!(listen = %cfg.listen, lock = %cfg.redlock.lock, identity = %cfg.redlock.identity, nodes = cfg.redlock.nodes.len(), "redlock-sidecar running");
-    let http_task = tokio::spawn(async move {
-        if let Err(err) = http::serve(listener, admin).await {
-            warn!(error = %err, "admin endpoint stopped");
-        }
-    });
-    let candidacy = match &cfg.app_check {
-        Some(check) => Candidacy::checked(check.unready_after),
-        None => Candidacy::unchecked(),
-    };
-    let (candidacy_tx, candidacy_rx) =
-        tokio::sync::watch::channel(candidacy.named(&cfg.redlock.identity, presence::born_ms()));
-    tokio::spawn(follow_credentials(redlock.clone(), metrics.clone()));
-    tokio::spawn(presence::run(
-        redlock.clone(),
-        candidacy_tx.clone(),
-        metrics.clone(),
-        cancel.clone(),
-    ));
-    if let Some(check) = cfg.app_check.clone() {
-        match check.probe {
-            AppProbe::Http(url) => {
-                tokio::spawn(probe::run(url, check.interval, candidacy_tx.clone()));
-            }
-            AppProbe::Container(name) => {
-                let Some(kube) = kube.clone() else {
-                    crate::config::exit_invalid(
-                        "--follow-container: needs the Kubernetes integration (in a pod, with POD_NAME set and --kubernetes auto or on)",
-                    )
-                };
-                tokio::spawn(kube.follow_container(name, check.interval, candidacy_tx.clone()));
-            }
-        }
-    }
-    let locks = cfg.locks.as_ref().map(|settings| {
-        control_thread.enter(|| {
-            let engine = locks::RedlockEngine::new(
-                engine.clone(),
-                cfg.redlock.clone(),
-                &settings.prefix,
-                metrics.clone(),
-            );
-            locks::Locks::new(engine, settings.max_leases, metrics.app_locks().clone())
-        })
-    });
-    let dapr_runtime = cfg.locks.as_ref().map(|settings| {
-        let (identity, store) = (&cfg.redlock.identity, &settings.dapr_store);
-        locks::dapr::Runtime::new(identity, store, dapr_grpc, rx.clone(), cancel.clone())
-    });
-    let locks_routes = locks
-        .as_ref()
-        .zip(cfg.locks.as_ref())
-        .zip(dapr_runtime.clone())
-        .map(|((locks, settings), runtime)| {
-            locks::router(locks::Api {
-                locks: Arc::clone(locks),
-                dapr_store: settings.dapr_store.clone(),
-            })
-            .merge(locks::dapr::runtime_router(runtime))
-        });
-    let dapr_grpc_task = dapr_grpc_listener.zip(locks.clone().zip(dapr_runtime)).map(
-        |(listener, (locks, runtime))| {
-            let api = locks::Api {
-                locks,
-                dapr_store: runtime.store.clone(),
-            };
-            let grpc = locks::dapr_grpc::DaprGrpc::new(api, runtime);
-            control_thread.spawn(locks::dapr_grpc::serve(listener, grpc, http_stop.clone()))
-        },
-    );
-    let control = http::control_router(
-        http::ControlState {
-            leadership: rx.clone(),
-            candidacy: candidacy_tx,
-            default_hold: cfg.redlock.ttl,
-        },
-        locks_routes,
-    );
-    let control_task = control_thread.spawn(http::serve_router(
-        control_listener,
-        control,
-        http_stop.clone(),
-    ));
-    tokio::spawn(Arc::clone(&metrics).follow(rx.clone()));
-    let kube_task = kube
-        .map(|kube| tokio::spawn(kube.observe(rx.clone(), cancel.clone(), cfg.shutdown_timeout)));
-    let lease_task = tokio::spawn(lease::run(
+    Connected {
+        engine,
         redlock,
-        cfg.renewal,
-        tx,
         metrics,
-        candidacy_rx,
-        cancel.clone(),
-    ));
+        kube,
+    }
+}
 
-    signals.first().await;
-    cancel.cancel();
-    let drained = clock::within(cfg.shutdown_timeout, async {
-        let leadership = async {
-            let _ = lease_task.await;
-            if let Some(kube_task) = kube_task {
-                let _ = kube_task.await;
-            }
+/// What the parts of a running sidecar share.
+struct Wiring<'a> {
+    cfg: &'a RunConfig,
+    control_thread: &'a ControlThread,
+    metrics: &'a Arc<Metrics>,
+    rx: &'a LeadershipRx,
+    /// Ends the lock loop and the tasks that follow it (first, at shutdown).
+    cancel: CancellationToken,
+    /// Ends the listeners (last, at shutdown).
+    http_stop: CancellationToken,
+}
+
+/// The request locks, when on.
+struct RequestLocks {
+    /// The service, on the control thread.
+    locks: Option<Arc<locks::Locks<locks::RedlockEngine>>>,
+    /// Its routes and Dapr's HTTP API, for the control listener.
+    routes: Option<axum::Router>,
+    /// Dapr's gRPC API, on its own listener.
+    dapr_grpc_task: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
+}
+
+impl Wiring<'_> {
+    /// Serves the admin endpoint on `listener` until the listeners stop.
+    fn serve_admin(&self, listener: TcpListener) -> JoinHandle<()> {
+        let admin = AdminState {
+            leadership: self.rx.clone(),
+            metrics: self.metrics.clone(),
+            ready_when: self.cfg.ready_when,
+            shutdown: self.http_stop.clone(),
         };
-        let request_locks = async {
-            if let Some(locks) = locks.clone() {
-                let _ = control_thread
-                    .spawn(async move { locks.shutdown().await })
-                    .await;
+        tokio::spawn(async move {
+            if let Err(err) = http::serve(listener, admin).await {
+                warn!(error = %err, "admin endpoint stopped");
             }
+        })
+    }
+
+    /// Serves the control listener on its thread (resign, and the request locks' `routes`)
+    /// until the listeners stop.
+    fn serve_control(
+        &self,
+        listener: TcpListener,
+        candidacy: CandidacyTx,
+        routes: Option<axum::Router>,
+    ) -> JoinHandle<std::io::Result<()>> {
+        let control = http::control_router(
+            http::ControlState {
+                leadership: self.rx.clone(),
+                candidacy,
+                default_hold: self.cfg.redlock.ttl,
+            },
+            routes,
+        );
+        self.control_thread.spawn(http::serve_router(
+            listener,
+            control,
+            self.http_stop.clone(),
+        ))
+    }
+
+    /// This sidecar's standing as a candidate, kept by its tasks: the credentials'
+    /// fingerprint, its presence on the nodes, and the app's readiness (when checked).
+    fn candidacy(&self, redlock: &Redlock, kube: Option<&Kube>) -> (CandidacyTx, CandidacyRx) {
+        let cfg = self.cfg;
+        let candidacy = match &cfg.app_check {
+            Some(check) => Candidacy::checked(check.unready_after),
+            None => Candidacy::unchecked(),
         };
-        tokio::join!(leadership, request_locks);
-    })
-    .await;
-    match drained {
-        Ok(()) => info!("shutdown complete"),
-        Err(_) => {
-            warn!(timeout = ?cfg.shutdown_timeout, "shutdown timed out; the lock expires on its own")
+        let (candidacy_tx, candidacy_rx) = tokio::sync::watch::channel(
+            candidacy.named(&cfg.redlock.identity, presence::born_ms()),
+        );
+        tokio::spawn(follow_credentials(redlock.clone(), self.metrics.clone()));
+        tokio::spawn(presence::run(
+            redlock.clone(),
+            candidacy_tx.clone(),
+            self.metrics.clone(),
+            self.cancel.clone(),
+        ));
+        if let Some(check) = cfg.app_check.clone() {
+            match check.probe {
+                AppProbe::Http(url) => {
+                    tokio::spawn(probe::run(url, check.interval, candidacy_tx.clone()));
+                }
+                AppProbe::Container(name) => {
+                    let Some(kube) = kube.cloned() else {
+                        crate::config::exit_invalid(
+                            "--follow-container: needs the Kubernetes integration (in a pod, with POD_NAME set and --kubernetes auto or on)",
+                        )
+                    };
+                    tokio::spawn(kube.follow_container(name, check.interval, candidacy_tx.clone()));
+                }
+            }
+        }
+        (candidacy_tx, candidacy_rx)
+    }
+
+    /// The request locks, if on: the service on the control thread over `engine`, its routes
+    /// with Dapr's, and Dapr's gRPC API served on `dapr_grpc_listener`.
+    fn request_locks(
+        &self,
+        engine: &Engine,
+        dapr_grpc_listener: Option<TcpListener>,
+    ) -> RequestLocks {
+        let cfg = self.cfg;
+        let locks = cfg.locks.as_ref().map(|settings| {
+            self.control_thread.enter(|| {
+                let engine = locks::RedlockEngine::new(
+                    engine.clone(),
+                    cfg.redlock.clone(),
+                    &settings.prefix,
+                    self.metrics.clone(),
+                );
+                locks::Locks::new(
+                    engine,
+                    settings.max_leases,
+                    self.metrics.app_locks().clone(),
+                )
+            })
+        });
+        let dapr_runtime = cfg.locks.as_ref().map(|settings| {
+            let (identity, store) = (&cfg.redlock.identity, &settings.dapr_store);
+            let dapr_grpc = settings.dapr_grpc_listen;
+            locks::dapr::Runtime::new(
+                identity,
+                store,
+                dapr_grpc,
+                self.rx.clone(),
+                self.cancel.clone(),
+            )
+        });
+        let routes = locks
+            .as_ref()
+            .zip(cfg.locks.as_ref())
+            .zip(dapr_runtime.clone())
+            .map(|((locks, settings), runtime)| {
+                locks::router(locks::Api {
+                    locks: Arc::clone(locks),
+                    dapr_store: settings.dapr_store.clone(),
+                })
+                .merge(locks::dapr::runtime_router(runtime))
+            });
+        let dapr_grpc_task = dapr_grpc_listener.zip(locks.clone().zip(dapr_runtime)).map(
+            |(listener, (locks, runtime))| {
+                let api = locks::Api {
+                    locks,
+                    dapr_store: runtime.store.clone(),
+                };
+                let grpc = locks::dapr_grpc::DaprGrpc::new(api, runtime);
+                self.control_thread.spawn(locks::dapr_grpc::serve(
+                    listener,
+                    grpc,
+                    self.http_stop.clone(),
+                ))
+            },
+        );
+        RequestLocks {
+            locks,
+            routes,
+            dapr_grpc_task,
         }
     }
-    http_stop.cancel();
-    let _ = clock::within(Duration::from_secs(1), http_task).await;
-    let _ = clock::within(Duration::from_secs(1), control_task).await;
-    if let Some(task) = dapr_grpc_task {
-        let _ = clock::within(Duration::from_secs(1), task).await;
+
+    /// The shutdown's releases, side by side and within `--shutdown-timeout`: the leadership
+    /// lock (`leadership`: the lock loop, then the Kubernetes label) and every request lock.
+    async fn release(
+        &self,
+        leadership: impl std::future::Future<Output = ()>,
+        locks: Option<Arc<locks::Locks<locks::RedlockEngine>>>,
+    ) {
+        self.cancel.cancel();
+        let drained = clock::within(self.cfg.shutdown_timeout, async {
+            let request_locks = async {
+                if let Some(locks) = locks {
+                    let _ = self
+                        .control_thread
+                        .spawn(async move { locks.shutdown().await })
+                        .await;
+                }
+            };
+            tokio::join!(leadership, request_locks);
+        })
+        .await;
+        match drained {
+            Ok(()) => info!("shutdown complete"),
+            Err(_) => {
+                warn!(timeout = ?self.cfg.shutdown_timeout, "shutdown timed out; the lock expires on its own")
+            }
+        }
     }
-    drop(control_thread);
-    0
+
+    /// The end of the shutdown: the listeners stop, each given a second to finish what it
+    /// serves.
+    async fn stop_listeners(
+        &self,
+        http_task: JoinHandle<()>,
+        control_task: JoinHandle<std::io::Result<()>>,
+        dapr_grpc_task: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
+    ) {
+        self.http_stop.cancel();
+        let _ = clock::within(Duration::from_secs(1), http_task).await;
+        let _ = clock::within(Duration::from_secs(1), control_task).await;
+        if let Some(task) = dapr_grpc_task {
+            let _ = clock::within(Duration::from_secs(1), task).await;
+        }
+    }
 }
 
 /// Raises the soft `RLIMIT_NOFILE` to the hard limit; returns the limits now in force

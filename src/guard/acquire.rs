@@ -8,9 +8,9 @@ use tracing::{error, info};
 use super::outcome::{Kind, Outcome};
 use super::report::Report;
 use super::signals::Signals;
-use super::{EXIT_BUSY, EXIT_UNREACHABLE};
 use crate::clock::Deadline;
 use crate::config::{GuardConfig, OnBusy};
+use crate::exit;
 use crate::leadership::LeadershipTx;
 use crate::lease;
 use crate::redlock::{Lease, Redlock};
@@ -61,7 +61,7 @@ pub async fn acquire(
         };
         return Err(Outcome {
             kind: Kind::NotStarted,
-            exit_code: 128 + sig,
+            exit_code: exit::killed_by(sig),
             fencing_token: token,
         });
     }
@@ -78,13 +78,13 @@ pub async fn acquire(
             Err(if skip {
                 Outcome::without_lock(Kind::Skipped, 0)
             } else {
-                Outcome::without_lock(Kind::Busy, EXIT_BUSY)
+                Outcome::without_lock(Kind::Busy, exit::BUSY)
             })
         }
         Err(err) => {
             error!(lock = %lock, error = %err, "cannot take the lock");
             report.run("failed");
-            Err(Outcome::without_lock(Kind::Unreachable, EXIT_UNREACHABLE))
+            Err(Outcome::without_lock(Kind::Unreachable, exit::UNREACHABLE))
         }
     }
 }

@@ -251,91 +251,15 @@ impl Children {
             ),
         ];
         drop((report_write, watchdog_bell, supervisor_bell));
-        let mut command = std::process::Command::new("/proc/self/exe");
-        // The helpers pass their environment on to CMD.
-        for (name, _) in std::env::vars_os() {
-            if name.as_bytes().starts_with(PRIVATE_PREFIX.as_bytes()) {
-                command.env_remove(name);
-            }
-        }
-        command
-            .arg("supervise")
-            .arg("--parent")
-            .arg(std::process::id().to_string())
-            .arg("--")
-            .args(&cfg.command)
-            .env("REDLOCK_LOCK", &cfg.redlock.lock)
-            .env("REDLOCK_FENCING_TOKEN", token.to_string())
-            .env("REDLOCK_HOLDER", identity)
-            // A group of its own: a SIGKILL to guard's process group (or to CMD's) leaves it
-            // alive to clean up.
-            .process_group(0);
-        let raw: Vec<(i32, i32)> = moved.iter().map(|(fd, to)| (fd.as_raw_fd(), *to)).collect();
-        // SAFETY: getpid, getppid, dup2, prctl and _exit are async-signal-safe, as pre_exec
-        // requires.
-        let parent = unsafe { libc::getpid() };
-        unsafe {
-            command.pre_exec(move || {
-                // dup2 leaves the new descriptors open across exec.
-                for &(from, to) in &raw {
-                    if libc::dup2(from, to) < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                // guard's death, even by SIGKILL, reaches the watchdog as SIGTERM.
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                if libc::getppid() != parent {
-                    libc::_exit(128 + libc::SIGKILL);
-                }
-                Ok(())
-            });
-        }
-        // Its failure is guard's, not CMD's: never reported as "CMD not found" (127).
-        let child = command.spawn().map_err(|err| {
-            std::io::Error::other(format!(
-                "cannot start the watchdog from /proc/self/exe (is /proc mounted?): {err}"
-            ))
-        })?;
+        let child = spawn_watchdog(cfg, token, identity, &moved)?;
         self.supervisor = Some(child.id() as i32);
         // Reaped through `supervisor_exit`, never through std's handle.
         drop(child);
         drop(moved);
-        let mut reports = Reports::new(tokio::net::unix::pipe::Receiver::from_owned_fd(
+        let reports = Reports::new(tokio::net::unix::pipe::Receiver::from_owned_fd(
             report_read,
         )?);
-        loop {
-            match reports.next().await {
-                Some(Line::Started { cmd, supervisor }) => {
-                    return Ok(CmdGroup {
-                        pgid: cmd,
-                        supervisor,
-                        fence,
-                        doorbells,
-                        reports,
-                        cmd_exit: pidfd(cmd),
-                    })
-                }
-                Some(Line::CmdError(errno)) => {
-                    return Err(std::io::Error::from_raw_os_error(errno))
-                }
-                Some(Line::HelperError(errno)) => {
-                    return Err(std::io::Error::other(format!(
-                        "the supervisor could not be set up: {}",
-                        std::io::Error::from_raw_os_error(errno)
-                    )))
-                }
-                // A helper fenced before CMD was reported (guard was that late): CMD's start
-                // line, or the end, follows. (CMD's end cannot come before its start.)
-                Some(Line::Fenced(_) | Line::Exited(_)) => {}
-                None => {
-                    return Err(std::io::Error::other(
-                        "the supervisor ended before starting CMD",
-                    ))
-                }
-            }
-        }
+        cmd_started(reports, fence, doorbells).await
     }
 
     /// Reaps exited children until the supervisor is among them; returns its exit code
@@ -389,6 +313,100 @@ impl Children {
             clock::pause(Duration::from_millis(5)).await;
         }
         warn!("processes of CMD's tree survived SIGKILL for a second");
+    }
+}
+
+/// Spawns the watchdog (`supervise`, from this very binary) for CMD, with `moved`'s
+/// descriptors put in place for it, in a process group of its own; it dies with guard.
+fn spawn_watchdog(
+    cfg: &GuardConfig,
+    token: u64,
+    identity: &str,
+    moved: &[(OwnedFd, i32)],
+) -> std::io::Result<std::process::Child> {
+    let mut command = std::process::Command::new("/proc/self/exe");
+    // The helpers pass their environment on to CMD.
+    for (name, _) in std::env::vars_os() {
+        if name.as_bytes().starts_with(PRIVATE_PREFIX.as_bytes()) {
+            command.env_remove(name);
+        }
+    }
+    command
+        .arg("supervise")
+        .arg("--parent")
+        .arg(std::process::id().to_string())
+        .arg("--")
+        .args(&cfg.command)
+        .env("REDLOCK_LOCK", &cfg.redlock.lock)
+        .env("REDLOCK_FENCING_TOKEN", token.to_string())
+        .env("REDLOCK_HOLDER", identity)
+        // A group of its own: a SIGKILL to guard's process group (or to CMD's) leaves it
+        // alive to clean up.
+        .process_group(0);
+    let raw: Vec<(i32, i32)> = moved.iter().map(|(fd, to)| (fd.as_raw_fd(), *to)).collect();
+    // SAFETY: getpid, getppid, dup2, prctl and _exit are async-signal-safe, as pre_exec
+    // requires.
+    let parent = unsafe { libc::getpid() };
+    unsafe {
+        command.pre_exec(move || {
+            // dup2 leaves the new descriptors open across exec.
+            for &(from, to) in &raw {
+                if libc::dup2(from, to) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            // guard's death, even by SIGKILL, reaches the watchdog as SIGTERM.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                libc::_exit(crate::exit::killed_by(libc::SIGKILL));
+            }
+            Ok(())
+        });
+    }
+    // Its failure is guard's, not CMD's: never reported as "CMD not found" (127).
+    command.spawn().map_err(|err| {
+        std::io::Error::other(format!(
+            "cannot start the watchdog from /proc/self/exe (is /proc mounted?): {err}"
+        ))
+    })
+}
+
+/// Waits for the supervisor's report that CMD started (its group, then), or why it did not.
+async fn cmd_started(
+    mut reports: Reports,
+    fence: FenceCell,
+    doorbells: [std::fs::File; 2],
+) -> std::io::Result<CmdGroup> {
+    loop {
+        match reports.next().await {
+            Some(Line::Started { cmd, supervisor }) => {
+                return Ok(CmdGroup {
+                    pgid: cmd,
+                    supervisor,
+                    fence,
+                    doorbells,
+                    reports,
+                    cmd_exit: pidfd(cmd),
+                })
+            }
+            Some(Line::CmdError(errno)) => return Err(std::io::Error::from_raw_os_error(errno)),
+            Some(Line::HelperError(errno)) => {
+                return Err(std::io::Error::other(format!(
+                    "the supervisor could not be set up: {}",
+                    std::io::Error::from_raw_os_error(errno)
+                )))
+            }
+            // A helper fenced before CMD was reported (guard was that late): CMD's start line,
+            // or the end, follows. (CMD's end cannot come before its start.)
+            Some(Line::Fenced(_) | Line::Exited(_)) => {}
+            None => {
+                return Err(std::io::Error::other(
+                    "the supervisor ended before starting CMD",
+                ))
+            }
+        }
     }
 }
 

@@ -14,9 +14,9 @@ use super::outcome::{Kind, Outcome};
 use super::report::Report;
 use super::schedule::{self, Action, Limits, State, Why, RENEW_FAILED, SUPERSEDED};
 use super::signals::Signals;
-use super::{EXIT_LOST, EXIT_MAX_HOLD, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_UNREACHABLE};
 use crate::clock::{Clock, Deadline};
 use crate::config::{GuardConfig, Slot};
+use crate::exit;
 use crate::leadership::{LeadershipRx, LeadershipTx, Role};
 use crate::lease::{self, HoldEnd};
 use crate::redlock::{Lease, Redlock};
@@ -36,7 +36,7 @@ pub async fn run_cmd(
     children: &mut Children,
     report: &mut Report,
 ) -> Outcome {
-    let (tx, mut rx) = leadership;
+    let (tx, rx) = leadership;
     let lock = &cfg.redlock.lock;
     let token = lease.fencing_token;
     info!(lock = %lock, fencing_token = token, validity_ms = lease.remaining_at(Deadline::now()).as_millis() as u64, "acquired the lock; starting CMD");
@@ -46,36 +46,22 @@ pub async fn run_cmd(
         min_hold: cfg.min_hold,
         max_hold: cfg.max_hold,
     };
-    let mut state = State::new(
+    let state = State::new(
         limits,
         Deadline::now(),
         lease::step_down_at(&lease, &cfg.renewal),
     );
     let identity = &redlock.config().identity;
     let first_fence = schedule::signal_points(&state);
-    let mut cmd = match children.start(cfg, token, identity, first_fence).await {
+    let cmd = match children.start(cfg, token, identity, first_fence).await {
         Ok(cmd) => cmd,
-        Err(err) => {
-            error!(command = %cfg.command[0], error = %err, "cannot start CMD");
-            lease::release(redlock, &lease).await;
-            report.run("failed");
-            let code = if err.kind() == std::io::ErrorKind::NotFound {
-                EXIT_NOT_FOUND
-            } else {
-                EXIT_NOT_EXECUTABLE
-            };
-            return Outcome {
-                kind: Kind::NotStarted,
-                exit_code: code,
-                fencing_token: Some(token),
-            };
-        }
+        Err(err) => return not_started(cfg, redlock, &lease, report, &err).await,
     };
     report.run("ran");
     // The lock value stays the same through renewals: the slot's record is owner-checked by it.
     let held = lease.clone();
     let stop_renewing = CancellationToken::new();
-    let mut renewals = Some(spawn_renewals(
+    let renewals = Some(spawn_renewals(
         redlock,
         lease,
         cfg,
@@ -83,187 +69,337 @@ pub async fn run_cmd(
         report,
         &stop_renewing,
     ));
-    let mut ended: Option<HoldEnd> = None;
-    let mut exit_code = None;
-    let mut watching = true;
-    // `--slot`: CMD finished with 0 but its record did not reach a quorum.
-    let mut unrecorded = false;
-    // When guard stops waiting for the helpers to end, once CMD is seen gone (its pidfd).
-    let mut helpers_due: Option<Deadline> = None;
-    // CMD's code as read from /proc when guard killed the helpers instead.
-    let mut helpers_killed: Option<Option<i32>> = None;
-    loop {
-        // Whatever just happened may have moved a deadline: read the tenure as published
-        // now, and ask the schedule again.
-        if let Role::Leader(term) = &rx.borrow_and_update().role {
-            state.published(term.step_down_at);
+    let mut run = Run {
+        cfg,
+        redlock,
+        signals,
+        children,
+        report,
+        token,
+        held,
+        state,
+        cmd,
+        rx,
+        renewals,
+        stop_renewing,
+        ended: None,
+        exit_code: None,
+        watching: true,
+        unrecorded: false,
+        helpers_due: None,
+        helpers_killed: None,
+    };
+    run.until_released().await;
+    run.release().await;
+    run.outcome().await
+}
+
+/// CMD could not be started: the lock is released at once, and the run ends as a shell
+/// would have (127 not found, 126 not executable).
+async fn not_started(
+    cfg: &GuardConfig,
+    redlock: &Redlock,
+    lease: &Lease,
+    report: &mut Report,
+    err: &std::io::Error,
+) -> Outcome {
+    error!(command = %cfg.command[0], error = %err, "cannot start CMD");
+    lease::release(redlock, lease).await;
+    report.run("failed");
+    let code = if err.kind() == std::io::ErrorKind::NotFound {
+        exit::NOT_FOUND
+    } else {
+        exit::NOT_EXECUTABLE
+    };
+    Outcome {
+        kind: Kind::NotStarted,
+        exit_code: code,
+        fencing_token: Some(lease.fencing_token),
+    }
+}
+
+/// One run of CMD under the lock: what the loop keeps from one turn to the next.
+struct Run<'a> {
+    cfg: &'a GuardConfig,
+    redlock: &'a Redlock,
+    signals: &'a mut Signals,
+    children: &'a mut Children,
+    report: &'a mut Report,
+    token: u64,
+    /// The lease as acquired (its value is the slot record's owner).
+    held: Lease,
+    state: State,
+    cmd: CmdGroup,
+    rx: LeadershipRx,
+    /// The renewal task, while it runs.
+    renewals: Option<JoinHandle<HoldEnd>>,
+    stop_renewing: CancellationToken,
+    /// How the renewals ended, once they did.
+    ended: Option<HoldEnd>,
+    /// CMD's exit code, once it exited.
+    exit_code: Option<i32>,
+    /// Whether the leadership channel is still open.
+    watching: bool,
+    /// `--slot`: CMD finished with 0 but its record did not reach a quorum.
+    unrecorded: bool,
+    /// When guard stops waiting for the helpers to end, once CMD is seen gone (its pidfd).
+    helpers_due: Option<Deadline>,
+    /// CMD's code as read from /proc when guard killed the helpers instead.
+    helpers_killed: Option<Option<i32>>,
+}
+
+/// What ended one wait of the loop.
+enum Event {
+    /// The supervisor exited with this code (CMD's, or 128+S).
+    SupervisorExited(i32),
+    /// CMD's group reported something.
+    Seen(Seen),
+    /// CMD is gone but the helpers did not end within [`HELPERS_GRACE`].
+    HelpersHung,
+    /// guard got this signal.
+    Signal(i32),
+    /// The leadership channel changed (`false`: its sender is gone).
+    Leadership(bool),
+    /// The renewal task ended.
+    RenewalsEnded(Result<HoldEnd, tokio::task::JoinError>),
+    /// The schedule's next deadline came.
+    Woke,
+}
+
+impl<'a> Run<'a> {
+    /// The lock's name.
+    fn lock(&self) -> &'a str {
+        &self.cfg.redlock.lock
+    }
+
+    /// The loop: it only waits and acts. After whatever happened, it reads the tenure as
+    /// published now and asks the schedule again, until the schedule says release.
+    async fn until_released(&mut self) {
+        loop {
+            // Whatever just happened may have moved a deadline.
+            if let Role::Leader(term) = &self.rx.borrow_and_update().role {
+                self.state.published(term.step_down_at);
+            }
+            // The helpers signal CMD at these points on their own, should this thread stall.
+            hand_over_fence(&mut self.cmd, &self.state);
+            let now = Deadline::now();
+            let (action, wake) = schedule::next(&self.state, now);
+            match action {
+                Action::Wait => {
+                    let event = self.wait(wake).await;
+                    self.handle(event).await;
+                }
+                Action::Release => return,
+                Action::Terminate(why) => self.terminate(why, now),
+                Action::Kill => self.kill(),
+                Action::StopRenewing => {
+                    self.stop_renewing.cancel();
+                    self.state.renewals_stopped();
+                }
+            }
         }
-        // The helpers signal CMD at these points on their own, should this thread stall.
-        hand_over_fence(&mut cmd, &state);
-        let now = Deadline::now();
-        let (action, wake) = schedule::next(&state, now);
-        match action {
-            Action::Wait => {}
-            Action::Terminate(why) => {
-                match why {
-                    Why::MaxHold => info!(lock = %lock, "--max-hold reached; stopping CMD"),
-                    Why::Lost(RENEW_FAILED) => {
-                        warn!(lock = %lock, "renewals could not keep the lock; stopping CMD before it expires");
-                        report.lock_lost(RENEW_FAILED);
-                    }
-                    Why::Lost(_) => warn!(lock = %lock, "stopping CMD: the lock was lost"),
-                }
-                state.terminated(why, now);
-                hand_over_fence(&mut cmd, &state);
-                // The supervisor sends it at the fence; stopped or gone, it cannot.
-                if !cmd.supervisor_running() {
-                    cmd.signal(libc::SIGTERM);
-                }
-                continue;
+    }
+
+    /// The schedule stops CMD for `why`: SIGTERM now, SIGKILL at the fence.
+    fn terminate(&mut self, why: Why, now: Deadline) {
+        let lock = self.lock();
+        match why {
+            Why::MaxHold => info!(lock = %lock, "--max-hold reached; stopping CMD"),
+            Why::Lost(RENEW_FAILED) => {
+                warn!(lock = %lock, "renewals could not keep the lock; stopping CMD before it expires");
+                self.report.lock_lost(RENEW_FAILED);
             }
-            Action::Kill => {
-                // First, before any log line: every process below guard, the helpers
-                // included (they hold the same point, but may be stopped).
-                children.kill_below();
-                state.killed();
-                if state.lost() == Some(SUPERSEDED) {
-                    warn!(lock = %lock, "the lock is someone else's: SIGKILL to CMD at once");
-                } else {
-                    warn!("CMD still running; sending SIGKILL");
-                }
-                continue;
-            }
-            Action::StopRenewing => {
-                stop_renewing.cancel();
-                state.renewals_stopped();
-                continue;
-            }
-            Action::Release => break,
+            Why::Lost(_) => warn!(lock = %lock, "stopping CMD: the lock was lost"),
         }
+        self.state.terminated(why, now);
+        hand_over_fence(&mut self.cmd, &self.state);
+        // The supervisor sends it at the fence; stopped or gone, it cannot.
+        if !self.cmd.supervisor_running() {
+            self.cmd.signal(libc::SIGTERM);
+        }
+    }
+
+    /// The schedule's SIGKILL point came with CMD still running.
+    fn kill(&mut self) {
+        // First, before any log line: every process below guard, the helpers included (they
+        // hold the same point, but may be stopped).
+        self.children.kill_below();
+        self.state.killed();
+        if self.state.lost() == Some(SUPERSEDED) {
+            warn!(lock = %self.lock(), "the lock is someone else's: SIGKILL to CMD at once");
+        } else {
+            warn!("CMD still running; sending SIGKILL");
+        }
+    }
+
+    /// Waits for the first of: CMD's end, a report of its group, hung helpers, a signal, a
+    /// change of the tenure, the end of the renewals, or the schedule's `wake`.
+    async fn wait(&mut self, wake: Option<Deadline>) -> Event {
+        let running = self.state.cmd_running();
+        let fenced = self.state.stopped_for().is_none();
+        let gone = self.helpers_due.is_none();
+        let renewals = &mut self.renewals;
         tokio::select! {
-            code = children.supervisor_exit(), if state.cmd_running() => {
-                // The helpers killed what CMD left behind; if they were themselves killed,
-                // orphans of CMD's tree were re-parented to guard: nothing of CMD's may run on
-                // after the release.
-                children.kill_all_below().await;
-                // Killed by guard, the helpers could not pass CMD's code on.
-                let code = match helpers_killed {
-                    Some(read) => read.or_else(|| cmd.cmd_exit_code()).unwrap_or(code),
-                    None => code,
-                };
-                // A helper that stopped CMD at the fence said so before CMD's exit.
-                if cmd.fenced_now() {
-                    fenced_by_helper(&mut state, report, lock);
-                }
-                info!(exit_code = code, "CMD exited");
-                state.cmd_exited();
-                exit_code = Some(code);
-                // At once, under the lock: before --min-hold, which a kill could cut short.
-                if let Some(slot) = cfg.slot.as_ref().filter(|_| finished(code, &state)) {
-                    unrecorded = !record_slot(cfg, slot, redlock, &held, &ended).await;
-                }
+            code = self.children.supervisor_exit(), if running => Event::SupervisorExited(code),
+            seen = self.cmd.watch(fenced, gone), if running => Event::Seen(seen),
+            _ = Clock::Boot.sleep_until_some(self.helpers_due), if running && self.helpers_killed.is_none() => Event::HelpersHung,
+            sig = self.signals.recv() => Event::Signal(sig),
+            changed = self.rx.changed(), if self.watching => Event::Leadership(changed.is_ok()),
+            end = async { renewals.as_mut().expect("polled only while running").await }, if renewals.is_some() => Event::RenewalsEnded(end),
+            _ = Clock::Boot.sleep_until_some(wake) => Event::Woke,
+        }
+    }
+
+    /// Carries out what ended the wait.
+    async fn handle(&mut self, event: Event) {
+        match event {
+            Event::SupervisorExited(code) => self.cmd_exited(code).await,
+            Event::Seen(Seen::Fenced) => {
+                let lock = self.lock();
+                fenced_by_helper(&mut self.state, self.report, lock);
             }
-            seen = cmd.watch(state.stopped_for().is_none(), helpers_due.is_none()), if state.cmd_running() => {
-                match seen {
-                    Seen::Fenced => fenced_by_helper(&mut state, report, lock),
-                    Seen::CmdGone => helpers_due = Some(Deadline::now() + HELPERS_GRACE),
-                }
-            }
-            _ = Clock::Boot.sleep_until_some(helpers_due), if state.cmd_running() && helpers_killed.is_none() => {
+            Event::Seen(Seen::CmdGone) => self.helpers_due = Some(Deadline::now() + HELPERS_GRACE),
+            Event::HelpersHung => {
                 // CMD has exited and the helpers have not: one of them is stopped (or hung).
                 // Nothing of CMD's may run on, nor the lock be held for it. Its code, from the
                 // zombie a stopped helper has not reaped, first.
-                helpers_killed = Some(cmd.cmd_exit_code());
-                children.kill_below();
-                warn!("CMD exited but guard's helper processes did not end (stopped?); killed them");
+                self.helpers_killed = Some(self.cmd.cmd_exit_code());
+                self.children.kill_below();
+                warn!(
+                    "CMD exited but guard's helper processes did not end (stopped?); killed them"
+                );
             }
-            sig = signals.recv() => {
-                if state.cmd_running() {
-                    info!(signal = sig, "forwarding signal to CMD; the lock is released when it exits");
-                    cmd.signal(sig);
+            Event::Signal(sig) => {
+                if self.state.cmd_running() {
+                    info!(
+                        signal = sig,
+                        "forwarding signal to CMD; the lock is released when it exits"
+                    );
+                    self.cmd.signal(sig);
                 } else {
                     info!(signal = sig, "signal during --min-hold; releasing now");
                 }
-                state.signalled();
+                self.state.signalled();
             }
-            changed = rx.changed(), if watching => watching = changed.is_ok(),
-            end = async { renewals.as_mut().expect("polled only while running").await }, if renewals.is_some() => {
-                renewals = None;
-                let end = end.unwrap_or_else(|err| renewal_task_failed(&err));
-                let (lost, lease) = match &end {
-                    HoldEnd::Lost(reason, lease) => (Some(*reason), lease),
-                    HoldEnd::Cancelled(lease) => (None, lease),
-                };
-                if let Some(reason) = lost {
-                    report.lock_lost(reason);
-                }
-                state.renewals_ended(lost, lease::step_down_at(lease, &cfg.renewal));
-                ended = Some(end);
-            }
-            _ = Clock::Boot.sleep_until_some(wake) => {}
+            Event::Leadership(open) => self.watching = open,
+            Event::RenewalsEnded(end) => self.renewals_ended(end),
+            Event::Woke => {}
         }
     }
-    let code = exit_code.expect("the schedule releases only after CMD exited");
-    stop_renewing.cancel();
-    if let Some(running) = renewals {
-        ended = Some(
-            running
-                .await
-                .unwrap_or_else(|err| renewal_task_failed(&err)),
-        );
-    }
-    // Renewals that ended on their own as they were being stopped count as a loss too.
-    if let Some(HoldEnd::Lost(reason, _)) = &ended {
-        report.lock_lost(reason);
-    }
-    // The renewal task has published not-leader before returning.
-    if let Some(HoldEnd::Cancelled(lease) | HoldEnd::Lost(_, lease)) = &ended {
-        lease::release(redlock, lease).await;
-    }
-    let held = |kind, exit_code| Outcome {
-        kind,
-        exit_code,
-        fencing_token: Some(token),
-    };
-    match state.stopped_for() {
-        Some(Why::Lost(_)) => {
-            report.run("lost");
-            report
-                .event(
-                    "LockLost",
-                    &format!("lock {lock} (fencing token {token}) was lost; CMD was stopped"),
-                    true,
-                )
-                .await;
-            held(Kind::Lost, EXIT_LOST)
+
+    /// The supervisor exited: CMD's code is known, and with `--slot` a run that finished is
+    /// recorded at once, under the lock.
+    async fn cmd_exited(&mut self, code: i32) {
+        // The helpers killed what CMD left behind; if they were themselves killed, orphans of
+        // CMD's tree were re-parented to guard: nothing of CMD's may run on after the release.
+        self.children.kill_all_below().await;
+        // Killed by guard, the helpers could not pass CMD's code on.
+        let code = match self.helpers_killed {
+            Some(read) => read.or_else(|| self.cmd.cmd_exit_code()).unwrap_or(code),
+            None => code,
+        };
+        // A helper that stopped CMD at the fence said so before CMD's exit.
+        if self.cmd.fenced_now() {
+            let lock = self.lock();
+            fenced_by_helper(&mut self.state, self.report, lock);
         }
-        Some(Why::MaxHold) => held(Kind::MaxHold, EXIT_MAX_HOLD),
-        None => {
-            if matches!(ended, Some(HoldEnd::Lost(..))) {
-                warn!(lock = %lock, exit_code = code, "the lock was lost during --min-hold, after CMD finished; its exit code stands");
-                report.run("lost");
-                report
+        info!(exit_code = code, "CMD exited");
+        self.state.cmd_exited();
+        self.exit_code = Some(code);
+        // At once, under the lock: before --min-hold, which a kill could cut short.
+        let cfg = self.cfg;
+        if let Some(slot) = cfg.slot.as_ref().filter(|_| finished(code, &self.state)) {
+            self.unrecorded = !record_slot(cfg, slot, self.redlock, &self.held, &self.ended).await;
+        }
+    }
+
+    /// The renewal task ended: lost (said so), or stopped as asked.
+    fn renewals_ended(&mut self, end: Result<HoldEnd, tokio::task::JoinError>) {
+        self.renewals = None;
+        let end = end.unwrap_or_else(|err| renewal_task_failed(&err));
+        let (lost, lease) = match &end {
+            HoldEnd::Lost(reason, lease) => (Some(*reason), lease),
+            HoldEnd::Cancelled(lease) => (None, lease),
+        };
+        if let Some(reason) = lost {
+            self.report.lock_lost(reason);
+        }
+        self.state
+            .renewals_ended(lost, lease::step_down_at(lease, &self.cfg.renewal));
+        self.ended = Some(end);
+    }
+
+    /// Stops the renewals (if they still run) and releases the lock.
+    async fn release(&mut self) {
+        self.stop_renewing.cancel();
+        if let Some(running) = self.renewals.take() {
+            self.ended = Some(
+                running
+                    .await
+                    .unwrap_or_else(|err| renewal_task_failed(&err)),
+            );
+        }
+        // Renewals that ended on their own as they were being stopped count as a loss too.
+        if let Some(HoldEnd::Lost(reason, _)) = &self.ended {
+            self.report.lock_lost(reason);
+        }
+        // The renewal task has published not-leader before returning.
+        if let Some(HoldEnd::Cancelled(lease) | HoldEnd::Lost(_, lease)) = &self.ended {
+            lease::release(self.redlock, lease).await;
+        }
+    }
+
+    /// How the run ended, told to the report (and as a Kubernetes Event when it went wrong).
+    async fn outcome(self) -> Outcome {
+        let code = self
+            .exit_code
+            .expect("the schedule releases only after CMD exited");
+        let (lock, token) = (self.lock(), self.token);
+        let held = |kind, exit_code| Outcome {
+            kind,
+            exit_code,
+            fencing_token: Some(token),
+        };
+        match self.state.stopped_for() {
+            Some(Why::Lost(_)) => {
+                self.report.run("lost");
+                self.report
                     .event(
                         "LockLost",
-                        &format!("lock {lock} (fencing token {token}) was lost during --min-hold, after CMD finished (exit code {code})"),
+                        &format!("lock {lock} (fencing token {token}) was lost; CMD was stopped"),
                         true,
                     )
                     .await;
+                held(Kind::Lost, exit::LOST)
             }
-            info!(lock = %lock, exit_code = code, "CMD finished");
-            if unrecorded {
-                let slot = cfg.slot.as_ref().map_or("", |slot| slot.id.as_str());
-                report
-                    .event(
-                        "SlotNotRecorded",
-                        &format!("slot {slot} of lock {lock} ran (fencing token {token}) but its record reached too few nodes; a later run of the slot may run it again"),
-                        true,
-                    )
-                    .await;
-                report.run("unrecorded");
-                return held(Kind::Unrecorded, EXIT_UNREACHABLE);
+            Some(Why::MaxHold) => held(Kind::MaxHold, exit::MAX_HOLD),
+            None => {
+                if matches!(self.ended, Some(HoldEnd::Lost(..))) {
+                    warn!(lock = %lock, exit_code = code, "the lock was lost during --min-hold, after CMD finished; its exit code stands");
+                    self.report.run("lost");
+                    self.report
+                        .event(
+                            "LockLost",
+                            &format!("lock {lock} (fencing token {token}) was lost during --min-hold, after CMD finished (exit code {code})"),
+                            true,
+                        )
+                        .await;
+                }
+                info!(lock = %lock, exit_code = code, "CMD finished");
+                if self.unrecorded {
+                    let slot = self.cfg.slot.as_ref().map_or("", |slot| slot.id.as_str());
+                    self.report
+                        .event(
+                            "SlotNotRecorded",
+                            &format!("slot {slot} of lock {lock} ran (fencing token {token}) but its record reached too few nodes; a later run of the slot may run it again"),
+                            true,
+                        )
+                        .await;
+                    self.report.run("unrecorded");
+                    return held(Kind::Unrecorded, exit::UNREACHABLE);
+                }
+                held(Kind::Ran, code)
             }
-            held(Kind::Ran, code)
         }
     }
 }
@@ -334,5 +470,5 @@ fn spawn_renewals(
 /// it, so guard stops as after a loss (CMD's tree dies with the supervisor).
 fn renewal_task_failed(err: &tokio::task::JoinError) -> HoldEnd {
     error!(error = %err, "the renewal task failed; the lock expires on its own");
-    crate::exit::now(EXIT_LOST)
+    exit::now(exit::LOST)
 }

@@ -22,9 +22,9 @@ use tracing::{error, info, warn};
 
 use super::outcome::{Kind, Outcome};
 use super::report::Report;
-use super::EXIT_UNREACHABLE;
 use crate::clock::{self, Deadline};
 use crate::config::{GuardConfig, Slot};
+use crate::exit;
 use crate::lease;
 use crate::redlock::{quorum, slot_seen, timing, Lease, Redlock, SlotSeen};
 
@@ -86,7 +86,7 @@ pub async fn check(
             report.run("failed");
             Err(Outcome {
                 kind: Kind::Unreachable,
-                exit_code: EXIT_UNREACHABLE,
+                exit_code: exit::UNREACHABLE,
                 fencing_token: Some(token),
             })
         }

@@ -134,7 +134,7 @@ pub fn reap_exited(mut reaped: impl FnMut(i32, i32)) {
             return;
         }
         let code = if libc::WIFSIGNALED(status) {
-            128 + libc::WTERMSIG(status)
+            crate::exit::killed_by(libc::WTERMSIG(status))
         } else {
             libc::WEXITSTATUS(status)
         };
@@ -153,7 +153,7 @@ pub fn exit_code(pid: i32) -> Option<i32> {
     }
     let status: i32 = fields.get(52 - 3)?.parse().ok()?;
     Some(if libc::WIFSIGNALED(status) {
-        128 + libc::WTERMSIG(status)
+        crate::exit::killed_by(libc::WTERMSIG(status))
     } else {
         libc::WEXITSTATUS(status)
     })

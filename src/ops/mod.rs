@@ -25,7 +25,7 @@ pub use verdict::{overall, Voter};
 
 use crate::clock;
 use crate::redlock::votes::required_data_age;
-use crate::redlock::{quorum, Access, NodeError, NodeErrorKind, Redlock};
+use crate::redlock::{quorum, Access, Node, NodeError, NodeErrorKind, Redlock};
 
 /// Reads the report of node `index`, each call bounded by `timeout`. Read-only: it never
 /// stamps the epoch marker.
@@ -151,50 +151,10 @@ pub async fn check(redlock: &Redlock) -> (String, bool) {
     let abstain = required_data_age(max_ttl);
     let mut voters = Vec::new();
     for (node, report) in redlock.nodes().iter().zip(&reports) {
-        match report {
+        let voter = match report {
             Ok(r) => {
                 reachable += 1;
-                let standing = r.standing(max_ttl, cfg.allow_evicting_nodes);
-                let _ = writeln!(
-                    out,
-                    "{:<28} {:<9} {:>9} {:<13} {:>8}s {:>10} {:<11} {:<16} {:<7} {}",
-                    node.label(),
-                    "yes",
-                    format!("{:.2}ms", r.rtt.as_secs_f64() * 1000.0),
-                    r.server,
-                    r.uptime_secs,
-                    r.data_age
-                        .map_or("-".to_owned(), |age| format!("{}s", age.as_secs())),
-                    r.persistence,
-                    r.facts.maxmemory_policy,
-                    r.facts.role,
-                    match &standing {
-                        Standing::Counts => "yes".to_owned(),
-                        Standing::CountsIn(wait, _) =>
-                            format!("not yet (in {:.1}s)", wait.as_secs_f64()),
-                        Standing::Never(_) => "no".to_owned(),
-                    }
-                );
-                let _ = writeln!(out, "  {}", r.kind(abstain));
-                match &standing {
-                    Standing::Counts => {}
-                    Standing::CountsIn(wait, why) => {
-                        let _ =
-                            writeln!(out, "  vote counts in {:.1} s: {why}", wait.as_secs_f64());
-                    }
-                    Standing::Never(why) => {
-                        let _ = writeln!(out, "  vote does not count: {why}");
-                    }
-                }
-                for hazard in r.hazards(cfg.allow_evicting_nodes) {
-                    let _ = writeln!(out, "  warning: {hazard}");
-                }
-                voters.push(Voter {
-                    label: node.label().to_owned(),
-                    fails_over: r.fails_over(),
-                    unsafe_because: unsafe_because(r, cfg.allow_evicting_nodes),
-                    standing: Some(standing),
-                });
+                reachable_row(&mut out, node, r, max_ttl, cfg.allow_evicting_nodes)
             }
             Err(err) if err.is_acl_denial() => {
                 let why = format!(
@@ -203,23 +163,24 @@ pub async fn check(redlock: &Redlock) -> (String, bool) {
                 );
                 let _ = writeln!(out, "{:<28} {:<9} {err}", node.label(), "denied");
                 let _ = writeln!(out, "  vote does not count: {why}");
-                voters.push(Voter {
+                Voter {
                     label: node.label().to_owned(),
                     standing: Some(Standing::Never(why)),
                     fails_over: false,
                     unsafe_because: None,
-                });
+                }
             }
             Err(err) => {
                 let _ = writeln!(out, "{:<28} {:<9} {err}", node.label(), "no");
-                voters.push(Voter {
+                Voter {
                     label: node.label().to_owned(),
                     standing: None,
                     fails_over: node.sentinel_master().is_some(),
                     unsafe_because: None,
-                });
+                }
             }
-        }
+        };
+        voters.push(voter);
     }
     let needed = quorum(redlock.nodes().len());
     let able = voters
@@ -239,6 +200,56 @@ pub async fn check(redlock: &Redlock) -> (String, bool) {
     let ok = able >= needed;
     let _ = writeln!(out, "verdict: {}", overall(&voters, abstain));
     (out, ok)
+}
+
+/// `check`'s lines for a node that answered (`r`): its row, its kind, whether and when its
+/// vote counts, its warnings; and the node as the verdict sees it.
+fn reachable_row(
+    out: &mut String,
+    node: &Node,
+    r: &NodeReport,
+    max_ttl: Duration,
+    allow_evicting_nodes: bool,
+) -> Voter {
+    let standing = r.standing(max_ttl, allow_evicting_nodes);
+    let _ = writeln!(
+        out,
+        "{:<28} {:<9} {:>9} {:<13} {:>8}s {:>10} {:<11} {:<16} {:<7} {}",
+        node.label(),
+        "yes",
+        format!("{:.2}ms", r.rtt.as_secs_f64() * 1000.0),
+        r.server,
+        r.uptime_secs,
+        r.data_age
+            .map_or("-".to_owned(), |age| format!("{}s", age.as_secs())),
+        r.persistence,
+        r.facts.maxmemory_policy,
+        r.facts.role,
+        match &standing {
+            Standing::Counts => "yes".to_owned(),
+            Standing::CountsIn(wait, _) => format!("not yet (in {:.1}s)", wait.as_secs_f64()),
+            Standing::Never(_) => "no".to_owned(),
+        }
+    );
+    let _ = writeln!(out, "  {}", r.kind(required_data_age(max_ttl)));
+    match &standing {
+        Standing::Counts => {}
+        Standing::CountsIn(wait, why) => {
+            let _ = writeln!(out, "  vote counts in {:.1} s: {why}", wait.as_secs_f64());
+        }
+        Standing::Never(why) => {
+            let _ = writeln!(out, "  vote does not count: {why}");
+        }
+    }
+    for hazard in r.hazards(allow_evicting_nodes) {
+        let _ = writeln!(out, "  warning: {hazard}");
+    }
+    Voter {
+        label: node.label().to_owned(),
+        fails_over: r.fails_over(),
+        unsafe_because: unsafe_because(r, allow_evicting_nodes),
+        standing: Some(standing),
+    }
 }
 
 /// `status`: each node's view of the lock and the quorum's; `true` when a quorum answered.

@@ -71,42 +71,15 @@ impl Redlock {
         };
         let mut round = AcquireRound::new(self.inner.nodes.len(), params, start);
         let step = self.run_round(&mut round, &mut answers).await;
-        // A lost round leaves the next one its leave to replace a stale record; any other
-        // outcome ends it.
-        let stale = match step {
-            AcquireStep::Lost { .. } => round.stale_record(),
-            _ => None,
-        };
-        *self
-            .inner
-            .stale_record
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = stale.map(|stale| (stale, Deadline::now()));
-        let valid = round.validity();
+        self.keep_stale_record(&round, &step);
         self.inner
             .fence_seen
             .fetch_max(round.fence_seen(), Ordering::Relaxed);
         let plan = match step {
             AcquireStep::Won(plan) => plan,
-            AcquireStep::Lost { clean_up, lost } => {
-                self.clean_up(&value, &fingerprint, &clean_up).await;
-                return Err(self.round_lost(lost, &fingerprint));
-            }
-            AcquireStep::TooShort { elapsed } => {
-                self.clean_up_everywhere(&value, &fingerprint).await;
-                return Err(self.too_short(elapsed));
-            }
-            // Every call ends in an answer, so a round does not run out of them undecided;
-            // were it to, nothing was won.
-            AcquireStep::Listen | AcquireStep::Recheck(_) => {
-                self.clean_up_everywhere(&value, &fingerprint).await;
-                return Err(LockError::QuorumUnreachable {
-                    lock: cfg.lock.clone(),
-                    needed: super::quorum(self.inner.nodes.len()),
-                    votes: self.label_votes(round.votes().to_vec()),
-                });
-            }
+            lost => return Err(self.after_lost(&round, lost, &value, &fingerprint).await),
         };
+        let valid = round.validity();
         self.judge_late_answers(round, answers);
         let fencing_token = match self.mint(plan).await {
             Ok(token) => token,
@@ -135,6 +108,50 @@ impl Redlock {
         };
         self.announce_acquired(&lease);
         Ok(lease)
+    }
+
+    /// A lost round leaves the next one its leave to replace a stale record; any other
+    /// outcome ends it.
+    fn keep_stale_record(&self, round: &AcquireRound, step: &AcquireStep) {
+        let stale = match step {
+            AcquireStep::Lost { .. } => round.stale_record(),
+            _ => None,
+        };
+        *self
+            .inner
+            .stale_record
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = stale.map(|stale| (stale, Deadline::now()));
+    }
+
+    /// Cleans up after a round that did not win (`step`), and says why it did not.
+    async fn after_lost(
+        &self,
+        round: &AcquireRound,
+        step: AcquireStep,
+        value: &str,
+        fingerprint: &str,
+    ) -> LockError {
+        match step {
+            AcquireStep::Lost { clean_up, lost } => {
+                self.clean_up(value, fingerprint, &clean_up).await;
+                self.round_lost(lost, fingerprint)
+            }
+            AcquireStep::TooShort { elapsed } => {
+                self.clean_up_everywhere(value, fingerprint).await;
+                self.too_short(elapsed)
+            }
+            // Every call ends in an answer, so a round does not run out of them undecided;
+            // were it to, nothing was won. (A won round does not come here.)
+            AcquireStep::Listen | AcquireStep::Recheck(_) | AcquireStep::Won(_) => {
+                self.clean_up_everywhere(value, fingerprint).await;
+                LockError::QuorumUnreachable {
+                    lock: self.inner.cfg.lock.clone(),
+                    needed: super::quorum(self.inner.nodes.len()),
+                    votes: self.label_votes(round.votes().to_vec()),
+                }
+            }
+        }
     }
 
     /// The acquire script's leave to replace another set's record that the last round judged

@@ -45,7 +45,7 @@ impl Redlock {
         }
         // An answer "key missing" calls for a restore: each node counts as writing our key
         // until its answer has been handled.
-        let mut writes: Vec<Option<KeyWrite>> = (0..self.inner.nodes.len())
+        let writes: Vec<Option<KeyWrite>> = (0..self.inner.nodes.len())
             .map(|index| Some(KeyWrite::start(&self.inner, index)))
             .collect();
         let mut answers = match &self.inner.batches {
@@ -75,9 +75,25 @@ impl Redlock {
             ExtendStep::Superseded(votes) => return Err(self.extend_lost(votes, true)),
             ExtendStep::Expired | ExtendStep::Listen => return Err(self.expired()),
         };
-        // A node that lost our key (data loss) gets it back, now the quorum is proven. The
-        // slowest nodes answer after the quorum, so their answers are awaited in the background.
-        let args: Arc<[String]> = args.into();
+        self.restore_lost_keys(round, answers, writes, args.into(), restore);
+        Ok(Lease {
+            valid_until,
+            renewals: lease.renewals.wrapping_add(1),
+            ..lease.clone()
+        })
+    }
+
+    /// After a won renewal: a node that lost our key (data loss) gets it back, now the quorum
+    /// is proven. The slowest nodes answer after the quorum, so their answers are awaited in
+    /// the background (each node counts as writing our key until its answer is handled).
+    fn restore_lost_keys(
+        &self,
+        mut round: ExtendRound,
+        mut answers: Answers<ExtendWire>,
+        mut writes: Vec<Option<KeyWrite>>,
+        args: Arc<[String]>,
+        restore: Vec<usize>,
+    ) {
         for index in restore {
             self.spawn_on(index, &RESTORE, args.clone());
         }
@@ -95,11 +111,6 @@ impl Redlock {
                 writes[index] = None;
             }
         });
-        Ok(Lease {
-            valid_until,
-            renewals: lease.renewals.wrapping_add(1),
-            ..lease.clone()
-        })
     }
 
     /// Feeds `round` answers until it decides or the lease's validity ends.

@@ -295,7 +295,7 @@ A duration value in milliseconds (float), and milliseconds as text for messages.
 {{- end }}
 
 {{/*
-The lock's timing, derived and checked exactly as the binary does (src/config.rs and the engine's
+The lock's timing, derived and checked exactly as the binary does (src/config/ and the engine's
 RedlockConfig::validate), so that a combination the sidecar would refuse with exit 2 (a CrashLoop
 behind the native sidecar's startup gate) fails here, naming the value and the rule:
   drift    = ttl x 1% + 2ms
@@ -312,7 +312,7 @@ Returns them as JSON (milliseconds). CI compares these verdicts with the binary'
 {{- define "redlock-sidecar.timing" -}}
 {{- $l := .Values.lock }}
 {{- $fmt := "redlock-sidecar.fmtMs" }}
-{{- /* The sidecar's upper bounds (src/redlock/timing.rs, src/config.rs): every deadline it computes
+{{- /* The sidecar's upper bounds (src/redlock/timing.rs, src/config/): every deadline it computes
        stays far inside what its clocks can represent. */ -}}
 {{- $bounds := list (list "lock.ttl" $l.ttl "1h" 3600000.0) (list "lock.maxTtl" $l.maxTtl "1h" 3600000.0) (list "lock.renewInterval" $l.renewInterval "1h" 3600000.0)
       (list "lock.safetyMargin" $l.safetyMargin "1h" 3600000.0) (list "lock.nodeTimeout" $l.nodeTimeout "1m" 60000.0)

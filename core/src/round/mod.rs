@@ -21,6 +21,7 @@ pub mod acquire;
 mod answer;
 pub mod extend;
 pub mod fence;
+mod outcome;
 pub mod release;
 pub mod retry;
 

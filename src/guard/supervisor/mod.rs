@@ -45,14 +45,25 @@
 //! The watchdog is told apart by the descriptor it alone gets ([`NEXT_DOORBELL_FD`]: the
 //! supervisor's doorbell, which it hands on).
 
+//!
+//! | file | concern |
+//! |---|---|
+//! | this file | the helpers' logic: start what is below, carry out the fence, reap, report |
+//! | [`waiting`] | what a helper waits on without blocking the kill path: its doorbell, its signals (a signalfd), one `poll` |
+
 use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::time::Duration;
 
 use super::fence::{Fence, FenceCell};
 use super::tree;
 use crate::clock::{self, BootTimer};
+use crate::exit;
+use waiting::{block, inherit, is_fifo, next_signal_now, set_nonblocking, wait_readable};
+use waiting::{Bell, Doorbell, SignalFd};
+
+pub mod waiting;
 
 /// Where a helper reports to guard ([`Line`]s); shared by both helpers.
 pub const REPORT_FD: i32 = 3;
@@ -150,12 +161,12 @@ pub fn supervise(parent: i32, command: &[String]) -> i32 {
         eprintln!("redlock-sidecar: cannot become a child subreaper: {err}");
     }
     if parent_gone(parent) {
-        return 1;
+        return exit::HELPER_FAILED;
     }
     // guard publishes the first fence before starting the watchdog: no CMD without one.
     let (Some(fence), Some(mut doorbell)) = (fence, doorbell) else {
         send(&mut report, Line::HelperError(libc::EINVAL));
-        return 1;
+        return exit::HELPER_FAILED;
     };
     let (below, role) = match next_doorbell {
         Some(next) => match spawn_supervisor(command, &next) {
@@ -165,7 +176,7 @@ pub fn supervise(parent: i32, command: &[String]) -> i32 {
                     &mut report,
                     Line::HelperError(err.raw_os_error().unwrap_or(libc::EIO)),
                 );
-                return 1;
+                return exit::HELPER_FAILED;
             }
         },
         None => match spawn_cmd(command) {
@@ -184,9 +195,9 @@ pub fn supervise(parent: i32, command: &[String]) -> i32 {
             Err(err) => {
                 send(&mut report, Line::CmdError(err.raw_os_error().unwrap_or(0)));
                 return if err.kind() == std::io::ErrorKind::NotFound {
-                    127
+                    exit::NOT_FOUND
                 } else {
-                    126
+                    exit::NOT_EXECUTABLE
                 };
             }
         },
@@ -249,7 +260,7 @@ fn watch(
             // Only guard holds the other end: it has exited or died, and it exits only after
             // the watchdog did. Nothing below may outlive it.
             tree::kill_and_reap_all();
-            return 128 + libc::SIGKILL;
+            return exit::killed_by(libc::SIGKILL);
         }
         let pending = match &signals {
             Some(signals) => signals.take(),
@@ -267,7 +278,7 @@ fn watch(
                 }
             } else if parent_gone(parent) {
                 tree::kill_and_reap_all();
-                return 128 + libc::SIGKILL;
+                return exit::killed_by(libc::SIGKILL);
             }
         }
     }
@@ -304,141 +315,6 @@ fn signal_below(below: i32, signal: i32) {
     }
 }
 
-/// Whether a doorbell is still open.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Bell {
-    Open,
-    Closed,
-}
-
-/// The read end of guard's doorbell for this helper, non-blocking.
-struct Doorbell {
-    fd: OwnedFd,
-    closed: bool,
-}
-
-impl Doorbell {
-    fn new(fd: OwnedFd) -> Doorbell {
-        let _ = set_nonblocking(fd.as_raw_fd());
-        Doorbell { fd, closed: false }
-    }
-
-    /// Takes every ring without waiting; `Closed` once guard's end is closed.
-    fn drain(&mut self) -> Bell {
-        let mut buf = [0u8; 256];
-        while !self.closed {
-            // SAFETY: read into a local buffer of its length; the descriptor is ours.
-            let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-            match n {
-                0 => self.closed = true,
-                n if n > 0 => {}
-                _ if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) => {}
-                _ => break,
-            }
-        }
-        if self.closed {
-            Bell::Closed
-        } else {
-            Bell::Open
-        }
-    }
-
-    fn fd(&self) -> i32 {
-        self.fd.as_raw_fd()
-    }
-}
-
-/// Takes the descriptor `fd` this process inherited, if it is open; it is closed on exec
-/// from now on (what is handed on below is handed on explicitly).
-fn inherit(fd: i32) -> Option<OwnedFd> {
-    // SAFETY: fcntl on a descriptor number; an invalid one just fails.
-    if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
-        return None;
-    }
-    // SAFETY: open (checked above), and owned by nobody else in this process.
-    Some(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-fn is_fifo(fd: &OwnedFd) -> bool {
-    // SAFETY: fstat writes the local stat buffer.
-    let mut stat = unsafe { std::mem::zeroed::<libc::stat>() };
-    (unsafe { libc::fstat(fd.as_raw_fd(), &mut stat) } == 0)
-        && (stat.st_mode & libc::S_IFMT) == libc::S_IFIFO
-}
-
-fn set_nonblocking(fd: i32) -> std::io::Result<()> {
-    // SAFETY: fcntl on a descriptor this process holds.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    // SAFETY: as above.
-    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// The watched signals as a readable descriptor, so one `poll` waits for signals, the
-/// doorbell and the timer alike.
-struct SignalFd(std::fs::File);
-
-impl SignalFd {
-    fn new(set: &libc::sigset_t) -> Option<SignalFd> {
-        // SAFETY: signalfd reads `set` and returns a new descriptor owned by the File.
-        let fd = unsafe { libc::signalfd(-1, set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC) };
-        // SAFETY: a new descriptor, owned by nobody else.
-        (fd >= 0).then(|| SignalFd(unsafe { std::fs::File::from_raw_fd(fd) }))
-    }
-
-    /// The signals that arrived, without waiting.
-    fn take(&self) -> Vec<i32> {
-        let mut signals = Vec::new();
-        let size = std::mem::size_of::<libc::signalfd_siginfo>();
-        loop {
-            // SAFETY: an all-zero siginfo is valid; read fills at most `size` bytes of it.
-            let mut info = unsafe { std::mem::zeroed::<libc::signalfd_siginfo>() };
-            let n = unsafe {
-                libc::read(
-                    self.0.as_raw_fd(),
-                    (&mut info as *mut libc::signalfd_siginfo).cast(),
-                    size,
-                )
-            };
-            if n != size as isize {
-                return signals;
-            }
-            signals.push(info.ssi_signo as i32);
-        }
-    }
-
-    fn fd(&self) -> i32 {
-        self.0.as_raw_fd()
-    }
-}
-
-/// Waits until one of `fds` is readable (or hung up), or `timeout` passes.
-fn wait_readable(fds: &[Option<i32>], timeout: Option<Duration>) {
-    let mut polled: Vec<libc::pollfd> = fds
-        .iter()
-        .flatten()
-        .map(|&fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
-    let timeout_ms = timeout.map_or(-1, |t| {
-        i32::try_from(t.as_millis().saturating_add(1)).unwrap_or(i32::MAX)
-    });
-    // SAFETY: poll reads and writes the local array of `polled.len()` entries. An
-    // interruption just returns; the caller looks at everything again.
-    unsafe {
-        libc::poll(
-            polled.as_mut_ptr(),
-            polled.len() as libc::nfds_t,
-            timeout_ms,
-        )
-    };
-}
-
 /// Starts the supervisor below the watchdog: this binary again, in a process group of its
 /// own, with the report pipe and the fence, and `next` as its doorbell.
 fn spawn_supervisor(command: &[String], next: &OwnedFd) -> std::io::Result<i32> {
@@ -470,7 +346,7 @@ fn spawn_supervisor(command: &[String], next: &OwnedFd) -> std::io::Result<i32> 
                 return Err(std::io::Error::last_os_error());
             }
             if libc::getppid() != me {
-                libc::_exit(128 + libc::SIGKILL);
+                libc::_exit(exit::killed_by(libc::SIGKILL));
             }
             Ok(())
         });
@@ -497,7 +373,7 @@ fn spawn_cmd(command: &[String]) -> std::io::Result<i32> {
                 return Err(std::io::Error::last_os_error());
             }
             if libc::getppid() != me {
-                libc::_exit(128 + libc::SIGKILL);
+                libc::_exit(exit::killed_by(libc::SIGKILL));
             }
             Ok(())
         });
@@ -530,105 +406,5 @@ fn send(report: &mut Option<std::fs::File>, line: Line) {
     }
 }
 
-/// Blocks `signals` for this thread (they queue until [`SignalFd`] or [`next_signal_now`]
-/// takes them).
-fn block(signals: &[i32]) -> libc::sigset_t {
-    // SAFETY: sigset operations on a local set; pthread_sigmask changes this thread only.
-    unsafe {
-        let mut set = std::mem::zeroed::<libc::sigset_t>();
-        libc::sigemptyset(&mut set);
-        for &signal in signals {
-            libc::sigaddset(&mut set, signal);
-        }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    }
-}
-
-/// The blocked signals in `set` that are pending, without waiting (when no signalfd could
-/// be made; `poll` then wakes at least at every deadline).
-fn next_signal_now(set: &libc::sigset_t) -> Vec<i32> {
-    let mut signals = Vec::new();
-    let zero = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    loop {
-        // SAFETY: sigtimedwait reads `set` and `zero` and writes the local `info`.
-        let signal = unsafe {
-            let mut info = std::mem::zeroed::<libc::siginfo_t>();
-            libc::sigtimedwait(set, &mut info, &zero)
-        };
-        if signal <= 0 {
-            return signals;
-        }
-        signals.push(signal);
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn report_lines_read_back_and_anything_else_is_ignored() {
-        for line in [
-            Line::Started {
-                cmd: 12,
-                supervisor: 11,
-            },
-            Line::CmdError(libc::ENOENT),
-            Line::HelperError(libc::EINVAL),
-            Line::Fenced(libc::SIGKILL),
-            Line::Exited(128 + libc::SIGTERM),
-        ] {
-            let text = line.encode();
-            assert!(text.ends_with('\n') && text.len() < 64, "{text:?}");
-            assert_eq!(Line::parse(text.trim_end()), Some(line));
-        }
-        for junk in ["", "started 12", "fenced x", "fenced 9 9", "hello 1"] {
-            assert_eq!(Line::parse(junk), None, "{junk:?}");
-        }
-    }
-
-    #[test]
-    fn each_signal_is_due_once_at_its_point() {
-        let fence = Fence {
-            term_at: Duration::from_secs(10),
-            kill_at: Duration::from_secs(12),
-        };
-        let mut fenced = Fenced::default();
-        let at = Duration::from_secs;
-        let mut due = |now| fence_due(&fence, &mut fenced, now);
-        assert_eq!(due(at(9)), (vec![], Some(at(10))));
-        assert_eq!(due(at(10)), (vec![libc::SIGTERM], Some(at(12))));
-        assert_eq!(due(at(11)), (vec![], Some(at(12))));
-        assert_eq!(due(at(13)), (vec![libc::SIGKILL], None));
-        assert_eq!(due(at(14)), (vec![], None));
-        // A fence that is read late is carried out at once, both signals in order.
-        let mut late = Fenced::default();
-        assert_eq!(
-            fence_due(&fence, &mut late, at(20)),
-            (vec![libc::SIGTERM, libc::SIGKILL], None)
-        );
-    }
-
-    #[test]
-    fn a_fence_moved_later_before_its_points_moves_the_wake() {
-        let mut fenced = Fenced::default();
-        let at = Duration::from_secs;
-        let first = Fence {
-            term_at: at(10),
-            kill_at: at(12),
-        };
-        assert_eq!(fence_due(&first, &mut fenced, at(5)).1, Some(at(10)));
-        let renewed = Fence {
-            term_at: at(13),
-            kill_at: at(15),
-        };
-        assert_eq!(
-            fence_due(&renewed, &mut fenced, at(10)),
-            (vec![], Some(at(13)))
-        );
-    }
-}
+mod tests;
