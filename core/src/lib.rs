@@ -23,6 +23,7 @@ pub mod clock;
 pub mod error;
 pub mod facts;
 pub mod round;
+pub mod shards;
 pub mod tenure;
 pub mod timing;
 pub mod votes;
