@@ -39,6 +39,8 @@ pub mod metrics;
 pub mod ops;
 /// The Redlock engine: quorum lock, fencing tokens, votes only from nodes that kept their data.
 pub mod redlock;
+/// `run --shards`: the sidecars of a lock split N fenced shards among themselves.
+pub mod shards;
 /// Signals and the second-signal exit.
 pub mod shutdown;
 /// `run`: the sidecar composition and its ordered shutdown.

@@ -74,7 +74,12 @@ pub async fn run(cfg: RunConfig) -> i32 {
     let http_task = wiring.serve_admin(listener);
     let (candidacy_tx, candidacy_rx) = wiring.candidacy(&redlock, kube.as_ref());
     let request_locks = wiring.request_locks(&engine, dapr_grpc_listener);
-    let control_task = wiring.serve_control(control_listener, candidacy_tx, request_locks.routes);
+    let (shards_task, shards_routes) = wiring.shards(&engine, &redlock, &candidacy_rx);
+    let routes = match (request_locks.routes, shards_routes) {
+        (Some(locks), Some(shards)) => Some(locks.merge(shards)),
+        (locks, shards) => locks.or(shards),
+    };
+    let control_task = wiring.serve_control(control_listener, candidacy_tx, routes);
     tokio::spawn(Arc::clone(&metrics).follow(rx.clone()));
     let kube_task = kube.map(|kube| {
         tokio::spawn(kube.observe(rx.clone(), wiring.cancel.clone(), cfg.shutdown_timeout))
@@ -93,6 +98,9 @@ pub async fn run(cfg: RunConfig) -> i32 {
         let _ = lease_task.await;
         if let Some(kube_task) = kube_task {
             let _ = kube_task.await;
+        }
+        if let Some(shards_task) = shards_task {
+            let _ = shards_task.await;
         }
     };
     wiring.release(leadership, request_locks.locks).await;
@@ -268,6 +276,35 @@ impl Wiring<'_> {
             }
         }
         (candidacy_tx, candidacy_rx)
+    }
+
+    /// The shards, with `--shards`: the member's loop on `engine` (stopped by `cancel`) and its
+    /// route for the control listener.
+    fn shards(
+        &self,
+        engine: &Engine,
+        redlock: &Redlock,
+        candidacy: &CandidacyRx,
+    ) -> (Option<JoinHandle<()>>, Option<axum::Router>) {
+        let Some(count) = self.cfg.shards else {
+            return (None, None);
+        };
+        let (tx, rx) = crate::shards::channel(count);
+        let group = crate::shards::Group {
+            engine: engine.clone(),
+            redlock: redlock.clone(),
+            count,
+            renewal: self.cfg.renewal,
+            candidacy: candidacy.clone(),
+            born_ms: candidacy
+                .borrow()
+                .announced(crate::clock::Deadline::now())
+                .born_ms,
+            cancel: self.cancel.clone(),
+        };
+        let task = tokio::spawn(crate::shards::run(group, tx));
+        let routes = crate::shards::api::router(rx, self.cfg.redlock.identity.clone());
+        (Some(task), Some(routes))
     }
 
     /// The request locks, if on: the service on the control thread over `engine`, its routes

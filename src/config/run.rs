@@ -85,6 +85,10 @@ pub struct RunArgs {
     /// `redlock_info{workload}`: alerts then see two locks led at once within one workload.
     #[arg(long, env = "REDLOCK_WORKLOAD", default_value = "")]
     pub workload: String,
+    /// Split this many shards among the sidecars of the lock, each a lock of its own with its
+    /// own fencing token (1 to 16384); the app reads its shards from GET /v1/shards.
+    #[arg(long, env = "REDLOCK_SHARDS")]
+    pub shards: Option<u32>,
     #[command(flatten)]
     pub locks: LocksArgs,
 }
@@ -106,6 +110,8 @@ pub struct RunConfig {
     pub workload: String,
     /// The request-lock API; `None` with `--locks off`.
     pub locks: Option<LocksConfig>,
+    /// `--shards`: how many shards the group splits; `None`: no shards.
+    pub shards: Option<u32>,
 }
 
 /// How the app's readiness is checked, and how often.
@@ -166,6 +172,7 @@ impl RunArgs {
             self.control_listen.port(),
         );
         let app_check = self.app_check()?;
+        let shards = self.shards(&redlock.lock)?;
         let locks = self.locks.config(&redlock.lock)?;
         if let Some(grpc) = locks.as_ref().and_then(|l| l.dapr_grpc_listen) {
             if [control_listen, self.listen].contains(&grpc) {
@@ -194,7 +201,32 @@ impl RunArgs {
             kubernetes,
             workload: self.workload.clone(),
             locks,
+            shards,
         })
+    }
+
+    /// `--shards`, validated against the bound and the lock name's length.
+    fn shards(&self, lock: &str) -> Result<Option<u32>, ConfigError> {
+        let Some(count) = self.shards else {
+            return Ok(None);
+        };
+        let max = redlock_core::shards::MAX_SHARDS;
+        if count == 0 || count > max {
+            return Err(ConfigError::new(
+                "--shards",
+                format!("must be from 1 to {max} (got {count})"),
+            ));
+        }
+        let longest = crate::shards::view::shard_lock(lock, count - 1);
+        if longest.len() > 200 {
+            return Err(ConfigError::new(
+                "--shards",
+                format!(
+                    "the shard locks' names ({longest}) would pass 200 characters: shorten --lock"
+                ),
+            ));
+        }
+        Ok(Some(count))
     }
 
     fn app_check(&self) -> Result<Option<AppCheck>, ConfigError> {

@@ -1,0 +1,214 @@
+//! The shards a member holds: one lease each on the process' engine, each driven by the lease
+//! machine (`redlock::tenure`), renewed together so that the engine sends them in one batch
+//! per node.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures_util::future::join_all;
+use tracing::{info, warn};
+
+use crate::clock::Deadline;
+use crate::config::Renewal;
+use crate::redlock::tenure::{Event, Failure, Policy, RenewFrom, Step, Tenure};
+use crate::redlock::{Engine, Lease, LockError, NoObserver, Redlock, RedlockConfig};
+
+use super::view::shard_lock;
+
+/// One held shard.
+struct Shard {
+    redlock: Redlock,
+    lease: Lease,
+    tenure: Tenure,
+}
+
+/// What the app sees of a held shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Owned {
+    /// The shard's fencing token (its epoch): above every earlier owner's.
+    pub token: u64,
+    /// When this member stops acting on it unless a renewal moves it on.
+    pub step_down_at: Deadline,
+}
+
+/// The held shards.
+pub struct Held {
+    engine: Engine,
+    /// The group lock's config: each shard's is the same under the shard's name.
+    cfg: RedlockConfig,
+    policy: Policy,
+    shards: BTreeMap<u32, Shard>,
+}
+
+impl Held {
+    /// No shard yet, on `engine`, for the group lock `cfg`, renewed at `renewal`'s cadence.
+    pub fn new(engine: Engine, cfg: RedlockConfig, renewal: &Renewal) -> Held {
+        Held {
+            engine,
+            cfg,
+            policy: Policy {
+                // Renewed together: each next renewal counted from the batch's end.
+                renew_from: RenewFrom::End,
+                ..crate::lease::policy(renewal)
+            },
+            shards: BTreeMap::new(),
+        }
+    }
+
+    /// Whether `shard` is held.
+    pub fn holds(&self, shard: u32) -> bool {
+        self.shards.contains_key(&shard)
+    }
+
+    /// The held shards, as the app sees them.
+    pub fn owned(&self) -> BTreeMap<u32, Owned> {
+        self.shards
+            .iter()
+            .map(|(&id, shard)| {
+                let owned = Owned {
+                    token: shard.lease.fencing_token,
+                    step_down_at: shard.tenure.step_down_at(),
+                };
+                (id, owned)
+            })
+            .collect()
+    }
+
+    /// The next instant a held shard needs a renewal or a step-down.
+    pub fn next_due(&self) -> Option<Deadline> {
+        self.shards.values().map(|s| s.tenure.poll_timeout()).min()
+    }
+
+    /// Drops every shard whose lease machine says to step down at `now` (no I/O); the shards
+    /// dropped.
+    pub fn step_down_due(&mut self, now: Deadline) -> Vec<u32> {
+        let due: Vec<u32> = self
+            .shards
+            .iter()
+            .filter_map(|(&id, s)| matches!(s.tenure.poll(now), Step::StepDown(_)).then_some(id))
+            .collect();
+        for id in &due {
+            if let Some(shard) = self.shards.remove(id) {
+                if let Step::StepDown(why) = shard.tenure.poll(now) {
+                    warn!(
+                        shard = id,
+                        reason = why.as_str(),
+                        "shard lost: its lease could not be renewed"
+                    );
+                }
+            }
+        }
+        due
+    }
+
+    /// Renews, at once and so in one batch per node, every shard due at `now`.
+    pub async fn renew_due(&mut self, now: Deadline) {
+        let due: Vec<u32> = self
+            .shards
+            .iter()
+            .filter_map(|(&id, s)| (s.tenure.poll(now) == Step::Renew).then_some(id))
+            .collect();
+        if due.is_empty() {
+            return;
+        }
+        let started = Deadline::now();
+        let rounds = due.iter().map(|id| {
+            let shard = &self.shards[id];
+            shard.redlock.extend(&shard.lease)
+        });
+        let results = join_all(rounds).await;
+        let ended = Deadline::now();
+        for (id, result) in due.iter().zip(results) {
+            let Some(shard) = self.shards.get_mut(id) else {
+                continue;
+            };
+            let event = match result {
+                Ok(lease) => {
+                    let valid_until = lease.valid_until;
+                    shard.lease = lease;
+                    Event::Renewed {
+                        started,
+                        ended,
+                        valid_until,
+                    }
+                }
+                Err(err) => Event::RenewFailed {
+                    at: ended,
+                    failure: match err {
+                        LockError::Expired { .. } => Failure::Expired,
+                        LockError::Superseded { .. } => Failure::Superseded,
+                        _ => Failure::Retry,
+                    },
+                },
+            };
+            shard.tenure.handle(event);
+        }
+    }
+
+    /// Tries to take every shard of `take` at once; the shards won.
+    pub async fn take(&mut self, take: &[u32]) -> Vec<u32> {
+        let attempts = take.iter().map(|&id| {
+            let mut cfg = self.cfg.clone();
+            cfg.lock = shard_lock(&self.cfg.lock, id);
+            let engine = self.engine.clone();
+            async move {
+                let redlock = Redlock::on(&engine, cfg, Arc::new(NoObserver)).ok()?;
+                let lease = redlock.try_acquire().await.ok()?;
+                Some((id, redlock, lease))
+            }
+        });
+        let mut won = Vec::new();
+        for (id, redlock, lease) in join_all(attempts).await.into_iter().flatten() {
+            let tenure = Tenure::new(self.policy, lease.acquired_at, lease.valid_until);
+            info!(
+                shard = id,
+                fencing_token = lease.fencing_token,
+                "shard taken"
+            );
+            self.shards.insert(
+                id,
+                Shard {
+                    redlock,
+                    lease,
+                    tenure,
+                },
+            );
+            won.push(id);
+        }
+        won
+    }
+
+    /// Stops holding every shard of `release` (the app is told before the keys go: see
+    /// [`Released::release`]).
+    pub fn forget(&mut self, release: &[u32]) -> Released {
+        Released(
+            release
+                .iter()
+                .filter_map(|id| Some((*id, self.shards.remove(id)?)))
+                .collect(),
+        )
+    }
+
+    /// Every held shard's id.
+    pub fn ids(&self) -> Vec<u32> {
+        self.shards.keys().copied().collect()
+    }
+}
+
+/// Shards no longer held whose keys are still to be released.
+pub struct Released(Vec<(u32, Shard)>);
+
+impl Released {
+    /// Releases them all at once, whatever the nodes answer.
+    pub async fn release(self) {
+        for (id, _) in &self.0 {
+            info!(shard = id, "shard released");
+        }
+        join_all(self.0.iter().map(|(_, s)| s.redlock.release(&s.lease))).await;
+    }
+
+    /// Whether there is none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}

@@ -1,0 +1,240 @@
+//! `run --shards N`: the sidecars of one lock split N shards among themselves, each shard a
+//! quorum lock of its own (`LOCK/shard/I`) with its own fencing token, with no coordinator.
+//!
+//! ## Behaviour
+//! - **A cycle** every renew interval, and at once (at most every [`MIN_CYCLE_GAP`]) when the
+//!   group's channel says a member joined, left or released shards: the member announces itself
+//!   and reads the members and every shard's owner (`view`), works out who the shards are split
+//!   among (`plan`), and carries out the core planner's moves (`redlock_core::shards::decide`):
+//!   it releases only its excess, and tries only free shards, up to its share.
+//! - **Holding** (`held`): every held shard is a lease of the process' one engine, renewed
+//!   together (one batch per node) and dropped, with no I/O, at its lease machine's step-down
+//!   instant when renewals fail.
+//! - **Leaving**: at shutdown every held shard is released and the member's entry removed,
+//!   both announced, so the others take the shards within a cycle run at once.
+//! - The app reads its shards from `GET /v1/shards` on the control listener.
+
+pub mod api;
+pub mod held;
+pub mod plan;
+pub mod view;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::sync::{watch, Notify};
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use crate::candidacy::CandidacyRx;
+use crate::clock::{self, Clock, Deadline};
+use crate::config::Renewal;
+use crate::redlock::{Engine, Redlock};
+use redlock_core::shards::decide;
+
+use held::Held;
+pub use held::Owned;
+use view::{Announce, Member};
+
+/// The least time between two cycles that the group's channel starts.
+pub const MIN_CYCLE_GAP: Duration = Duration::from_millis(20);
+
+/// The most shards one cycle tries to take (the next cycle follows at once).
+const TAKE_PER_CYCLE: usize = 256;
+
+/// What the app reads: the group and this member's shards.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The shard count this member was started with.
+    pub count: u32,
+    /// The live members the last cycle read: identity and readiness.
+    pub members: Vec<(String, bool)>,
+    /// The shards this member holds.
+    pub owned: BTreeMap<u32, Owned>,
+    /// Why this member takes no part, if it does not.
+    pub refused: Option<String>,
+}
+
+/// The receiving end of the snapshots.
+pub type ShardsRx = watch::Receiver<Snapshot>;
+
+/// What the group's loop needs.
+pub struct Group {
+    pub engine: Engine,
+    /// The group's lock (the leadership lock): its name, identity and nodes.
+    pub redlock: Redlock,
+    pub count: u32,
+    pub renewal: Renewal,
+    /// The app's readiness.
+    pub candidacy: CandidacyRx,
+    pub born_ms: u64,
+    pub cancel: CancellationToken,
+}
+
+/// A channel for the snapshots, empty until the first cycle.
+pub fn channel(count: u32) -> (watch::Sender<Snapshot>, ShardsRx) {
+    watch::channel(Snapshot {
+        count,
+        ..Snapshot::default()
+    })
+}
+
+/// Runs the member until `cancel`, then leaves the group (releases every shard, removes its
+/// entry).
+pub async fn run(group: Group, tx: watch::Sender<Snapshot>) {
+    let cfg = group.redlock.config().clone();
+    let mut held = Held::new(group.engine.clone(), cfg.clone(), &group.renewal);
+    let wake = Arc::new(Notify::new());
+    for index in 0..group.redlock.nodes().len() {
+        tokio::spawn(listen(
+            group.redlock.clone(),
+            index,
+            wake.clone(),
+            group.cancel.clone(),
+        ));
+    }
+    let mut next_cycle = Deadline::now();
+    let mut last_cycle = Deadline::now();
+    loop {
+        let now = Deadline::now();
+        if !held.step_down_due(now).is_empty() {
+            publish_owned(&tx, &held);
+        }
+        held.renew_due(now).await;
+        if Deadline::now() >= next_cycle {
+            last_cycle = Deadline::now();
+            let more = cycle(&group, &mut held, &tx, false).await;
+            next_cycle = if more {
+                Deadline::now()
+            } else {
+                last_cycle + group.renewal.interval
+            };
+        }
+        publish_owned(&tx, &held);
+        let wake_at = held
+            .next_due()
+            .map_or(next_cycle, |due| due.min(next_cycle));
+        tokio::select! {
+            biased;
+            () = group.cancel.cancelled() => break,
+            () = wake.notified() => {
+                next_cycle = next_cycle.min(last_cycle + MIN_CYCLE_GAP);
+            }
+            () = Clock::Boot.sleep_until(wake_at) => {}
+        }
+    }
+    let leaving = held.forget(&held.ids());
+    publish_owned(&tx, &held);
+    leaving.release().await;
+    cycle(&group, &mut held, &tx, true).await;
+}
+
+/// One cycle (see the module docs); `leaving`: remove the entry and take nothing. Whether
+/// there is more to take at once.
+async fn cycle(
+    group: &Group,
+    held: &mut Held,
+    tx: &watch::Sender<Snapshot>,
+    leaving: bool,
+) -> bool {
+    let cfg = group.redlock.config();
+    let me = &cfg.identity;
+    let mine = Member {
+        ready: group.candidacy.borrow().app_ready(Deadline::now()),
+        shards: group.count,
+        born_ms: group.born_ms,
+    };
+    let announce = Announce {
+        identity: me,
+        member: &mine,
+        leaving,
+    };
+    let view = view::read(&group.redlock, group.count, Some(announce)).await;
+    let planned = plan::members(&view, me, &mine);
+    tx.send_modify(|s| {
+        s.members = view
+            .members
+            .iter()
+            .map(|(id, m)| (id.clone(), m.ready))
+            .collect();
+        s.refused = planned.as_ref().err().cloned();
+    });
+    if leaving || view.owners.is_empty() {
+        return false;
+    }
+    let members = match planned {
+        Ok(members) => members,
+        Err(why) => {
+            warn!("{why}");
+            Vec::new()
+        }
+    };
+    let owners = plan::owners(&view, me, |s| held.holds(s));
+    let moves = decide(me, &members, &owners);
+    let released = held.forget(&moves.release);
+    if !released.is_empty() {
+        // The app stops acting on them before their keys go.
+        publish_owned(tx, held);
+        released.release().await;
+        announce_changed(&group.redlock).await;
+    }
+    let take = &moves.take[..moves.take.len().min(TAKE_PER_CYCLE)];
+    held.take(take).await;
+    moves.take.len() > TAKE_PER_CYCLE
+}
+
+/// Publishes the held shards.
+fn publish_owned(tx: &watch::Sender<Snapshot>, held: &Held) {
+    let owned = held.owned();
+    tx.send_if_modified(|s| {
+        let changed = s.owned != owned;
+        s.owned = owned;
+        changed
+    });
+}
+
+/// Tells the group on every node that shards came free (each publish bounded by the node
+/// timeout).
+async fn announce_changed(redlock: &Redlock) {
+    let cfg = redlock.config();
+    let mut publish = redis::cmd("PUBLISH");
+    publish.arg(view::channel(&cfg.lock)).arg(&cfg.identity);
+    let calls = redlock
+        .nodes()
+        .iter()
+        .map(|node| node.command::<i64>(&publish, cfg.node_timeout));
+    futures_util::future::join_all(calls).await;
+}
+
+/// Wakes the loop whenever node `index` carries a message on the group's channel; subscribes
+/// again after a pause when the subscription ends.
+async fn listen(redlock: Redlock, index: usize, wake: Arc<Notify>, cancel: CancellationToken) {
+    let cfg = redlock.config().clone();
+    let channel = view::channel(&cfg.lock);
+    while !cancel.is_cancelled() {
+        let node = &redlock.nodes()[index];
+        let subscribed = node
+            .subscribe(&[channel.as_str()], None, None, cfg.connect_timeout)
+            .await;
+        if let Ok(mut messages) = subscribed {
+            // A message may have been missed while not subscribed.
+            wake.notify_one();
+            loop {
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    message = messages.next() => match message {
+                        Some((_, from)) if from != cfg.identity => wake.notify_one(),
+                        Some(_) => {}
+                        None => break,
+                    },
+                }
+            }
+        }
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = clock::pause(cfg.retry_max) => {}
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! `run --shards N` through the real binary and real redis-servers: members split the shards
+//! evenly with no shard in two hands, a member that leaves on SIGTERM hands its shards over
+//! at once (well within a ttl, so not by expiry), with higher fencing tokens; bad counts are
+//! refused.
+
+// Tests and benchmarks use Tokio's and std's timers directly (clippy.toml keeps them
+// out of the sidecar's code).
+#![allow(clippy::disallowed_methods)]
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use support::sidecar::Sidecar;
+use support::{http, RedisCluster};
+
+const TTL: Duration = Duration::from_secs(2);
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// Shard → fencing token, as `sidecar` answers `GET /v1/shards`.
+async fn owned(sidecar: &Sidecar) -> Option<BTreeMap<u64, u64>> {
+    let body = http::get(sidecar.control, "/v1/shards")
+        .await
+        .ok()?
+        .json()
+        .ok()?;
+    let owned = body["owned"].as_array()?;
+    Some(
+        owned
+            .iter()
+            .filter_map(|s| Some((s["shard"].as_u64()?, s["fencing_token"].as_u64()?)))
+            .collect(),
+    )
+}
+
+/// Waits until `sidecars` hold `counts` shards each (in order), between them every one of
+/// `shards` and none twice; what each holds then.
+async fn wait_split(
+    sidecars: &[&Sidecar],
+    shards: u64,
+    counts: &[usize],
+) -> Vec<BTreeMap<u64, u64>> {
+    let start = Instant::now();
+    loop {
+        let mut all = Vec::new();
+        for sidecar in sidecars {
+            all.push(owned(sidecar).await.unwrap_or_default());
+        }
+        let sizes: Vec<usize> = all.iter().map(BTreeMap::len).collect();
+        let mut union: Vec<u64> = all.iter().flat_map(|o| o.keys().copied()).collect();
+        union.sort_unstable();
+        union.dedup();
+        if sizes == counts && union.len() as u64 == shards {
+            return all;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "not split {counts:?} within {DEADLINE:?}: {all:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_split_the_shards_evenly_and_a_leaver_hands_its_shards_over_at_once() {
+    let cluster = RedisCluster::ready(3, TTL);
+    let extra = ["--shards", "12", "--node-set", support::TEST_NODE_SET];
+    let a = Sidecar::start("shard-a", "work", &cluster.urls_joined(), "2s", &extra);
+    let b = Sidecar::start("shard-b", "work", &cluster.urls_joined(), "2s", &extra);
+    let mut c = Sidecar::start("shard-c", "work", &cluster.urls_joined(), "2s", &extra);
+    let before = wait_split(&[&a, &b, &c], 12, &[4, 4, 4]).await;
+
+    let leaving = before[2].clone();
+    let sent = Instant::now();
+    assert!(c.proc.sigterm());
+    let after = wait_split(&[&a, &b], 12, &[6, 6]).await;
+    let handed_over = sent.elapsed();
+    assert!(
+        handed_over < TTL / 2,
+        "the leaver's shards were taken in {handed_over:?}: by expiry, not hand-over"
+    );
+    assert_eq!(
+        c.proc.wait_exit(DEADLINE).map(|s| s.code()),
+        Some(Some(0)),
+        "the leaver exits cleanly"
+    );
+    for (shard, token) in &leaving {
+        let now = after
+            .iter()
+            .find_map(|o| o.get(shard))
+            .expect("every shard held");
+        assert!(now > token, "shard {shard}: token {now} after {token}");
+    }
+    // The members that stayed kept what they had: only the leaver's shards moved.
+    for (kept, had) in after.iter().zip(&before) {
+        for (shard, token) in had {
+            assert_eq!(kept.get(shard), Some(token), "shard {shard} stayed put");
+        }
+    }
+}
+
+#[test]
+fn a_shard_count_of_zero_or_past_the_limit_is_refused() {
+    for count in ["0", "16385", "-1", "many"] {
+        let flag = format!("--shards={count}");
+        let args = [
+            "run",
+            "--lock",
+            "work",
+            "--redis",
+            "redis://127.0.0.1:1",
+            &flag,
+        ];
+        support::process::assert_invalid_config(&args, "--shards");
+    }
+}
