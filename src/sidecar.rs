@@ -300,6 +300,7 @@ impl Wiring<'_> {
                 .borrow()
                 .announced(crate::clock::Deadline::now())
                 .born_ms,
+            metrics: Arc::clone(self.metrics),
             cancel: self.cancel.clone(),
         };
         let task = tokio::spawn(crate::shards::run(group, tx));

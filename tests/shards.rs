@@ -70,6 +70,8 @@ async fn members_split_the_shards_evenly_and_a_leaver_hands_its_shards_over_at_o
     let b = Sidecar::start("shard-b", "work", &cluster.urls_joined(), "2s", &extra);
     let mut c = Sidecar::start("shard-c", "work", &cluster.urls_joined(), "2s", &extra);
     let before = wait_split(&[&a, &b, &c], 12, &[4, 4, 4]).await;
+    assert_eq!(a.metric("redlock_shards_owned", "").await, 4.0);
+    assert!(a.metric("redlock_shard_moves_total", "kind=\"taken\"").await >= 4.0);
 
     let leaving = before[2].clone();
     let sent = Instant::now();

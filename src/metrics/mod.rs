@@ -10,6 +10,7 @@
 //! |---|---|
 //! | [`families`] | the families, in groups of one concern, and how each is named |
 //! | [`app_locks`] | the request-lock families (`redlock_app_*`) |
+//! | [`shards`] | the shard families (`redlock_shards_*`, `redlock_shard_*`) |
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -22,9 +23,11 @@ use crate::redlock::{NodeErrorKind, Observer, Op};
 use families::{Names, Nodes, Process, Rounds, Settings, Tenure, Waits};
 
 pub mod app_locks;
+pub mod shards;
 pub mod families;
 
 pub use app_locks::{AppLockMetrics, APP_ACQUIRE_RESULTS, APP_LEASE_ENDS};
+pub use shards::{ShardMetrics, SHARD_MOVES};
 
 /// Results of an acquisition attempt (`redlock_acquire_attempts_total{result}`).
 pub const ACQUIRE_RESULTS: [&str; 5] = ["acquired", "busy", "no_quorum", "expired", "error"];
@@ -56,6 +59,7 @@ pub struct Metrics {
     settings: Settings,
     process: Process,
     app_locks: AppLockMetrics,
+    shards: ShardMetrics,
     /// The nodes' labels (`host:port`), by index.
     node_labels: Vec<String>,
 }
@@ -77,6 +81,7 @@ impl Metrics {
             settings: Settings::new(&names),
             process: Process::new(&names),
             app_locks: AppLockMetrics::new(&names),
+            shards: ShardMetrics::new(&names),
             node_labels: nodes.to_vec(),
         };
         m.register_all(kubernetes_errors);
@@ -106,6 +111,7 @@ impl Metrics {
             .chain(self.settings.collectors())
             .chain(self.process.collectors())
             .chain(self.app_locks.collectors())
+            .chain(self.shards.collectors())
             .chain(kubernetes_errors.map(|c| Box::new(c) as Box<_>))
         {
             self.registry
@@ -171,6 +177,11 @@ impl Metrics {
     /// The request-lock families (`redlock_app_*`).
     pub fn app_locks(&self) -> &AppLockMetrics {
         &self.app_locks
+    }
+
+    /// The shard families (`run --shards`).
+    pub fn shards(&self) -> &ShardMetrics {
+        &self.shards
     }
 
     /// Names the workload in `redlock_info{workload}` (one series, replacing the empty one).

@@ -211,4 +211,9 @@ impl Released {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
+
+    /// How many there are.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
 }

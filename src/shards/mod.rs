@@ -31,6 +31,7 @@ use tracing::warn;
 use crate::candidacy::CandidacyRx;
 use crate::clock::{self, Clock, Deadline};
 use crate::config::Renewal;
+use crate::metrics::Metrics;
 use crate::redlock::{Engine, Redlock};
 use redlock_core::shards::decide;
 
@@ -70,6 +71,7 @@ pub struct Group {
     /// The app's readiness.
     pub candidacy: CandidacyRx,
     pub born_ms: u64,
+    pub metrics: Arc<Metrics>,
     pub cancel: CancellationToken,
 }
 
@@ -97,15 +99,18 @@ pub async fn run(group: Group, tx: watch::Sender<Snapshot>) {
     }
     let mut next_cycle = Deadline::now();
     let mut last_cycle = Deadline::now();
+    let mut unowned_since = None;
     loop {
         let now = Deadline::now();
-        if !held.step_down_due(now).is_empty() {
+        let lost = held.step_down_due(now);
+        if !lost.is_empty() {
+            group.metrics.shards().moved("lost", lost.len());
             publish_owned(&tx, &held);
         }
         held.renew_due(now).await;
         if Deadline::now() >= next_cycle {
             last_cycle = Deadline::now();
-            let more = cycle(&group, &mut held, &tx, false).await;
+            let more = cycle(&group, &mut held, &tx, false, &mut unowned_since).await;
             next_cycle = if more {
                 Deadline::now()
             } else {
@@ -113,6 +118,7 @@ pub async fn run(group: Group, tx: watch::Sender<Snapshot>) {
             };
         }
         publish_owned(&tx, &held);
+        group.metrics.shards().owned(held.ids().len());
         let wake_at = held
             .next_due()
             .map_or(next_cycle, |due| due.min(next_cycle));
@@ -127,17 +133,21 @@ pub async fn run(group: Group, tx: watch::Sender<Snapshot>) {
     }
     let leaving = held.forget(&held.ids());
     publish_owned(&tx, &held);
+    group.metrics.shards().moved("released", leaving.len());
+    group.metrics.shards().owned(0);
     leaving.release().await;
-    cycle(&group, &mut held, &tx, true).await;
+    cycle(&group, &mut held, &tx, true, &mut unowned_since).await;
 }
 
-/// One cycle (see the module docs); `leaving`: remove the entry and take nothing. Whether
-/// there is more to take at once.
+/// One cycle (see the module docs); `leaving`: remove the entry and take nothing;
+/// `unowned_since`: since when the cycles have seen a free shard. Whether there is more to
+/// take at once.
 async fn cycle(
     group: &Group,
     held: &mut Held,
     tx: &watch::Sender<Snapshot>,
     leaving: bool,
+    unowned_since: &mut Option<Deadline>,
 ) -> bool {
     let cfg = group.redlock.config();
     let me = &cfg.identity;
@@ -164,6 +174,7 @@ async fn cycle(
     if leaving || view.owners.is_empty() {
         return false;
     }
+    note_unowned(&group.metrics, &view, unowned_since);
     let members = match planned {
         Ok(members) => members,
         Err(why) => {
@@ -177,12 +188,27 @@ async fn cycle(
     if !released.is_empty() {
         // The app stops acting on them before their keys go.
         publish_owned(tx, held);
+        group.metrics.shards().moved("released", released.len());
         released.release().await;
         announce_changed(&group.redlock).await;
     }
     let take = &moves.take[..moves.take.len().min(TAKE_PER_CYCLE)];
-    held.take(take).await;
+    let taken = held.take(take).await;
+    group.metrics.shards().moved("taken", taken.len());
     moves.take.len() > TAKE_PER_CYCLE
+}
+
+/// Counts the shards `view` shows free, and how long the cycles have seen some free.
+fn note_unowned(metrics: &Metrics, view: &view::View, since: &mut Option<Deadline>) {
+    let free = view
+        .owners
+        .iter()
+        .filter(|o| **o == view::Owner::Free)
+        .count();
+    let now = Deadline::now();
+    *since = (free > 0).then(|| since.unwrap_or(now));
+    let for_secs = since.map_or(0.0, |at| now.saturating_duration_since(at).as_secs_f64());
+    metrics.shards().unowned(free, for_secs);
 }
 
 /// Publishes the held shards.
