@@ -62,6 +62,58 @@ async fn wait_split(
     }
 }
 
+/// An open `/v1/shards/watch` stream: its raw bytes so far.
+struct Watch {
+    stream: tokio::net::TcpStream,
+    raw: Vec<u8>,
+}
+
+impl Watch {
+    async fn open(sidecar: &Sidecar) -> Watch {
+        use tokio::io::AsyncWriteExt;
+        let mut stream = tokio::net::TcpStream::connect(sidecar.control)
+            .await
+            .unwrap();
+        let request =
+            "GET /v1/shards/watch HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n";
+        stream.write_all(request.as_bytes()).await.unwrap();
+        Watch {
+            stream,
+            raw: Vec::new(),
+        }
+    }
+
+    /// The `(event, data)` pairs received so far.
+    fn events(&self) -> Vec<(String, serde_json::Value)> {
+        let Some(head) = self.raw.windows(4).position(|w| w == b"\r\n\r\n") else {
+            return Vec::new();
+        };
+        let (body, _, _) = support::http::decode_chunks(&self.raw[head + 4..]).unwrap();
+        let text = String::from_utf8_lossy(&body).into_owned();
+        text.split("\n\n")
+            .filter_map(|event| {
+                let name = event.lines().find_map(|l| l.strip_prefix("event: "))?;
+                let data = event.lines().find_map(|l| l.strip_prefix("data: "))?;
+                Some((name.to_owned(), serde_json::from_str(data).ok()?))
+            })
+            .collect()
+    }
+
+    /// Reads until `n` events came (or the stream ends, or the deadline passes); the events.
+    async fn until(&mut self, n: usize) -> Vec<(String, serde_json::Value)> {
+        use tokio::io::AsyncReadExt;
+        let start = Instant::now();
+        while self.events().len() < n && start.elapsed() < DEADLINE {
+            let mut buf = [0u8; 4096];
+            match tokio::time::timeout(DEADLINE, self.stream.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) | Err(_) => break,
+                Ok(Ok(read)) => self.raw.extend_from_slice(&buf[..read]),
+            }
+        }
+        self.events()
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_split_the_shards_evenly_and_a_leaver_hands_its_shards_over_at_once() {
     let cluster = RedisCluster::ready(3, TTL);
@@ -71,9 +123,18 @@ async fn members_split_the_shards_evenly_and_a_leaver_hands_its_shards_over_at_o
     let mut c = Sidecar::start("shard-c", "work", &cluster.urls_joined(), "2s", &extra);
     let before = wait_split(&[&a, &b, &c], 12, &[4, 4, 4]).await;
     assert_eq!(a.metric("redlock_shards_owned", "").await, 4.0);
-    assert!(a.metric("redlock_shard_moves_total", "kind=\"taken\"").await >= 4.0);
+    assert!(
+        a.metric("redlock_shard_moves_total", "kind=\"taken\"")
+            .await
+            >= 4.0
+    );
 
     let leaving = before[2].clone();
+    // The leaver's app hears every shard revoked (after the first event, the whole body).
+    let mut watch = Watch::open(&c).await;
+    let first = watch.until(1).await;
+    assert_eq!(first[0].0, "shards", "{first:?}");
+    assert_eq!(first[0].1["owned"].as_array().map(Vec::len), Some(4));
     let sent = Instant::now();
     assert!(c.proc.sigterm());
     let after = wait_split(&[&a, &b], 12, &[6, 6]).await;
@@ -87,6 +148,14 @@ async fn members_split_the_shards_evenly_and_a_leaver_hands_its_shards_over_at_o
         Some(Some(0)),
         "the leaver exits cleanly"
     );
+    let revoked: Vec<u64> = watch.until(1 + 4).await[1..]
+        .iter()
+        .map(|(name, data)| {
+            assert_eq!(name, "revoked");
+            data["shard"].as_u64().unwrap()
+        })
+        .collect();
+    assert_eq!(revoked, leaving.keys().copied().collect::<Vec<_>>());
     for (shard, token) in &leaving {
         let now = after
             .iter()

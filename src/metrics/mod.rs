@@ -23,8 +23,8 @@ use crate::redlock::{NodeErrorKind, Observer, Op};
 use families::{Names, Nodes, Process, Rounds, Settings, Tenure, Waits};
 
 pub mod app_locks;
-pub mod shards;
 pub mod families;
+pub mod shards;
 
 pub use app_locks::{AppLockMetrics, APP_ACQUIRE_RESULTS, APP_LEASE_ENDS};
 pub use shards::{ShardMetrics, SHARD_MOVES};

@@ -1,28 +1,110 @@
-//! `GET /v1/shards` on the control listener: the group and this member's shards.
+//! The app's view of its shards, on the control listener: `GET /v1/shards` (the group and this
+//! member's shards) and `GET /v1/shards/watch` (server-sent events as they change).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use futures_util::StreamExt;
 use serde_json::{json, Value};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_stream::wrappers::WatchStream;
 
-use super::ShardsRx;
+use super::{Owned, ShardsRx, Snapshot};
 use crate::clock::Deadline;
 
-/// The route, answering from `rx` for the member `identity`.
+/// The most `/v1/shards/watch` streams at once.
+pub const MAX_WATCHERS: usize = 64;
+
+#[derive(Clone)]
+struct ApiState {
+    rx: ShardsRx,
+    identity: String,
+    watchers: Arc<Semaphore>,
+}
+
+/// The routes, answering from `rx` for the member `identity`.
 pub fn router(rx: ShardsRx, identity: String) -> Router {
     Router::new()
         .route("/v1/shards", get(shards))
-        .with_state((rx, identity))
+        .route("/v1/shards/watch", get(watch))
+        .with_state(ApiState {
+            rx,
+            identity,
+            watchers: Arc::new(Semaphore::new(MAX_WATCHERS)),
+        })
 }
 
-/// The group's members, and each shard this member holds with its fencing token and the time
-/// left before it stops acting on it (`validity_ms`, 0 once past).
-async fn shards(State((rx, identity)): State<(ShardsRx, String)>) -> Json<Value> {
-    Json(body(&rx.borrow(), &identity, Deadline::now()))
+async fn shards(State(state): State<ApiState>) -> Json<Value> {
+    Json(body(&state.rx.borrow(), &state.identity, Deadline::now()))
 }
 
-/// The answer's body at `now`.
-pub fn body(snapshot: &super::Snapshot, identity: &str, now: Deadline) -> Value {
+/// A stream of events: `shards` first (the whole body, as `GET /v1/shards`), then `added`
+/// (`{shard, fencing_token, validity_ms}`) when this member takes a shard and `revoked`
+/// (`{shard}`) when it stops acting on one, before its keys are released; the stream ends at
+/// shutdown, after every shard was revoked.
+async fn watch(State(state): State<ApiState>) -> Response {
+    let Ok(slot) = state.watchers.clone().try_acquire_owned() else {
+        let error = format!("too many /v1/shards/watch streams (at most {MAX_WATCHERS})");
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({ "error": error })),
+        )
+            .into_response();
+    };
+    let first = body(&state.rx.borrow(), &state.identity, Deadline::now());
+    let mut last: BTreeMap<u32, Owned> = state.rx.borrow().owned.clone();
+    let changes = WatchStream::from_changes(state.rx.clone()).flat_map(move |snapshot| {
+        let events = changes(&last, &snapshot.owned, Deadline::now());
+        last = snapshot.owned;
+        futures_util::stream::iter(events)
+    });
+    let events = futures_util::stream::once(async move { ("shards", first) })
+        .chain(changes)
+        .map(move |(name, data)| {
+            // The stream owns its slot: dropping the stream frees it.
+            let _slot: &OwnedSemaphorePermit = &slot;
+            Ok::<_, std::convert::Infallible>(Event::default().event(name).data(data.to_string()))
+        });
+    Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+/// The events from `before` to `after` at `now`: revocations first.
+pub fn changes(
+    before: &BTreeMap<u32, Owned>,
+    after: &BTreeMap<u32, Owned>,
+    now: Deadline,
+) -> Vec<(&'static str, Value)> {
+    let revoked = before
+        .iter()
+        .filter(|(shard, owned)| after.get(shard).is_none_or(|now| now.token != owned.token))
+        .map(|(shard, _)| ("revoked", json!({ "shard": shard })));
+    let added = after
+        .iter()
+        .filter(|(shard, owned)| before.get(shard).is_none_or(|was| was.token != owned.token))
+        .map(|(shard, owned)| ("added", owned_json(*shard, owned, now)));
+    revoked.chain(added).collect()
+}
+
+fn owned_json(shard: u32, owned: &Owned, now: Deadline) -> Value {
+    let left = owned.step_down_at.saturating_duration_since(now);
+    json!({
+        "shard": shard,
+        "fencing_token": owned.token,
+        "validity_ms": u64::try_from(left.as_millis()).unwrap_or(u64::MAX),
+    })
+}
+
+/// The body of `GET /v1/shards` at `now`: the members, and each shard this member holds with
+/// its fencing token and the time left before it stops acting on it (`validity_ms`).
+pub fn body(snapshot: &Snapshot, identity: &str, now: Deadline) -> Value {
     let members: Vec<Value> = snapshot
         .members
         .iter()
@@ -31,14 +113,7 @@ pub fn body(snapshot: &super::Snapshot, identity: &str, now: Deadline) -> Value 
     let owned: Vec<Value> = snapshot
         .owned
         .iter()
-        .map(|(shard, owned)| {
-            let left = owned.step_down_at.saturating_duration_since(now);
-            json!({
-                "shard": shard,
-                "fencing_token": owned.token,
-                "validity_ms": u64::try_from(left.as_millis()).unwrap_or(u64::MAX),
-            })
-        })
+        .map(|(shard, owned)| owned_json(*shard, owned, now))
         .collect();
     json!({
         "identity": identity,
@@ -47,4 +122,38 @@ pub fn body(snapshot: &super::Snapshot, identity: &str, now: Deadline) -> Value 
         "owned": owned,
         "refused": snapshot.refused,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn owned(token: u64) -> Owned {
+        Owned {
+            token,
+            step_down_at: Deadline::now() + Duration::from_secs(5),
+        }
+    }
+
+    #[test]
+    fn a_shard_taken_again_is_revoked_then_added_and_a_renewal_is_no_event() {
+        let before = BTreeMap::from([(1, owned(10)), (2, owned(20)), (3, owned(30))]);
+        let mut after = before.clone();
+        after.remove(&1);
+        after.insert(3, owned(31));
+        after.insert(4, owned(40));
+        if let Some(two) = after.get_mut(&2) {
+            two.step_down_at += Duration::from_secs(1);
+        }
+        let events: Vec<(&str, u64)> = changes(&before, &after, Deadline::now())
+            .into_iter()
+            .map(|(name, data)| (name, data["shard"].as_u64().unwrap()))
+            .collect();
+        assert_eq!(
+            events,
+            [("revoked", 1), ("revoked", 3), ("added", 3), ("added", 4)]
+        );
+    }
 }
