@@ -1,7 +1,8 @@
 //! `run --shards N` through the real binary and real redis-servers: members split the shards
-//! evenly with no shard in two hands, a member that leaves on SIGTERM hands its shards over
-//! at once (well within a ttl, so not by expiry), with higher fencing tokens; bad counts are
-//! refused.
+//! evenly with no shard in two hands; a member that leaves on SIGTERM hands its shards over
+//! at once (well within a ttl, so not by expiry), with higher fencing tokens, its app told of
+//! each revocation; a joiner takes only its share; a member whose app is not ready holds
+//! nothing; bad counts are refused.
 
 // Tests and benchmarks use Tokio's and std's timers directly (clippy.toml keeps them
 // out of the sidecar's code).
@@ -115,7 +116,8 @@ impl Watch {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn members_split_the_shards_evenly_and_a_leaver_hands_its_shards_over_at_once() {
+async fn members_split_the_shards_evenly_a_leaver_hands_over_at_once_and_a_joiner_takes_only_its_share(
+) {
     let cluster = RedisCluster::ready(3, TTL);
     let extra = ["--shards", "12", "--node-set", support::TEST_NODE_SET];
     let a = Sidecar::start("shard-a", "work", &cluster.urls_joined(), "2s", &extra);
@@ -169,6 +171,52 @@ async fn members_split_the_shards_evenly_and_a_leaver_hands_its_shards_over_at_o
             assert_eq!(kept.get(shard), Some(token), "shard {shard} stayed put");
         }
     }
+
+    // A member joins: it takes its share (4) and only from the members above theirs, who
+    // take nothing; no other shard moves.
+    let d = Sidecar::start("shard-d", "work", &cluster.urls_joined(), "2s", &extra);
+    let joined = wait_split(&[&a, &b, &d], 12, &[4, 4, 4]).await;
+    for (now, had) in joined.iter().zip(&after) {
+        for (shard, token) in now {
+            assert_eq!(
+                had.get(shard),
+                Some(token),
+                "shard {shard} was theirs already"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_app_is_not_ready_holds_no_shard_while_ready_ones_exist() {
+    let cluster = RedisCluster::ready(3, TTL);
+    let extra = ["--shards", "6", "--node-set", support::TEST_NODE_SET];
+    let dead_app = format!("http://127.0.0.1:{}/ready", support::free_port());
+    let mut unready_extra = extra.to_vec();
+    unready_extra.extend(["--app-ready", &dead_app, "--app-ready-interval", "100ms"]);
+    let unready = Sidecar::start(
+        "unready",
+        "work",
+        &cluster.urls_joined(),
+        "2s",
+        &unready_extra,
+    );
+    let a = Sidecar::start("ready-a", "work", &cluster.urls_joined(), "2s", &extra);
+    let b = Sidecar::start("ready-b", "work", &cluster.urls_joined(), "2s", &extra);
+    wait_split(&[&a, &b, &unready], 6, &[3, 3, 0]).await;
+    let body = http::get(unready.control, "/v1/shards")
+        .await
+        .unwrap()
+        .json()
+        .unwrap();
+    let members = body["members"].as_array().unwrap();
+    assert_eq!(members.len(), 3, "{body}");
+    assert!(
+        members
+            .iter()
+            .any(|m| m["identity"] == "unready" && m["ready"] == false),
+        "{body}"
+    );
 }
 
 #[test]
