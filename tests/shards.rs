@@ -219,6 +219,32 @@ async fn a_member_whose_app_is_not_ready_holds_no_shard_while_ready_ones_exist()
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_paused_past_its_leases_loses_its_shards_and_never_claims_them_after() {
+    let cluster = RedisCluster::ready(3, TTL);
+    let extra = ["--shards", "4", "--node-set", support::TEST_NODE_SET];
+    let mut a = Sidecar::start("paused", "work", &cluster.urls_joined(), "2s", &extra);
+    let b = Sidecar::start("awake", "work", &cluster.urls_joined(), "2s", &extra);
+    let before = wait_split(&[&a, &b], 4, &[2, 2]).await;
+    assert!(a.proc.sigstop());
+    // Its entry and its leases expire: the other member takes every shard, fenced higher.
+    let alone = wait_split(&[&b], 4, &[4]).await;
+    for (shard, token) in &before[0] {
+        assert!(
+            alone[0][shard] > *token,
+            "shard {shard}: fenced above the paused owner"
+        );
+    }
+    assert!(a.proc.sigcont());
+    // Woken, it answers from the clock before its loop runs: none of those shards is its.
+    let claimed = owned(&a).await.expect("answers");
+    assert!(
+        claimed.keys().all(|shard| !alone[0].contains_key(shard)),
+        "the woken member claims {claimed:?}, held by the other: {alone:?}"
+    );
+    wait_split(&[&a, &b], 4, &[2, 2]).await;
+}
+
 #[test]
 fn a_shard_count_of_zero_or_past_the_limit_is_refused() {
     for count in ["0", "16385", "-1", "many"] {

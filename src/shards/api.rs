@@ -103,7 +103,9 @@ fn owned_json(shard: u32, owned: &Owned, now: Deadline) -> Value {
 }
 
 /// The body of `GET /v1/shards` at `now`: the members, and each shard this member holds with
-/// its fencing token and the time left before it stops acting on it (`validity_ms`).
+/// its fencing token and the time left before it stops acting on it (`validity_ms`). A shard
+/// past its step-down instant is not listed, whether or not the member's loop has run since (a
+/// process paused past it answers from the clock, not from its stale state).
 pub fn body(snapshot: &Snapshot, identity: &str, now: Deadline) -> Value {
     let members: Vec<Value> = snapshot
         .members
@@ -113,6 +115,7 @@ pub fn body(snapshot: &Snapshot, identity: &str, now: Deadline) -> Value {
     let owned: Vec<Value> = snapshot
         .owned
         .iter()
+        .filter(|(_, owned)| owned.step_down_at > now)
         .map(|(shard, owned)| owned_json(*shard, owned, now))
         .collect();
     json!({
@@ -135,6 +138,33 @@ mod tests {
             token,
             step_down_at: Deadline::now() + Duration::from_secs(5),
         }
+    }
+
+    #[test]
+    fn a_shard_past_its_step_down_is_not_listed_even_if_the_loop_has_not_dropped_it() {
+        let now = Deadline::now();
+        let snapshot = Snapshot {
+            count: 2,
+            owned: BTreeMap::from([
+                (0, owned(7)),
+                (
+                    1,
+                    Owned {
+                        token: 8,
+                        step_down_at: now,
+                    },
+                ),
+            ]),
+            ..Snapshot::default()
+        };
+        let listed = body(&snapshot, "me", now);
+        let shards: Vec<u64> = listed["owned"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["shard"].as_u64().unwrap())
+            .collect();
+        assert_eq!(shards, [0]);
     }
 
     #[test]

@@ -169,19 +169,17 @@ async fn cycle(
             .iter()
             .map(|(id, m)| (id.clone(), m.ready))
             .collect();
-        s.refused = planned.as_ref().err().cloned();
+        let refused = planned.as_ref().err().cloned();
+        if refused.is_some() && refused != s.refused {
+            warn!("{}", refused.as_deref().unwrap_or_default());
+        }
+        s.refused = refused;
     });
     if leaving || view.owners.is_empty() {
         return false;
     }
     note_unowned(&group.metrics, &view, unowned_since);
-    let members = match planned {
-        Ok(members) => members,
-        Err(why) => {
-            warn!("{why}");
-            Vec::new()
-        }
-    };
+    let members = planned.unwrap_or_default();
     let owners = plan::owners(&view, me, |s| held.holds(s));
     let moves = decide(me, &members, &owners);
     let released = held.forget(&moves.release);
