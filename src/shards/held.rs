@@ -101,16 +101,24 @@ impl Held {
         due
     }
 
-    /// Renews, at once and so in one batch per node, every shard due at `now`.
+    /// Once any shard is due at `now`, renews every held shard at once, so in one batch per
+    /// node: shards taken in different cycles fall into step, and a member sends each node one
+    /// renewal per renew interval whatever it holds.
     pub async fn renew_due(&mut self, now: Deadline) {
+        if !self
+            .shards
+            .values()
+            .any(|s| s.tenure.poll(now) == Step::Renew)
+        {
+            return;
+        }
         let due: Vec<u32> = self
             .shards
             .iter()
-            .filter_map(|(&id, s)| (s.tenure.poll(now) == Step::Renew).then_some(id))
+            .filter_map(|(&id, s)| {
+                matches!(s.tenure.poll(now), Step::Renew | Step::WaitUntil(_)).then_some(id)
+            })
             .collect();
-        if due.is_empty() {
-            return;
-        }
         let started = Deadline::now();
         let rounds = due.iter().map(|id| {
             let shard = &self.shards[id];
