@@ -209,10 +209,10 @@ pub struct Released(Vec<(u32, Shard)>);
 impl Released {
     /// Releases them all at once, whatever the nodes answer.
     pub async fn release(self) {
-        for (id, _) in &self.0 {
-            info!(shard = id, "shard released");
+        let deleted = join_all(self.0.iter().map(|(_, s)| s.redlock.release(&s.lease))).await;
+        for ((id, _), nodes) in self.0.iter().zip(deleted) {
+            info!(shard = id, nodes, "shard released");
         }
-        join_all(self.0.iter().map(|(_, s)| s.redlock.release(&s.lease))).await;
     }
 
     /// Whether there is none.

@@ -26,20 +26,20 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::candidacy::CandidacyRx;
 use crate::clock::{self, Clock, Deadline};
 use crate::config::Renewal;
 use crate::metrics::Metrics;
 use crate::redlock::{Engine, Redlock};
-use redlock_core::shards::decide;
+use redlock_core::shards::{decide, shares};
 
 use held::Held;
 pub use held::Owned;
 use view::{Announce, Member};
 
-/// The least time between two cycles that the group's channel starts.
+/// The least time between two cycles that the group's channel or lost races start.
 pub const MIN_CYCLE_GAP: Duration = Duration::from_millis(20);
 
 /// The most shards one cycle tries to take (the next cycle follows at once).
@@ -100,6 +100,8 @@ pub async fn run(group: Group, tx: watch::Sender<Snapshot>) {
     let mut next_cycle = Deadline::now();
     let mut last_cycle = Deadline::now();
     let mut unowned_since = None;
+    // Cycles in a row that asked for the next one soon.
+    let mut soon: u32 = 0;
     loop {
         let now = Deadline::now();
         let lost = held.step_down_due(now);
@@ -107,15 +109,17 @@ pub async fn run(group: Group, tx: watch::Sender<Snapshot>) {
             group.metrics.shards().moved("lost", lost.len());
             publish_owned(&tx, &held);
         }
-        held.renew_due(now).await;
+        // A renewal may wait in the engine's batch (a sixth of the ttl): a shutdown does not.
+        tokio::select! {
+            biased;
+            () = group.cancel.cancelled() => break,
+            () = held.renew_due(now) => {}
+        }
         if Deadline::now() >= next_cycle {
             last_cycle = Deadline::now();
             let more = cycle(&group, &mut held, &tx, false, &mut unowned_since).await;
-            next_cycle = if more {
-                Deadline::now()
-            } else {
-                last_cycle + group.renewal.interval
-            };
+            soon = if more { soon + 1 } else { 0 };
+            next_cycle = last_cycle + next_cycle_after(soon, group.renewal.interval);
         }
         publish_owned(&tx, &held);
         group.metrics.shards().owned(held.ids().len());
@@ -139,9 +143,24 @@ pub async fn run(group: Group, tx: watch::Sender<Snapshot>) {
     cycle(&group, &mut held, &tx, true, &mut unowned_since).await;
 }
 
+/// When the next cycle runs after one that asked for it soon `soon` times in a row (0: not):
+/// at [`MIN_CYCLE_GAP`] for the first [`SOON_AT_ONCE`] (a hand-over's races settle within a
+/// few), then doubling up to the renew interval, so a group that cannot settle (members
+/// reading different views) backs off to one cycle per interval.
+pub fn next_cycle_after(soon: u32, interval: Duration) -> Duration {
+    if soon == 0 {
+        return interval;
+    }
+    let doublings = soon.saturating_sub(SOON_AT_ONCE).min(16);
+    MIN_CYCLE_GAP.saturating_mul(1 << doublings).min(interval)
+}
+
+/// Cycles in a row at [`MIN_CYCLE_GAP`] before they back off.
+const SOON_AT_ONCE: u32 = 10;
+
 /// One cycle (see the module docs); `leaving`: remove the entry and take nothing;
-/// `unowned_since`: since when the cycles have seen a free shard. Whether there is more to
-/// take at once.
+/// `unowned_since`: since when the cycles have seen a free shard. Whether to run the next one
+/// soon ([`MIN_CYCLE_GAP`]): more shards to try than one cycle takes, or races lost to others.
 async fn cycle(
     group: &Group,
     held: &mut Held,
@@ -193,7 +212,25 @@ async fn cycle(
     let take = &moves.take[..moves.take.len().min(TAKE_PER_CYCLE)];
     let taken = held.take(take).await;
     group.metrics.shards().moved("taken", taken.len());
-    moves.take.len() > TAKE_PER_CYCLE
+    // Under its share still (shards left to try, races lost to others, shards unsettled when
+    // read), or shards left free: the next cycle finds the rest.
+    let share = shares(group.count, &members, &owners)
+        .get(me.as_str())
+        .copied();
+    let held_now = held.ids().len();
+    debug!(
+        members = members.len(),
+        share,
+        held = held_now,
+        tried = take.len(),
+        taken = taken.len(),
+        released = moves.release.len(),
+        "shards cycle"
+    );
+    // Members that read the group mid-move may each see the ceiling share go to another and
+    // leave a shard free: the next cycle, on the counts as they are then, gives it to one.
+    let free = owners.iter().filter(|o| o.is_none()).count();
+    share.is_some_and(|share| held_now < share as usize) || free > taken.len()
 }
 
 /// Counts the shards `view` shows free, and how long the cycles have seen some free.
@@ -260,5 +297,21 @@ async fn listen(redlock: Redlock, index: usize, wake: Arc<Notify>, cancel: Cance
             () = cancel.cancelled() => return,
             () = clock::pause(cfg.retry_max) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cycles_that_ask_for_more_back_off_from_the_least_gap_to_the_renew_interval() {
+        let interval = Duration::from_millis(667);
+        let gaps: Vec<u64> = [0, 1, 10, 11, 12, 14, 15, 16]
+            .into_iter()
+            .map(|soon| next_cycle_after(soon, interval).as_millis() as u64)
+            .collect();
+        assert_eq!(gaps, [667, 20, 20, 40, 80, 320, 640, 667]);
+        assert_eq!(next_cycle_after(u32::MAX, interval), interval);
     }
 }
