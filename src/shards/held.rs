@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use futures_util::future::join_all;
+use futures_util::future::{join_all, BoxFuture};
 use tracing::{info, warn};
 
 use crate::clock::Deadline;
@@ -101,35 +101,56 @@ impl Held {
         due
     }
 
-    /// Once any shard is due at `now`, renews every held shard at once, so in one batch per
-    /// node: shards taken in different cycles fall into step, and a member sends each node one
-    /// renewal per renew interval whatever it holds.
-    pub async fn renew_due(&mut self, now: Deadline) {
+    /// Once any shard is due at `now`, the renewal of every held shard at once, so in one
+    /// batch per node: shards taken in different cycles fall into step, and a member sends each
+    /// node one renewal per renew interval whatever it holds. The future owns what it needs:
+    /// the loop goes on (cycles, step-downs, shutdown) while it waits in the engine's batch;
+    /// [`Held::apply`] takes its result.
+    pub fn renewal(&self, now: Deadline) -> Option<BoxFuture<'static, Renewed>> {
         if !self
             .shards
             .values()
             .any(|s| s.tenure.poll(now) == Step::Renew)
         {
-            return;
+            return None;
         }
-        let due: Vec<u32> = self
+        let leases: Vec<(u32, Redlock, Lease)> = self
             .shards
             .iter()
-            .filter_map(|(&id, s)| {
-                matches!(s.tenure.poll(now), Step::Renew | Step::WaitUntil(_)).then_some(id)
-            })
+            .filter(|(_, s)| matches!(s.tenure.poll(now), Step::Renew | Step::WaitUntil(_)))
+            .map(|(&id, s)| (id, s.redlock.clone(), s.lease.clone()))
             .collect();
-        let started = Deadline::now();
-        let rounds = due.iter().map(|id| {
-            let shard = &self.shards[id];
-            shard.redlock.extend(&shard.lease)
-        });
-        let results = join_all(rounds).await;
-        let ended = Deadline::now();
-        for (id, result) in due.iter().zip(results) {
-            let Some(shard) = self.shards.get_mut(id) else {
+        Some(Box::pin(async move {
+            let started = Deadline::now();
+            let rounds = leases.iter().map(|(_, redlock, lease)| redlock.extend(lease));
+            let results = join_all(rounds).await;
+            let renewed = leases
+                .iter()
+                .zip(results)
+                .map(|((id, _, lease), result)| (*id, lease.fencing_token, result))
+                .collect();
+            Renewed {
+                started,
+                ended: Deadline::now(),
+                renewed,
+            }
+        }))
+    }
+
+    /// Takes a renewal's results into account, for the shards still held under the same lease.
+    pub fn apply(&mut self, renewal: Renewed) {
+        let Renewed {
+            started,
+            ended,
+            renewed,
+        } = renewal;
+        for (id, token, result) in renewed {
+            let Some(shard) = self.shards.get_mut(&id) else {
                 continue;
             };
+            if shard.lease.fencing_token != token {
+                continue;
+            }
             let event = match result {
                 Ok(lease) => {
                     let valid_until = lease.valid_until;
@@ -151,6 +172,11 @@ impl Held {
             };
             shard.tenure.handle(event);
         }
+    }
+
+    /// The next instant a held shard must step down.
+    pub fn next_step_down(&self) -> Option<Deadline> {
+        self.shards.values().map(|s| s.tenure.step_down_at()).min()
     }
 
     /// Tries to take every shard of `take` at once; the shards won.
@@ -201,6 +227,13 @@ impl Held {
     pub fn ids(&self) -> Vec<u32> {
         self.shards.keys().copied().collect()
     }
+}
+
+/// A renewal of held shards: when it ran, and each shard's result (with its lease's token).
+pub struct Renewed {
+    started: Deadline,
+    ended: Deadline,
+    renewed: Vec<(u32, u64, Result<Lease, LockError>)>,
 }
 
 /// Shards no longer held whose keys are still to be released.

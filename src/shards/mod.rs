@@ -102,6 +102,7 @@ pub async fn run(group: Group, tx: watch::Sender<Snapshot>) {
     let mut unowned_since = None;
     // Cycles in a row that asked for the next one soon.
     let mut soon: u32 = 0;
+    let mut renewing = None;
     loop {
         let now = Deadline::now();
         let lost = held.step_down_due(now);
@@ -109,11 +110,9 @@ pub async fn run(group: Group, tx: watch::Sender<Snapshot>) {
             group.metrics.shards().moved("lost", lost.len());
             publish_owned(&tx, &held);
         }
-        // A renewal may wait in the engine's batch (a sixth of the ttl): a shutdown does not.
-        tokio::select! {
-            biased;
-            () = group.cancel.cancelled() => break,
-            () = held.renew_due(now) => {}
+        // A renewal may wait in the engine's batch (a sixth of the ttl): the loop goes on.
+        if renewing.is_none() {
+            renewing = held.renewal(now);
         }
         if Deadline::now() >= next_cycle {
             last_cycle = Deadline::now();
@@ -123,12 +122,19 @@ pub async fn run(group: Group, tx: watch::Sender<Snapshot>) {
         }
         publish_owned(&tx, &held);
         group.metrics.shards().owned(held.ids().len());
-        let wake_at = held
-            .next_due()
-            .map_or(next_cycle, |due| due.min(next_cycle));
+        // While a renewal runs, only the step-downs are due (its result wakes the loop).
+        let due = match renewing {
+            Some(_) => held.next_step_down(),
+            None => held.next_due(),
+        };
+        let wake_at = due.map_or(next_cycle, |due| due.min(next_cycle));
         tokio::select! {
             biased;
             () = group.cancel.cancelled() => break,
+            renewal = async { renewing.as_mut().expect("running").await }, if renewing.is_some() => {
+                renewing = None;
+                held.apply(renewal);
+            }
             () = wake.notified() => {
                 next_cycle = next_cycle.min(last_cycle + MIN_CYCLE_GAP);
             }
@@ -179,6 +185,7 @@ async fn cycle(
         identity: me,
         member: &mine,
         leaving,
+        life: view::member_life(group.renewal.interval),
     };
     let view = view::read(&group.redlock, group.count, Some(announce)).await;
     let planned = plan::members(&view, me, &mine);

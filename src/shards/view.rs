@@ -21,8 +21,12 @@ use redis::Script;
 
 use crate::redlock::{identity_of, Redlock};
 
-/// How long a member's entry lives on a node without being written again.
-pub const MEMBER_LIFE: Duration = Duration::from_secs(3);
+/// How long a member's entry lives on a node without being written again, for cycles
+/// `interval` apart: three cycles (at least 3 s), so an entry outlives a late cycle or two and a
+/// member never drops out of the group (and its shards never move) while it runs.
+pub fn member_life(interval: Duration) -> Duration {
+    (interval * 3).max(Duration::from_secs(3))
+}
 
 /// Shard keys read by one `MGET` (Lua's stack keeps `unpack` below about 8,000 values).
 const MGET_CHUNK: usize = 1000;
@@ -194,6 +198,8 @@ pub struct Announce<'a> {
     pub member: &'a Member,
     /// Remove the entry instead (leaving).
     pub leaving: bool,
+    /// How long the entry lives ([`member_life`]).
+    pub life: Duration,
 }
 
 /// Runs [`CYCLE`] on every node of `redlock` (the group's lock) at once, each bounded by the
@@ -203,11 +209,11 @@ pub async fn read(redlock: &Redlock, shards: u32, me: Option<Announce<'_>>) -> V
     let mut keys = vec![members_key(&cfg.lock)];
     keys.extend((0..shards).map(|s| format!("redlock:{{{}}}", shard_lock(&cfg.lock, s))));
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-    let (identity, entry, leaving) = match &me {
-        Some(me) => (me.identity, me.member.entry(), me.leaving),
-        None => ("", String::new(), false),
+    let (identity, entry, leaving, life) = match &me {
+        Some(me) => (me.identity, me.member.entry(), me.leaving, me.life),
+        None => ("", String::new(), false, Duration::from_secs(3)),
     };
-    let life = MEMBER_LIFE.as_millis().to_string();
+    let life = life.as_millis().to_string();
     let channel = channel(&cfg.lock);
     let args = [
         identity,
@@ -236,6 +242,13 @@ pub async fn read(redlock: &Redlock, shards: u32, me: Option<Announce<'_>>) -> V
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_entry_outlives_three_cycles() {
+        assert_eq!(member_life(Duration::from_millis(200)), Duration::from_secs(3));
+        let interval = Duration::from_millis(3333);
+        assert_eq!(member_life(interval), interval * 3);
+    }
 
     fn entries(members: &[(&str, &str)]) -> Vec<String> {
         members
