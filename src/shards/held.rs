@@ -122,7 +122,9 @@ impl Held {
             .collect();
         Some(Box::pin(async move {
             let started = Deadline::now();
-            let rounds = leases.iter().map(|(_, redlock, lease)| redlock.extend(lease));
+            let rounds = leases
+                .iter()
+                .map(|(_, redlock, lease)| redlock.extend(lease));
             let results = join_all(rounds).await;
             let renewed = leases
                 .iter()

@@ -3,13 +3,14 @@
 //!
 //! ## Behaviour
 //! - **A cycle** every renew interval, and at once (at most every [`MIN_CYCLE_GAP`]) when the
-//!   group's channel says a member joined, left or released shards: the member announces itself
+//!   group's channel says a member joined, left or released shards, or while the member is
+//!   under its share or shards it read stay free (see [`next_cycle_after`]): the member announces itself
 //!   and reads the members and every shard's owner (`view`), works out who the shards are split
 //!   among (`plan`), and carries out the core planner's moves (`redlock_core::shards::decide`):
 //!   it releases only its excess, and tries only free shards, up to its share.
 //! - **Holding** (`held`): every held shard is a lease of the process' one engine, renewed
-//!   together (one batch per node) and dropped, with no I/O, at its lease machine's step-down
-//!   instant when renewals fail.
+//!   together (one batch per node, beside the loop) and dropped, with no I/O, at its lease
+//!   machine's step-down instant when renewals fail.
 //! - **Leaving**: at shutdown every held shard is released and the member's entry removed,
 //!   both announced, so the others take the shards within a cycle run at once.
 //! - The app reads its shards from `GET /v1/shards` on the control listener.

@@ -245,7 +245,10 @@ mod tests {
 
     #[test]
     fn an_entry_outlives_three_cycles() {
-        assert_eq!(member_life(Duration::from_millis(200)), Duration::from_secs(3));
+        assert_eq!(
+            member_life(Duration::from_millis(200)),
+            Duration::from_secs(3)
+        );
         let interval = Duration::from_millis(3333);
         assert_eq!(member_life(interval), interval * 3);
     }
