@@ -167,7 +167,7 @@ const SOON_AT_ONCE: u32 = 10;
 
 /// One cycle (see the module docs); `leaving`: remove the entry and take nothing;
 /// `unowned_since`: since when the cycles have seen a free shard. Whether to run the next one
-/// soon ([`MIN_CYCLE_GAP`]): more shards to try than one cycle takes, or races lost to others.
+/// soon ([`next_cycle_after`]): the member is still under its share, or shards stay free.
 async fn cycle(
     group: &Group,
     held: &mut Held,
