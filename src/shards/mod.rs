@@ -132,6 +132,7 @@ pub async fn run(group: Group, tx: watch::Sender<Snapshot>) {
         tokio::select! {
             biased;
             () = group.cancel.cancelled() => break,
+            // The branch runs only while a renewal is (its precondition), so `expect` holds.
             renewal = async { renewing.as_mut().expect("running").await }, if renewing.is_some() => {
                 renewing = None;
                 held.apply(renewal);
