@@ -40,6 +40,8 @@ pub struct Moves {
     pub release: Vec<u32>,
     /// Free shards to try, best first.
     pub take: Vec<u32>,
+    /// The member's share (`None`: not a member, so none).
+    pub share: Option<u32>,
 }
 
 /// Each member's share of `shards` (rule 1), given how many each owns now.
@@ -91,6 +93,7 @@ pub fn decide(me: &str, members: &[String], owners: &[Option<String>]) -> Moves 
         return Moves {
             release: mine,
             take: Vec::new(),
+            share: None,
         };
     };
     let held = u32::try_from(mine.len()).unwrap_or(u32::MAX);
@@ -101,6 +104,7 @@ pub fn decide(me: &str, members: &[String], owners: &[Option<String>]) -> Moves 
         return Moves {
             release,
             take: Vec::new(),
+            share: Some(share),
         };
     }
     let mut take: Vec<u32> = shard_ids(owners)
@@ -111,6 +115,7 @@ pub fn decide(me: &str, members: &[String], owners: &[Option<String>]) -> Moves 
     Moves {
         release: Vec::new(),
         take,
+        share: Some(share),
     }
 }
 

@@ -57,8 +57,12 @@ async fn watch(State(state): State<ApiState>) -> Response {
         )
             .into_response();
     };
-    let first = body(&state.rx.borrow(), &state.identity, Deadline::now());
-    let mut last: BTreeMap<u32, Owned> = state.rx.borrow().owned.clone();
+    // One reading for both, so the first diff starts where the body ends.
+    let (first, mut last) = {
+        let snapshot = state.rx.borrow();
+        let first = body(&snapshot, &state.identity, Deadline::now());
+        (first, snapshot.owned.clone())
+    };
     let changes = WatchStream::from_changes(state.rx.clone()).flat_map(move |snapshot| {
         let events = changes(&last, &snapshot.owned, Deadline::now());
         last = snapshot.owned;

@@ -74,6 +74,11 @@ impl Held {
             .collect()
     }
 
+    /// How many are held.
+    pub fn count(&self) -> usize {
+        self.shards.len()
+    }
+
     /// The next instant a held shard needs a renewal or a step-down.
     pub fn next_due(&self) -> Option<Deadline> {
         self.shards.values().map(|s| s.tenure.poll_timeout()).min()
@@ -82,23 +87,22 @@ impl Held {
     /// Drops every shard whose lease machine says to step down at `now` (no I/O); the shards
     /// dropped.
     pub fn step_down_due(&mut self, now: Deadline) -> Vec<u32> {
-        let due: Vec<u32> = self
+        let due: Vec<(u32, &'static str)> = self
             .shards
             .iter()
-            .filter_map(|(&id, s)| matches!(s.tenure.poll(now), Step::StepDown(_)).then_some(id))
+            .filter_map(|(&id, s)| match s.tenure.poll(now) {
+                Step::StepDown(why) => Some((id, why.as_str())),
+                _ => None,
+            })
             .collect();
-        for id in &due {
-            if let Some(shard) = self.shards.remove(id) {
-                if let Step::StepDown(why) = shard.tenure.poll(now) {
-                    warn!(
-                        shard = id,
-                        reason = why.as_str(),
-                        "shard lost: its lease could not be renewed"
-                    );
-                }
-            }
+        for (id, reason) in &due {
+            self.shards.remove(id);
+            warn!(
+                shard = id,
+                reason, "shard lost: its lease could not be renewed"
+            );
         }
-        due
+        due.into_iter().map(|(id, _)| id).collect()
     }
 
     /// Once any shard is due at `now`, the renewal of every held shard at once, so in one

@@ -34,7 +34,7 @@ use crate::clock::{self, Clock, Deadline};
 use crate::config::Renewal;
 use crate::metrics::Metrics;
 use crate::redlock::{Engine, Redlock};
-use redlock_core::shards::{decide, shares};
+use redlock_core::shards::decide;
 
 use held::Held;
 pub use held::Owned;
@@ -122,7 +122,7 @@ pub async fn run(group: Group, tx: watch::Sender<Snapshot>) {
             next_cycle = last_cycle + next_cycle_after(soon, group.renewal.interval);
         }
         publish_owned(&tx, &held);
-        group.metrics.shards().owned(held.ids().len());
+        group.metrics.shards().owned(held.count());
         // While a renewal runs, only the step-downs are due (its result wakes the loop).
         let due = match renewing {
             Some(_) => held.next_step_down(),
@@ -223,10 +223,8 @@ async fn cycle(
     group.metrics.shards().moved("taken", taken.len());
     // Under its share still (shards left to try, races lost to others, shards unsettled when
     // read), or shards left free: the next cycle finds the rest.
-    let share = shares(group.count, &members, &owners)
-        .get(me.as_str())
-        .copied();
-    let held_now = held.ids().len();
+    let share = moves.share;
+    let held_now = held.count();
     debug!(
         members = members.len(),
         share,

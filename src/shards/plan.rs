@@ -3,6 +3,10 @@
 
 use super::view::{Member, Owner, View};
 
+/// The owner the planner reads for a shard that is neither free nor a member's: it counts for
+/// nobody's share, and nobody tries it.
+const UNSETTLED: &str = "~unsettled";
+
 /// The members to split among, by identity, or why `me` takes no part. `me` (with `mine`, its
 /// entry as of now) counts even if no node showed it yet.
 ///
@@ -48,10 +52,10 @@ pub fn owners(view: &View, me: &str, held: impl Fn(u32) -> bool) -> Vec<Option<S
             }
             match owner {
                 Owner::Free => None,
-                Owner::Held(identity) if identity == me => Some(String::from("~unsettled")),
+                Owner::Held(identity) if identity == me => Some(UNSETTLED.to_owned()),
                 Owner::Held(identity) => Some(identity.clone()),
                 // Counts for nobody, and is not free: taken by nobody until it settles.
-                Owner::Unsettled => Some(String::from("~unsettled")),
+                Owner::Unsettled => Some(UNSETTLED.to_owned()),
             }
         })
         .collect()
@@ -120,8 +124,8 @@ mod tests {
         };
         let read = owners(&v, "me", |s| s == 0);
         assert_eq!(read[0].as_deref(), Some("me"));
-        assert_eq!(read[1].as_deref(), Some("~unsettled"));
+        assert_eq!(read[1].as_deref(), Some(UNSETTLED));
         assert_eq!(read[2].as_deref(), Some("b"));
-        assert_eq!(read[3].as_deref(), Some("~unsettled"));
+        assert_eq!(read[3].as_deref(), Some(UNSETTLED));
     }
 }
