@@ -286,12 +286,16 @@ impl Wiring<'_> {
         redlock: &Redlock,
         candidacy: &CandidacyRx,
     ) -> (Option<JoinHandle<()>>, Option<axum::Router>) {
-        let Some(count) = self.cfg.shards else {
+        let Some(shards) = self.cfg.shards else {
             return (None, None);
         };
+        let count = shards.count;
         let (tx, rx) = crate::shards::channel(count);
+        let app = crate::shards::api::AppSide::new();
         let group = crate::shards::Group {
             engine: engine.clone(),
+            app: Arc::clone(&app),
+            revoke_timeout: shards.revoke_timeout,
             redlock: redlock.clone(),
             count,
             renewal: self.cfg.renewal,
@@ -304,7 +308,7 @@ impl Wiring<'_> {
             cancel: self.cancel.clone(),
         };
         let task = tokio::spawn(crate::shards::run(group, tx));
-        let routes = crate::shards::api::router(rx, self.cfg.redlock.identity.clone());
+        let routes = crate::shards::api::router(rx, self.cfg.redlock.identity.clone(), app);
         (Some(task), Some(routes))
     }
 

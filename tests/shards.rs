@@ -1,8 +1,9 @@
 //! `run --shards N` through the real binary and real redis-servers: members split the shards
 //! evenly with no shard in two hands; a member that leaves on SIGTERM hands its shards over
-//! at once (well within a ttl, so not by expiry), with higher fencing tokens, its app told of
-//! each revocation; a joiner takes only its share; a member whose app is not ready holds
-//! nothing; bad counts are refused.
+//! at once (well within a ttl, so not by expiry), with higher fencing tokens, once its app
+//! acknowledged each revocation; a joiner takes only its share; an app that does not
+//! acknowledge keeps its shards until the revoke deadline, not longer; a member whose app is
+//! not ready holds nothing; bad counts are refused.
 
 // Tests and benchmarks use Tokio's and std's timers directly (clippy.toml keeps them
 // out of the sidecar's code).
@@ -100,6 +101,26 @@ impl Watch {
             .collect()
     }
 
+    /// Reads until `n` events named `name` came; their data.
+    async fn until_named(&mut self, name: &str, n: usize) -> Vec<serde_json::Value> {
+        let named = |events: Vec<(String, serde_json::Value)>| -> Vec<serde_json::Value> {
+            events
+                .into_iter()
+                .filter(|(event, _)| event == name)
+                .map(|(_, data)| data)
+                .collect()
+        };
+        let start = Instant::now();
+        while named(self.events()).len() < n && start.elapsed() < DEADLINE {
+            let before = self.raw.len();
+            self.until(self.events().len() + 1).await;
+            if self.raw.len() == before {
+                break;
+            }
+        }
+        named(self.events())
+    }
+
     /// Reads until `n` events came (or the stream ends, or the deadline passes); the events.
     async fn until(&mut self, n: usize) -> Vec<(String, serde_json::Value)> {
         use tokio::io::AsyncReadExt;
@@ -139,6 +160,17 @@ async fn members_split_the_shards_evenly_a_leaver_hands_over_at_once_and_a_joine
     assert_eq!(first[0].1["owned"].as_array().map(Vec::len), Some(4));
     let sent = Instant::now();
     assert!(c.proc.sigterm());
+    // It revokes every shard and waits for its app (which watches), which lets each go.
+    let revoking = watch.until_named("revoking", 4).await;
+    for data in &revoking {
+        let shard = data["shard"].as_u64().unwrap();
+        assert_eq!(data["fencing_token"].as_u64(), leaving.get(&shard).copied());
+        assert!(data["deadline_ms"].as_u64().unwrap() > 0, "{data}");
+        let acked = http::request("POST", c.control, &format!("/v1/shards/{shard}/ack"))
+            .await
+            .unwrap();
+        assert_eq!(acked.status, 200, "{}", acked.body);
+    }
     let after = wait_split(&[&a, &b], 12, &[6, 6]).await;
     let handed_over = sent.elapsed();
     assert!(
@@ -150,13 +182,13 @@ async fn members_split_the_shards_evenly_a_leaver_hands_over_at_once_and_a_joine
         Some(Some(0)),
         "the leaver exits cleanly"
     );
-    let revoked: Vec<u64> = watch.until(1 + 4).await[1..]
+    let mut revoked: Vec<u64> = watch
+        .until_named("revoked", 4)
+        .await
         .iter()
-        .map(|(name, data)| {
-            assert_eq!(name, "revoked");
-            data["shard"].as_u64().unwrap()
-        })
+        .map(|data| data["shard"].as_u64().unwrap())
         .collect();
+    revoked.sort_unstable();
     assert_eq!(revoked, leaving.keys().copied().collect::<Vec<_>>());
     for (shard, token) in &leaving {
         let now = after
@@ -185,6 +217,77 @@ async fn members_split_the_shards_evenly_a_leaver_hands_over_at_once_and_a_joine
             );
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_that_does_not_acknowledge_keeps_its_shards_until_the_revoke_deadline_only() {
+    let cluster = RedisCluster::ready(3, TTL);
+    let extra = [
+        "--shards",
+        "4",
+        "--node-set",
+        support::TEST_NODE_SET,
+        "--shard-revoke-timeout",
+        "700ms",
+    ];
+    let a = Sidecar::start("slow-app", "work", &cluster.urls_joined(), "2s", &extra);
+    wait_split(&[&a], 4, &[4]).await;
+    let mut watch = Watch::open(&a).await;
+    watch.until(1).await;
+    // A joiner: the member revokes its excess (2 shards); the app says nothing.
+    let b = Sidecar::start("joiner", "work", &cluster.urls_joined(), "2s", &extra);
+    let revoking = watch.until_named("revoking", 2).await;
+    let marked = Instant::now();
+    assert_eq!(revoking.len(), 2, "{revoking:?}");
+    let deadline = Duration::from_millis(revoking[0]["deadline_ms"].as_u64().unwrap());
+    assert!(deadline <= Duration::from_millis(700), "{deadline:?}");
+    // Until the deadline the shards stay the member's (listed, with it), the joiner's not.
+    let shard = revoking[0]["shard"].as_u64().unwrap();
+    let listed = http::get(a.control, "/v1/shards")
+        .await
+        .unwrap()
+        .json()
+        .unwrap();
+    let entry = listed["owned"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["shard"].as_u64() == Some(shard))
+        .cloned()
+        .expect("still listed while being revoked");
+    assert!(entry["revoking_deadline_ms"].as_u64().is_some(), "{entry}");
+    if marked.elapsed() < deadline / 2 {
+        let theirs = owned(&b).await.unwrap_or_default();
+        assert!(!theirs.contains_key(&shard), "taken before the deadline");
+    }
+    // Then it is released, revoked, and the joiner takes it.
+    let revoked = watch.until_named("revoked", 2).await;
+    assert!(
+        marked.elapsed() + Duration::from_millis(50) >= deadline,
+        "revoked after {:?}, deadline {deadline:?}",
+        marked.elapsed()
+    );
+    assert_eq!(revoked.len(), 2);
+    wait_split(&[&a, &b], 4, &[2, 2]).await;
+    // An ack for a shard that is not being revoked, or not held, is refused.
+    let mine = owned(&a).await.unwrap();
+    let held = mine.keys().next().unwrap();
+    let not_revoking = http::request("POST", a.control, &format!("/v1/shards/{held}/ack"))
+        .await
+        .unwrap();
+    assert_eq!(not_revoking.status, 409, "{}", not_revoking.body);
+    let theirs = owned(&b).await.unwrap();
+    let other = theirs.keys().next().unwrap();
+    let not_held = http::request("POST", a.control, &format!("/v1/shards/{other}/ack"))
+        .await
+        .unwrap();
+    assert_eq!(not_held.status, 404);
+    assert!(not_held.json().unwrap()["error"].is_string());
+    let garbage = http::request("POST", a.control, "/v1/shards/x/ack")
+        .await
+        .unwrap();
+    assert_eq!(garbage.status, 400);
+    assert!(garbage.json().unwrap()["error"].is_string());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

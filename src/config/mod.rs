@@ -54,8 +54,9 @@ pub use locks::{LocksArgs, LocksConfig, Switch, MAX_LOCKS_MAX_LEASES};
 pub use nodes::RedisArgs;
 pub use renew::{RenewArgs, Renewal, MIN_RENEW_INTERVAL};
 pub use run::{
-    AppCheck, AppProbe, ReadyWhen, RunArgs, RunConfig, DEFAULT_CONTROL_LISTEN, DEFAULT_LISTEN,
-    MAX_APP_WAIT, MAX_SHUTDOWN_TIMEOUT, MIN_APP_READY_INTERVAL,
+    AppCheck, AppProbe, ReadyWhen, RunArgs, RunConfig, ShardsConfig, DEFAULT_CONTROL_LISTEN,
+    DEFAULT_LISTEN, DEFAULT_SHARD_REVOKE_TIMEOUT, MAX_APP_WAIT, MAX_SHUTDOWN_TIMEOUT,
+    MIN_APP_READY_INTERVAL,
 };
 pub use values::is_loopback;
 

@@ -89,6 +89,12 @@ pub struct RunArgs {
     /// own fencing token (1 to 16384); the app reads its shards from GET /v1/shards.
     #[arg(long, env = "REDLOCK_SHARDS")]
     pub shards: Option<u32>,
+    /// How long a member waits, before it releases a shard, for its app to acknowledge the
+    /// `revoking` event (POST /v1/shards/ID/ack); only while the app watches
+    /// /v1/shards/watch, and never past the shard's step-down. Default: 5s, or half of
+    /// --shutdown-timeout if less.
+    #[arg(long, env = "REDLOCK_SHARD_REVOKE_TIMEOUT", value_parser = duration_at_most(MAX_SHUTDOWN_TIMEOUT))]
+    pub shard_revoke_timeout: Option<Duration>,
     #[command(flatten)]
     pub locks: LocksArgs,
 }
@@ -110,9 +116,21 @@ pub struct RunConfig {
     pub workload: String,
     /// The request-lock API; `None` with `--locks off`.
     pub locks: Option<LocksConfig>,
-    /// `--shards`: how many shards the group splits; `None`: no shards.
-    pub shards: Option<u32>,
+    /// `--shards`: how many shards the group splits, and how; `None`: no shards.
+    pub shards: Option<ShardsConfig>,
 }
+
+/// `--shards` and how the member gives shards up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShardsConfig {
+    /// How many shards the group splits.
+    pub count: u32,
+    /// `--shard-revoke-timeout`, given or derived.
+    pub revoke_timeout: Duration,
+}
+
+/// The default `--shard-revoke-timeout`, when `--shutdown-timeout` leaves room for it.
+pub const DEFAULT_SHARD_REVOKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How the app's readiness is checked, and how often.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -172,7 +190,7 @@ impl RunArgs {
             self.control_listen.port(),
         );
         let app_check = self.app_check()?;
-        let shards = self.shards(&redlock.lock)?;
+        let shards = self.shards(&redlock)?;
         let locks = self.locks.config(&redlock.lock)?;
         if let Some(grpc) = locks.as_ref().and_then(|l| l.dapr_grpc_listen) {
             if [control_listen, self.listen].contains(&grpc) {
@@ -206,8 +224,14 @@ impl RunArgs {
     }
 
     /// `--shards`, validated against the bound and the lock name's length.
-    fn shards(&self, lock: &str) -> Result<Option<u32>, ConfigError> {
+    fn shards(&self, redlock: &RedlockConfig) -> Result<Option<ShardsConfig>, ConfigError> {
         let Some(count) = self.shards else {
+            if self.shard_revoke_timeout.is_some() {
+                return Err(ConfigError::new(
+                    "--shard-revoke-timeout",
+                    "needs --shards: only shards are revoked",
+                ));
+            }
             return Ok(None);
         };
         let max = redlock_core::shards::MAX_SHARDS;
@@ -217,7 +241,7 @@ impl RunArgs {
                 format!("must be from 1 to {max} (got {count})"),
             ));
         }
-        let longest = crate::shards::view::shard_lock(lock, count - 1);
+        let longest = crate::shards::view::shard_lock(&redlock.lock, count - 1);
         if longest.len() > 200 {
             return Err(ConfigError::new(
                 "--shards",
@@ -226,7 +250,35 @@ impl RunArgs {
                 ),
             ));
         }
-        Ok(Some(count))
+        // At shutdown the wait comes before the releases, within --shutdown-timeout.
+        let room = self
+            .shutdown_timeout
+            .saturating_sub(2 * redlock.node_timeout);
+        let revoke_timeout = match self.shard_revoke_timeout {
+            None => {
+                let half = DEFAULT_SHARD_REVOKE_TIMEOUT.min(self.shutdown_timeout / 2);
+                if half < room {
+                    half
+                } else {
+                    room / 2
+                }
+            }
+            Some(given) if given >= room => {
+                return Err(ConfigError::new(
+                    "--shard-revoke-timeout",
+                    format!(
+                        "must be below --shutdown-timeout less twice the node timeout ({}): \
+                         at shutdown the releases follow the wait",
+                        fmt(room)
+                    ),
+                ));
+            }
+            Some(given) => given,
+        };
+        Ok(Some(ShardsConfig {
+            count,
+            revoke_timeout,
+        }))
     }
 
     fn app_check(&self) -> Result<Option<AppCheck>, ConfigError> {

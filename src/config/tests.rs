@@ -468,3 +468,24 @@ fn debug_output_never_shows_a_password() {
 }
 
 mod command_lines;
+
+#[test]
+fn the_shard_revoke_timeout_defaults_to_fit_the_shutdown_and_a_given_one_must_fit_it() {
+    let shards = |extra: &[&str]| run_config(extra).map(|cfg| cfg.shards);
+    let default = shards(&["--shards", "8"]).unwrap().unwrap();
+    assert_eq!(default.count, 8);
+    assert_eq!(default.revoke_timeout, DEFAULT_SHARD_REVOKE_TIMEOUT);
+    // A short shutdown: half of it.
+    let short = shards(&["--shards", "8", "--shutdown-timeout", "2s"])
+        .unwrap()
+        .unwrap();
+    assert_eq!(short.revoke_timeout, Duration::from_secs(1));
+    let err = shards(&["--shards", "8", "--shard-revoke-timeout", "10s"]).unwrap_err();
+    assert_eq!(err.flag, "--shard-revoke-timeout");
+    let err = shards(&["--shard-revoke-timeout", "1s"]).unwrap_err();
+    assert_eq!(err.flag, "--shard-revoke-timeout");
+    let zero = shards(&["--shards", "8", "--shard-revoke-timeout", "0s"])
+        .unwrap()
+        .unwrap();
+    assert_eq!(zero.revoke_timeout, Duration::ZERO);
+}

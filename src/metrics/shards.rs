@@ -1,12 +1,18 @@
 //! The shard families (`redlock_shards_*`, `run --shards`): no label per shard (a group may
 //! split thousands), only small fixed sets.
 
-use prometheus::{Gauge, IntCounterVec, IntGauge};
+use prometheus::{Gauge, Histogram, IntCounterVec, IntGauge};
 
 use super::families::Names;
 
 /// How a shard changed hands here (`redlock_shard_moves_total{kind}`).
 pub const SHARD_MOVES: [&str; 3] = ["taken", "released", "lost"];
+
+/// Rebalance buckets: a leave's hand-over (milliseconds) to a crashed member's leases running
+/// out (a ttl) and a slow group's back-off.
+const REBALANCE_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+];
 
 /// The shard families.
 #[derive(Clone)]
@@ -15,6 +21,7 @@ pub struct ShardMetrics {
     unowned: IntGauge,
     unowned_for: Gauge,
     moves: IntCounterVec,
+    rebalance: Histogram,
 }
 
 impl ShardMetrics {
@@ -45,6 +52,15 @@ impl ShardMetrics {
                 &["kind"],
             )
             .unwrap(),
+            rebalance: Histogram::with_opts(
+                names
+                    .hist(
+                        "redlock_shards_rebalance_seconds",
+                        "Time from a change of the group's members, as this member's cycles saw it, to a cycle that saw every shard owned and this member at its share",
+                    )
+                    .buckets(REBALANCE_BUCKETS.to_vec()),
+            )
+            .unwrap(),
         };
         for kind in SHARD_MOVES {
             m.moves.with_label_values(&[kind]);
@@ -58,6 +74,7 @@ impl ShardMetrics {
             Box::new(self.unowned.clone()),
             Box::new(self.unowned_for.clone()),
             Box::new(self.moves.clone()),
+            Box::new(self.rebalance.clone()),
         ]
     }
 
@@ -70,6 +87,11 @@ impl ShardMetrics {
     pub fn unowned(&self, unowned: usize, for_secs: f64) {
         self.unowned.set(i64::try_from(unowned).unwrap_or(i64::MAX));
         self.unowned_for.set(for_secs);
+    }
+
+    /// A rebalance took `seconds`.
+    pub fn rebalanced(&self, seconds: f64) {
+        self.rebalance.observe(seconds);
     }
 
     /// `count` shards moved by `kind` (one of [`SHARD_MOVES`]).

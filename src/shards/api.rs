@@ -1,18 +1,20 @@
 //! The app's view of its shards, on the control listener: `GET /v1/shards` (the group and this
-//! member's shards) and `GET /v1/shards/watch` (server-sent events as they change).
+//! member's shards), `GET /v1/shards/watch` (server-sent events as they change) and
+//! `POST /v1/shards/{shard}/ack` (the app stopped acting on a shard being revoked).
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, PoisonError};
 
-use axum::extract::State;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_stream::wrappers::WatchStream;
 
 use super::{Owned, ShardsRx, Snapshot};
@@ -21,23 +23,88 @@ use crate::clock::Deadline;
 /// The most `/v1/shards/watch` streams at once.
 pub const MAX_WATCHERS: usize = 64;
 
+/// What the app tells the member: whether it watches (only an app that watches hears of a
+/// revocation, so only then does the member wait for it) and which revoked shards it let go.
+pub struct AppSide {
+    watchers: Arc<Semaphore>,
+    acked: Mutex<BTreeSet<u32>>,
+    notify: Notify,
+}
+
+impl AppSide {
+    pub fn new() -> Arc<AppSide> {
+        Arc::new(AppSide {
+            watchers: Arc::new(Semaphore::new(MAX_WATCHERS)),
+            acked: Mutex::new(BTreeSet::new()),
+            notify: Notify::new(),
+        })
+    }
+
+    /// Whether a `/v1/shards/watch` stream is open.
+    pub fn watching(&self) -> bool {
+        self.watchers.available_permits() < MAX_WATCHERS
+    }
+
+    /// The shards acknowledged since the last call.
+    pub fn take_acks(&self) -> BTreeSet<u32> {
+        std::mem::take(&mut *self.acked.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Completes when a shard is acknowledged (at once if one was since the last wait).
+    pub async fn acked(&self) {
+        self.notify.notified().await;
+    }
+
+    fn ack(&self, shard: u32) {
+        self.acked
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(shard);
+        self.notify.notify_one();
+    }
+}
+
 #[derive(Clone)]
 struct ApiState {
     rx: ShardsRx,
     identity: String,
-    watchers: Arc<Semaphore>,
+    app: Arc<AppSide>,
 }
 
-/// The routes, answering from `rx` for the member `identity`.
-pub fn router(rx: ShardsRx, identity: String) -> Router {
+/// The routes, answering from `rx` for the member `identity`, and telling `app`'s side.
+pub fn router(rx: ShardsRx, identity: String, app: Arc<AppSide>) -> Router {
     Router::new()
         .route("/v1/shards", get(shards))
         .route("/v1/shards/watch", get(watch))
-        .with_state(ApiState {
-            rx,
-            identity,
-            watchers: Arc::new(Semaphore::new(MAX_WATCHERS)),
-        })
+        .route("/v1/shards/{shard}/ack", post(ack))
+        .with_state(ApiState { rx, identity, app })
+}
+
+/// The app stopped acting on a shard being revoked: the member releases it now. 404: not
+/// held; 409: held, not being revoked.
+async fn ack(State(state): State<ApiState>, path: Result<Path<u32>, PathRejection>) -> Response {
+    let shard = match path {
+        Ok(Path(shard)) => shard,
+        Err(rejection) => {
+            let error = format!("bad shard: {}", rejection.body_text());
+            return (StatusCode::BAD_REQUEST, Json(json!({ "error": error }))).into_response();
+        }
+    };
+    let revoking = state
+        .rx
+        .borrow()
+        .owned
+        .get(&shard)
+        .map(|owned| owned.revoke_by.is_some());
+    let (status, error) = match revoking {
+        Some(true) => {
+            state.app.ack(shard);
+            return Json(json!({ "shard": shard, "acknowledged": true })).into_response();
+        }
+        Some(false) => (StatusCode::CONFLICT, "the shard is held, not being revoked"),
+        None => (StatusCode::NOT_FOUND, "this member does not hold the shard"),
+    };
+    (status, Json(json!({ "shard": shard, "error": error }))).into_response()
 }
 
 async fn shards(State(state): State<ApiState>) -> Json<Value> {
@@ -45,11 +112,13 @@ async fn shards(State(state): State<ApiState>) -> Json<Value> {
 }
 
 /// A stream of events: `shards` first (the whole body, as `GET /v1/shards`), then `added`
-/// (`{shard, fencing_token, validity_ms}`) when this member takes a shard and `revoked`
-/// (`{shard}`) when it stops acting on one, before its keys are released; the stream ends at
-/// shutdown, after every shard was revoked.
+/// (`{shard, fencing_token, validity_ms}`) when this member takes a shard, `revoking`
+/// (`{shard, fencing_token, deadline_ms}`) when it is to give one up (the app stops acting on
+/// it within `deadline_ms` and may say so sooner with `POST /v1/shards/{shard}/ack`), and
+/// `revoked` (`{shard}`) when it stops acting on one, before its keys are released; the stream
+/// ends at shutdown, after every shard was revoked.
 async fn watch(State(state): State<ApiState>) -> Response {
-    let Ok(slot) = state.watchers.clone().try_acquire_owned() else {
+    let Ok(slot) = state.app.watchers.clone().try_acquire_owned() else {
         let error = format!("too many /v1/shards/watch streams (at most {MAX_WATCHERS})");
         return (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -94,15 +163,42 @@ pub fn changes(
         .iter()
         .filter(|(shard, owned)| before.get(shard).is_none_or(|was| was.token != owned.token))
         .map(|(shard, owned)| ("added", owned_json(*shard, owned, now)));
-    revoked.chain(added).collect()
+    // Revoking: marked now, on the same tenure (a new tenure was announced by `added`).
+    let revoking = after
+        .iter()
+        .filter(|(shard, owned)| {
+            owned.revoke_by.is_some()
+                && before
+                    .get(shard)
+                    .is_none_or(|was| was.token != owned.token || was.revoke_by.is_none())
+        })
+        .map(|(shard, owned)| ("revoking", revoking_json(*shard, owned, now)));
+    revoked.chain(added).chain(revoking).collect()
+}
+
+fn ms(left: std::time::Duration) -> u64 {
+    u64::try_from(left.as_millis()).unwrap_or(u64::MAX)
 }
 
 fn owned_json(shard: u32, owned: &Owned, now: Deadline) -> Value {
     let left = owned.step_down_at.saturating_duration_since(now);
+    let mut body = json!({
+        "shard": shard,
+        "fencing_token": owned.token,
+        "validity_ms": ms(left),
+    });
+    if let Some(by) = owned.revoke_by {
+        body["revoking_deadline_ms"] = json!(ms(by.saturating_duration_since(now)));
+    }
+    body
+}
+
+fn revoking_json(shard: u32, owned: &Owned, now: Deadline) -> Value {
+    let by = owned.revoke_by.unwrap_or(owned.step_down_at);
     json!({
         "shard": shard,
         "fencing_token": owned.token,
-        "validity_ms": u64::try_from(left.as_millis()).unwrap_or(u64::MAX),
+        "deadline_ms": ms(by.saturating_duration_since(now)),
     })
 }
 
@@ -141,6 +237,7 @@ mod tests {
         Owned {
             token,
             step_down_at: Deadline::now() + Duration::from_secs(5),
+            revoke_by: None,
         }
     }
 
@@ -156,6 +253,7 @@ mod tests {
                     Owned {
                         token: 8,
                         step_down_at: now,
+                        revoke_by: None,
                     },
                 ),
             ]),
@@ -189,5 +287,32 @@ mod tests {
             events,
             [("revoked", 1), ("revoked", 3), ("added", 3), ("added", 4)]
         );
+    }
+
+    #[test]
+    fn a_shard_marked_for_revocation_is_revoking_once_with_its_deadline() {
+        let now = Deadline::now();
+        let before = BTreeMap::from([(1, owned(10)), (2, owned(20))]);
+        let mut after = before.clone();
+        if let Some(one) = after.get_mut(&1) {
+            one.revoke_by = Some(now + Duration::from_millis(1500));
+        }
+        let events = changes(&before, &after, now);
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].0, "revoking");
+        assert_eq!(events[0].1["shard"], 1);
+        assert_eq!(events[0].1["fencing_token"], 10);
+        assert_eq!(events[0].1["deadline_ms"], 1500);
+        assert!(changes(&after, &after, now).is_empty(), "announced once");
+        let listed = body(
+            &Snapshot {
+                owned: after,
+                ..Snapshot::default()
+            },
+            "me",
+            now,
+        );
+        assert_eq!(listed["owned"][0]["revoking_deadline_ms"], 1500);
+        assert!(listed["owned"][1].get("revoking_deadline_ms").is_none());
     }
 }

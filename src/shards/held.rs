@@ -2,7 +2,7 @@
 //! machine (`redlock::tenure`), renewed together so that the engine sends them in one batch
 //! per node.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use futures_util::future::{join_all, BoxFuture};
@@ -20,6 +20,8 @@ struct Shard {
     redlock: Redlock,
     lease: Lease,
     tenure: Tenure,
+    /// Being revoked: released at the app's acknowledgement or at this instant.
+    revoke_by: Option<Deadline>,
 }
 
 /// What the app sees of a held shard.
@@ -29,6 +31,8 @@ pub struct Owned {
     pub token: u64,
     /// When this member stops acting on it unless a renewal moves it on.
     pub step_down_at: Deadline,
+    /// Being revoked: the app stops acting on it by this instant (or acknowledges sooner).
+    pub revoke_by: Option<Deadline>,
 }
 
 /// The held shards.
@@ -68,6 +72,7 @@ impl Held {
                 let owned = Owned {
                     token: shard.lease.fencing_token,
                     step_down_at: shard.tenure.step_down_at(),
+                    revoke_by: shard.revoke_by,
                 };
                 (id, owned)
             })
@@ -79,9 +84,10 @@ impl Held {
         self.shards.len()
     }
 
-    /// The next instant a held shard needs a renewal or a step-down.
+    /// The next instant a held shard needs a renewal, a step-down or its release.
     pub fn next_due(&self) -> Option<Deadline> {
-        self.shards.values().map(|s| s.tenure.poll_timeout()).min()
+        let tenures = self.shards.values().map(|s| s.tenure.poll_timeout()).min();
+        tenures.into_iter().chain(self.next_revoke()).min()
     }
 
     /// Drops every shard whose lease machine says to step down at `now` (no I/O); the shards
@@ -180,9 +186,10 @@ impl Held {
         }
     }
 
-    /// The next instant a held shard must step down.
+    /// The next instant a held shard must step down or be released.
     pub fn next_step_down(&self) -> Option<Deadline> {
-        self.shards.values().map(|s| s.tenure.step_down_at()).min()
+        let tenures = self.shards.values().map(|s| s.tenure.step_down_at()).min();
+        tenures.into_iter().chain(self.next_revoke()).min()
     }
 
     /// Tries to take every shard of `take` at once; the shards won.
@@ -211,11 +218,47 @@ impl Held {
                     redlock,
                     lease,
                     tenure,
+                    revoke_by: None,
                 },
             );
             won.push(id);
         }
         won
+    }
+
+    /// Starts revoking every held shard of `ids` not yet revoked: each is released at the app's
+    /// acknowledgement or at `by`, or at its step-down instant if that comes first.
+    pub fn revoke(&mut self, ids: &[u32], by: Deadline) {
+        for id in ids {
+            if let Some(shard) = self.shards.get_mut(id) {
+                let by = by.min(shard.tenure.step_down_at());
+                shard.revoke_by = Some(shard.revoke_by.map_or(by, |was| was.min(by)));
+            }
+        }
+    }
+
+    /// Whether a shard is being revoked.
+    pub fn revoking(&self) -> bool {
+        self.shards.values().any(|s| s.revoke_by.is_some())
+    }
+
+    /// The next instant a revoked shard is due to be released.
+    pub fn next_revoke(&self) -> Option<Deadline> {
+        self.shards.values().filter_map(|s| s.revoke_by).min()
+    }
+
+    /// Stops holding the revoked shards the app acknowledged (`acked`) and those due at `now`.
+    pub fn revoked(&mut self, now: Deadline, acked: &BTreeSet<u32>) -> Released {
+        let done: Vec<u32> = self
+            .shards
+            .iter()
+            .filter(|(id, s)| {
+                s.revoke_by
+                    .is_some_and(|by| by <= now || acked.contains(id))
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        self.forget(&done)
     }
 
     /// Stops holding every shard of `release` (the app is told before the keys go: see

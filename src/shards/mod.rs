@@ -36,8 +36,9 @@ use crate::metrics::Metrics;
 use crate::redlock::{Engine, Redlock};
 use redlock_core::shards::decide;
 
-use held::Held;
+use api::AppSide;
 pub use held::Owned;
+use held::{Held, Released};
 use view::{Announce, Member};
 
 /// The least time between two cycles that the group's channel or lost races start.
@@ -65,6 +66,10 @@ pub type ShardsRx = watch::Receiver<Snapshot>;
 /// What the group's loop needs.
 pub struct Group {
     pub engine: Engine,
+    /// The app's side: its watch streams and acknowledgements.
+    pub app: Arc<AppSide>,
+    /// How long a revoked shard waits for the app's acknowledgement (while the app watches).
+    pub revoke_timeout: Duration,
     /// The group's lock (the leadership lock): its name, identity and nodes.
     pub redlock: Redlock,
     pub count: u32,
@@ -100,7 +105,7 @@ pub async fn run(group: Group, tx: watch::Sender<Snapshot>) {
     }
     let mut next_cycle = Deadline::now();
     let mut last_cycle = Deadline::now();
-    let mut unowned_since = None;
+    let mut seen = Seen::default();
     // Cycles in a row that asked for the next one soon.
     let mut soon: u32 = 0;
     let mut renewing = None;
@@ -111,19 +116,24 @@ pub async fn run(group: Group, tx: watch::Sender<Snapshot>) {
             group.metrics.shards().moved("lost", lost.len());
             publish_owned(&tx, &held);
         }
+        let revoked = held.revoked(now, &group.app.take_acks());
+        if !revoked.is_empty() {
+            give_up(&group, &held, &tx, revoked).await;
+        }
         // A renewal may wait in the engine's batch (a sixth of the ttl): the loop goes on.
         if renewing.is_none() {
             renewing = held.renewal(now);
         }
         if Deadline::now() >= next_cycle {
             last_cycle = Deadline::now();
-            let more = cycle(&group, &mut held, &tx, false, &mut unowned_since).await;
+            let more = cycle(&group, &mut held, &tx, false, &mut seen).await;
             soon = if more { soon + 1 } else { 0 };
             next_cycle = last_cycle + next_cycle_after(soon, group.renewal.interval);
         }
         publish_owned(&tx, &held);
         group.metrics.shards().owned(held.count());
-        // While a renewal runs, only the step-downs are due (its result wakes the loop).
+        // While a renewal runs, only the step-downs and releases are due (its result wakes
+        // the loop).
         let due = match renewing {
             Some(_) => held.next_step_down(),
             None => held.next_due(),
@@ -137,18 +147,56 @@ pub async fn run(group: Group, tx: watch::Sender<Snapshot>) {
                 renewing = None;
                 held.apply(renewal);
             }
+            () = group.app.acked() => {}
             () = wake.notified() => {
                 next_cycle = next_cycle.min(last_cycle + MIN_CYCLE_GAP);
             }
             () = Clock::Boot.sleep_until(wake_at) => {}
         }
     }
-    let leaving = held.forget(&held.ids());
-    publish_owned(&tx, &held);
-    group.metrics.shards().moved("released", leaving.len());
+    leave(&group, &mut held, &tx).await;
+    cycle(&group, &mut held, &tx, true, &mut seen).await;
+}
+
+/// Revokes every held shard, and releases each once the app acknowledged it or its deadline
+/// came (at once when no app watches).
+async fn leave(group: &Group, held: &mut Held, tx: &watch::Sender<Snapshot>) {
+    held.revoke(&held.ids(), revoke_by(group));
+    publish_owned(tx, held);
+    loop {
+        let revoked = held.revoked(Deadline::now(), &group.app.take_acks());
+        if !revoked.is_empty() {
+            give_up(group, held, tx, revoked).await;
+        }
+        let Some(next) = held.next_revoke() else {
+            break;
+        };
+        tokio::select! {
+            () = group.app.acked() => {}
+            () = Clock::Boot.sleep_until(next) => {}
+        }
+    }
     group.metrics.shards().owned(0);
-    leaving.release().await;
-    cycle(&group, &mut held, &tx, true, &mut unowned_since).await;
+}
+
+/// When shards revoked now are released unless the app acknowledges them sooner: only an app
+/// that watches hears of it, so only one that does is waited for.
+fn revoke_by(group: &Group) -> Deadline {
+    let now = Deadline::now();
+    if group.app.watching() {
+        now + group.revoke_timeout
+    } else {
+        now
+    }
+}
+
+/// Releases shards revoked from the app (which was told when they left its snapshot), and
+/// tells the group they are free.
+async fn give_up(group: &Group, held: &Held, tx: &watch::Sender<Snapshot>, revoked: Released) {
+    publish_owned(tx, held);
+    group.metrics.shards().moved("released", revoked.len());
+    revoked.release().await;
+    announce_changed(&group.redlock).await;
 }
 
 /// When the next cycle runs after one that asked for it soon `soon` times in a row (0: not):
@@ -167,14 +215,14 @@ pub fn next_cycle_after(soon: u32, interval: Duration) -> Duration {
 const SOON_AT_ONCE: u32 = 10;
 
 /// One cycle (see the module docs); `leaving`: remove the entry and take nothing;
-/// `unowned_since`: since when the cycles have seen a free shard. Whether to run the next one
+/// `seen`: what the cycles saw before, for the metrics. Whether to run the next one
 /// soon ([`next_cycle_after`]): the member is still under its share, or shards stay free.
 async fn cycle(
     group: &Group,
     held: &mut Held,
     tx: &watch::Sender<Snapshot>,
     leaving: bool,
-    unowned_since: &mut Option<Deadline>,
+    seen: &mut Seen,
 ) -> bool {
     let cfg = group.redlock.config();
     let me = &cfg.identity;
@@ -206,17 +254,18 @@ async fn cycle(
     if leaving || view.owners.is_empty() {
         return false;
     }
-    note_unowned(&group.metrics, &view, unowned_since);
     let members = planned.unwrap_or_default();
     let owners = plan::owners(&view, me, |s| held.holds(s));
     let moves = decide(me, &members, &owners);
-    let released = held.forget(&moves.release);
-    if !released.is_empty() {
-        // The app stops acting on them before their keys go.
+    seen.cycle(&group.metrics, &view, &members, &owners, &moves);
+    // One revocation at a time: the next cycle decides again once it is over.
+    if !held.revoking() && !moves.release.is_empty() {
+        held.revoke(&moves.release, revoke_by(group));
         publish_owned(tx, held);
-        group.metrics.shards().moved("released", released.len());
-        released.release().await;
-        announce_changed(&group.redlock).await;
+        let revoked = held.revoked(Deadline::now(), &std::collections::BTreeSet::new());
+        if !revoked.is_empty() {
+            give_up(group, held, tx, revoked).await;
+        }
     }
     let take = &moves.take[..moves.take.len().min(TAKE_PER_CYCLE)];
     let taken = held.take(take).await;
@@ -240,17 +289,70 @@ async fn cycle(
     share.is_some_and(|share| held_now < share as usize) || free > taken.len()
 }
 
-/// Counts the shards `view` shows free, and how long the cycles have seen some free.
-fn note_unowned(metrics: &Metrics, view: &view::View, since: &mut Option<Deadline>) {
-    let free = view
-        .owners
-        .iter()
-        .filter(|o| **o == view::Owner::Free)
-        .count();
-    let now = Deadline::now();
-    *since = (free > 0).then(|| since.unwrap_or(now));
-    let for_secs = since.map_or(0.0, |at| now.saturating_duration_since(at).as_secs_f64());
-    metrics.shards().unowned(free, for_secs);
+/// What the cycles saw before, for the metrics: since when some shard has been free, and the
+/// members of the last cycle and since when the group has been rebalancing.
+#[derive(Debug, Default)]
+struct Seen {
+    unowned_since: Option<Deadline>,
+    members: Vec<String>,
+    rebalancing_since: Option<Deadline>,
+}
+
+impl Seen {
+    /// Takes in a cycle's `view`, planned `members`, `owners` and `moves`.
+    fn cycle(
+        &mut self,
+        metrics: &Metrics,
+        view: &view::View,
+        members: &[String],
+        owners: &[Option<String>],
+        moves: &redlock_core::shards::Moves,
+    ) {
+        let now = Deadline::now();
+        let free = view
+            .owners
+            .iter()
+            .filter(|o| **o == view::Owner::Free)
+            .count();
+        let (free_for, rebalanced) = self.update(now, free, members, settled(owners, moves));
+        metrics.shards().unowned(free, free_for.as_secs_f64());
+        if let Some(took) = rebalanced {
+            metrics.shards().rebalanced(took.as_secs_f64());
+        }
+    }
+
+    /// At `now`, with `free` shards free and `members`; `settled`: every shard owned and this
+    /// member at its share. How long some shard has been free, and the length of a rebalance
+    /// that just ended.
+    fn update(
+        &mut self,
+        now: Deadline,
+        free: usize,
+        members: &[String],
+        settled: bool,
+    ) -> (Duration, Option<Duration>) {
+        self.unowned_since = (free > 0).then(|| self.unowned_since.unwrap_or(now));
+        let free_for = self
+            .unowned_since
+            .map_or(Duration::ZERO, |at| now.saturating_duration_since(at));
+        if self.members != members {
+            self.members = members.to_vec();
+            self.rebalancing_since = self.rebalancing_since.or(Some(now));
+        }
+        let rebalanced = match self.rebalancing_since {
+            Some(since) if settled => {
+                self.rebalancing_since = None;
+                Some(now.saturating_duration_since(since))
+            }
+            _ => None,
+        };
+        (free_for, rebalanced)
+    }
+}
+
+/// Whether every shard is owned and this member, having nothing to move, is at its share.
+fn settled(owners: &[Option<String>], moves: &redlock_core::shards::Moves) -> bool {
+    owners.iter().all(Option::is_some) && moves.release.is_empty() && moves.take.is_empty()
 }
 
 /// Publishes the held shards.
@@ -310,6 +412,28 @@ async fn listen(redlock: Redlock, index: usize, wake: Arc<Notify>, cancel: Cance
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rebalance_runs_from_a_change_of_members_to_a_settled_cycle_and_free_time_accrues() {
+        let start = Deadline::now();
+        let at = |ms| start + Duration::from_millis(ms);
+        let (a, ab) = (vec!["a".to_owned()], vec!["a".to_owned(), "b".to_owned()]);
+        let mut seen = Seen::default();
+        // The first cycle's members are a change: settled at once, it took no time.
+        assert_eq!(seen.update(at(0), 0, &a, true).1, Some(Duration::ZERO));
+        assert_eq!(seen.update(at(10), 0, &a, true), (Duration::ZERO, None));
+        // b joins; shards come free while they move; settled 300 ms after the change.
+        assert_eq!(seen.update(at(100), 0, &ab, false).1, None);
+        assert_eq!(seen.update(at(200), 3, &ab, false), (Duration::ZERO, None));
+        assert_eq!(
+            seen.update(at(350), 1, &ab, false),
+            (Duration::from_millis(150), None)
+        );
+        let (free_for, took) = seen.update(at(400), 0, &ab, true);
+        assert_eq!(free_for, Duration::ZERO);
+        assert_eq!(took, Some(Duration::from_millis(300)));
+        assert_eq!(seen.update(at(500), 0, &ab, true).1, None, "counted once");
+    }
 
     #[test]
     fn cycles_that_ask_for_more_back_off_from_the_least_gap_to_the_renew_interval() {
