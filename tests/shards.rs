@@ -3,7 +3,7 @@
 //! at once (well within a ttl, so not by expiry), with higher fencing tokens, once its app
 //! acknowledged each revocation; a joiner takes only its share; an app that does not
 //! acknowledge keeps its shards until the revoke deadline, not longer; a member whose app is
-//! not ready holds nothing; bad counts are refused.
+//! not ready holds nothing; bad counts are refused, and so is a Redis Cluster, saying why.
 
 // Tests and benchmarks use Tokio's and std's timers directly (clippy.toml keeps them
 // out of the sidecar's code).
@@ -362,4 +362,28 @@ fn a_shard_count_of_zero_or_past_the_limit_is_refused() {
         ];
         support::process::assert_invalid_config(&args, "--shards");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_on_a_redis_cluster_refuses_shards_and_says_why_while_it_still_leads() {
+    let cluster = tokio::task::block_in_place(|| support::cluster_mode::ClusterMode::start(3, 0));
+    let url = cluster.masters[0].url();
+    let a = Sidecar::start("on-cluster", "work", &url, "2s", &["--shards", "4"]);
+    let start = Instant::now();
+    let body = loop {
+        let body = http::get(a.control, "/v1/shards")
+            .await
+            .ok()
+            .and_then(|r| r.json().ok());
+        if let Some(body) = body.filter(|b| b["refused"].is_string()) {
+            break body;
+        }
+        assert!(start.elapsed() < DEADLINE, "no refusal within {DEADLINE:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let refused = body["refused"].as_str().unwrap();
+    assert!(refused.contains("cluster mode"), "{refused}");
+    assert_eq!(body["owned"].as_array().map(Vec::len), Some(0));
+    // The lock itself (one slot) still works: the member leads.
+    support::sidecar::leads(&[&a], 0, DEADLINE).await;
 }

@@ -238,7 +238,14 @@ async fn cycle(
         life: view::member_life(group.renewal.interval),
     };
     let view = view::read(&group.redlock, group.count, Some(announce)).await;
-    let planned = plan::members(&view, me, &mine);
+    let planned = match in_cluster_mode(&group.redlock) {
+        Some(node) => Err(format!(
+            "--shards does not support cluster mode: node {node} is a Redis Cluster, and the \
+             shard locks hash to many slots, which one script cannot read; this member takes no \
+             shard (use masters or Sentinel groups)"
+        )),
+        None => plan::members(&view, me, &mine),
+    };
     tx.send_modify(|s| {
         s.members = view
             .members
@@ -363,6 +370,14 @@ fn publish_owned(tx: &watch::Sender<Snapshot>, held: &Held) {
         s.owned = owned;
         changed
     });
+}
+
+/// The first node in cluster mode, by its label, as its last connection showed it.
+fn in_cluster_mode(redlock: &Redlock) -> Option<String> {
+    redlock.nodes().iter().find_map(|node| {
+        let node = node.connection()?;
+        node.facts()?.cluster.then(|| node.label().to_owned())
+    })
 }
 
 /// Tells the group on every node that shards came free (each publish bounded by the node

@@ -11,7 +11,8 @@
 //!   shard is owned by the identity a quorum of nodes show, free when a quorum show no key, and
 //!   unsettled otherwise (taken by nobody until it settles).
 //! - Cluster mode is not supported: the shard locks hash to many slots, so the script fails
-//!   with `CROSSSLOT` and the member reads nothing (it then takes nothing).
+//!   with `CROSSSLOT` and the member reads nothing (the loop then refuses to take part, and
+//!   says why).
 
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
