@@ -89,6 +89,7 @@ mod requests;
 mod restarts;
 mod runs;
 mod selftest;
+mod shards;
 mod soak;
 mod strikes;
 
