@@ -112,10 +112,11 @@ struct ShardFleet {
 }
 
 impl ShardFleet {
-    async fn start(lock: &str, cluster: &RedisCluster, n: usize, proxied: bool) -> ShardFleet {
+    /// `n` members of group `lock` on the nodes at `addrs`.
+    async fn start(lock: &str, addrs: Vec<SocketAddr>, n: usize, proxied: bool) -> ShardFleet {
         let mut fleet = ShardFleet {
             lock: lock.to_owned(),
-            cluster_addrs: cluster.addrs(),
+            cluster_addrs: addrs,
             proxied,
             stores: Arc::new((0..SHARDS).map(|_| FencedStore::new()).collect()),
             members: Vec::new(),
@@ -267,10 +268,8 @@ const SETTLE: Duration = Duration::from_secs(20);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(crate) async fn shards_under_redis_restarts_and_flushes_never_have_two_owners() {
     let cluster = Mutex::new(ready_cluster(3, PROC_TTL));
-    let fleet = {
-        let cluster = cluster.lock().unwrap();
-        ShardFleet::start("shards-nodes", &cluster, 3, false).await
-    };
+    let addrs = cluster.lock().unwrap().addrs();
+    let fleet = ShardFleet::start("shards-nodes", addrs, 3, false).await;
     fleet
         .settled(SETTLE, "the shards split before the faults")
         .await;
@@ -309,7 +308,7 @@ pub(crate) async fn shards_under_redis_restarts_and_flushes_never_have_two_owner
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(crate) async fn shards_under_partitions_pauses_crashes_and_stops_never_have_two_owners() {
     let cluster = ready_cluster(3, PROC_TTL);
-    let mut fleet = ShardFleet::start("shards-members", &cluster, 3, true).await;
+    let mut fleet = ShardFleet::start("shards-members", cluster.addrs(), 3, true).await;
     fleet
         .settled(SETTLE, "the shards split before the faults")
         .await;
