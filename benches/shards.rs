@@ -10,7 +10,12 @@
 //!      member at ⌊N/k⌋ or ⌈N/k⌉, every shard owned);
 //!    - shards that changed owner per leave and per join, against the least possible (the
 //!      leaver's shards; the joiner's share).
-//! 2. **Requests per node at steady state**, for N = 1,024 and 4,096 over `BENCH_STEADY_MEMBERS`
+//! 2. **A rolling update** (maxSurge 1) of `BENCH_MEMBERS` members on `BENCH_SHARDS` shards: a
+//!    new member starts and the group balances, then an old one gets SIGTERM and the group
+//!    balances, until every old member is gone. Each member's takes are counted from its log
+//!    (`shard taken`), so no move is missed between two polls: moves per shard (the goal: at
+//!    most two), against the least (every shard moves once).
+//! 3. **Requests per node at steady state**, for N = 1,024 and 4,096 over `BENCH_STEADY_MEMBERS`
 //!    (16) members, ttl 6 s (renew interval 2 s): once balanced, `INFO commandstats` over
 //!    `BENCH_STEADY_SECS` (10) s on each node, first with the same members without
 //!    `--shards` (the baseline: the leadership lock's renewal, the standbys' reads). Scripts
@@ -48,6 +53,19 @@ struct Member {
 
 impl Member {
     fn start(name: &str, urls: &str, shards: usize, ttl: &str) -> Member {
+        let log = std::env::var_os("BENCH_LOGS")
+            .map(|dir| PathBuf::from(dir).join(format!("{name}.log")));
+        Member::start_logging(name, urls, shards, ttl, log)
+    }
+
+    /// [`Member::start`], its log (debug level) written to `log`.
+    fn start_logging(
+        name: &str,
+        urls: &str,
+        shards: usize,
+        ttl: &str,
+        log: Option<PathBuf>,
+    ) -> Member {
         let control = format!("127.0.0.1:{}", free_port());
         let admin = format!("127.0.0.1:{}", free_port());
         let child = Command::new(binary())
@@ -61,10 +79,10 @@ impl Member {
             })
             .args(["--listen", &admin, "--control-listen", &control])
             .stdout(Stdio::null())
-            .stderr(match std::env::var_os("BENCH_LOGS") {
-                // A directory for the members' logs.
-                Some(dir) => std::fs::File::create(PathBuf::from(dir).join(format!("{name}.log")))
-                    .map_or_else(|_| Stdio::null(), Stdio::from),
+            .stderr(match log {
+                Some(path) => {
+                    std::fs::File::create(path).map_or_else(|_| Stdio::null(), Stdio::from)
+                }
                 None => Stdio::null(),
             })
             .env("REDLOCK_LOG", "debug")
@@ -108,6 +126,91 @@ impl Member {
             libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
         }
     }
+
+    /// SIGTERM, then waits for the exit (its shards handed over).
+    fn stop(mut self) {
+        self.sigterm();
+        let _ = self.child.wait();
+    }
+}
+
+/// The shards a member's log says it took (`shard taken ... shard=ID`), in order.
+fn takes_in_log(log: &std::path::Path) -> Vec<u64> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .filter(|line| line.contains("shard taken"))
+        .filter_map(|line| {
+            let at = line.find("shard=")? + "shard=".len();
+            let digits: String = line[at..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            digits.parse().ok()
+        })
+        .collect()
+}
+
+fn rollout(urls: &str) {
+    let shards = env_usize("BENCH_SHARDS", 64);
+    let k = env_usize("BENCH_MEMBERS", 4);
+    let dir = std::env::temp_dir().join(format!("redlock-bench-rollout-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a directory for the members' logs");
+    let log = |name: &str| dir.join(format!("{name}.log"));
+    let limit = Duration::from_secs(60);
+    let every = Duration::from_millis(2);
+    let mut members: Vec<Member> = (0..k)
+        .map(|i| {
+            let name = format!("old-{i}");
+            Member::start_logging(&name, urls, shards, "2s", Some(log(&name)))
+        })
+        .collect();
+    poll(limit, every, || balanced(&members, shards));
+    // The first split is no move: each member's takes so far.
+    let first: Vec<usize> = (0..k)
+        .map(|i| takes_in_log(&log(&format!("old-{i}"))).len())
+        .collect();
+    let started = Instant::now();
+    for i in 0..k {
+        let name = format!("new-{i}");
+        members.push(Member::start_logging(
+            &name,
+            urls,
+            shards,
+            "2s",
+            Some(log(&name)),
+        ));
+        poll(limit, every, || balanced(&members, shards));
+        let old = members.remove(0);
+        old.stop();
+        poll(limit, every, || balanced(&members, shards));
+    }
+    let took = started.elapsed();
+    drop(members);
+    let mut moves = vec![0usize; shards];
+    for (i, first) in first.into_iter().enumerate() {
+        let old = takes_in_log(&log(&format!("old-{i}")));
+        let new = takes_in_log(&log(&format!("new-{i}")));
+        for shard in old.into_iter().skip(first).chain(new) {
+            moves[shard as usize] += 1;
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let most = moves.iter().max().copied().unwrap_or(0);
+    let total: usize = moves.iter().sum();
+    let histogram: Vec<String> = (0..=most)
+        .map(|m| format!("{m}: {}", moves.iter().filter(|x| **x == m).count()))
+        .collect();
+    println!("\n### Rolling update, maxSurge 1 ({shards} shards, {k} members, ttl 2 s)\n");
+    println!("| what | figure |");
+    println!("|---|---:|");
+    println!("| most moves of one shard (goal ≤ 2) | {most} |");
+    println!("| shards by moves | {} |", histogram.join(", "));
+    println!("| moves in all (least: {shards}, each shard once) | {total} |");
+    println!(
+        "| rollout ({k} joins and {k} leaves, each balanced) | {:.1} s |",
+        took.as_secs_f64()
+    );
+    println!("\nshards_rollout most {most} total {total} least {shards}");
 }
 
 impl Drop for Member {
@@ -324,6 +427,7 @@ fn main() {
     println!("## Shards benchmark\n\nMachine: {}.\n", support::machine());
     let started = Instant::now();
     moves(&urls);
+    rollout(&urls);
     steady(&servers, &urls);
     println!("\nWhole run: {:.0} s.", started.elapsed().as_secs_f64());
 }

@@ -11,8 +11,12 @@
 //! 1. **Shares.** With `k` members, a member's share is ⌈n/k⌉ or ⌊n/k⌋. The `n mod k` ceiling
 //!    shares go to the members that own the most now (ties: the lower id), so a change of
 //!    membership leaves a member that already holds a ceiling share where it is.
-//! 2. **Give up only the excess.** A member that owns more than its share releases the
-//!    difference: the shards it ranks lowest.
+//! 2. **Give up only the excess, the latest taken first.** A member that owns more than its
+//!    share releases the difference: the shards it took most recently (ties: those it ranks
+//!    lowest). It keeps what it has held longest (warm caches, long work), and a shard that
+//!    just moved to an old member moves on from there to a new one, not to another old one:
+//!    in a rolling update (one member joins, then an old one leaves, in turn) no shard moves
+//!    more than twice.
 //! 3. **Take only free shards, up to the share.** A member under its share tries the free
 //!    shards it ranks highest. The rank is rendezvous hashing (`score`): members rank the
 //!    shards differently, so those that take at once mostly try different shards.
@@ -25,6 +29,9 @@
 //! - A member joins: only members above their new share give shards up, exactly their excess,
 //!   so the shards that move are the joiner's share, at most ⌈n/(k+1)⌉.
 //! - A member leaves: only its shards move.
+//! - A rolling update (a member joins, the group settles, an old member leaves, the group
+//!   settles, until every old member is gone): each shard moves at most twice (checked by
+//!   simulation over group sizes and counts below).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -80,10 +87,16 @@ fn owned_counts<'a>(
     owned
 }
 
-/// What member `me` does this cycle, given the group's `members` and each shard's owner
-/// (`owners[i]`: the holder of shard `i`'s lock, `None` when it is free). See the rules in the
-/// module docs.
-pub fn decide(me: &str, members: &[String], owners: &[Option<String>]) -> Moves {
+/// What member `me` does this cycle, given the group's `members`, each shard's owner
+/// (`owners[i]`: the holder of shard `i`'s lock, `None` when it is free) and, for the shards
+/// `me` owns, when it took them (`taken(i)`: any stamp that grows with time). See the rules in
+/// the module docs.
+pub fn decide(
+    me: &str,
+    members: &[String],
+    owners: &[Option<String>],
+    taken: impl Fn(u32) -> u64,
+) -> Moves {
     let mine: Vec<u32> = shard_ids(owners)
         .filter(|&s| owners[s as usize].as_deref() == Some(me))
         .collect();
@@ -99,7 +112,7 @@ pub fn decide(me: &str, members: &[String], owners: &[Option<String>]) -> Moves 
     let held = u32::try_from(mine.len()).unwrap_or(u32::MAX);
     if held > share {
         let mut release = mine;
-        release.sort_by_key(|&s| score(me, s));
+        release.sort_by_key(|&s| (std::cmp::Reverse(taken(s)), score(me, s)));
         release.truncate((held - share) as usize);
         return Moves {
             release,
@@ -146,17 +159,42 @@ mod tests {
         names.iter().map(|s| (*s).to_owned()).collect()
     }
 
+    /// Shards, their owners and when each was taken (a counter of takes).
+    #[derive(Clone, Debug, PartialEq)]
+    struct Group {
+        owners: Vec<Option<String>>,
+        taken: Vec<u64>,
+        takes: u64,
+    }
+
+    impl Group {
+        fn new(n: u32) -> Group {
+            Group {
+                owners: vec![None; n as usize],
+                taken: vec![0; n as usize],
+                takes: 0,
+            }
+        }
+    }
+
     /// Every member decides on the same view; releases apply first, then takes in member
     /// order, the first to try a free shard getting it (its lock). The shards that changed
     /// owner.
-    fn cycle(members: &[String], owners: &mut [Option<String>], leaving: &[String]) -> usize {
-        let before = owners.to_vec();
+    fn cycle(members: &[String], group: &mut Group, leaving: &[String]) -> usize {
+        let before = group.owners.clone();
         let mut everyone: Vec<String> = members.to_vec();
         everyone.extend(leaving.iter().cloned());
+        let taken = group.taken.clone();
         let moves: Vec<(String, Moves)> = everyone
             .iter()
-            .map(|m| (m.clone(), decide(m, members, &before)))
+            .map(|m| {
+                (
+                    m.clone(),
+                    decide(m, members, &before, |s| taken[s as usize]),
+                )
+            })
             .collect();
+        let owners = &mut group.owners;
         for (member, m) in &moves {
             for &s in &m.release {
                 assert_eq!(owners[s as usize].as_deref(), Some(member.as_str()));
@@ -169,6 +207,8 @@ mod tests {
                 assert!(before[s as usize].is_none());
                 if owners[s as usize].is_none() {
                     owners[s as usize] = Some(member.clone());
+                    group.takes += 1;
+                    group.taken[s as usize] = group.takes;
                 }
             }
         }
@@ -180,15 +220,15 @@ mod tests {
     }
 
     /// Runs cycles until nothing changes (at most `limit`); the cycles it took.
-    fn settle(members: &[String], owners: &mut [Option<String>], limit: usize) -> usize {
+    fn settle(members: &[String], group: &mut Group, limit: usize) -> usize {
         for n in 1..=limit {
-            let before = owners.to_vec();
-            cycle(members, owners, &[]);
-            if *owners == before[..] {
+            let before = group.owners.clone();
+            cycle(members, group, &[]);
+            if group.owners == before {
                 return n;
             }
         }
-        panic!("not settled in {limit} cycles: {owners:?}");
+        panic!("not settled in {limit} cycles: {:?}", group.owners);
     }
 
     fn counts(members: &[String], owners: &[Option<String>]) -> Vec<usize> {
@@ -236,14 +276,15 @@ mod tests {
         let members = ids(&["a", "b"]);
         let mut owners: Vec<Option<String>> = vec![Some("a".to_owned()); 6];
         owners.extend(vec![None; 2]);
-        let a = decide("a", &members, &owners);
-        assert_eq!(a.release.len(), 2);
+        // a took shard s at stamp s: it gives up the two it took last.
+        let a = decide("a", &members, &owners, u64::from);
+        assert_eq!(a.release, [5, 4]);
         assert!(a.take.is_empty());
-        let b = decide("b", &members, &owners);
+        let b = decide("b", &members, &owners, u64::from);
         assert_eq!(b.take.len(), 2, "the free ones, up to its share");
         assert!(b.release.is_empty());
         // Not a member: everything goes.
-        let gone = decide("a", &ids(&["b"]), &owners);
+        let gone = decide("a", &ids(&["b"]), &owners, u64::from);
         assert_eq!(gone.release.len(), 6);
         assert!(gone.take.is_empty());
     }
@@ -275,22 +316,23 @@ mod tests {
                 rng ^= rng << 17;
                 rng
             };
-            let mut owners: Vec<Option<String>> = vec![None; n as usize];
+            let mut group = Group::new(n);
             let mut members = ids(&["m0"]);
-            settle(&members, &mut owners, 4);
-            assert_balanced(&members, &owners);
+            settle(&members, &mut group, 4);
+            assert_balanced(&members, &group.owners);
             let mut born = 1;
             for _ in 0..40 {
                 if members.len() < 2 || next() % 2 == 0 {
                     // A join.
                     let joiner = format!("m{born}");
                     born += 1;
-                    let before = owners.clone();
+                    let before = group.owners.clone();
                     let mut after = members.clone();
                     after.push(joiner.clone());
                     after.sort();
                     let share = shares(n, &after, &before);
-                    settle(&after, &mut owners, 6);
+                    settle(&after, &mut group, 6);
+                    let owners = &group.owners;
                     let moved: Vec<usize> = (0..n as usize)
                         .filter(|&s| before[s] != owners[s])
                         .collect();
@@ -306,17 +348,73 @@ mod tests {
                 } else {
                     // A leave (a SIGTERM's hand-over: releases at once, then the others take).
                     let leaver = members.remove((next() % members.len() as u64) as usize);
-                    let before = owners.clone();
-                    cycle(&members, &mut owners, std::slice::from_ref(&leaver));
-                    settle(&members, &mut owners, 6);
+                    let before = group.owners.clone();
+                    cycle(&members, &mut group, std::slice::from_ref(&leaver));
+                    settle(&members, &mut group, 6);
+                    let owners = &group.owners;
                     for s in 0..n as usize {
                         if before[s] != owners[s] {
                             assert_eq!(before[s].as_ref(), Some(&leaver), "shard {s} moved");
                         }
                     }
                 }
-                assert_balanced(&members, &owners);
+                assert_balanced(&members, &group.owners);
             }
+        }
+    }
+
+    /// A rolling update with one surge member: a new member joins and the group settles, then
+    /// an old one leaves and the group settles, until every old member is gone. Over group
+    /// sizes and counts (some not multiples of each other): no shard moves more than twice,
+    /// and every settled state is balanced.
+    #[test]
+    fn a_rolling_update_moves_each_shard_at_most_twice() {
+        for (n, k) in [
+            (12u32, 3usize),
+            (7, 3),
+            (10, 4),
+            (33, 5),
+            (64, 4),
+            (100, 5),
+            (1024, 16),
+        ] {
+            let mut group = Group::new(n);
+            let mut members: Vec<String> = (0..k).map(|i| format!("old{i:02}")).collect();
+            settle(&members, &mut group, 8);
+            let mut last = group.owners.clone();
+            let mut moves = vec![0u32; n as usize];
+            let mut count = |group: &Group| {
+                for (s, owner) in group.owners.iter().enumerate() {
+                    if owner.is_some() && *owner != last[s] {
+                        moves[s] += 1;
+                        last[s].clone_from(owner);
+                    }
+                }
+            };
+            for i in 0..k {
+                members.push(format!("new{i:02}"));
+                members.sort();
+                for _ in 0..6 {
+                    cycle(&members, &mut group, &[]);
+                    count(&group);
+                }
+                assert_balanced(&members, &group.owners);
+                let leaver = format!("old{i:02}");
+                members.retain(|m| *m != leaver);
+                cycle(&members, &mut group, std::slice::from_ref(&leaver));
+                count(&group);
+                for _ in 0..6 {
+                    cycle(&members, &mut group, &[]);
+                    count(&group);
+                }
+                assert_balanced(&members, &group.owners);
+            }
+            let most = moves.iter().max().copied().unwrap_or(0);
+            assert!(most <= 2, "n = {n}, k = {k}: a shard moved {most} times");
+            assert!(
+                moves.iter().all(|m| *m >= 1),
+                "every shard ends on a new member"
+            );
         }
     }
 }

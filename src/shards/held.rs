@@ -22,6 +22,8 @@ struct Shard {
     tenure: Tenure,
     /// Being revoked: released at the app's acknowledgement or at this instant.
     revoke_by: Option<Deadline>,
+    /// When it was taken, in takes by this member (the planner gives up the latest first).
+    taken: u64,
 }
 
 /// What the app sees of a held shard.
@@ -42,6 +44,8 @@ pub struct Held {
     cfg: RedlockConfig,
     policy: Policy,
     shards: BTreeMap<u32, Shard>,
+    /// Shards taken so far.
+    takes: u64,
 }
 
 impl Held {
@@ -56,12 +60,18 @@ impl Held {
                 ..crate::lease::policy(renewal)
             },
             shards: BTreeMap::new(),
+            takes: 0,
         }
     }
 
     /// Whether `shard` is held.
     pub fn holds(&self, shard: u32) -> bool {
         self.shards.contains_key(&shard)
+    }
+
+    /// When `shard` was taken, in takes by this member (0: not held).
+    pub fn taken(&self, shard: u32) -> u64 {
+        self.shards.get(&shard).map_or(0, |s| s.taken)
     }
 
     /// The held shards, as the app sees them.
@@ -206,6 +216,7 @@ impl Held {
         });
         let mut won = Vec::new();
         for (id, redlock, lease) in join_all(attempts).await.into_iter().flatten() {
+            self.takes += 1;
             let tenure = Tenure::new(self.policy, lease.acquired_at, lease.valid_until);
             info!(
                 shard = id,
@@ -219,6 +230,7 @@ impl Held {
                     lease,
                     tenure,
                     revoke_by: None,
+                    taken: self.takes,
                 },
             );
             won.push(id);

@@ -263,7 +263,7 @@ async fn cycle(
     }
     let members = planned.unwrap_or_default();
     let owners = plan::owners(&view, me, |s| held.holds(s));
-    let moves = decide(me, &members, &owners);
+    let moves = decide(me, &members, &owners, |s| held.taken(s));
     seen.cycle(&group.metrics, &view, &members, &owners, &moves);
     // One revocation at a time: the next cycle decides again once it is over.
     if !held.revoking() && !moves.release.is_empty() {
