@@ -106,6 +106,7 @@ pub async fn run(group: Group, tx: watch::Sender<Snapshot>) {
     let mut next_cycle = Deadline::now();
     let mut last_cycle = Deadline::now();
     let mut seen = Seen::default();
+    let keys = view::Keys::new(&cfg.lock, group.count);
     // Cycles in a row that asked for the next one soon.
     let mut soon: u32 = 0;
     let mut renewing = None;
@@ -126,7 +127,7 @@ pub async fn run(group: Group, tx: watch::Sender<Snapshot>) {
         }
         if Deadline::now() >= next_cycle {
             last_cycle = Deadline::now();
-            let more = cycle(&group, &mut held, &tx, false, &mut seen).await;
+            let more = cycle(&group, &mut held, &tx, false, &mut seen, &keys).await;
             soon = if more { soon + 1 } else { 0 };
             next_cycle = last_cycle + next_cycle_after(soon, group.renewal.interval);
         }
@@ -155,7 +156,7 @@ pub async fn run(group: Group, tx: watch::Sender<Snapshot>) {
         }
     }
     leave(&group, &mut held, &tx).await;
-    cycle(&group, &mut held, &tx, true, &mut seen).await;
+    cycle(&group, &mut held, &tx, true, &mut seen, &keys).await;
 }
 
 /// Revokes every held shard, and releases each once the app acknowledged it or its deadline
@@ -214,8 +215,8 @@ pub fn next_cycle_after(soon: u32, interval: Duration) -> Duration {
 /// Cycles in a row at [`MIN_CYCLE_GAP`] before they back off.
 const SOON_AT_ONCE: u32 = 10;
 
-/// One cycle (see the module docs); `leaving`: remove the entry and take nothing;
-/// `seen`: what the cycles saw before, for the metrics. Whether to run the next one
+/// One cycle (see the module docs); `leaving`: remove the entry and take nothing; `seen`: what
+/// the cycles saw before, for the metrics; `keys`: the group's. Whether to run the next one
 /// soon ([`next_cycle_after`]): the member is still under its share, or shards stay free.
 async fn cycle(
     group: &Group,
@@ -223,6 +224,7 @@ async fn cycle(
     tx: &watch::Sender<Snapshot>,
     leaving: bool,
     seen: &mut Seen,
+    keys: &view::Keys,
 ) -> bool {
     let cfg = group.redlock.config();
     let me = &cfg.identity;
@@ -237,7 +239,7 @@ async fn cycle(
         leaving,
         life: view::member_life(group.renewal.interval),
     };
-    let view = view::read(&group.redlock, group.count, Some(announce)).await;
+    let view = view::read(&group.redlock, keys, Some(announce)).await;
     let planned = match in_cluster_mode(&group.redlock) {
         Some(node) => Err(format!(
             "--shards does not support cluster mode: node {node} is a Redis Cluster, and the \

@@ -203,13 +203,30 @@ pub struct Announce<'a> {
     pub life: Duration,
 }
 
+/// The keys [`CYCLE`] reads for a group: its hash, then every shard lock's key (built once
+/// per member, not every cycle).
+pub struct Keys(Vec<String>);
+
+impl Keys {
+    /// The keys of group `lock` with `shards` shards.
+    pub fn new(lock: &str, shards: u32) -> Keys {
+        let mut keys = vec![members_key(lock)];
+        keys.extend((0..shards).map(|s| format!("redlock:{{{}}}", shard_lock(lock, s))));
+        Keys(keys)
+    }
+
+    /// How many shards.
+    fn shards(&self) -> u32 {
+        u32::try_from(self.0.len() - 1).unwrap_or(u32::MAX)
+    }
+}
+
 /// Runs [`CYCLE`] on every node of `redlock` (the group's lock) at once, each bounded by the
-/// node timeout; the view of the nodes that answered.
-pub async fn read(redlock: &Redlock, shards: u32, me: Option<Announce<'_>>) -> View {
+/// node timeout, on the group's `keys`; the view of the nodes that answered.
+pub async fn read(redlock: &Redlock, keys: &Keys, me: Option<Announce<'_>>) -> View {
     let cfg = redlock.config();
-    let mut keys = vec![members_key(&cfg.lock)];
-    keys.extend((0..shards).map(|s| format!("redlock:{{{}}}", shard_lock(&cfg.lock, s))));
-    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let shards = keys.shards();
+    let keys: Vec<&str> = keys.0.iter().map(String::as_str).collect();
     let (identity, entry, leaving, life) = match &me {
         Some(me) => (me.identity, me.member.entry(), me.leaving, me.life),
         None => ("", String::new(), false, Duration::from_secs(3)),
