@@ -3,7 +3,9 @@
 //! at once (well within a ttl, so not by expiry), with higher fencing tokens, once its app
 //! acknowledged each revocation; a joiner takes only its share; an app that does not
 //! acknowledge keeps its shards until the revoke deadline, not longer; a member whose app is
-//! not ready holds nothing; bad counts are refused, and so is a Redis Cluster, saying why.
+//! not ready holds nothing; a member started with another count than the group's takes no part
+//! and says why until the group's members are gone; bad counts are refused, and so is a Redis
+//! Cluster, saying why; no HTTP input panics the routes.
 
 // Tests and benchmarks use Tokio's and std's timers directly (clippy.toml keeps them
 // out of the sidecar's code).
@@ -348,6 +350,36 @@ async fn a_member_paused_past_its_leases_loses_its_shards_and_never_claims_them_
     wait_split(&[&a, &b], 4, &[2, 2]).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_of_another_count_takes_no_part_says_why_and_takes_over_once_alone() {
+    let cluster = RedisCluster::ready(3, TTL);
+    let urls = cluster.urls_joined();
+    let four = ["--shards", "4", "--node-set", support::TEST_NODE_SET];
+    let eight = ["--shards", "8", "--node-set", support::TEST_NODE_SET];
+    let mut old = Sidecar::start("count-old", "work", &urls, "2s", &four);
+    wait_split(&[&old], 4, &[4]).await;
+    let new = Sidecar::start("count-new", "work", &urls, "2s", &eight);
+    let start = Instant::now();
+    let refused = loop {
+        let body = http::get(new.control, "/v1/shards")
+            .await
+            .ok()
+            .and_then(|r| r.json().ok());
+        if let Some(why) = body.and_then(|b| b["refused"].as_str().map(str::to_owned)) {
+            break why;
+        }
+        assert!(start.elapsed() < DEADLINE, "no refusal within {DEADLINE:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(refused.contains("splits 4 shards"), "{refused}");
+    assert!(refused.contains("--shards 8"), "{refused}");
+    // The group's split stands: the old member keeps all four, the new one holds none.
+    wait_split(&[&old, &new], 4, &[4, 0]).await;
+    // Once the last member of the old count is gone, the new count is the group's.
+    assert!(old.proc.sigterm());
+    wait_split(&[&new], 8, &[8]).await;
+}
+
 #[test]
 fn a_shard_count_of_zero_or_past_the_limit_is_refused() {
     for count in ["0", "16385", "-1", "many"] {
@@ -386,4 +418,96 @@ async fn a_member_on_a_redis_cluster_refuses_shards_and_says_why_while_it_still_
     assert_eq!(body["owned"].as_array().map(Vec::len), Some(0));
     // The lock itself (one slot) still works: the member leads.
     support::sidecar::leads(&[&a], 0, DEADLINE).await;
+}
+
+/// One request through `router` in process: (status, body).
+async fn oneshot(router: &axum::Router, method: &str, uri: &str) -> (u16, String) {
+    let request = ::http::Request::builder()
+        .method(method)
+        .uri(uri)
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let response = tower_service::Service::call(&mut router.clone(), request)
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap_or_default();
+    (status, String::from_utf8_lossy(&bytes).into_owned())
+}
+
+mod no_input_panics {
+    use super::*;
+    use proptest::prelude::*;
+    use redlock_sidecar::clock::Deadline;
+    use redlock_sidecar::shards::{self, api, Owned};
+
+    fn segment() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("0".to_owned()),
+            Just("1".to_owned()),
+            Just("4294967296".to_owned()),
+            Just("-1".to_owned()),
+            Just("%FF".to_owned()),
+            Just("ack".to_owned()),
+            "[a-z0-9%._-]{0,24}",
+            "\\PC{0,12}".prop_map(|s| s.replace(['/', '?', '#', ' '], "")),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+        #[test]
+        fn no_http_input_panics_the_shard_routes(
+            method in prop::sample::select(vec!["GET", "POST", "DELETE", "PUT"]),
+            segments in prop::collection::vec(segment(), 0..4),
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            runtime.block_on(async {
+                let (tx, rx) = shards::channel(4);
+                let soon = Deadline::now() + Duration::from_secs(5);
+                tx.send_modify(|s| {
+                    s.owned.insert(0, Owned { token: 7, step_down_at: soon, revoke_by: None });
+                    s.owned.insert(1, Owned { token: 8, step_down_at: soon, revoke_by: Some(soon) });
+                });
+                let routes = api::router(rx, "me".to_owned(), api::AppSide::new());
+                let (_leadership_tx, leadership) = tokio::sync::watch::channel(
+                    redlock_sidecar::leadership::Leadership::new("work", "me"),
+                );
+                let (candidacy, _candidacy_rx) = tokio::sync::watch::channel(
+                    redlock_sidecar::candidacy::Candidacy::unchecked(),
+                );
+                let router = redlock_sidecar::http::control_router(
+                    redlock_sidecar::http::ControlState {
+                        leadership,
+                        candidacy,
+                        default_hold: Duration::from_secs(2),
+                    },
+                    Some(routes),
+                );
+                let path = format!("/v1/shards/{}", segments.join("/"));
+                let Ok(uri) = path.parse::<::http::Uri>() else { return };
+                if uri.path().ends_with("/watch") && method == "GET" {
+                    return; // A stream: it does not end.
+                }
+                let (status, text) = oneshot(&router, method, &uri.to_string()).await;
+                assert!((200..600).contains(&status));
+                if status >= 400 {
+                    assert!(
+                        serde_json::from_str::<serde_json::Value>(&text).is_ok_and(|v| v.is_object()),
+                        "{method} {uri}: {status} {text}"
+                    );
+                }
+                // Only a shard being revoked is acknowledged.
+                if method == "POST" && uri.path() == "/v1/shards/1/ack" {
+                    assert_eq!(status, 200, "{text}");
+                }
+                if method == "POST" && uri.path() == "/v1/shards/0/ack" {
+                    assert_eq!(status, 409, "{text}");
+                }
+            });
+        }
+    }
 }
