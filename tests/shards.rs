@@ -45,6 +45,22 @@ async fn wait_split(
     shards: u64,
     counts: &[usize],
 ) -> Vec<BTreeMap<u64, u64>> {
+    wait_split_as(
+        sidecars,
+        shards,
+        |sizes| sizes == counts,
+        &format!("{counts:?}"),
+    )
+    .await
+}
+
+/// [`wait_split`] for any counts `fits` accepts (`what` names them).
+async fn wait_split_as(
+    sidecars: &[&Sidecar],
+    shards: u64,
+    fits: impl Fn(&[usize]) -> bool,
+    what: &str,
+) -> Vec<BTreeMap<u64, u64>> {
     let start = Instant::now();
     loop {
         let mut all = Vec::new();
@@ -55,12 +71,12 @@ async fn wait_split(
         let mut union: Vec<u64> = all.iter().flat_map(|o| o.keys().copied()).collect();
         union.sort_unstable();
         union.dedup();
-        if sizes == counts && union.len() as u64 == shards {
+        if fits(&sizes) && union.len() as u64 == shards {
             return all;
         }
         assert!(
             start.elapsed() < DEADLINE,
-            "not split {counts:?} within {DEADLINE:?}: {all:?}"
+            "not split {what} within {DEADLINE:?}: {all:?}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -73,13 +89,15 @@ struct Watch {
 }
 
 impl Watch {
-    async fn open(sidecar: &Sidecar) -> Watch {
+    /// Opens `/v1/shards/watch` with `query` (e.g. `?ack=true`).
+    async fn open(sidecar: &Sidecar, query: &str) -> Watch {
         use tokio::io::AsyncWriteExt;
         let mut stream = tokio::net::TcpStream::connect(sidecar.control)
             .await
             .unwrap();
-        let request =
-            "GET /v1/shards/watch HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n";
+        let request = format!(
+            "GET /v1/shards/watch{query} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n"
+        );
         stream.write_all(request.as_bytes()).await.unwrap();
         Watch {
             stream,
@@ -155,8 +173,11 @@ async fn members_split_the_shards_evenly_a_leaver_hands_over_at_once_and_a_joine
     );
 
     let leaving = before[2].clone();
-    // The leaver's app hears every shard revoked (after the first event, the whole body).
-    let mut watch = Watch::open(&c).await;
+    // The leaver's app hears every shard revoked (after the first event, the whole body), and
+    // acknowledges each; a second stream that does not acknowledge only listens.
+    let mut watch = Watch::open(&c, "?ack=true").await;
+    let mut listener = Watch::open(&c, "").await;
+    assert_eq!(listener.until(1).await[0].0, "shards");
     let first = watch.until(1).await;
     assert_eq!(first[0].0, "shards", "{first:?}");
     assert_eq!(first[0].1["owned"].as_array().map(Vec::len), Some(4));
@@ -192,6 +213,7 @@ async fn members_split_the_shards_evenly_a_leaver_hands_over_at_once_and_a_joine
         .collect();
     revoked.sort_unstable();
     assert_eq!(revoked, leaving.keys().copied().collect::<Vec<_>>());
+    assert_eq!(listener.until_named("revoked", 4).await.len(), 4);
     for (shard, token) in &leaving {
         let now = after
             .iter()
@@ -230,19 +252,20 @@ async fn an_app_that_does_not_acknowledge_keeps_its_shards_until_the_revoke_dead
         "--node-set",
         support::TEST_NODE_SET,
         "--shard-revoke-timeout",
-        "700ms",
+        "1500ms",
     ];
     let a = Sidecar::start("slow-app", "work", &cluster.urls_joined(), "2s", &extra);
     wait_split(&[&a], 4, &[4]).await;
-    let mut watch = Watch::open(&a).await;
+    let mut watch = Watch::open(&a, "?ack=true").await;
     watch.until(1).await;
-    // A joiner: the member revokes its excess (2 shards); the app says nothing.
+    // A joiner: the member revokes its excess (2 shards); the app, which said it acknowledges,
+    // says nothing.
     let b = Sidecar::start("joiner", "work", &cluster.urls_joined(), "2s", &extra);
     let revoking = watch.until_named("revoking", 2).await;
     let marked = Instant::now();
     assert_eq!(revoking.len(), 2, "{revoking:?}");
     let deadline = Duration::from_millis(revoking[0]["deadline_ms"].as_u64().unwrap());
-    assert!(deadline <= Duration::from_millis(700), "{deadline:?}");
+    assert!(deadline <= Duration::from_millis(1500), "{deadline:?}");
     // Until the deadline the shards stay the member's (listed, with it), the joiner's not.
     let shard = revoking[0]["shard"].as_u64().unwrap();
     let listed = http::get(a.control, "/v1/shards")
@@ -290,6 +313,31 @@ async fn an_app_that_does_not_acknowledge_keeps_its_shards_until_the_revoke_dead
         .unwrap();
     assert_eq!(garbage.status, 400);
     assert!(garbage.json().unwrap()["error"].is_string());
+    let bad_query = http::get(a.control, "/v1/shards/watch?ack=maybe")
+        .await
+        .unwrap();
+    assert_eq!(bad_query.status, 400);
+
+    // Streams that do not acknowledge hold nothing back: a third member's share is released
+    // at once, well before the revoke deadline.
+    drop(watch);
+    let mut listeners = [Watch::open(&a, "").await, Watch::open(&b, "").await];
+    for listener in &mut listeners {
+        listener.until(1).await;
+    }
+    let joined = Instant::now();
+    let c = Sidecar::start("third", "work", &cluster.urls_joined(), "2s", &extra);
+    let within_one = |sizes: &[usize]| {
+        let mut sorted = sizes.to_vec();
+        sorted.sort_unstable();
+        sorted == [1, 1, 2]
+    };
+    wait_split_as(&[&a, &b, &c], 4, within_one, "1, 1, 2 in any order").await;
+    let took = joined.elapsed();
+    assert!(
+        took < Duration::from_millis(1500),
+        "the third member waited {took:?}: a stream that does not acknowledge held it back"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -90,8 +90,8 @@ pub struct RunArgs {
     #[arg(long, env = "REDLOCK_SHARDS")]
     pub shards: Option<u32>,
     /// How long a member waits, before it releases a shard, for its app to acknowledge the
-    /// `revoking` event (POST /v1/shards/ID/ack); only while the app watches
-    /// /v1/shards/watch, and never past the shard's step-down. Default: 5s, or half of
+    /// `revoking` event (POST /v1/shards/ID/ack); only while the app watches with
+    /// /v1/shards/watch?ack=true, and never past the shard's step-down. Default: 5s, or half of
     /// --shutdown-timeout if less.
     #[arg(long, env = "REDLOCK_SHARD_REVOKE_TIMEOUT", value_parser = duration_at_most(MAX_SHUTDOWN_TIMEOUT))]
     pub shard_revoke_timeout: Option<Duration>,

@@ -3,10 +3,11 @@
 //! `POST /v1/shards/{shard}/ack` (the app stopped acting on a shard being revoked).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -23,26 +24,46 @@ use crate::clock::Deadline;
 /// The most `/v1/shards/watch` streams at once.
 pub const MAX_WATCHERS: usize = 64;
 
-/// What the app tells the member: whether it watches (only an app that watches hears of a
-/// revocation, so only then does the member wait for it) and which revoked shards it let go.
+/// What the app tells the member: whether it acknowledges revocations (a watch stream opened
+/// with `?ack=true`: only then does the member wait for it) and which revoked shards it let
+/// go.
 pub struct AppSide {
     watchers: Arc<Semaphore>,
+    /// Open watch streams that acknowledge.
+    acking: AtomicUsize,
     acked: Mutex<BTreeSet<u32>>,
     notify: Notify,
+}
+
+/// An open watch stream that acknowledges, counted while it lives.
+struct Acking(Arc<AppSide>);
+
+impl Acking {
+    fn new(app: &Arc<AppSide>) -> Acking {
+        app.acking.fetch_add(1, Ordering::Relaxed);
+        Acking(Arc::clone(app))
+    }
+}
+
+impl Drop for Acking {
+    fn drop(&mut self) {
+        self.0.acking.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl AppSide {
     pub fn new() -> Arc<AppSide> {
         Arc::new(AppSide {
             watchers: Arc::new(Semaphore::new(MAX_WATCHERS)),
+            acking: AtomicUsize::new(0),
             acked: Mutex::new(BTreeSet::new()),
             notify: Notify::new(),
         })
     }
 
-    /// Whether a `/v1/shards/watch` stream is open.
-    pub fn watching(&self) -> bool {
-        self.watchers.available_permits() < MAX_WATCHERS
+    /// Whether a `/v1/shards/watch?ack=true` stream is open: the app acknowledges revocations.
+    pub fn acknowledges(&self) -> bool {
+        self.acking.load(Ordering::Relaxed) > 0
     }
 
     /// The shards acknowledged since the last call.
@@ -114,10 +135,18 @@ async fn shards(State(state): State<ApiState>) -> Json<Value> {
 /// A stream of events: `shards` first (the whole body, as `GET /v1/shards`), then `added`
 /// (`{shard, fencing_token, validity_ms}`) when this member takes a shard, `revoking`
 /// (`{shard, fencing_token, deadline_ms}`) when it is to give one up (the app stops acting on
-/// it within `deadline_ms` and may say so sooner with `POST /v1/shards/{shard}/ack`), and
-/// `revoked` (`{shard}`) when it stops acting on one, before its keys are released; the stream
-/// ends at shutdown, after every shard was revoked.
-async fn watch(State(state): State<ApiState>) -> Response {
+/// it within `deadline_ms`), and `revoked` (`{shard}`) when it stops acting on one, before its
+/// keys are released; the stream ends at shutdown, after every shard was revoked. With
+/// `?ack=true` the app promises to acknowledge each `revoking` (`POST
+/// /v1/shards/{shard}/ack`): while such a stream is open the member waits for that, up to
+/// the deadline, before it releases the shard; otherwise the deadline is now.
+async fn watch(State(state): State<ApiState>, RawQuery(query): RawQuery) -> Response {
+    let acks = match acks_asked(query.as_deref()) {
+        Ok(acks) => acks,
+        Err(error) => {
+            return (StatusCode::BAD_REQUEST, Json(json!({ "error": error }))).into_response()
+        }
+    };
     let Ok(slot) = state.app.watchers.clone().try_acquire_owned() else {
         let error = format!("too many /v1/shards/watch streams (at most {MAX_WATCHERS})");
         return (
@@ -126,6 +155,7 @@ async fn watch(State(state): State<ApiState>) -> Response {
         )
             .into_response();
     };
+    let acking = acks.then(|| Acking::new(&state.app));
     // One reading for both, so the first diff starts where the body ends.
     let (first, mut last) = {
         let snapshot = state.rx.borrow();
@@ -140,13 +170,36 @@ async fn watch(State(state): State<ApiState>) -> Response {
     let events = futures_util::stream::once(async move { ("shards", first) })
         .chain(changes)
         .map(move |(name, data)| {
-            // The stream owns its slot: dropping the stream frees it.
+            // The stream owns its slot and its promise: dropping the stream ends both.
             let _slot: &OwnedSemaphorePermit = &slot;
+            let _acking: &Option<Acking> = &acking;
             Ok::<_, std::convert::Infallible>(Event::default().event(name).data(data.to_string()))
         });
     Sse::new(events)
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+/// Whether a watch's query asks to acknowledge revocations: `ack=true` or `ack=1` (`false`,
+/// `0` or no `ack`: not); anything else is an error.
+fn acks_asked(query: Option<&str>) -> Result<bool, String> {
+    let mut acks = false;
+    for pair in query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        acks = match pair.split_once('=').unwrap_or((pair, "true")) {
+            ("ack", "true" | "1") => true,
+            ("ack", "false" | "0") => false,
+            _ => {
+                return Err(format!(
+                    "bad query {pair:?}: /v1/shards/watch takes only ack=true or ack=false"
+                ))
+            }
+        };
+    }
+    Ok(acks)
 }
 
 /// The events from `before` to `after` at `now`: revocations first.
@@ -287,6 +340,22 @@ mod tests {
             events,
             [("revoked", 1), ("revoked", 3), ("added", 3), ("added", 4)]
         );
+    }
+
+    #[test]
+    fn a_watch_acknowledges_only_when_it_asks_and_other_queries_are_refused() {
+        assert_eq!(acks_asked(None), Ok(false));
+        assert_eq!(acks_asked(Some("")), Ok(false));
+        assert_eq!(acks_asked(Some("ack=true")), Ok(true));
+        assert_eq!(acks_asked(Some("ack")), Ok(true));
+        assert_eq!(acks_asked(Some("ack=1&ack=0")), Ok(false));
+        assert!(acks_asked(Some("ack=yes")).is_err());
+        assert!(acks_asked(Some("wait=1s")).is_err());
+        let app = AppSide::new();
+        let stream = Acking::new(&app);
+        assert!(app.acknowledges());
+        drop(stream);
+        assert!(!app.acknowledges());
     }
 
     #[test]

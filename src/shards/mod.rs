@@ -68,7 +68,7 @@ pub struct Group {
     pub engine: Engine,
     /// The app's side: its watch streams and acknowledgements.
     pub app: Arc<AppSide>,
-    /// How long a revoked shard waits for the app's acknowledgement (while the app watches).
+    /// How long a revoked shard waits for the app's acknowledgement (while it acknowledges).
     pub revoke_timeout: Duration,
     /// The group's lock (the leadership lock): its name, identity and nodes.
     pub redlock: Redlock,
@@ -181,10 +181,10 @@ async fn leave(group: &Group, held: &mut Held, tx: &watch::Sender<Snapshot>) {
 }
 
 /// When shards revoked now are released unless the app acknowledges them sooner: only an app
-/// that watches hears of it, so only one that does is waited for.
+/// that said it acknowledges (a watch with `?ack=true`) is waited for.
 fn revoke_by(group: &Group) -> Deadline {
     let now = Deadline::now();
-    if group.app.watching() {
+    if group.app.acknowledges() {
         now + group.revoke_timeout
     } else {
         now
