@@ -214,6 +214,11 @@ async fn members_split_the_shards_evenly_a_leaver_hands_over_at_once_and_a_joine
     revoked.sort_unstable();
     assert_eq!(revoked, leaving.keys().copied().collect::<Vec<_>>());
     assert_eq!(listener.until_named("revoked", 4).await.len(), 4);
+    assert_eq!(
+        listener.until_named("revoking", 4).await.len(),
+        4,
+        "every revoked follows a revoking"
+    );
     for (shard, token) in &leaving {
         let now = after
             .iter()

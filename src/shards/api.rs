@@ -202,31 +202,38 @@ fn acks_asked(query: Option<&str>) -> Result<bool, String> {
     Ok(acks)
 }
 
-/// The events from `before` to `after` at `now`: revocations first.
+/// The events from `before` to `after` at `now`: revocations first. Every `revoked` follows a
+/// `revoking` of the same tenure: a shard marked and released between two readings of the
+/// snapshot, or dropped at its step-down, gets one with a deadline of now.
 pub fn changes(
     before: &BTreeMap<u32, Owned>,
     after: &BTreeMap<u32, Owned>,
     now: Deadline,
 ) -> Vec<(&'static str, Value)> {
-    let revoked = before
-        .iter()
-        .filter(|(shard, owned)| after.get(shard).is_none_or(|now| now.token != owned.token))
-        .map(|(shard, _)| ("revoked", json!({ "shard": shard })));
-    let added = after
-        .iter()
-        .filter(|(shard, owned)| before.get(shard).is_none_or(|was| was.token != owned.token))
-        .map(|(shard, owned)| ("added", owned_json(*shard, owned, now)));
-    // Revoking: marked now, on the same tenure (a new tenure was announced by `added`).
-    let revoking = after
-        .iter()
-        .filter(|(shard, owned)| {
-            owned.revoke_by.is_some()
-                && before
-                    .get(shard)
-                    .is_none_or(|was| was.token != owned.token || was.revoke_by.is_none())
-        })
-        .map(|(shard, owned)| ("revoking", revoking_json(*shard, owned, now)));
-    revoked.chain(added).chain(revoking).collect()
+    let mut events = Vec::new();
+    for (shard, owned) in before {
+        if after.get(shard).is_none_or(|now| now.token != owned.token) {
+            if owned.revoke_by.is_none() {
+                let at_once = Owned {
+                    revoke_by: Some(now),
+                    ..*owned
+                };
+                events.push(("revoking", revoking_json(*shard, &at_once, now)));
+            }
+            events.push(("revoked", json!({ "shard": shard })));
+        }
+    }
+    for (shard, owned) in after {
+        let was = before.get(shard).filter(|was| was.token == owned.token);
+        if was.is_none() {
+            events.push(("added", owned_json(*shard, owned, now)));
+        }
+        // Revoking: marked now, on the same tenure (a new tenure was announced just above).
+        if owned.revoke_by.is_some() && was.is_none_or(|was| was.revoke_by.is_none()) {
+            events.push(("revoking", revoking_json(*shard, owned, now)));
+        }
+    }
+    events
 }
 
 fn ms(left: std::time::Duration) -> u64 {
@@ -338,7 +345,14 @@ mod tests {
             .collect();
         assert_eq!(
             events,
-            [("revoked", 1), ("revoked", 3), ("added", 3), ("added", 4)]
+            [
+                ("revoking", 1),
+                ("revoked", 1),
+                ("revoking", 3),
+                ("revoked", 3),
+                ("added", 3),
+                ("added", 4)
+            ]
         );
     }
 
@@ -373,6 +387,12 @@ mod tests {
         assert_eq!(events[0].1["fencing_token"], 10);
         assert_eq!(events[0].1["deadline_ms"], 1500);
         assert!(changes(&after, &after, now).is_empty(), "announced once");
+        // Released: `revoked` alone, its `revoking` already sent.
+        let mut released = after.clone();
+        released.remove(&1);
+        let events = changes(&after, &released, now);
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].0, "revoked");
         let listed = body(
             &Snapshot {
                 owned: after,
