@@ -1261,6 +1261,9 @@ KNOWN = {
     "redlock_app_lock_acquire_seconds_count", "redlock_app_leases_ended_total",
     "process_cpu_seconds_total", "process_resident_memory_bytes", "process_start_time_seconds",
     "redlock_ttl_seconds", "redlock_renew_interval_seconds", "redlock_safety_margin_seconds", "redlock_info", "up",
+    "redlock_shards_owned", "redlock_shards_unowned", "redlock_shards_unowned_seconds", "redlock_shard_moves_total",
+    "redlock_shards_rebalance_seconds_bucket", "redlock_shards_rebalance_seconds_sum",
+    "redlock_shards_rebalance_seconds_count",
     # kube-state-metrics (kube-prometheus-stack ships it): guarded CronJobs, whose pods live too briefly to scrape.
     "kube_cronjob_labels", "kube_cronjob_status_last_successful_time", "kube_cronjob_created",
     "kube_cronjob_next_schedule_time", "kube_cronjob_status_last_schedule_time",
