@@ -645,6 +645,41 @@ values_the_issue_named() {
 }
 check "lock.name limit = the sidecar's; cronjob.timeZone an IANA name; Sentinel password Secret; scrape scope" values_the_issue_named
 
+shards_value() {
+  # sidecar.shards reaches the sidecar as REDLOCK_SHARDS (native or regular container), and the demo
+  # app then shows its pod's shards; unset (null) or 0 passes nothing. The schema's bounds are the
+  # sidecar's: the binary built above takes 16384 and refuses 16385, naming the flag.
+  local out v bin
+  out="$(helm template x "${CHART}" "${REQ[@]}" --set sidecar.shards=64 --show-only templates/example.yaml)"
+  "${TOOLS_DIR}/venv/bin/python" - <(echo "${out}") <<'PY'
+import sys, yaml
+spec = next(d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "Deployment")["spec"]["template"]["spec"]
+sidecar = next(c for c in spec["initContainers"] if c["name"] == "redlock-sidecar")
+shards = [e.get("value") for e in sidecar["env"] if e["name"] == "REDLOCK_SHARDS"]
+assert shards == ["64"], shards
+demo = next(c for c in spec["containers"] if c["name"] == "demo")
+assert "http://127.0.0.1:$CONTROL_PORT/v1/shards" in demo["command"][-1], demo["command"][-1]
+assert {"name": "CONTROL_PORT", "value": "9708"} in demo["env"], demo["env"]
+PY
+  helm template x "${CHART}" "${REQ[@]}" --set sidecar.native=false --set sidecar.shards=16384 --show-only templates/example.yaml \
+    | grep -A1 'name: REDLOCK_SHARDS$' | grep -q 'value: "16384"'
+  for v in "" sidecar.shards=0 sidecar.shards=null; do
+    out="$(helm template x "${CHART}" "${REQ[@]}" ${v:+--set "${v}"} --show-only templates/example.yaml)"
+    refute grep -qE 'REDLOCK_SHARDS|/v1/shards|CONTROL_PORT' <<<"${out}"
+  done
+  expect_failure "/sidecar/shards.*maximum" helm template x "${CHART}" "${REQ[@]}" --set sidecar.shards=16385
+  expect_failure "/sidecar/shards.*minimum" helm template x "${CHART}" "${REQ[@]}" --set sidecar.shards=-1
+  expect_failure "/sidecar/shards.*want null or integer" helm template x "${CHART}" "${REQ[@]}" --set-string sidecar.shards=64
+  # shellcheck source=scripts/cargo-target.sh
+  source scripts/cargo-target.sh
+  bin="$(cargo_target_dir)/debug/redlock-sidecar"
+  expect_failure "--shards" env REDLOCK_SHARDS=16385 \
+    "${bin}" run --lock l --redis redis://127.0.0.1:1 --kubernetes off --listen 192.0.2.1:9
+  out="$(REDLOCK_SHARDS=16384 "${bin}" run --lock l --redis redis://127.0.0.1:1 --kubernetes off --listen 192.0.2.1:9 2>&1 || true)"
+  grep -q -- "--listen: cannot bind" <<<"${out}"
+}
+check "sidecar.shards: REDLOCK_SHARDS and the demo's shards only when set; bounds = the sidecar's" shards_value
+
 rbac_follows_integration() {
   local out
   out="$(helm template x "${CHART}" "${REQ[@]}" --set kubernetes.enabled=false --set example.service.enabled=false)"
