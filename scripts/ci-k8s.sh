@@ -1091,7 +1091,7 @@ chart_version_and_upgrade_notes() {
   # for the version in Chart.yaml, and names every change of this version the checks above test.
   local version
   version="$(sed -n 's/^version: //p' "${CHART}/Chart.yaml")"
-  [ "${version}" = 0.4.0 ]
+  [ "${version}" = 0.5.0 ]
   "${PY}" - "${CHART}/README.md" "${version}" <<'PY'
 import re, sys
 text, version = open(sys.argv[1]).read(), sys.argv[2]
@@ -1099,13 +1099,12 @@ notes = text.split("\n## Upgrading\n", 1)[1]
 headings = re.findall(r"^### (.*)$", notes, re.M)
 assert headings and headings[0].endswith(f" to {version}"), headings[:2]
 newest = notes.split(f"### {headings[0]}\n", 1)[1].split("\n### ", 1)[0]
-for needle in ("OrderedReady", "--cascade=orphan", "cronjob.name", "sidecar.locks.prefix", "redlock-sidecar-attach:<deployment>",
-               "redis.username", "monitoring.scrape", "redlock.io/scrape"):
+for needle in ("sidecar.shards", "REDLOCK_SHARDS", "RedlockShardsUnowned", "row Shards"):
     assert needle in newest, f"the {version} upgrade note does not mention {needle}"
 print(f"chart {version}: upgrade note '{headings[0]}' covers every change")
 PY
 }
-check "platform 9: chart version 0.4.0 with an upgrade note naming each change of behaviour" chart_version_and_upgrade_notes
+check "platform 9: chart version 0.5.0 with an upgrade note naming each change of behaviour" chart_version_and_upgrade_notes
 
 # --- Checked-in copies ----------------------------------------------------------------------
 manifests_drift() {
