@@ -105,6 +105,24 @@ UPGRADING = """
 Every change of behaviour bumps the chart's version and adds a section here (CI checks that the
 newest section is for the version in `Chart.yaml`).
 
+### 0.4.x to 0.5.0
+
+- **`sidecar.shards` is new** (default `null`, off: nothing changes unless you set it). Set to N (1
+  to 16384), every sidecar of the release gets `REDLOCK_SHARDS` (`--shards N`): the pods split N
+  shards, each a quorum lock of its own with its own fencing token, and the app reads its shards from
+  `GET http://127.0.0.1:9708/v1/shards` (docs/shards.md); the example's demo app then shows its pod's
+  shards. Setting, clearing or changing it changes the pod template, so the upgrade rolls the
+  Deployment. Pods started with another count than the group's oldest pod take no part until the
+  last pod of that count is gone: during a rollout that changes N the old pods keep their shards,
+  and the new pods take the new count's shards after the last old pod has left. What shard `I`
+  covers changes with N: map work to shards by the count the app reads (`shards`).
+- **The PrometheusRule has a new alert, RedlockShardsUnowned** (critical): every sidecar of a
+  sharded lock has seen a shard free for longer than the ttl, for a minute. Unsharded sidecars export
+  0 and never fire it. Its `runbook_url` ends in `#redlockshardsunowned`: serve this version's
+  docs/runbooks.md at `monitoring.prometheusRule.runbookBaseUrl`.
+- **The Grafana dashboard has a row Shards** (shards owned per member, unowned shards, moves by
+  kind, rebalance duration), showing only locks run with `--shards`.
+
 ### 0.3.x to 0.4.0
 
 - **`sidecar.followContainer` (default `*`) now prefers pods whose app is ready; it no longer decides

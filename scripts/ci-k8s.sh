@@ -645,6 +645,41 @@ values_the_issue_named() {
 }
 check "lock.name limit = the sidecar's; cronjob.timeZone an IANA name; Sentinel password Secret; scrape scope" values_the_issue_named
 
+shards_value() {
+  # sidecar.shards reaches the sidecar as REDLOCK_SHARDS (native or regular container), and the demo
+  # app then shows its pod's shards; unset (null) or 0 passes nothing. The schema's bounds are the
+  # sidecar's: the binary built above takes 16384 and refuses 16385, naming the flag.
+  local out v bin
+  out="$(helm template x "${CHART}" "${REQ[@]}" --set sidecar.shards=64 --show-only templates/example.yaml)"
+  "${TOOLS_DIR}/venv/bin/python" - <(echo "${out}") <<'PY'
+import sys, yaml
+spec = next(d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "Deployment")["spec"]["template"]["spec"]
+sidecar = next(c for c in spec["initContainers"] if c["name"] == "redlock-sidecar")
+shards = [e.get("value") for e in sidecar["env"] if e["name"] == "REDLOCK_SHARDS"]
+assert shards == ["64"], shards
+demo = next(c for c in spec["containers"] if c["name"] == "demo")
+assert "http://127.0.0.1:$CONTROL_PORT/v1/shards" in demo["command"][-1], demo["command"][-1]
+assert {"name": "CONTROL_PORT", "value": "9708"} in demo["env"], demo["env"]
+PY
+  helm template x "${CHART}" "${REQ[@]}" --set sidecar.native=false --set sidecar.shards=16384 --show-only templates/example.yaml \
+    | grep -A1 'name: REDLOCK_SHARDS$' | grep -q 'value: "16384"'
+  for v in "" sidecar.shards=0 sidecar.shards=null; do
+    out="$(helm template x "${CHART}" "${REQ[@]}" ${v:+--set "${v}"} --show-only templates/example.yaml)"
+    refute grep -qE 'REDLOCK_SHARDS|/v1/shards|CONTROL_PORT' <<<"${out}"
+  done
+  expect_failure "/sidecar/shards.*maximum" helm template x "${CHART}" "${REQ[@]}" --set sidecar.shards=16385
+  expect_failure "/sidecar/shards.*minimum" helm template x "${CHART}" "${REQ[@]}" --set sidecar.shards=-1
+  expect_failure "/sidecar/shards.*want null or integer" helm template x "${CHART}" "${REQ[@]}" --set-string sidecar.shards=64
+  # shellcheck source=scripts/cargo-target.sh
+  source scripts/cargo-target.sh
+  bin="$(cargo_target_dir)/debug/redlock-sidecar"
+  expect_failure "--shards" env REDLOCK_SHARDS=16385 \
+    "${bin}" run --lock l --redis redis://127.0.0.1:1 --kubernetes off --listen 192.0.2.1:9
+  out="$(REDLOCK_SHARDS=16384 "${bin}" run --lock l --redis redis://127.0.0.1:1 --kubernetes off --listen 192.0.2.1:9 2>&1 || true)"
+  grep -q -- "--listen: cannot bind" <<<"${out}"
+}
+check "sidecar.shards: REDLOCK_SHARDS and the demo's shards only when set; bounds = the sidecar's" shards_value
+
 rbac_follows_integration() {
   local out
   out="$(helm template x "${CHART}" "${REQ[@]}" --set kubernetes.enabled=false --set example.service.enabled=false)"
@@ -1056,7 +1091,7 @@ chart_version_and_upgrade_notes() {
   # for the version in Chart.yaml, and names every change of this version the checks above test.
   local version
   version="$(sed -n 's/^version: //p' "${CHART}/Chart.yaml")"
-  [ "${version}" = 0.4.0 ]
+  [ "${version}" = 0.5.0 ]
   "${PY}" - "${CHART}/README.md" "${version}" <<'PY'
 import re, sys
 text, version = open(sys.argv[1]).read(), sys.argv[2]
@@ -1064,13 +1099,12 @@ notes = text.split("\n## Upgrading\n", 1)[1]
 headings = re.findall(r"^### (.*)$", notes, re.M)
 assert headings and headings[0].endswith(f" to {version}"), headings[:2]
 newest = notes.split(f"### {headings[0]}\n", 1)[1].split("\n### ", 1)[0]
-for needle in ("OrderedReady", "--cascade=orphan", "cronjob.name", "sidecar.locks.prefix", "redlock-sidecar-attach:<deployment>",
-               "redis.username", "monitoring.scrape", "redlock.io/scrape"):
+for needle in ("sidecar.shards", "REDLOCK_SHARDS", "RedlockShardsUnowned", "row Shards"):
     assert needle in newest, f"the {version} upgrade note does not mention {needle}"
 print(f"chart {version}: upgrade note '{headings[0]}' covers every change")
 PY
 }
-check "platform 9: chart version 0.4.0 with an upgrade note naming each change of behaviour" chart_version_and_upgrade_notes
+check "platform 9: chart version 0.5.0 with an upgrade note naming each change of behaviour" chart_version_and_upgrade_notes
 
 # --- Checked-in copies ----------------------------------------------------------------------
 manifests_drift() {
@@ -1261,6 +1295,9 @@ KNOWN = {
     "redlock_app_lock_acquire_seconds_count", "redlock_app_leases_ended_total",
     "process_cpu_seconds_total", "process_resident_memory_bytes", "process_start_time_seconds",
     "redlock_ttl_seconds", "redlock_renew_interval_seconds", "redlock_safety_margin_seconds", "redlock_info", "up",
+    "redlock_shards_owned", "redlock_shards_unowned", "redlock_shards_unowned_seconds", "redlock_shard_moves_total",
+    "redlock_shards_rebalance_seconds_bucket", "redlock_shards_rebalance_seconds_sum",
+    "redlock_shards_rebalance_seconds_count",
     # kube-state-metrics (kube-prometheus-stack ships it): guarded CronJobs, whose pods live too briefly to scrape.
     "kube_cronjob_labels", "kube_cronjob_status_last_successful_time", "kube_cronjob_created",
     "kube_cronjob_next_schedule_time", "kube_cronjob_status_last_schedule_time",

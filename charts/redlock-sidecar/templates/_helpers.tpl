@@ -832,6 +832,11 @@ The sidecar container (`redlock-sidecar run`). As a native sidecar it goes into 
     - name: REDLOCK_LOCKS_DAPR_STORE
       value: {{ .Values.sidecar.locks.daprStore | quote }}
     {{- end }}
+    {{- with .Values.sidecar.shards }}
+    # The pods of the lock split this many shards (sidecar.shards); the app reads GET /v1/shards.
+    - name: REDLOCK_SHARDS
+      value: {{ int . | quote }}
+    {{- end }}
     - name: REDLOCK_READY_WHEN
       value: {{ .Values.sidecar.readyWhen | quote }}
     - name: REDLOCK_SHUTDOWN_TIMEOUT
