@@ -4,6 +4,9 @@
 //! without it. See docs/reliability.md, "The protocol model". The larger instances are
 //! `#[ignore]`d and run with `scripts/model-check.sh`.
 //!
+//! `shards.rs` is a second model, of `run --shards`: two members splitting two shards by the
+//! core's planner and holding them by its lease machine, checked for "never two owners".
+//!
 //! It drives the lease core's own machines and nothing else of the sidecar: every import is
 //! of `redlock_core` (the rounds, the vote rules, the tenure machine with the engine's renewal
 //! policy), so a change to them is a change to what is checked here.
@@ -14,6 +17,7 @@
 
 mod engine;
 mod protocol;
+mod shards;
 
 use std::time::Instant;
 
@@ -792,4 +796,150 @@ fn long_the_rules_hold_for_mixed_ttls_with_two_attempts_each() {
         cfg,
         HANDOFF,
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// Shards: two members, two shards (`shards.rs`)
+// ---------------------------------------------------------------------------------------
+
+mod shards_model {
+    use super::*;
+    use crate::shards::{self, Config as ShardsConfig, Rules as ShardRules};
+
+    const NEVER_TWO: &str = "never two owners";
+    const HANDED: &str = "a hand-over";
+
+    /// Two members, two shards, three nodes, ttl 6 ticks: each member runs two cycles over
+    /// 8 ticks, and faults come from `faults`.
+    fn small(faults: impl FnOnce(&mut ShardsConfig)) -> ShardsConfig {
+        let mut cfg = ShardsConfig {
+            ttl: 6,
+            rules: ShardRules::ALL,
+            cycles: 2,
+            losses: 0,
+            pauses: 0,
+            flushes: 0,
+            leaves: 0,
+            horizon: 8,
+        };
+        faults(&mut cfg);
+        cfg
+    }
+
+    /// Explores `cfg` (breadth-first to the first failure with `to_first_failure`): states,
+    /// and the failure's path if any.
+    fn explore(
+        label: &str,
+        cfg: ShardsConfig,
+        to_first_failure: bool,
+    ) -> (usize, Option<Path<shards::State, shards::Action>>, bool) {
+        let started = Instant::now();
+        let builder = cfg.checker().threads(2).target_state_count(max_states());
+        if to_first_failure {
+            let checker = builder
+                .finish_when(HasDiscoveries::AnyFailures)
+                .spawn_bfs()
+                .join();
+            summary(label, started, checker)
+        } else {
+            summary(label, started, builder.spawn_dfs().join())
+        }
+    }
+
+    /// States explored, the failure's path if any, and whether a hand-over was seen.
+    fn summary(
+        label: &str,
+        started: Instant,
+        checker: impl Checker<ShardsConfig>,
+    ) -> (usize, Option<Path<shards::State, shards::Action>>, bool) {
+        let unique = checker.unique_state_count();
+        println!(
+            "{label}: {unique} states ({} with revisits), depth {}, {:.1?}",
+            checker.state_count(),
+            checker.max_depth(),
+            started.elapsed()
+        );
+        assert!(
+            checker.state_count() < max_states(),
+            "{label}: stopped at the state cap, not exhaustive"
+        );
+        (
+            unique,
+            checker.discovery(NEVER_TWO),
+            checker.discovery(HANDED).is_some(),
+        )
+    }
+
+    fn holds(label: &str, cfg: ShardsConfig) {
+        let (_, failure, handed) = explore(label, cfg, false);
+        if let Some(path) = failure {
+            panic!("{label}: two owners:\n{:#?}", path.into_actions());
+        }
+        assert!(
+            handed,
+            "{label}: no shard ever changed hands: the run proves little"
+        );
+    }
+
+    fn violates(label: &str, cfg: ShardsConfig) {
+        let (_, failure, _) = explore(label, cfg, true);
+        let path = failure.unwrap_or_else(|| panic!("{label}: no counterexample"));
+        println!("{label}: {:?}", path.into_actions());
+    }
+
+    #[test]
+    fn two_members_never_own_a_shard_at_once_through_a_sigterm() {
+        holds("shards: a SIGTERM", small(|c| c.leaves = 1));
+    }
+
+    #[test]
+    #[ignore = "long (7 million states): scripts/model-check.sh"]
+    fn two_members_never_own_a_shard_at_once_when_a_request_is_lost() {
+        holds(
+            "shards: a lost request",
+            small(|c| {
+                c.losses = 1;
+                c.horizon = 6;
+            }),
+        );
+    }
+
+    #[test]
+    #[ignore = "long (17 million states): scripts/model-check.sh"]
+    fn two_members_never_own_a_shard_at_once_when_one_is_paused_past_its_leases() {
+        holds(
+            "shards: a pause",
+            small(|c| {
+                c.pauses = 1;
+                c.horizon = 9;
+            }),
+        );
+    }
+
+    #[test]
+    #[ignore = "long (28 million states): scripts/model-check.sh"]
+    fn two_members_never_own_a_shard_at_once_when_a_node_is_flushed() {
+        holds("shards: a flush", small(|c| c.flushes = 1));
+    }
+
+    #[test]
+    fn without_the_step_down_margin_two_members_own_a_shard_at_once() {
+        let mut cfg = small(|c| c.pauses = 1);
+        cfg.rules.step_down = false;
+        violates("shards without the step-down", cfg);
+    }
+
+    #[test]
+    fn without_a_quorum_two_members_own_a_shard_at_once() {
+        let mut cfg = small(|_| {});
+        cfg.rules.quorum = false;
+        violates("shards without a quorum", cfg);
+    }
+
+    #[test]
+    fn when_a_flushed_node_votes_at_once_two_members_own_a_shard_at_once() {
+        let mut cfg = small(|c| c.flushes = 1);
+        cfg.rules.young_nodes_wait = false;
+        violates("shards with a flushed node voting at once", cfg);
+    }
 }
