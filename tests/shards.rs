@@ -346,6 +346,43 @@ async fn an_app_that_does_not_acknowledge_keeps_its_shards_until_the_revoke_dead
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_stream_that_acknowledges_closes_the_revoked_shards_go_at_once() {
+    let ttl = Duration::from_secs(10);
+    let cluster = RedisCluster::ready(3, ttl);
+    let extra = [
+        "--shards",
+        "4",
+        "--node-set",
+        support::TEST_NODE_SET,
+        "--shutdown-timeout",
+        "30s",
+        "--shard-revoke-timeout",
+        "8s",
+        "--safety-margin",
+        "1s",
+    ];
+    // A long ttl: the deadline (never past the step-down, at least 4 s away) is seconds off.
+    let a = Sidecar::start("closing-app", "work", &cluster.urls_joined(), "10s", &extra);
+    wait_split(&[&a], 4, &[4]).await;
+    let mut watch = Watch::open(&a, "?ack=true").await;
+    watch.until(1).await;
+    let b = Sidecar::start("joiner-2", "work", &cluster.urls_joined(), "10s", &extra);
+    let revoking = watch.until_named("revoking", 2).await;
+    assert_eq!(revoking.len(), 2);
+    let deadline = Duration::from_millis(revoking[0]["deadline_ms"].as_u64().unwrap());
+    assert!(deadline > Duration::from_secs(3), "{revoking:?}");
+    // The app goes away without a word: its acknowledgements will not come.
+    let closed = Instant::now();
+    drop(watch);
+    wait_split(&[&a, &b], 4, &[2, 2]).await;
+    let took = closed.elapsed();
+    assert!(
+        took < deadline / 2,
+        "the revoked shards waited {took:?} (deadline {deadline:?}) for a stream that had closed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_whose_app_is_not_ready_holds_no_shard_while_ready_ones_exist() {
     let cluster = RedisCluster::ready(3, TTL);
     let extra = ["--shards", "6", "--node-set", support::TEST_NODE_SET];

@@ -48,6 +48,8 @@ impl Acking {
 impl Drop for Acking {
     fn drop(&mut self) {
         self.0.acking.fetch_sub(1, Ordering::Relaxed);
+        // The member may be waiting for this stream's acknowledgements: they will not come.
+        self.0.notify.notify_one();
     }
 }
 
@@ -71,7 +73,8 @@ impl AppSide {
         std::mem::take(&mut *self.acked.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
-    /// Completes when a shard is acknowledged (at once if one was since the last wait).
+    /// Completes when a shard is acknowledged or an acknowledging stream ends (at once if one
+    /// did since the last wait).
     pub async fn acked(&self) {
         self.notify.notified().await;
     }

@@ -259,14 +259,20 @@ impl Held {
         self.shards.values().filter_map(|s| s.revoke_by).min()
     }
 
-    /// Stops holding the revoked shards the app acknowledged (`acked`) and those due at `now`.
-    pub fn revoked(&mut self, now: Deadline, acked: &BTreeSet<u32>) -> Released {
+    /// Stops holding the revoked shards the app acknowledged (`acked`) and those due at `now`;
+    /// every revoked shard once the app no longer `acknowledges`.
+    pub fn revoked(
+        &mut self,
+        now: Deadline,
+        acked: &BTreeSet<u32>,
+        acknowledges: bool,
+    ) -> Released {
         let done: Vec<u32> = self
             .shards
             .iter()
             .filter(|(id, s)| {
                 s.revoke_by
-                    .is_some_and(|by| by <= now || acked.contains(id))
+                    .is_some_and(|by| by <= now || acked.contains(id) || !acknowledges)
             })
             .map(|(&id, _)| id)
             .collect();

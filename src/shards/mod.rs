@@ -117,7 +117,7 @@ pub async fn run(group: Group, tx: watch::Sender<Snapshot>) {
             group.metrics.shards().moved("lost", lost.len());
             publish_owned(&tx, &held);
         }
-        let revoked = held.revoked(now, &group.app.take_acks());
+        let revoked = revoked(&group, &mut held, now);
         if !revoked.is_empty() {
             give_up(&group, &held, &tx, revoked).await;
         }
@@ -165,7 +165,7 @@ async fn leave(group: &Group, held: &mut Held, tx: &watch::Sender<Snapshot>) {
     held.revoke(&held.ids(), revoke_by(group));
     publish_owned(tx, held);
     loop {
-        let revoked = held.revoked(Deadline::now(), &group.app.take_acks());
+        let revoked = revoked(group, held, Deadline::now());
         if !revoked.is_empty() {
             give_up(group, held, tx, revoked).await;
         }
@@ -178,6 +178,13 @@ async fn leave(group: &Group, held: &mut Held, tx: &watch::Sender<Snapshot>) {
         }
     }
     group.metrics.shards().owned(0);
+}
+
+/// The revoked shards to release at `now`: those the app acknowledged, those past their
+/// deadline, and all once no stream that acknowledges is open (their acknowledgements will
+/// not come).
+fn revoked(group: &Group, held: &mut Held, now: Deadline) -> Released {
+    held.revoked(now, &group.app.take_acks(), group.app.acknowledges())
 }
 
 /// When shards revoked now are released unless the app acknowledges them sooner: only an app
@@ -271,7 +278,7 @@ async fn cycle(
     if !held.revoking() && !moves.release.is_empty() {
         held.revoke(&moves.release, revoke_by(group));
         publish_owned(tx, held);
-        let revoked = held.revoked(Deadline::now(), &std::collections::BTreeSet::new());
+        let revoked = revoked(group, held, Deadline::now());
         if !revoked.is_empty() {
             give_up(group, held, tx, revoked).await;
         }
