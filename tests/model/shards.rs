@@ -18,8 +18,8 @@
 //!   renew every third of the ttl, retry a tick later, step down a tick before the end) says
 //!   when to renew and when to step down. A lost round deletes what it set.
 //! - **The app** acts on a shard from the won round until the lease machine's step-down
-//!   instant, a tick late (its clock runs slow), whether or not the member is paused: the app
-//!   reads the step-down instant, not the member's loop.
+//!   instant, a tick late (its clock runs slow), whether or not the member is paused or has
+//!   stepped down since: the app reads the step-down instant, not the member's loop.
 //! - **Faults**: a request lost; a member paused (its requests do not go out, it reacts to
 //!   nothing) and resumed; a node flushed (its keys gone); a member leaving (SIGTERM: its app
 //!   stops, its deletes go out).
@@ -43,6 +43,9 @@ use stateright::{Model, Property};
 pub const NODES: usize = 3;
 pub const SHARDS: usize = 2;
 pub const MEMBERS: usize = 2;
+/// Requests a member may have in flight to one node (a read, and per shard a round and its
+/// clean-up or a renewal and a release).
+pub const QUEUE: usize = 6;
 
 /// The rules that keep two members off one shard, each of which can be switched off.
 #[derive(Clone, Copy, Debug)]
@@ -159,8 +162,8 @@ pub type Read = Option<Option<[Option<u8>; SHARDS]>>;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Member {
     pub shards: [Shard; SHARDS],
-    /// Requests per node, executed in order (at most one of each kind per shard at once).
-    pub pending: [[Option<Msg>; 4]; NODES],
+    /// Requests per node, executed in order.
+    pub pending: [[Option<Msg>; QUEUE]; NODES],
     /// The cycle's reads; `None` when no cycle runs.
     pub reading: Option<[Read; NODES]>,
     pub cycles_left: u8,
@@ -168,6 +171,9 @@ pub struct Member {
     pub left: bool,
     pub nonce: u8,
     pub takes: u8,
+    /// The first tick at which its app no longer acts on each shard (0 once past): what it was
+    /// last told, kept after the member lets the shard go, as the app stops by its own clock.
+    pub app_until: [u8; SHARDS],
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -234,7 +240,7 @@ impl Config {
         Some(at(now) + left)
     }
 
-    /// The last tick (exclusive) at which `member`'s app acts on a held shard.
+    /// The first tick at which the app no longer acts on a shard held under `tenure`.
     fn acts_until(&self, tenure: &Tenure) -> u8 {
         let end = if self.rules.step_down {
             tenure.step_down_at()
@@ -248,24 +254,30 @@ impl Config {
     /// Which members' apps act on `shard` now.
     pub fn acting(&self, s: &State, shard: usize) -> Vec<u8> {
         (0..MEMBERS)
-            .filter(|&m| match s.members[m].shards[shard] {
-                Shard::Held { tenure, .. } => s.now < self.acts_until(&tenure),
-                _ => false,
-            })
+            .filter(|&m| s.now < s.members[m].app_until[shard])
             .map(|m| m as u8)
             .collect()
+    }
+
+    /// The app learns what the member now says of held `shard`: until when it may act.
+    fn tell_app(&self, s: &mut State, m: usize, shard: usize) {
+        if let Shard::Held { tenure, .. } = s.members[m].shards[shard] {
+            s.members[m].app_until[shard] = self.acts_until(&tenure);
+        }
     }
 
     fn send(&self, s: &mut State, m: usize, node: usize, op: Op) {
         let deadline = s.now + 1;
         let queue = &mut s.members[m].pending[node];
-        if let Some(free) = queue.iter_mut().find(|q| q.is_none()) {
-            *free = Some(Msg {
-                op,
-                deadline,
-                not_before: 0,
-            });
-        }
+        let free = queue
+            .iter_mut()
+            .find(|q| q.is_none())
+            .expect("a member has at most QUEUE requests in flight to a node");
+        *free = Some(Msg {
+            op,
+            deadline,
+            not_before: 0,
+        });
     }
 
     fn send_all(&self, s: &mut State, m: usize, op: Op) {
@@ -278,6 +290,7 @@ impl Config {
     fn release(&self, s: &mut State, m: usize, shard: usize) {
         if let Shard::Held { nonce, .. } = s.members[m].shards[shard] {
             s.members[m].shards[shard] = Shard::Free;
+            s.members[m].app_until[shard] = s.members[m].app_until[shard].min(s.now);
             let op = Op::Delete {
                 shard: shard as u8,
                 nonce,
@@ -377,6 +390,7 @@ impl Config {
                     tenure: Tenure::new(self.policy(), at(start), valid_until),
                     renewal: None,
                 };
+                self.tell_app(s, m, shard);
                 return;
             }
         }
@@ -434,6 +448,7 @@ impl Config {
             tenure,
             renewal: None,
         };
+        self.tell_app(s, m, shard);
     }
 
     /// At a tick's start, each member that is awake does what its lease machines say.
@@ -609,13 +624,14 @@ impl Model for Config {
     fn init_states(&self) -> Vec<State> {
         let member = Member {
             shards: [Shard::Free; SHARDS],
-            pending: [[None; 4]; NODES],
+            pending: [[None; QUEUE]; NODES],
             reading: None,
             cycles_left: self.cycles,
             paused: false,
             left: false,
             nonce: 0,
             takes: 0,
+            app_until: [0; SHARDS],
         };
         vec![State {
             now: 0,
@@ -726,6 +742,13 @@ impl Model for Config {
             Action::Tick => {
                 s.now += 1;
                 s.opening = true;
+                for member in &mut s.members {
+                    for until in &mut member.app_until {
+                        if *until <= s.now {
+                            *until = 0;
+                        }
+                    }
+                }
                 for node in &mut s.nodes {
                     for key in &mut node.keys {
                         if key.is_some_and(|k| k.expires <= s.now) {
