@@ -808,6 +808,7 @@ mod shards_model {
 
     const NEVER_TWO: &str = "never two owners";
     const HANDED: &str = "a hand-over";
+    const GAVE_UP: &str = "a shard given up";
 
     /// Two members, two shards, three nodes, ttl 6 ticks: each member runs two cycles over
     /// 8 ticks, and faults come from `faults`.
@@ -820,19 +821,26 @@ mod shards_model {
             pauses: 0,
             flushes: 0,
             leaves: 0,
+            joins: 0,
             horizon: 8,
         };
         faults(&mut cfg);
         cfg
     }
 
-    /// Explores `cfg` (breadth-first to the first failure with `to_first_failure`): states,
-    /// and the failure's path if any.
-    fn explore(
-        label: &str,
-        cfg: ShardsConfig,
-        to_first_failure: bool,
-    ) -> (usize, Option<Path<shards::State, shards::Action>>, bool) {
+    /// What a run found.
+    struct Explored {
+        /// Two owners at once, if ever.
+        failure: Option<Path<shards::State, shards::Action>>,
+        /// A shard's app work passed from one member to another.
+        handed: bool,
+        /// The planner had a member give up a shard it held.
+        gave_up: bool,
+    }
+
+    /// Explores `cfg`: exhaustively depth-first, or breadth-first to the first failure with
+    /// `to_first_failure`.
+    fn explore(label: &str, cfg: ShardsConfig, to_first_failure: bool) -> Explored {
         let started = Instant::now();
         let builder = cfg.checker().threads(2).target_state_count(max_states());
         if to_first_failure {
@@ -846,15 +854,10 @@ mod shards_model {
         }
     }
 
-    /// States explored, the failure's path if any, and whether a hand-over was seen.
-    fn summary(
-        label: &str,
-        started: Instant,
-        checker: impl Checker<ShardsConfig>,
-    ) -> (usize, Option<Path<shards::State, shards::Action>>, bool) {
-        let unique = checker.unique_state_count();
+    fn summary(label: &str, started: Instant, checker: impl Checker<ShardsConfig>) -> Explored {
         println!(
-            "{label}: {unique} states ({} with revisits), depth {}, {:.1?}",
+            "{label}: {} states ({} with revisits), depth {}, {:.1?}",
+            checker.unique_state_count(),
             checker.state_count(),
             checker.max_depth(),
             started.elapsed()
@@ -863,28 +866,36 @@ mod shards_model {
             checker.state_count() < max_states(),
             "{label}: stopped at the state cap, not exhaustive"
         );
-        (
-            unique,
-            checker.discovery(NEVER_TWO),
-            checker.discovery(HANDED).is_some(),
-        )
+        Explored {
+            failure: checker.discovery(NEVER_TWO),
+            handed: checker.discovery(HANDED).is_some(),
+            gave_up: checker.discovery(GAVE_UP).is_some(),
+        }
     }
 
-    fn holds(label: &str, cfg: ShardsConfig) {
-        let (_, failure, handed) = explore(label, cfg, false);
-        if let Some(path) = failure {
+    /// Never two owners, and a shard changed hands; returns whether the planner ever had a
+    /// member give one up.
+    fn holds(label: &str, cfg: ShardsConfig) -> bool {
+        let run = explore(label, cfg, false);
+        if let Some(path) = run.failure {
             panic!("{label}: two owners:\n{:#?}", path.into_actions());
         }
         assert!(
-            handed,
+            run.handed,
             "{label}: no shard ever changed hands: the run proves little"
         );
+        run.gave_up
     }
 
-    fn violates(label: &str, cfg: ShardsConfig) {
-        let (_, failure, _) = explore(label, cfg, true);
-        let path = failure.unwrap_or_else(|| panic!("{label}: no counterexample"));
-        println!("{label}: {:?}", path.into_actions());
+    /// Two owners at once: the shortest trace's actions.
+    fn violates(label: &str, cfg: ShardsConfig) -> Vec<shards::Action> {
+        let run = explore(label, cfg, true);
+        let path = run
+            .failure
+            .unwrap_or_else(|| panic!("{label}: no counterexample"));
+        let actions = path.into_actions();
+        println!("{label}: {actions:?}");
+        actions
     }
 
     #[test]
@@ -941,5 +952,14 @@ mod shards_model {
         let mut cfg = small(|c| c.flushes = 1);
         cfg.rules.young_nodes_wait = false;
         violates("shards with a flushed node voting at once", cfg);
+    }
+
+    /// Member 1 starts outside the group and joins when it chooses, so member 0 may hold both
+    /// shards by then: the planner has it give the one it took last up (rule 2), its app stops,
+    /// and member 1 takes it.
+    #[test]
+    fn a_member_that_joins_takes_a_shard_the_other_gives_up_and_never_shares_it() {
+        let gave_up = holds("shards: a join", small(|c| c.joins = 1));
+        assert!(gave_up, "the planner never had a member give a shard up");
     }
 }

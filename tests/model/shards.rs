@@ -20,9 +20,10 @@
 //! - **The app** acts on a shard from the won round until the lease machine's step-down
 //!   instant, a tick late (its clock runs slow), whether or not the member is paused or has
 //!   stepped down since: the app reads the step-down instant, not the member's loop.
-//! - **Faults**: a request lost; a member paused (its requests do not go out, it reacts to
-//!   nothing) and resumed; a node flushed (its keys gone); a member leaving (SIGTERM: its app
-//!   stops, its deletes go out).
+//! - **Faults and moves**: a request lost; a member paused (its requests do not go out, it
+//!   reacts to nothing) and resumed; a node flushed (its keys gone); a member joining the group
+//!   late (the planner then has the other give up its excess); a member leaving (SIGTERM: its
+//!   app stops, its deletes go out).
 //!
 //! ## What is abstracted
 //! - The round is a quorum of `SET NX` grants: the engine's full round (fencing counter,
@@ -78,6 +79,8 @@ pub struct Config {
     pub pauses: u8,
     pub flushes: u8,
     pub leaves: u8,
+    /// Members that start outside the group (the last ones) and join when they choose.
+    pub joins: u8,
     pub horizon: u8,
 }
 
@@ -168,6 +171,8 @@ pub struct Member {
     pub reading: Option<[Read; NODES]>,
     pub cycles_left: u8,
     pub paused: bool,
+    /// Not in the group yet (it joins later).
+    pub out: bool,
     pub left: bool,
     pub nonce: u8,
     pub takes: u8,
@@ -191,6 +196,8 @@ pub struct State {
     pub last_owner: [Option<u8>; SHARDS],
     /// A shard's app work passed from one member to another.
     pub handed_over: bool,
+    /// The planner had a member give up a shard it held (a rebalance).
+    pub gave_up: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -205,6 +212,7 @@ pub enum Action {
     Pause(usize),
     Resume(usize),
     Flush(usize),
+    Join(usize),
     Leave(usize),
     Tick,
 }
@@ -331,7 +339,7 @@ impl Config {
             })
             .collect();
         let members: Vec<String> = (0..MEMBERS as u8)
-            .filter(|&o| !s.members[o as usize].left)
+            .filter(|&o| !s.members[o as usize].left && !s.members[o as usize].out)
             .map(name)
             .collect();
         let taken: Vec<u8> = s.members[m]
@@ -345,8 +353,11 @@ impl Config {
         let moves = decide(&me, &members, &owners, |shard| {
             u64::from(taken[shard as usize])
         });
-        for shard in moves.release {
-            self.release(s, m, shard as usize);
+        if !moves.release.is_empty() {
+            s.gave_up = true;
+            for shard in moves.release {
+                self.release(s, m, shard as usize);
+            }
         }
         for shard in moves.take {
             let member = &mut s.members[m];
@@ -454,7 +465,7 @@ impl Config {
     /// At a tick's start, each member that is awake does what its lease machines say.
     fn react(&self, s: &mut State) {
         for m in 0..MEMBERS {
-            if s.members[m].paused || s.members[m].left {
+            if s.members[m].paused || s.members[m].left || s.members[m].out {
                 continue;
             }
             for shard in 0..SHARDS {
@@ -628,22 +639,28 @@ impl Model for Config {
             reading: None,
             cycles_left: self.cycles,
             paused: false,
+            out: false,
             left: false,
             nonce: 0,
             takes: 0,
             app_until: [0; SHARDS],
         };
+        let mut members = [member; MEMBERS];
+        for joiner in &mut members[MEMBERS - usize::from(self.joins)..] {
+            joiner.out = true;
+        }
         vec![State {
             now: 0,
             opening: true,
             nodes: [Node::default(); NODES],
-            members: [member; MEMBERS],
+            members,
             losses_left: self.losses,
             pauses_left: self.pauses,
             flushes_left: self.flushes,
             leaves_left: self.leaves,
             last_owner: [None; SHARDS],
             handed_over: false,
+            gave_up: false,
         }]
     }
 
@@ -656,6 +673,10 @@ impl Model for Config {
             for m in 0..MEMBERS {
                 let member = &s.members[m];
                 if member.left {
+                    continue;
+                }
+                if member.out {
+                    actions.push(Action::Join(m));
                     continue;
                 }
                 if member.paused {
@@ -731,6 +752,7 @@ impl Model for Config {
                 s.nodes[node].keys = [None; SHARDS];
                 s.nodes[node].counts_from = s.now + self.ttl;
             }
+            Action::Join(m) => s.members[m].out = false,
             Action::Leave(m) => {
                 s.leaves_left -= 1;
                 for shard in 0..SHARDS {
@@ -780,6 +802,7 @@ impl Model for Config {
                 (0..SHARDS).all(|shard| cfg.acting(s, shard).len() <= 1)
             }),
             Property::sometimes("a hand-over", |_: &Config, s: &State| s.handed_over),
+            Property::sometimes("a shard given up", |_: &Config, s: &State| s.gave_up),
         ]
     }
 }
