@@ -804,7 +804,7 @@ fn long_the_rules_hold_for_mixed_ttls_with_two_attempts_each() {
 
 mod shards_model {
     use super::*;
-    use crate::shards::{self, Config as ShardsConfig, Rules as ShardRules};
+    use crate::shards::{self, App, Config as ShardsConfig, Rules as ShardRules};
 
     const NEVER_TWO: &str = "never two owners";
     const HANDED: &str = "a hand-over";
@@ -822,6 +822,8 @@ mod shards_model {
             flushes: 0,
             leaves: 0,
             joins: 0,
+            app: App::Acks,
+            revoke_margin: 0,
             horizon: 8,
         };
         faults(&mut cfg);
@@ -955,11 +957,39 @@ mod shards_model {
     }
 
     /// Member 1 starts outside the group and joins when it chooses, so member 0 may hold both
-    /// shards by then: the planner has it give the one it took last up (rule 2), its app stops,
-    /// and member 1 takes it.
+    /// shards by then: the planner has it give the one it took last up (rule 2), its app
+    /// acknowledges, and member 1 takes it.
     #[test]
     fn a_member_that_joins_takes_a_shard_the_other_gives_up_and_never_shares_it() {
         let gave_up = holds("shards: a join", small(|c| c.joins = 1));
         assert!(gave_up, "the planner never had a member give a shard up");
+    }
+
+    /// The same with an app that does not acknowledge: it stops at the revoke deadline by its
+    /// own clock, a tick late, and the member releases a tick after that deadline.
+    #[test]
+    fn an_app_that_stops_at_its_revoke_deadline_never_shares_a_shard_if_the_release_waits_a_tick() {
+        let cfg = small(|c| {
+            c.joins = 1;
+            c.app = App::AtDeadline { timeout: 1 };
+            c.revoke_margin = 1;
+        });
+        let gave_up = holds("shards: a join, the app stopping at its deadline", cfg);
+        assert!(gave_up, "the planner never had a member give a shard up");
+    }
+
+    /// `src/shards` releases a revoked shard at the very deadline it told the app (at once
+    /// when no app acknowledges): an app a tick late still acts when the next owner starts.
+    #[test]
+    fn releasing_a_revoked_shard_at_the_deadline_the_app_was_told_gives_two_owners() {
+        let cfg = small(|c| {
+            c.joins = 1;
+            c.app = App::AtDeadline { timeout: 0 };
+        });
+        let actions = violates("shards released at the app's deadline", cfg);
+        assert!(
+            actions.contains(&shards::Action::Join(1)),
+            "the overlap comes from the rebalance the join starts: {actions:?}"
+        );
     }
 }

@@ -11,27 +11,39 @@
 //!   members read mid-move), merges the answers as `src/shards/view.rs` does (an owner needs a
 //!   quorum, a free shard a quorum of no key, else unsettled) and as `plan::owners` does (a
 //!   shard the view gives to this member that it does not hold is nobody's), asks `decide`,
-//!   ends its app's work on what it releases before the deletes go out, and sends an acquire
-//!   round for what it takes.
+//!   revokes what it gives up (one revocation at a time, as `src/shards` does) and sends an
+//!   acquire round for what it takes.
 //! - **A shard's round** wins on a quorum of counted grants; its lease is valid until the
-//!   round's start plus `timing::validity`'s ttl − drift, and `Tenure` (the engine's policy:
-//!   renew every third of the ttl, retry a tick later, step down a tick before the end) says
-//!   when to renew and when to step down. A lost round deletes what it set.
-//! - **The app** acts on a shard from the won round until the lease machine's step-down
-//!   instant, a tick late (its clock runs slow), whether or not the member is paused or has
-//!   stepped down since: the app reads the step-down instant, not the member's loop.
+//!   round's start plus `timing::validity`'s ttl − drift, and `Tenure` (the shards' policy:
+//!   renew every third of the ttl counted from the batch's end, retry a tick later, step down
+//!   a tick before the end) says when to renew and when to step down. A lost round deletes
+//!   what it set.
+//! - **The app** acts on a shard from the won round until the last instant its member told it
+//!   (the step-down instant, or a revocation's deadline), a tick late (its clock runs slow),
+//!   whether or not the member is paused or has let the shard go since: the app reads the
+//!   instant, not the member's loop. A revoked shard ends in one of two ways ([`App`]): an app
+//!   that acknowledges stops before its acknowledgement, which the member waits for before
+//!   the deletes; an app that does not stops at the deadline it was told, and the member
+//!   releases at that deadline plus `revoke_margin`.
 //! - **Faults and moves**: a request lost; a member paused (its requests do not go out, it
-//!   reacts to nothing) and resumed; a node flushed (its keys gone); a member joining the group
-//!   late (the planner then has the other give up its excess); a member leaving (SIGTERM: its
-//!   app stops, its deletes go out).
+//!   reacts to nothing) and resumed; a node flushed (its keys gone; a restart without
+//!   persistence is the same here); a member joining the group late (the planner then has
+//!   the other give up its excess); a member leaving (SIGTERM: every shard revoked, none
+//!   renewed, a round won after the signal given up at once).
 //!
 //! ## What is abstracted
 //! - The round is a quorum of `SET NX` grants: the engine's full round (fencing counter,
 //!   max-ttl register, node-set record, epoch marker) is the protocol model's
 //!   (`protocol.rs`), checked there for one lock. A flushed node's grants do not count for a
-//!   ttl after the flush: the epoch-marker rule that model checks.
+//!   ttl after the flush: the epoch-marker rule that model checks. Fencing tokens are not
+//!   modelled: a shard's lock is the engine's lock under another name, and the protocol
+//!   model checks their order.
 //! - Membership is known to every member at once (the group's hash decides the split, not
 //!   safety, which rests on each shard's lock).
+//! - The lease machine runs without pause suspicion (the shards' policy has it): it only
+//!   ends leases sooner, and a paused member here does nothing at all.
+//! - An app that acknowledges does so at once; one that acknowledges late is the app that
+//!   stops at the deadline.
 
 use std::time::Duration;
 
@@ -68,6 +80,19 @@ impl Rules {
     };
 }
 
+/// How the app ends its work on a shard its member gives up (`revoking`, then `revoked`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum App {
+    /// It watches with `?ack=true`, stops at `revoking` and acknowledges at once; the member
+    /// releases on the acknowledgement, so the app's work ends before the deletes go out.
+    Acks,
+    /// It does not acknowledge (it only listens, or takes its time): it stops at the revoke
+    /// deadline it was told (`timeout` ticks on, never past the step-down instant; 0: no app
+    /// acknowledges, so the deadline is now), by its own clock, a tick late; the member
+    /// releases `revoke_margin` after the deadline.
+    AtDeadline { timeout: u8 },
+}
+
 #[derive(Clone, Debug)]
 pub struct Config {
     /// The shards' ttl, in ticks (one tick is a millisecond of the core's arithmetic).
@@ -81,6 +106,9 @@ pub struct Config {
     pub leaves: u8,
     /// Members that start outside the group (the last ones) and join when they choose.
     pub joins: u8,
+    pub app: App,
+    /// Ticks from the revoke deadline the app was told to the release (`src/shards`: none).
+    pub revoke_margin: u8,
     pub horizon: u8,
 }
 
@@ -155,6 +183,8 @@ pub enum Shard {
         tenure: Tenure,
         /// A renewal: its start and answers.
         renewal: Option<(u8, [Ans; NODES])>,
+        /// Being revoked: released at this instant (plus the margin).
+        revoke_by: Option<Deadline>,
     },
 }
 
@@ -248,13 +278,15 @@ impl Config {
         Some(at(now) + left)
     }
 
-    /// The first tick at which the app no longer acts on a shard held under `tenure`.
-    fn acts_until(&self, tenure: &Tenure) -> u8 {
+    /// The first tick at which the app no longer acts on a shard held under `tenure` (and
+    /// revoked by `revoke_by`).
+    fn acts_until(&self, tenure: &Tenure, revoke_by: Option<Deadline>) -> u8 {
         let end = if self.rules.step_down {
             tenure.step_down_at()
         } else {
             tenure.valid_until() + redlock_core::timing::drift(ms(self.ttl))
         };
+        let end = revoke_by.map_or(end, |by| end.min(by));
         // The app's clock runs slow: a tick late in real time.
         ticks(end).saturating_add(1)
     }
@@ -269,8 +301,11 @@ impl Config {
 
     /// The app learns what the member now says of held `shard`: until when it may act.
     fn tell_app(&self, s: &mut State, m: usize, shard: usize) {
-        if let Shard::Held { tenure, .. } = s.members[m].shards[shard] {
-            s.members[m].app_until[shard] = self.acts_until(&tenure);
+        if let Shard::Held {
+            tenure, revoke_by, ..
+        } = s.members[m].shards[shard]
+        {
+            s.members[m].app_until[shard] = self.acts_until(&tenure, revoke_by);
         }
     }
 
@@ -298,12 +333,50 @@ impl Config {
     fn release(&self, s: &mut State, m: usize, shard: usize) {
         if let Shard::Held { nonce, .. } = s.members[m].shards[shard] {
             s.members[m].shards[shard] = Shard::Free;
-            s.members[m].app_until[shard] = s.members[m].app_until[shard].min(s.now);
             let op = Op::Delete {
                 shard: shard as u8,
                 nonce,
             };
             self.send_all(s, m, op);
+        }
+    }
+
+    /// Gives `shard` up as `src/shards` does: the app hears `revoking`, and the keys go at its
+    /// acknowledgement or at the deadline (the earlier one if revoked twice), never past the
+    /// step-down instant.
+    fn revoke(&self, s: &mut State, m: usize, shard: usize) {
+        if !matches!(s.members[m].shards[shard], Shard::Held { .. }) {
+            return;
+        }
+        let timeout = match self.app {
+            App::Acks => {
+                // It stopped before it acknowledged.
+                s.members[m].app_until[shard] = s.members[m].app_until[shard].min(s.now);
+                return self.release(s, m, shard);
+            }
+            App::AtDeadline { timeout } => timeout,
+        };
+        if let Shard::Held {
+            tenure, revoke_by, ..
+        } = &mut s.members[m].shards[shard]
+        {
+            let by = at(s.now + timeout).min(tenure.step_down_at());
+            *revoke_by = Some(revoke_by.map_or(by, |was| was.min(by)));
+        }
+        self.tell_app(s, m, shard);
+        self.release_due(s, m, shard);
+    }
+
+    /// Releases `shard` if it is revoked and its deadline (plus the margin) has come.
+    fn release_due(&self, s: &mut State, m: usize, shard: usize) {
+        if let Shard::Held {
+            revoke_by: Some(by),
+            ..
+        } = s.members[m].shards[shard]
+        {
+            if by + ms(self.revoke_margin) <= at(s.now) {
+                self.release(s, m, shard);
+            }
         }
     }
 
@@ -353,10 +426,20 @@ impl Config {
         let moves = decide(&me, &members, &owners, |shard| {
             u64::from(taken[shard as usize])
         });
-        if !moves.release.is_empty() {
+        // One revocation at a time: the next cycle decides again once it is over.
+        let revoking = s.members[m].shards.iter().any(|sh| {
+            matches!(
+                sh,
+                Shard::Held {
+                    revoke_by: Some(_),
+                    ..
+                }
+            )
+        });
+        if !revoking && !moves.release.is_empty() {
             s.gave_up = true;
             for shard in moves.release {
-                self.release(s, m, shard as usize);
+                self.revoke(s, m, shard as usize);
             }
         }
         for shard in moves.take {
@@ -400,8 +483,13 @@ impl Config {
                     taken: member.takes,
                     tenure: Tenure::new(self.policy(), at(start), valid_until),
                     renewal: None,
+                    revoke_by: None,
                 };
                 self.tell_app(s, m, shard);
+                // Won after a SIGTERM: the member, leaving, gives it up at once.
+                if s.members[m].left {
+                    self.revoke(s, m, shard);
+                }
                 return;
             }
         }
@@ -423,6 +511,7 @@ impl Config {
             taken,
             mut tenure,
             renewal: Some((start, answers)),
+            revoke_by,
         } = s.members[m].shards[shard]
         else {
             return;
@@ -458,43 +547,44 @@ impl Config {
             taken,
             tenure,
             renewal: None,
+            revoke_by,
         };
         self.tell_app(s, m, shard);
     }
 
-    /// At a tick's start, each member that is awake does what its lease machines say.
+    /// At a tick's start, each member that is awake does what its lease machines say, and
+    /// releases the revoked shards that are due. A member that left renews nothing.
     fn react(&self, s: &mut State) {
         for m in 0..MEMBERS {
-            if s.members[m].paused || s.members[m].left || s.members[m].out {
+            if s.members[m].paused || s.members[m].out {
                 continue;
             }
             for shard in 0..SHARDS {
                 let Shard::Held {
                     nonce,
-                    taken,
                     tenure,
                     renewal,
-                } = s.members[m].shards[shard]
+                    ..
+                } = &mut s.members[m].shards[shard]
                 else {
                     continue;
                 };
                 match tenure.poll(at(s.now)) {
-                    Step::StepDown(_) => s.members[m].shards[shard] = Shard::Free,
-                    Step::Renew if renewal.is_none() => {
-                        s.members[m].shards[shard] = Shard::Held {
-                            nonce,
-                            taken,
-                            tenure,
-                            renewal: Some((s.now, [Ans::Pending; NODES])),
-                        };
+                    Step::StepDown(_) => {
+                        s.members[m].shards[shard] = Shard::Free;
+                        continue;
+                    }
+                    Step::Renew if renewal.is_none() && !s.members[m].left => {
+                        *renewal = Some((s.now, [Ans::Pending; NODES]));
                         let op = Op::Extend {
                             shard: shard as u8,
-                            nonce,
+                            nonce: *nonce,
                         };
                         self.send_all(s, m, op);
                     }
                     _ => {}
                 }
+                self.release_due(s, m, shard);
             }
         }
     }
@@ -755,11 +845,11 @@ impl Model for Config {
             Action::Join(m) => s.members[m].out = false,
             Action::Leave(m) => {
                 s.leaves_left -= 1;
-                for shard in 0..SHARDS {
-                    self.release(&mut s, m, shard);
-                }
                 s.members[m].left = true;
                 s.members[m].reading = None;
+                for shard in 0..SHARDS {
+                    self.revoke(&mut s, m, shard);
+                }
             }
             Action::Tick => {
                 s.now += 1;
