@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The protocol model (tests/model/), and the shards model beside it: every instance, the long
 # ones included (3 clients, two data-loss faults, lost requests with a pause and a SIGTERM, mixed
-# ttls with retries; shards with a lost request, a pause, a flush), each an
+# ttls with retries; shards with a lost request, a pause, a flush, each also with a member
+# joining, and an app that stops at its revoke deadline through a SIGTERM and a pause), each an
 # exhaustive depth-first run of a release build, one at a time (each checker uses two threads).
 # `cargo test --test model` (part of scripts/test.sh) runs only the short instances and each
 # rule's counterexample. See docs/reliability.md, "The protocol model", for sizes and times.

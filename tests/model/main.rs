@@ -978,6 +978,78 @@ mod shards_model {
         assert!(gave_up, "the planner never had a member give a shard up");
     }
 
+    /// A join and a lost request: a read, a grant, a renewal or a delete of the hand-over.
+    #[test]
+    #[ignore = "long (14 million states): scripts/model-check.sh"]
+    fn a_join_never_gives_two_owners_when_a_request_is_lost() {
+        holds(
+            "shards: a join, a lost request",
+            small(|c| {
+                c.joins = 1;
+                c.losses = 1;
+            }),
+        );
+    }
+
+    /// A join and a member paused past its leases (mid-revocation too).
+    #[test]
+    #[ignore = "long (24 million states): scripts/model-check.sh"]
+    fn a_join_never_gives_two_owners_when_a_member_is_paused() {
+        holds(
+            "shards: a join, a pause",
+            small(|c| {
+                c.joins = 1;
+                c.pauses = 1;
+                c.horizon = 9;
+            }),
+        );
+    }
+
+    /// A join and a node flushed while the shards move.
+    #[test]
+    #[ignore = "long (31 million states): scripts/model-check.sh"]
+    fn a_join_never_gives_two_owners_when_a_node_is_flushed() {
+        holds(
+            "shards: a join, a flush",
+            small(|c| {
+                c.joins = 1;
+                c.flushes = 1;
+            }),
+        );
+    }
+
+    /// An app that stops at its revoke deadline, with the release a tick past it: a join and a
+    /// SIGTERM (a revocation cut short by the leave).
+    #[test]
+    #[ignore = "long (7 million states): scripts/model-check.sh"]
+    fn an_app_that_stops_at_its_revoke_deadline_never_shares_a_shard_through_a_sigterm() {
+        holds(
+            "shards: a join and a SIGTERM, the app stopping at its deadline",
+            small(|c| {
+                c.joins = 1;
+                c.leaves = 1;
+                c.app = App::AtDeadline { timeout: 1 };
+                c.revoke_margin = 1;
+            }),
+        );
+    }
+
+    /// The same with a pause (a member paused while it revokes releases late).
+    #[test]
+    #[ignore = "long (23 million states): scripts/model-check.sh"]
+    fn an_app_that_stops_at_its_revoke_deadline_never_shares_a_shard_when_a_member_is_paused() {
+        holds(
+            "shards: a join and a pause, the app stopping at its deadline",
+            small(|c| {
+                c.joins = 1;
+                c.pauses = 1;
+                c.horizon = 9;
+                c.app = App::AtDeadline { timeout: 2 };
+                c.revoke_margin = 1;
+            }),
+        );
+    }
+
     /// `src/shards` releases a revoked shard at the very deadline it told the app (at once
     /// when no app acknowledges): an app a tick late still acts when the next owner starts.
     #[test]
