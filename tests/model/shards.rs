@@ -43,6 +43,9 @@ use stateright::{Model, Property};
 pub const NODES: usize = 3;
 pub const SHARDS: usize = 2;
 pub const MEMBERS: usize = 2;
+/// Requests a member may have in flight to one node (a read, and per shard a round and its
+/// clean-up or a renewal and a release).
+pub const QUEUE: usize = 6;
 
 /// The rules that keep two members off one shard, each of which can be switched off.
 #[derive(Clone, Copy, Debug)]
@@ -159,8 +162,8 @@ pub type Read = Option<Option<[Option<u8>; SHARDS]>>;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Member {
     pub shards: [Shard; SHARDS],
-    /// Requests per node, executed in order (at most one of each kind per shard at once).
-    pub pending: [[Option<Msg>; 4]; NODES],
+    /// Requests per node, executed in order.
+    pub pending: [[Option<Msg>; QUEUE]; NODES],
     /// The cycle's reads; `None` when no cycle runs.
     pub reading: Option<[Read; NODES]>,
     pub cycles_left: u8,
@@ -234,7 +237,7 @@ impl Config {
         Some(at(now) + left)
     }
 
-    /// The last tick (exclusive) at which `member`'s app acts on a held shard.
+    /// The first tick at which the app no longer acts on a shard held under `tenure`.
     fn acts_until(&self, tenure: &Tenure) -> u8 {
         let end = if self.rules.step_down {
             tenure.step_down_at()
@@ -259,13 +262,15 @@ impl Config {
     fn send(&self, s: &mut State, m: usize, node: usize, op: Op) {
         let deadline = s.now + 1;
         let queue = &mut s.members[m].pending[node];
-        if let Some(free) = queue.iter_mut().find(|q| q.is_none()) {
-            *free = Some(Msg {
-                op,
-                deadline,
-                not_before: 0,
-            });
-        }
+        let free = queue
+            .iter_mut()
+            .find(|q| q.is_none())
+            .expect("a member has at most QUEUE requests in flight to a node");
+        *free = Some(Msg {
+            op,
+            deadline,
+            not_before: 0,
+        });
     }
 
     fn send_all(&self, s: &mut State, m: usize, op: Op) {
@@ -609,7 +614,7 @@ impl Model for Config {
     fn init_states(&self) -> Vec<State> {
         let member = Member {
             shards: [Shard::Free; SHARDS],
-            pending: [[None; 4]; NODES],
+            pending: [[None; QUEUE]; NODES],
             reading: None,
             cycles_left: self.cycles,
             paused: false,
