@@ -382,6 +382,31 @@ async fn when_the_stream_that_acknowledges_closes_the_revoked_shards_go_at_once(
     );
 }
 
+/// The stated bound of a crash: the dead member's leases and entry run out within a ttl (its
+/// entry lives three renew intervals), and the others' next cycle follows within a renew
+/// interval; the rest is the acquisition round and this machine's slack.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_members_shards_are_owned_elsewhere_within_a_ttl_and_a_renew_interval() {
+    let cluster = RedisCluster::ready(3, TTL);
+    let extra = ["--shards", "4", "--node-set", support::TEST_NODE_SET];
+    let a = Sidecar::start("survivor", "work", &cluster.urls_joined(), "2s", &extra);
+    let mut b = Sidecar::start("crashes", "work", &cluster.urls_joined(), "2s", &extra);
+    let before = wait_split(&[&a, &b], 4, &[2, 2]).await;
+    let crashed = Instant::now();
+    assert!(b.proc.sigkill());
+    let after = wait_split(&[&a], 4, &[4]).await;
+    let took = crashed.elapsed();
+    let bound = TTL + TTL / 3 + Duration::from_millis(1500);
+    println!("a crashed member's shards owned again after {took:?} (bound {bound:?})");
+    assert!(took < bound, "owned again after {took:?}, bound {bound:?}");
+    for (shard, token) in &before[1] {
+        assert!(
+            after[0][shard] > *token,
+            "shard {shard}: fenced above the dead owner"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_whose_app_is_not_ready_holds_no_shard_while_ready_ones_exist() {
     let cluster = RedisCluster::ready(3, TTL);

@@ -23,10 +23,10 @@ use redis::Script;
 use crate::redlock::{identity_of, Redlock};
 
 /// How long a member's entry lives on a node without being written again, for cycles
-/// `interval` apart: three cycles (at least 3 s), so an entry outlives a late cycle or two and a
+/// `interval` apart: three cycles (at least 1 s), so an entry outlives a late cycle or two and a
 /// member never drops out of the group (and its shards never move) while it runs.
 pub fn member_life(interval: Duration) -> Duration {
-    (interval * 3).max(Duration::from_secs(3))
+    (interval * 3).max(Duration::from_secs(1))
 }
 
 /// Shard keys read by one `MGET` (Lua's stack keeps `unpack` below about 8,000 values).
@@ -265,7 +265,7 @@ mod tests {
     fn an_entry_outlives_three_cycles() {
         assert_eq!(
             member_life(Duration::from_millis(200)),
-            Duration::from_secs(3)
+            Duration::from_secs(1)
         );
         let interval = Duration::from_millis(3333);
         assert_eq!(member_life(interval), interval * 3);
