@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
@@ -23,6 +24,12 @@ use crate::clock::Deadline;
 
 /// The most `/v1/shards/watch` streams at once.
 pub const MAX_WATCHERS: usize = 64;
+
+/// How much earlier than the release a revoked shard's deadline is told to the app: it hears
+/// of it a little late and counts from then, so the keys go only this long after the deadline
+/// it was told (found by the shards model). Not kept when the deadline is now (no app
+/// acknowledges): such an app stops at `revoked`, and fencing covers a late write.
+pub const REVOKE_GRACE: Duration = Duration::from_millis(100);
 
 /// What the app tells the member: whether it acknowledges revocations (a watch stream opened
 /// with `?ack=true`: only then does the member wait for it) and which revoked shards it let
@@ -239,7 +246,7 @@ pub fn changes(
     events
 }
 
-fn ms(left: std::time::Duration) -> u64 {
+fn ms(left: Duration) -> u64 {
     u64::try_from(left.as_millis()).unwrap_or(u64::MAX)
 }
 
@@ -251,7 +258,7 @@ fn owned_json(shard: u32, owned: &Owned, now: Deadline) -> Value {
         "validity_ms": ms(left),
     });
     if let Some(by) = owned.revoke_by {
-        body["revoking_deadline_ms"] = json!(ms(by.saturating_duration_since(now)));
+        body["revoking_deadline_ms"] = json!(ms(told_deadline(by, now)));
     }
     body
 }
@@ -261,8 +268,15 @@ fn revoking_json(shard: u32, owned: &Owned, now: Deadline) -> Value {
     json!({
         "shard": shard,
         "fencing_token": owned.token,
-        "deadline_ms": ms(by.saturating_duration_since(now)),
+        "deadline_ms": ms(told_deadline(by, now)),
     })
+}
+
+/// The time left, as the app is told it at `now`, of a revocation whose keys go at `by`:
+/// [`REVOKE_GRACE`] less.
+fn told_deadline(by: Deadline, now: Deadline) -> Duration {
+    by.saturating_duration_since(now)
+        .saturating_sub(REVOKE_GRACE)
 }
 
 /// The body of `GET /v1/shards` at `now`: the members, and each shard this member holds with
@@ -292,7 +306,6 @@ pub fn body(snapshot: &Snapshot, identity: &str, now: Deadline) -> Value {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
 
     use super::*;
 
@@ -388,7 +401,10 @@ mod tests {
         assert_eq!(events[0].0, "revoking");
         assert_eq!(events[0].1["shard"], 1);
         assert_eq!(events[0].1["fencing_token"], 10);
-        assert_eq!(events[0].1["deadline_ms"], 1500);
+        assert_eq!(
+            events[0].1["deadline_ms"], 1400,
+            "the grace before the release"
+        );
         assert!(changes(&after, &after, now).is_empty(), "announced once");
         // Released: `revoked` alone, its `revoking` already sent.
         let mut released = after.clone();
@@ -404,7 +420,7 @@ mod tests {
             "me",
             now,
         );
-        assert_eq!(listed["owned"][0]["revoking_deadline_ms"], 1500);
+        assert_eq!(listed["owned"][0]["revoking_deadline_ms"], 1400);
         assert!(listed["owned"][1].get("revoking_deadline_ms").is_none());
     }
 }
