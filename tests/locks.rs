@@ -1016,7 +1016,8 @@ async fn after_shutdown_an_apps_next_call_learns_its_lease_was_released() {
         locks: Arc::clone(&service),
         dapr_store: "redlock".to_owned(),
     });
-    let (status, body) = oneshot(&router, "POST", "/v1/locks/refund-1?ttl=30s", "").await;
+    let (status, body) =
+        support::http::oneshot(&router, "POST", "/v1/locks/refund-1?ttl=30s", "").await;
     assert_eq!(status, 200, "{body}");
     let lease = serde_json::from_str::<serde_json::Value>(&body).unwrap()["lease"]
         .as_str()
@@ -1036,7 +1037,7 @@ async fn after_shutdown_an_apps_next_call_learns_its_lease_was_released() {
         .unwrap();
     let waiting_router = router.clone();
     let waiter = tokio::spawn(async move {
-        oneshot(&waiting_router, "POST", "/v1/locks/refund-3?wait=60s", "").await
+        support::http::oneshot(&waiting_router, "POST", "/v1/locks/refund-3?wait=60s", "").await
     });
     support::wait_until_async(DEADLINE, "the request waits", || async {
         metrics
@@ -1057,7 +1058,7 @@ async fn after_shutdown_an_apps_next_call_learns_its_lease_was_released() {
     let (status, body) = waiter.await.unwrap();
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("shutting down"), "{body}");
-    let (status, body) = oneshot(
+    let (status, body) = support::http::oneshot(
         &router,
         "POST",
         &format!("/v1/locks/refund-1/{lease}/keepalive"),
@@ -1069,30 +1070,12 @@ async fn after_shutdown_an_apps_next_call_learns_its_lease_was_released() {
         serde_json::from_str::<serde_json::Value>(&body).unwrap()["ended"],
         "shutdown"
     );
-    let (status, body) = oneshot(&router, "POST", "/v1/locks/refund-2", "").await;
+    let (status, body) = support::http::oneshot(&router, "POST", "/v1/locks/refund-2", "").await;
     assert_eq!(status, 503, "{body}");
     // Released on the nodes: the key is gone everywhere.
     for node in cluster.iter() {
         assert_eq!(node.command(&["EXISTS", "redlock:{app:refund-1}"]), "0");
     }
-}
-
-/// One request through `router` in process: (status, body).
-async fn oneshot(router: &axum::Router, method: &str, uri: &str, body: &str) -> (u16, String) {
-    let request = http::Request::builder()
-        .method(method)
-        .uri(uri)
-        .header("content-type", "application/json")
-        .body(axum::body::Body::from(body.to_owned()))
-        .unwrap();
-    let response = tower_service::Service::call(&mut router.clone(), request)
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
-        .await
-        .unwrap_or_default();
-    (status, String::from_utf8_lossy(&bytes).into_owned())
 }
 
 mod no_input_panics {
@@ -1173,7 +1156,7 @@ mod no_input_panics {
                 // An answer, or still waiting on the closed port when the bound ends: never a panic.
                 if let Ok((status, text)) = tokio::time::timeout(
                     Duration::from_millis(300),
-                    oneshot(&router, method, &uri.to_string(), &body),
+                    support::http::oneshot(&router, method, &uri.to_string(), &body),
                 ).await {
                     assert!((200..600).contains(&status));
                     if status >= 400 {

@@ -535,23 +535,6 @@ async fn a_member_on_a_redis_cluster_refuses_shards_and_says_why_while_it_still_
     support::sidecar::leads(&[&a], 0, DEADLINE).await;
 }
 
-/// One request through `router` in process: (status, body).
-async fn oneshot(router: &axum::Router, method: &str, uri: &str) -> (u16, String) {
-    let request = ::http::Request::builder()
-        .method(method)
-        .uri(uri)
-        .body(axum::body::Body::empty())
-        .unwrap();
-    let response = tower_service::Service::call(&mut router.clone(), request)
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
-        .await
-        .unwrap_or_default();
-    (status, String::from_utf8_lossy(&bytes).into_owned())
-}
-
 mod no_input_panics {
     use super::*;
     use proptest::prelude::*;
@@ -607,7 +590,7 @@ mod no_input_panics {
                 if uri.path().ends_with("/watch") && method == "GET" {
                     return; // A stream: it does not end.
                 }
-                let (status, text) = oneshot(&router, method, &uri.to_string()).await;
+                let (status, text) = http::oneshot(&router, method, &uri.to_string(), "").await;
                 assert!((200..600).contains(&status));
                 if status >= 400 {
                     assert!(

@@ -401,3 +401,21 @@ pub fn slowloris(
         })
         .collect()
 }
+
+/// One request through `router` in process, no socket: (status, body).
+pub async fn oneshot(router: &axum::Router, method: &str, uri: &str, body: &str) -> (u16, String) {
+    let request = ::http::Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(body.to_owned()))
+        .unwrap();
+    let response = tower_service::Service::call(&mut router.clone(), request)
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap_or_default();
+    (status, String::from_utf8_lossy(&bytes).into_owned())
+}
